@@ -1,0 +1,44 @@
+# elastream developer entry points. `make help` lists them.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PIP   := $(VENV)/bin/pip
+STAMP := .stamps
+
+.PHONY: help setup system-deps test test-unit test-integration lint bench demo clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+system-deps: ## install system packages (redis-server, Java) when missing; needs root or sudo
+	@bash scripts/system-deps.sh
+
+$(STAMP)/venv: operator/pyproject.toml
+	@mkdir -p $(STAMP)
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e 'operator[dev]'
+	@touch $@
+
+setup: system-deps $(STAMP)/venv ## install everything: system packages, virtualenv, elastream in editable mode
+
+test: setup ## run every test tier this machine can run (unit, integration with real Redis and Spark)
+	$(VENV)/bin/pytest
+
+test-unit: setup ## unit tests only (no services)
+	$(VENV)/bin/pytest tests/unit
+
+lint: setup ## ruff, mypy (strict on elastream.core) and import-linter contracts
+	$(VENV)/bin/ruff check operator/src tests bench
+	$(VENV)/bin/ruff format --check operator/src tests bench
+	cd operator && ../$(VENV)/bin/mypy
+	cd operator && ../$(VENV)/bin/lint-imports
+
+bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
+	$(PY) bench/planners.py
+
+demo: setup ## the main job: plan a scale-out and a scale-in of the Page Load topology and simulate both
+	$(PY) -m elastream demo
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) $(STAMP) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""elastream.core.planner."""

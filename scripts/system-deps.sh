@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the system packages elastream's tests and demo need, only when they are missing:
+# redis-server (integration tests run a real Redis) and a Java runtime (PySpark's local mode).
+set -euo pipefail
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+echo "system-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
