@@ -1,0 +1,58 @@
+"""The `elastream` command. Each sub-command lives in its own module here and registers itself.
+
+A module in `COMMAND_MODULES` exposes `register(subparsers)`, which adds its parsers and sets
+`func=handler` on each; a handler returns the process exit code. Expected failures (bad manifest, bad
+snapshot, unreachable service) raise `CommandError` (or a domain error listed in `USER_ERRORS`) and are
+printed as one `error:` line per problem, exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from elastream import __version__
+
+COMMAND_MODULES = (
+    "elastream.cli.offline",
+)
+
+
+class CommandError(Exception):
+    """A user-facing failure: the message is printed as-is after `error:`."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from elastream.core.metrics import SnapshotError
+    from elastream.core.schedule import ScheduleError
+    from elastream.core.topology import TopologyError
+
+    return (CommandError, TopologyError, SnapshotError, ScheduleError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elastream", description="Elastic stream processing: plan, run, scale.")
+    parser.add_argument("--version", action="version", version=f"elastream {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except _user_errors() as exc:
+        for line in str(exc).splitlines() or ["failed"]:
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,58 @@
+"""The Redis metric stream `<prefix>metrics`: workers append samples, the analysis reads a window.
+
+One stream entry per `MetricSample`, its fields the sample's fields as strings, so any Redis client (and
+Spark, through a plain read) can decode it. The stream is capped approximately (MAXLEN ~) so it holds about
+an hour of samples at the default interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis
+
+from elastream.core.metrics import MetricSample
+
+DEFAULT_MAXLEN = 3600 * 200  # an hour of 1 s samples for 200 executors
+
+
+def metric_stream_key(prefix: str) -> str:
+    return f"{prefix}metrics"
+
+
+class MetricStream:
+    def __init__(self, client: redis.Redis, prefix: str, maxlen: int = DEFAULT_MAXLEN) -> None:
+        self.client = client
+        self.key = metric_stream_key(prefix)
+        self.maxlen = maxlen
+
+    def publish(self, samples: Iterable[MetricSample]) -> int:
+        """Append samples in one pipelined round trip; returns how many were written."""
+        pipe = self.client.pipeline(transaction=False)
+        count = 0
+        for sample in samples:
+            fields = {k: str(v) for k, v in sample.to_dict().items()}
+            pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            count += 1
+        if count:
+            pipe.execute()
+        return count
+
+    def read_since(self, since_ts: float | None = None, count: int | None = None) -> list[MetricSample]:
+        """Samples whose `ts` is at or after `since_ts` (all when None), oldest first."""
+        start = "-" if since_ts is None else f"{int(since_ts * 1000)}-0"
+        entries = self.client.xrange(self.key, min=start, max="+", count=count)
+        return [_decode(fields) for _, fields in entries]
+
+    def read_last(self, count: int) -> list[MetricSample]:
+        """The newest `count` samples, oldest first."""
+        entries = self.client.xrevrange(self.key, max="+", min="-", count=count)
+        return [_decode(fields) for _, fields in reversed(entries)]
+
+
+def _decode(fields: dict[bytes | str, bytes | str]) -> MetricSample:
+    text = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
+    return MetricSample.from_dict(text)
