@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from elastream import __version__
 
-COMMAND_MODULES = (
-    "elastream.cli.offline",
-)
+COMMAND_MODULES = ("elastream.cli.offline",)
 
 
 class CommandError(Exception):
@@ -26,10 +25,11 @@ class CommandError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from elastream.core.metrics import SnapshotError
+    from elastream.core.planner import PlanningError
     from elastream.core.schedule import ScheduleError
     from elastream.core.topology import TopologyError
 
-    return (CommandError, TopologyError, SnapshotError, ScheduleError)
+    return (CommandError, TopologyError, SnapshotError, ScheduleError, PlanningError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,3 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as other Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

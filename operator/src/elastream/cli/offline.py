@@ -1,16 +1,52 @@
-"""Offline commands on manifests and snapshots: validate (etp, plan and simulate follow)."""
+"""Offline commands on manifests and snapshots: validate, etp, plan, simulate.
+
+They need no cluster, Redis or Spark: a manifest, and for etp/plan a metric snapshot (JSON, the shape
+DESIGN.md fixes; `elastream simulate --snapshot-out` writes one from the fluid model).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
-from elastream.core.topology import load_manifest
+from elastream.cli import CommandError
+from elastream.core.metrics import MetricSnapshot
+from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
+from elastream.core.schedule import Schedule, initial_schedule
+from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
+from elastream.core.topology import Topology, load_manifest, split_executor_id
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     validate = subparsers.add_parser("validate", help="check a StreamTopology manifest")
     validate.add_argument("file", help="YAML file with one StreamTopology")
     validate.set_defaults(func=cmd_validate)
+
+    etp = subparsers.add_parser("etp", help="congestion and ETP per vertex from a metric snapshot")
+    etp.add_argument("file", help="YAML file with one StreamTopology")
+    etp.add_argument("--metrics", required=True, metavar="SNAP.json", help="metric snapshot (JSON)")
+    etp.add_argument("--congestion-rate", type=float, default=None, help="default: spec.scaling.congestionRate")
+    etp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    etp.set_defaults(func=cmd_etp)
+
+    plan = subparsers.add_parser("plan", help="plan a scale-out or scale-in to --nodes N")
+    plan.add_argument("file", help="YAML file with one StreamTopology")
+    plan.add_argument("--metrics", required=True, metavar="SNAP.json", help="metric snapshot (JSON)")
+    plan.add_argument("--nodes", required=True, type=int, help="node count after scaling")
+    plan.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: spec.scaling.strategy")
+    plan.add_argument("--congestion-rate", type=float, default=None, help="default: spec.scaling.congestionRate")
+    plan.add_argument("--seed", type=int, default=0, help="seed of the random strategy")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    plan.set_defaults(func=cmd_plan)
+
+    sim = subparsers.add_parser("simulate", help="steady-state throughput of a schedule (fluid model)")
+    sim.add_argument("file", help="YAML file with one StreamTopology")
+    sim.add_argument("--schedule", metavar="SCHEDULE.json", help="a schedule or `elastream plan --json` output")
+    sim.add_argument("--metrics", metavar="SNAP.json", help="calibrate vertices without costMs from a snapshot")
+    sim.add_argument("--snapshot-out", metavar="SNAP.json", help="write the simulated metric snapshot here")
+    sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sim.set_defaults(func=cmd_simulate)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -20,4 +56,146 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{len(topology.streams)} streams, {topology.executors} executors on {topology.nodes} nodes "
         f"× {topology.slots_per_node} slots"
     )
+    return 0
+
+
+def _congestion_rate(args: argparse.Namespace, topology: Topology) -> float:
+    rate = args.congestion_rate if args.congestion_rate is not None else topology.scaling.congestion_rate
+    if rate < 1.0:
+        raise CommandError(f"--congestion-rate: {rate} is below 1.0; use a value ≥ 1.0 (the paper uses 1.2)")
+    return float(rate)
+
+
+def cmd_etp(args: argparse.Namespace) -> int:
+    topology = load_manifest(args.file)
+    snapshot = MetricSnapshot.load(args.metrics)
+    table = etp_table(topology, snapshot, _congestion_rate(args, topology))
+    if args.json:
+        print(json.dumps(table.to_dict(), indent=2))
+        return 0
+    print(f"{'vertex':<20} {'input/s':>12} {'processing/s':>13} {'congested':>9} {'ETP':>8}")
+    for name, row in table.vertices.items():
+        print(
+            f"{name:<20} {row.input_rate:>12.1f} {row.processing_rate:>13.1f} "
+            f"{'yes' if row.congested else 'no':>9} {row.etp:>8.1%}"
+        )
+    print(f"throughput (sum of sinks): {table.throughput:.1f} tuples/s")
+    priority = table.priority()
+    print("scale-out priority: " + (", ".join(priority) if priority else "none congested (a source gets slots)"))
+    return 0
+
+
+def current_schedule(topology: Topology, snapshot: MetricSnapshot) -> Schedule:
+    """The schedule the snapshot was taken under (its placement), or the initial one when it has none."""
+    if not snapshot.placement:
+        return initial_schedule(topology)
+    for node, executors in snapshot.placement.items():
+        for executor in executors:
+            try:
+                vertex, _ = split_executor_id(executor)
+            except ValueError as exc:
+                raise CommandError(f"snapshot.placement.{node}: {exc}") from None
+            if vertex not in topology.vertices:
+                raise CommandError(
+                    f"snapshot.placement.{node}: executor {executor} belongs to no vertex of {topology.name}"
+                )
+    schedule = Schedule.from_placement(snapshot.placement, topology.slots_per_node)
+    missing = [v for v in topology.order if v not in schedule.parallelism()]
+    if missing:
+        raise CommandError(f"snapshot.placement: no executor of {', '.join(missing)}; place every vertex")
+    return schedule
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    topology = load_manifest(args.file)
+    snapshot = MetricSnapshot.load(args.metrics)
+    snapshot.check_against(topology)
+    schedule = current_schedule(topology, snapshot)
+    strategy = args.strategy or topology.scaling.strategy
+    plan = make_plan(
+        topology, schedule, snapshot, args.nodes, strategy, _congestion_rate(args, topology), seed=args.seed
+    )
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print_plan(topology, plan, snapshot)
+    return 0
+
+
+def print_plan(topology: Topology, plan: Plan, snapshot: MetricSnapshot | None = None) -> None:
+    now = sum(snapshot.vertices[s].processing_rate for s in topology.sinks) if snapshot else None
+    predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.1f} tuples/s"
+    words = {"out": "scale out", "in": "scale in", "none": "no change"}[plan.direction]
+    print(f"plan {topology.name}: {words} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}")
+    print(f"  predicted throughput: {predicted}" + (f" (measured now: {now:.1f} tuples/s)" if now is not None else ""))
+    if plan.added_nodes:
+        print(f"  added nodes: {', '.join(plan.added_nodes)}")
+    if plan.removed_nodes:
+        print(f"  removed nodes: {', '.join(plan.removed_nodes)}")
+    if plan.new_executors:
+        print("  new executors: " + ", ".join(f"{e} -> {n}" for e, n in plan.new_executors))
+    print(
+        f"  moves: {len(plan.moves)}"
+        + (": " + ", ".join(f"{e} {a}->{b}" for e, a, b in plan.moves[:12]) if plan.moves else "")
+    )
+    if len(plan.moves) > 12:
+        print(f"         ... and {len(plan.moves) - 12} more")
+    print("  parallelism: " + ", ".join(f"{v}={k}" for v, k in plan.parallelism.items()))
+    for step in plan.steps:
+        print("  " + describe_step(step))
+
+
+def describe_step(step: dict[str, Any] | Any) -> str:
+    if "removed" in step and "etp_sum" in step:
+        sums = ", ".join(f"{n}={s:.3f}" for n, s in step["etp_sum"].items())
+        return f"step {step['iteration']}: ETPSum {sums} -> remove {step['removed']}"
+    if "removed" in step:
+        return f"random removal of {', '.join(step['removed'])} (seed {step['seed']})"
+    if step.get("target") is None:
+        return f"step {step['iteration']}: {step.get('reason', 'no target')}"
+    etp = ", ".join(f"{v}={e:.3f}" for v, e in step.get("etp", {}).items())
+    return f"step {step['iteration']}: ETP {{{etp}}} -> {step['target']} on {step['node']}" + (
+        f" ({step['reason']})" if "reason" in step and "source" in step["reason"] else ""
+    )
+
+
+def _load_schedule(path: str, topology: Topology) -> Schedule:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{path}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
+    if isinstance(data, dict) and "schedule" in data:
+        data = data["schedule"]
+    if not isinstance(data, dict):
+        raise CommandError(f"{path}: is not a schedule; give {{placement: {{node: [executors]}}}}")
+    if "placement" not in data:
+        data = {"placement": data}
+    data.setdefault("slotsPerNode", topology.slots_per_node)
+    return Schedule.from_dict(data)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    topology = load_manifest(args.file)
+    schedule = _load_schedule(args.schedule, topology) if args.schedule else initial_schedule(topology)
+    snapshot = MetricSnapshot.load(args.metrics) if args.metrics else None
+    try:
+        result = simulate(topology, schedule, SimulationModel.from_topology(topology, snapshot))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if args.snapshot_out:
+        with open(args.snapshot_out, "w", encoding="utf-8") as handle:
+            handle.write(snapshot_from_simulation(topology, schedule, result).to_json() + "\n")
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(f"{'vertex':<20} {'executors':>9} {'input/s':>12} {'processing/s':>13} {'emit/s':>12}")
+    for name, flow in result.vertices.items():
+        print(
+            f"{name:<20} {flow.executors:>9} {flow.input_rate:>12.1f} {flow.processing_rate:>13.1f} "
+            f"{flow.emit_rate:>12.1f}"
+        )
+    print(f"throughput (sum of sinks): {result.throughput:.1f} tuples/s on {len(schedule.nodes)} nodes")
     return 0

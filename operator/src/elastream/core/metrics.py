@@ -148,9 +148,7 @@ class MetricSnapshot:
         if missing:
             raise SnapshotError(f"snapshot.vertices: no rates for {', '.join(missing)}; add them")
         if unknown:
-            raise SnapshotError(
-                f"snapshot.vertices: {', '.join(unknown)} not in topology {topology.name}; remove them"
-            )
+            raise SnapshotError(f"snapshot.vertices: {', '.join(unknown)} not in topology {topology.name}; remove them")
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,7 @@ class Schedule:
             by_node[node].append(executor)
         for node, executors in by_node.items():
             if len(executors) > self.slots_per_node:
-                raise ScheduleError(
-                    f"node {node} holds {len(executors)} executors but has {self.slots_per_node} slots"
-                )
+                raise ScheduleError(f"node {node} holds {len(executors)} executors but has {self.slots_per_node} slots")
             executors.sort(key=_executor_sort_key)
         object.__setattr__(self, "_by_node", {n: tuple(e) for n, e in by_node.items()})
 
@@ -131,16 +129,12 @@ def executor_order(topology: Topology, parallelism: Mapping[str, int] | None = N
     return [executor_id(v, i) for v in topology.order for i in range(counts.get(v, 0))]
 
 
-def round_robin(
-    executors: Sequence[str], nodes: Sequence[str], slots_per_node: int
-) -> Schedule:
+def round_robin(executors: Sequence[str], nodes: Sequence[str], slots_per_node: int) -> Schedule:
     """Storm's even scheduler: executor j goes to node j mod N (skipping full nodes)."""
     if not nodes:
         raise ScheduleError("round-robin placement needs at least one node")
     if len(executors) > len(nodes) * slots_per_node:
-        raise ScheduleError(
-            f"{len(executors)} executors do not fit {len(nodes)} nodes × {slots_per_node} slots"
-        )
+        raise ScheduleError(f"{len(executors)} executors do not fit {len(nodes)} nodes × {slots_per_node} slots")
     load = dict.fromkeys(nodes, 0)
     assignment: dict[str, str] = {}
     cursor = 0
@@ -165,6 +159,5 @@ def key_group_ranges(max_parallelism: int, parallelism: int) -> list[range]:
     if not 1 <= parallelism <= max_parallelism:
         raise ValueError(f"parallelism {parallelism} must be within 1..{max_parallelism}")
     return [
-        range(i * max_parallelism // parallelism, (i + 1) * max_parallelism // parallelism)
-        for i in range(parallelism)
+        range(i * max_parallelism // parallelism, (i + 1) * max_parallelism // parallelism) for i in range(parallelism)
     ]

@@ -176,9 +176,7 @@ def load_manifest(path: str) -> Topology:
         raise TopologyError([f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
     kinds = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
     if len(kinds) != 1:
-        raise TopologyError(
-            [f"{path}: holds {len(kinds)} {KIND} documents; put exactly one {KIND} in the file"]
-        )
+        raise TopologyError([f"{path}: holds {len(kinds)} {KIND} documents; put exactly one {KIND} in the file"])
     return parse_manifest(kinds[0])
 
 
@@ -195,17 +193,13 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     name = str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
     namespace = str(metadata.get("namespace", "default")) if isinstance(metadata, Mapping) else "default"
     if not _NAME_RE.match(name):
-        problems.append(
-            f"metadata.name: {name!r} is not a DNS-1123 label; use lower-case letters, digits and '-'"
-        )
+        problems.append(f"metadata.name: {name!r} is not a DNS-1123 label; use lower-case letters, digits and '-'")
     spec = document.get("spec")
     if not isinstance(spec, Mapping):
         raise TopologyError([*problems, "spec: is missing; add spec.vertices and spec.streams"])
 
     nodes = _int_field(spec, "nodes", "spec.nodes", problems, default=1, minimum=1)
-    slots = _int_field(
-        spec, "slotsPerNode", "spec.slotsPerNode", problems, default=DEFAULT_SLOTS_PER_NODE, minimum=1
-    )
+    slots = _int_field(spec, "slotsPerNode", "spec.slotsPerNode", problems, default=DEFAULT_SLOTS_PER_NODE, minimum=1)
     vertices = _parse_vertices(spec.get("vertices"), problems)
     streams = _parse_streams(spec.get("streams"), vertices, problems)
     scaling = _parse_scaling(spec.get("scaling"), problems)
@@ -293,9 +287,7 @@ def _parse_vertices(raw: Any, problems: list[str]) -> dict[str, Vertex]:
             continue
         blocks = [k for k in ("source", "logic", "sink") if k in item]
         if len(blocks) != 1:
-            problems.append(
-                f"{path}: vertex {name!r} has {blocks or 'none'} of source/logic/sink; give it exactly one"
-            )
+            problems.append(f"{path}: vertex {name!r} has {blocks or 'none'} of source/logic/sink; give it exactly one")
             continue
         kind = cast(VertexKind, blocks[0])
         config = item[kind]
@@ -313,7 +305,12 @@ def _parse_vertices(raw: Any, problems: list[str]) -> dict[str, Vertex]:
                 )
         before = len(problems)
         max_par = _int_field(
-            item, "maxParallelism", f"{path}.maxParallelism", problems, default=DEFAULT_MAX_PARALLELISM, minimum=1
+            item,
+            "maxParallelism",
+            f"{path}.maxParallelism",
+            problems,
+            default=DEFAULT_MAX_PARALLELISM,
+            minimum=1,
         )
         par = _int_field(item, "parallelism", f"{path}.parallelism", problems, default=1, minimum=1)
         if len(problems) > before or par is None or max_par is None:
@@ -431,14 +428,10 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
     min_nodes = _int_field(auto, "minNodes", "spec.scaling.auto.minNodes", problems, default=1, minimum=1) or 1
     max_nodes = _int_field(auto, "maxNodes", "spec.scaling.auto.maxNodes", problems, default=20, minimum=1) or 20
     if max_nodes < min_nodes:
-        problems.append(
-            f"spec.scaling.auto.maxNodes: {max_nodes} is below minNodes {min_nodes}; raise maxNodes"
-        )
+        problems.append(f"spec.scaling.auto.maxNodes: {max_nodes} is below minNodes {min_nodes}; raise maxNodes")
     policy = auto.get("policy", "autoscale")
     if policy not in AUTOSCALE_POLICIES:
-        problems.append(
-            f"spec.scaling.auto.policy: {policy!r} is unknown; use one of: {', '.join(AUTOSCALE_POLICIES)}"
-        )
+        problems.append(f"spec.scaling.auto.policy: {policy!r} is unknown; use one of: {', '.join(AUTOSCALE_POLICIES)}")
     return ScalingSpec(
         strategy=str(strategy),
         migration=str(migration),

@@ -41,13 +41,13 @@ class MetricStream:
     def read_since(self, since_ts: float | None = None, count: int | None = None) -> list[MetricSample]:
         """Samples whose `ts` is at or after `since_ts` (all when None), oldest first."""
         start = "-" if since_ts is None else f"{int(since_ts * 1000)}-0"
-        entries = self.client.xrange(self.key, min=start, max="+", count=count)
-        return [_decode(fields) for _, fields in entries]
+        entries = self.client.xrange(self.key, min=start, max="+", count=count) or []
+        return [_decode(fields) for _, fields in entries if fields]
 
     def read_last(self, count: int) -> list[MetricSample]:
         """The newest `count` samples, oldest first."""
-        entries = self.client.xrevrange(self.key, max="+", min="-", count=count)
-        return [_decode(fields) for _, fields in reversed(entries)]
+        entries = self.client.xrevrange(self.key, max="+", min="-", count=count) or []
+        return [_decode(fields) for _, fields in reversed(entries) if fields]
 
 
 def _decode(fields: dict[bytes | str, bytes | str]) -> MetricSample:

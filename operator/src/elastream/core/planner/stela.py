@@ -1,0 +1,124 @@
+"""Stela scale-out (Algorithm 2) and scale-in (Algorithm 3), with projected ETP.
+
+Scale-out fills `new_slot_count` slots on the new nodes (added nodes × average executors per node before),
+one executor per iteration: to the congested vertex with the highest projected ETP (ties: topological
+order), or to a source when nothing is congested; new nodes are used round-robin and existing executors
+never move. After each choice the target's processing and emit rates are projected by (k+1)/k and its
+children's input rates recomputed (section II-E). Choices the paper leaves open:
+
+- A vertex already at `maxParallelism` cannot grow and is skipped; when no vertex can grow, the remaining
+  slots stay empty and the step says so.
+- A projected processing rate never exceeds the vertex's input rate (it cannot process what it does not
+  receive), except for a source whose input rate was not measured (it emits as fast as it can).
+
+Scale-in removes one node at a time: the one with the lowest ETPSum (ties: the highest node number, like a
+StatefulSet scaling down), its executors dealt round-robin onto the remaining nodes in increasing ETPSum
+order (skipping full nodes), ETPSums recomputed after every removal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastream.core.metrics import Rates
+from elastream.core.planner.etp import congested_vertices, etp_map, etp_sums
+from elastream.core.planner.plan import PlanningError
+from elastream.core.schedule import Schedule, fresh_node_names, node_index
+from elastream.core.simulate import move_off_nodes, new_slot_count
+from elastream.core.topology import Topology, executor_id
+
+
+def stela_scale_out(
+    topology: Topology,
+    schedule: Schedule,
+    rates: Rates,
+    target_nodes: int,
+    congestion_rate: float,
+    measured_source_input: frozenset[str] = frozenset(),
+) -> tuple[Schedule, list[dict[str, Any]]]:
+    added = target_nodes - len(schedule.nodes)
+    new_nodes = fresh_node_names(schedule.nodes, added)
+    slots = new_slot_count(schedule, added)
+    inputs, processing, emit = dict(rates.input), dict(rates.processing), dict(rates.emit)
+    parallelism = schedule.parallelism()
+    free = dict.fromkeys(new_nodes, schedule.slots_per_node)
+    assignment = dict(schedule.assignment)
+    steps: list[dict[str, Any]] = []
+    cursor = 0
+    for iteration in range(slots):
+        congested = congested_vertices(topology, inputs, processing, congestion_rate)
+        etp = etp_map(topology, processing, congested)
+        growable = [v for v in topology.order if parallelism[v] < topology.vertices[v].max_parallelism]
+        candidates = [v for v in growable if v in congested]
+        reason = "highest ETP among congested vertices"
+        if not candidates:
+            candidates = [v for v in growable if v in topology.sources]
+            reason = "no congested vertex can grow: a source gets the slot"
+        if not candidates:
+            steps.append({"iteration": iteration, "target": None, "reason": "every vertex is at maxParallelism"})
+            break
+        target = max(candidates, key=lambda v: (etp[v], -topology.order.index(v)))
+        while free[new_nodes[cursor % added]] == 0:
+            cursor += 1
+        node = new_nodes[cursor % added]
+        cursor += 1
+        free[node] -= 1
+        k = parallelism[target]
+        assignment[executor_id(target, k)] = node
+        parallelism[target] = k + 1
+        before = processing[target]
+        projected = before * (k + 1) / k
+        is_unmeasured_source = target in topology.sources and target not in measured_source_input
+        if not is_unmeasured_source:
+            projected = min(projected, max(inputs[target], before))
+        processing[target] = projected
+        if is_unmeasured_source:
+            inputs[target] = projected
+        emit[target] = emit[target] * (projected / before) if before > 0 else emit[target]
+        for child in topology.children(target):
+            inputs[child] = sum(emit[p] for p in topology.parents(child))
+        steps.append(
+            {
+                "iteration": iteration,
+                "target": target,
+                "node": node,
+                "reason": reason,
+                "congested": sorted(congested, key=topology.order.index),
+                "etp": {v: round(etp[v], 6) for v in topology.order if v in congested or v == target},
+                "projected_processing_rate": projected,
+                "projected_throughput": sum(processing[s] for s in topology.sinks),
+            }
+        )
+    return Schedule(assignment, (*schedule.nodes, *new_nodes), schedule.slots_per_node), steps
+
+
+def stela_scale_in(
+    topology: Topology,
+    schedule: Schedule,
+    rates: Rates,
+    target_nodes: int,
+    congestion_rate: float,
+) -> tuple[Schedule, list[dict[str, Any]]]:
+    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate)
+    etp = etp_map(topology, rates.processing, congested)
+    steps: list[dict[str, Any]] = []
+    current = schedule
+    iteration = 0
+    while len(current.nodes) > target_nodes:
+        sums = etp_sums(etp, current.placement())
+        ranked = sorted(current.nodes, key=lambda n: (sums[n], -node_index(n), n))
+        victim, receivers = ranked[0], ranked[1:]
+        try:
+            current = move_off_nodes(current, [victim], receivers)
+        except ValueError as exc:
+            raise PlanningError(str(exc)) from None
+        steps.append(
+            {
+                "iteration": iteration,
+                "removed": victim,
+                "etp_sum": {n: round(sums[n], 6) for n in ranked},
+                "receivers": receivers,
+            }
+        )
+        iteration += 1
+    return current, steps

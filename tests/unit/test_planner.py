@@ -1,0 +1,188 @@
+"""Stela scale-out/scale-in and the baselines, on hand-built cases."""
+
+from __future__ import annotations
+
+import pytest
+from elastream.core.planner import PlanningError, make_plan
+from elastream.core.schedule import Schedule, initial_schedule
+from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.topology import parse_manifest
+from helpers import edge, manifest, sink, snapshot, src, work
+
+
+def pipeline(**spec):
+    return parse_manifest(
+        manifest(
+            [
+                src("s", 2, rate=2000),
+                work("a", 2, costMs=0.2),
+                work("b", 2, costMs=4),
+                sink("z", 2, costMs=0.1),
+            ],
+            [edge("s", "a"), edge("a", "b"), edge("b", "z")],
+            **spec,
+        )
+    )
+
+
+def simulated(topology, schedule=None):
+    schedule = schedule or initial_schedule(topology)
+    return schedule, snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
+
+
+def test_scale_out_feeds_the_congested_vertex_on_new_nodes_only() -> None:
+    topology = pipeline(nodes=2)
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 3)
+    assert plan.direction == "out" and plan.added_nodes == ["node-2"]
+    assert plan.moves == []  # existing nodes keep their executors
+    assert [n for _, n in plan.new_executors] == ["node-2"] * 4  # 8 executors / 2 nodes = 4 slots
+    assert plan.new_executors[0][0] == "b#2"  # the congested vertex with the highest ETP
+    assert plan.steps[0]["target"] == "b" and plan.steps[0]["etp"]["b"] == 1.0
+    assert plan.predicted_throughput > simulate(topology, schedule).throughput
+
+
+def test_projection_moves_the_bottleneck_downstream() -> None:
+    # b can do 250/s per executor; z 10/s per executor: once b is projected past z's capacity, z congests.
+    topology = parse_manifest(
+        manifest(
+            [src("s", 1, rate=2000), work("b", 1, costMs=4), sink("z", 1, costMs=3)],
+            [edge("s", "b"), edge("b", "z")],
+            nodes=1,
+        )
+    )
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 2)
+    targets = [step["target"] for step in plan.steps]
+    assert targets[0] == "b"
+    assert "z" in targets  # after b's projected growth z becomes the congested one
+
+
+def test_no_congestion_gives_a_source_the_slot() -> None:
+    topology = pipeline(nodes=2)
+    schedule = initial_schedule(topology)
+    snap = snapshot(
+        {
+            "s": (None, 100.0, 100.0),
+            "a": (None, 100.0, 100.0),
+            "b": (None, 100.0, 100.0),
+            "z": (None, 100.0, 100.0),
+        },
+        schedule.placement(),
+    )
+    plan = make_plan(topology, schedule, snap, 3)
+    assert plan.steps[0]["target"] == "s" and plan.steps[0]["congested"] == []
+    assert "source" in plan.steps[0]["reason"]
+    # The source's projected (k+1)/k output then congests its child, which gets the next slot.
+    assert plan.steps[1]["target"] == "a" and plan.steps[1]["congested"] == ["a"]
+
+
+def test_max_parallelism_caps_growth() -> None:
+    doc = manifest(
+        [
+            src("s", 1, rate=2000),
+            {"name": "b", "parallelism": 2, "maxParallelism": 3, "logic": {"builtin": "work", "costMs": 4}},
+            sink("z"),
+        ],
+        [edge("s", "b"), edge("b", "z")],
+        nodes=1,
+    )
+    topology = parse_manifest(doc)
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 2)
+    assert plan.parallelism["b"] == 3
+
+
+def test_scale_in_removes_lowest_etp_sum_node() -> None:
+    topology = pipeline(nodes=4)
+    schedule = Schedule.from_placement(
+        {
+            "node-0": ["s#0", "a#0"],
+            "node-1": ["b#0", "b#1"],
+            "node-2": ["s#1", "a#1"],
+            "node-3": ["z#0", "z#1"],
+        },
+        8,
+    )
+    _, snap = simulated(topology, schedule)
+    plan = make_plan(topology, schedule, snap, 3)
+    # s and a feed only the congested b: ETP 0, so node-0 and node-2 tie at 0; the higher number goes.
+    assert plan.removed_nodes == ["node-2"]
+    assert sorted(e for e, _, _ in plan.moves) == ["a#1", "s#1"]
+    assert plan.steps[0]["etp_sum"]["node-1"] == 2.0
+    receivers = plan.steps[0]["receivers"]
+    assert receivers[0] == "node-0"  # increasing ETPSum order
+
+
+def test_scale_in_that_cannot_fit_says_how_to_fix_it() -> None:
+    topology = pipeline(nodes=2, slotsPerNode=4)
+    schedule, snap = simulated(topology)
+    with pytest.raises(PlanningError, match=r"raise spec.slotsPerNode to 8"):
+        make_plan(topology, schedule, snap, 1)
+
+
+def test_round_robin_keeps_parallelism_and_reassigns_everything() -> None:
+    topology = pipeline(nodes=2)
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 3, "round-robin")
+    assert plan.parallelism == schedule.parallelism()
+    assert plan.new_executors == []
+    assert sorted(len(plan.new_schedule.executors_on(n)) for n in plan.new_schedule.nodes) == [2, 3, 3]
+
+
+def test_least_link_load_colocates_heavy_links() -> None:
+    topology = parse_manifest(
+        manifest(
+            [
+                src("s", 2, rate=2000),
+                work("a", 2, costMs=0.2, selectivity=0.25),
+                work("b", 2, costMs=4),
+                sink("z", 2),
+            ],
+            [edge("s", "a"), edge("a", "b"), edge("b", "z")],
+        )
+    )
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 4, "least-link-load")
+    nodes = plan.new_schedule
+    # The heaviest links are s->a (500/s each): every s executor shares its node with an a executor.
+    for s_executor in ("s#0", "s#1"):
+        assert nodes.node_of(s_executor) in {nodes.node_of("a#0"), nodes.node_of("a#1")}
+    assert plan.parallelism == schedule.parallelism()
+
+
+def test_random_is_seeded() -> None:
+    topology = pipeline(nodes=4)
+    schedule, snap = simulated(topology)
+    first = make_plan(topology, schedule, snap, 2, "random", seed=7)
+    again = make_plan(topology, schedule, snap, 2, "random", seed=7)
+    assert first.removed_nodes == again.removed_nodes and len(first.removed_nodes) == 2
+
+
+def test_bad_requests() -> None:
+    topology = pipeline(nodes=2)
+    schedule, snap = simulated(topology)
+    with pytest.raises(PlanningError, match="at least 1 node"):
+        make_plan(topology, schedule, snap, 0)
+    with pytest.raises(PlanningError, match="unknown"):
+        make_plan(topology, schedule, snap, 3, "magic")
+    assert make_plan(topology, schedule, snap, 2).direction == "none"
+
+
+def test_plan_json_shape() -> None:
+    topology = pipeline(nodes=2)
+    schedule, snap = simulated(topology)
+    data = make_plan(topology, schedule, snap, 3).to_dict()
+    assert {
+        "direction",
+        "from_nodes",
+        "to_nodes",
+        "added_nodes",
+        "removed_nodes",
+        "new_executors",
+        "moves",
+        "parallelism",
+        "predicted_throughput",
+        "steps",
+    } <= set(data)
+    assert data["new_executors"][0] == {"executor": "b#2", "vertex": "b", "node": "node-2"}
