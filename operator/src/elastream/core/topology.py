@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, cast
 
 import networkx as nx
@@ -114,13 +115,18 @@ class Topology:
     image: str | None = None
     spec: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def sources(self) -> list[str]:
-        return [v for v in self.order if self.graph.in_degree(v) == 0]
+    @cached_property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(v for v in self.order if self.graph.in_degree(v) == 0)
 
-    @property
-    def sinks(self) -> list[str]:
-        return [v for v in self.order if self.graph.out_degree(v) == 0]
+    @cached_property
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(v for v in self.order if self.graph.out_degree(v) == 0)
+
+    @cached_property
+    def position(self) -> Mapping[str, int]:
+        """Index of each vertex in the topological order (ties in planners break by it)."""
+        return {v: i for i, v in enumerate(self.order)}
 
     def parents(self, vertex: str) -> list[str]:
         return list(self.graph.predecessors(vertex))
@@ -214,7 +220,8 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     if vertices:
         problems.extend(_structure_problems(graph, vertices))
         if nx.is_directed_acyclic_graph(graph):
-            order = tuple(nx.lexicographical_topological_sort(graph, key=list(vertices).index))
+            position = {name: i for i, name in enumerate(vertices)}
+            order = tuple(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
     total = sum(v.parallelism for v in vertices.values())
     if nodes is not None and slots is not None and vertices and total > nodes * slots:
         need_slots = -(-total // nodes)

@@ -52,20 +52,23 @@ def random_manifest(
             if v not in has_child:
                 edges.add((v, rng.choice(layers[depth + 1])))
     groupings = ["shuffle", "shuffle", "shuffle", "fields", "all", "global"]
-    for a, b in sorted(edges, key=lambda e: (names.index(e[0]), names.index(e[1]))):
+    index = {v: i for i, v in enumerate(names)}
+    for a, b in sorted(edges, key=lambda e: (index[e[0]], index[e[1]])):
         grouping = rng.choice(groupings)
         stream: dict[str, Any] = {"from": a, "to": b, "grouping": grouping}
         if grouping == "fields":
             stream["key"] = "key"
         streams.append(stream)
-    sinks = {v for v in names if v not in {a for a, _ in edges}}
+    has_child = {a for a, _ in edges}
+    sinks = {v for v in names if v not in has_child}
     spec_vertices: list[dict[str, Any]] = []
     total_executors = 0
+    sources = set(layers[0])
     for v in names:
         parallelism = rng.randint(1, 3)
         total_executors += parallelism
         entry: dict[str, Any] = {"name": v, "parallelism": parallelism, "maxParallelism": max_parallelism}
-        if v in layers[0]:
+        if v in sources:
             entry["source"] = {"type": "synthetic", "rate": float(rng.choice([500, 1000, 2000, 4000]))}
         elif v in sinks:
             entry["sink"] = {"type": "null", "costMs": round(rng.uniform(0.05, 1.5), 3)}

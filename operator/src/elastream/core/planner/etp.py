@@ -112,9 +112,9 @@ class EtpTable:
 
     def priority(self) -> list[str]:
         """Congested vertices by decreasing ETP (ties in topological order): Stela's scale-out order."""
-        order = list(self.vertices)
-        congested = [v for v in order if self.vertices[v].congested]
-        return sorted(congested, key=lambda v: (-self.vertices[v].etp, order.index(v)))
+        position = {v: i for i, v in enumerate(self.vertices)}
+        congested = [v for v in self.vertices if self.vertices[v].congested]
+        return sorted(congested, key=lambda v: (-self.vertices[v].etp, position[v]))
 
 
 def etp_table(

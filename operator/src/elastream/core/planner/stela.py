@@ -57,7 +57,7 @@ def stela_scale_out(
         if not candidates:
             steps.append({"iteration": iteration, "target": None, "reason": "every vertex is at maxParallelism"})
             break
-        target = max(candidates, key=lambda v: (etp[v], -topology.order.index(v)))
+        target = max(candidates, key=lambda v: (etp[v], -topology.position[v]))
         while free[new_nodes[cursor % added]] == 0:
             cursor += 1
         node = new_nodes[cursor % added]
@@ -83,7 +83,7 @@ def stela_scale_out(
                 "target": target,
                 "node": node,
                 "reason": reason,
-                "congested": sorted(congested, key=topology.order.index),
+                "congested": sorted(congested, key=topology.position.__getitem__),
                 "etp": {v: round(etp[v], 6) for v in topology.order if v in congested or v == target},
                 "projected_processing_rate": projected,
                 "projected_throughput": sum(processing[s] for s in topology.sinks),
