@@ -23,7 +23,7 @@ def problems(doc: dict) -> list[str]:
 def test_valid_manifest_builds_a_dag_in_topological_order() -> None:
     topology = parse_manifest(valid())
     assert topology.order == ("spout", "parse", "out")
-    assert topology.sources == ["spout"] and topology.sinks == ["out"]
+    assert topology.sources == ("spout",) and topology.sinks == ("out",)
     assert topology.stream("parse", "out").key == "user"
     assert topology.executors == 5
     assert topology.redis_prefix == "elastream:default/t:"
