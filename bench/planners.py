@@ -301,7 +301,8 @@ def write_report(
         r = row.results
         lines.append(
             f"| {row.name} | {fmt(row.before)} | {fmt(r['stela'])} | {fmt(r['random'])} | {fmt(r['random-worst'])} "
-            f"| {fmt(r['optimum'])} | {fmt(row.ratio('stela', 'random'), 2)}x | {fmt(row.ratio('stela', 'optimum'), 3)} |"
+            f"| {fmt(r['optimum'])} | {fmt(row.ratio('stela', 'random'), 2)}x "
+            f"| {fmt(row.ratio('stela', 'optimum'), 3)} |"
         )
     lines += [
         "",
