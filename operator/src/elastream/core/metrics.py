@@ -159,6 +159,8 @@ class Rates:
     processing: dict[str, float]
     emit: dict[str, float]
     executors: dict[str, int]
+    #: true processing rate (processed / busy seconds) where the snapshot has it: what the vertex could do
+    capacity: dict[str, float] = field(default_factory=dict)
 
 
 def rates_from_snapshot(topology: Topology, snapshot: MetricSnapshot) -> Rates:
@@ -173,7 +175,8 @@ def rates_from_snapshot(topology: Topology, snapshot: MetricSnapshot) -> Rates:
     executors = {v: snapshot.vertices[v].executors for v in topology.order}
     given = {v: snapshot.vertices[v].input_rate for v in topology.order}
     inputs = derive_input_rates(topology, emit, given, processing)
-    return Rates(inputs, processing, emit, executors)
+    capacity = {v: rate for v in topology.order if (rate := snapshot.vertices[v].true_processing_rate) is not None}
+    return Rates(inputs, processing, emit, executors, capacity)
 
 
 def derive_input_rates(

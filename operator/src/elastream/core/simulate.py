@@ -100,6 +100,8 @@ class VertexFlow:
 class SimulationResult:
     throughput: float
     vertices: Mapping[str, VertexFlow]
+    #: vertex -> what its executors could process with unlimited input (None: unbounded)
+    capacity: Mapping[str, float | None] = field(default_factory=dict)
     executors: Mapping[str, float] = field(default_factory=dict)  # executor -> processing rate
     node_cpu_used: Mapping[str, float] = field(default_factory=dict)
     iterations: int = 0
@@ -157,8 +159,14 @@ def simulate(topology: Topology, schedule: Schedule, model: SimulationModel | No
     used: dict[str, float] = dict.fromkeys(schedule.nodes, 0.0)
     for executor, d in demand.items():
         used[node_of[executor]] += min(d, cpu_share[executor])
+    capacity: dict[str, float | None] = {}
+    for v in topology.order:
+        vm = model.vertices[v]
+        limits = [_executor_rate(vm, INF, cpu_share[e]) for e in by_vertex[v]]
+        capacity[v] = None if any(math.isinf(x) for x in limits) else sum(limits)
     return SimulationResult(
         throughput=sum(vertex_flows[s].processing_rate for s in topology.sinks),
+        capacity=capacity,
         vertices=vertex_flows,
         executors=executor_rates,
         node_cpu_used=used,
@@ -268,13 +276,15 @@ def _fair_shares(
 
 
 def snapshot_from_simulation(topology: Topology, schedule: Schedule, result: SimulationResult) -> MetricSnapshot:
-    """The metric snapshot a running deployment would report at the simulated steady state."""
+    """The metric snapshot a running deployment would report at the simulated steady state, including each
+    vertex's true processing rate (what its executors could do with their current CPU shares)."""
     vertices = {
         v: VertexMetrics(
             processing_rate=f.processing_rate,
             emit_rate=f.emit_rate,
             executors=f.executors,
             input_rate=f.input_rate if topology.graph.in_degree(v) == 0 else None,
+            true_processing_rate=result.capacity.get(v),
         )
         for v, f in result.vertices.items()
     }

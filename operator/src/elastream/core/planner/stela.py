@@ -10,6 +10,11 @@ children's input rates recomputed (section II-E). Choices the paper leaves open:
   slots stay empty and the step says so.
 - A projected processing rate never exceeds the vertex's input rate (it cannot process what it does not
   receive), except for a source whose input rate was not measured (it emits as fast as it can).
+- When the snapshot carries a vertex's true processing rate (processed / busy seconds, which the metric
+  analysis computes), the projection uses it: the target's rate becomes min(input, true rate × (k+1)/k),
+  and every vertex downstream is re-projected as min(its new input, its true rate), so a child with
+  headroom absorbs the extra input instead of looking congested. Without true rates the paper's rule
+  stands: children's processing rates are left as measured.
 
 Scale-in removes one node at a time: the one with the lowest ETPSum (ties: the highest node number, like a
 StatefulSet scaling down), its executors dealt round-robin onto the remaining nodes in increasing ETPSum
@@ -40,6 +45,7 @@ def stela_scale_out(
     new_nodes = fresh_node_names(schedule.nodes, added)
     slots = new_slot_count(schedule, added)
     inputs, processing, emit = dict(rates.input), dict(rates.processing), dict(rates.emit)
+    capacity = dict(rates.capacity)
     parallelism = schedule.parallelism()
     free = dict.fromkeys(new_nodes, schedule.slots_per_node)
     assignment = dict(schedule.assignment)
@@ -67,7 +73,11 @@ def stela_scale_out(
         assignment[executor_id(target, k)] = node
         parallelism[target] = k + 1
         before = processing[target]
-        projected = before * (k + 1) / k
+        if target in capacity:
+            capacity[target] *= (k + 1) / k
+            projected = capacity[target]
+        else:
+            projected = before * (k + 1) / k
         is_unmeasured_source = target in topology.sources and target not in measured_source_input
         if not is_unmeasured_source:
             projected = min(projected, max(inputs[target], before))
@@ -75,8 +85,7 @@ def stela_scale_out(
         if is_unmeasured_source:
             inputs[target] = projected
         emit[target] = emit[target] * (projected / before) if before > 0 else emit[target]
-        for child in topology.children(target):
-            inputs[child] = sum(emit[p] for p in topology.parents(child))
+        _propagate(topology, target, inputs, processing, emit, capacity)
         steps.append(
             {
                 "iteration": iteration,
@@ -90,6 +99,30 @@ def stela_scale_out(
             }
         )
     return Schedule(assignment, (*schedule.nodes, *new_nodes), schedule.slots_per_node), steps
+
+
+def _propagate(
+    topology: Topology,
+    target: str,
+    inputs: dict[str, float],
+    processing: dict[str, float],
+    emit: dict[str, float],
+    capacity: dict[str, float],
+) -> None:
+    """Update input rates below `target`; re-project processing where the true rate is known."""
+    frontier = set(topology.children(target))
+    while frontier:
+        child = min(frontier, key=topology.position.__getitem__)
+        frontier.discard(child)
+        inputs[child] = sum(emit[p] for p in topology.parents(child))
+        if child not in capacity:
+            continue  # the paper's rule: a child's processing rate is left as measured
+        new_rate = min(inputs[child], capacity[child])
+        if new_rate != processing[child]:
+            old = processing[child]
+            emit[child] = emit[child] * new_rate / old if old > 0 else emit[child]
+            processing[child] = new_rate
+            frontier.update(topology.children(child))
 
 
 def stela_scale_in(

@@ -1,0 +1,111 @@
+"""The offline CLI: JSON shapes, human output, and one-line errors with exit code 1 on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from elastream.cli import main
+from helpers import edge, manifest, sink, src, work
+
+
+@pytest.fixture
+def files(tmp_path):
+    doc = manifest(
+        [
+            src("spout", 2, rate=3000),
+            work("parse", 2, costMs=2),
+            work("enrich", 2, costMs=0.2),
+            sink("out", costMs=0.1),
+        ],
+        [edge("spout", "parse"), edge("parse", "enrich"), edge("enrich", "out", "fields", key="user")],
+        name="demo",
+        nodes=2,
+    )
+    topo = tmp_path / "demo.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    snap = tmp_path / "snap.json"
+    assert main(["simulate", str(topo), "--snapshot-out", str(snap)]) == 0
+    return topo, snap
+
+
+def run_json(capsys, *argv: str) -> dict:
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_validate(files, capsys) -> None:
+    topo, _ = files
+    assert main(["validate", str(topo)]) == 0
+    assert "valid — topology demo: 4 vertices" in capsys.readouterr().out
+
+
+def test_etp_json(files, capsys) -> None:
+    topo, snap = files
+    data = run_json(capsys, "etp", str(topo), "--metrics", str(snap))
+    assert set(data) == {"throughput", "vertices"}
+    assert set(data["vertices"]["parse"]) == {"input_rate", "processing_rate", "congested", "etp"}
+    assert data["vertices"]["parse"]["congested"] is True
+    assert data["vertices"]["parse"]["etp"] == 1.0
+    assert data["throughput"] == pytest.approx(2 * 500.0)
+
+
+def test_plan_json_and_text(files, capsys) -> None:
+    topo, snap = files
+    data = run_json(capsys, "plan", str(topo), "--metrics", str(snap), "--nodes", "3")
+    assert data["direction"] == "out" and data["from_nodes"] == 2 and data["to_nodes"] == 3
+    assert data["added_nodes"] == ["node-2"] and data["removed_nodes"] == []
+    assert data["steps"][0]["target"] == "parse"
+    # enrich and out have headroom (their true rates are known): no slot for them, parse gets most
+    vertices = [e["vertex"] for e in data["new_executors"]]
+    assert "enrich" not in vertices and "out" not in vertices
+    assert vertices.count("parse") >= 3
+    assert data["moves"] == []
+    assert data["predicted_throughput"] > 1000.0
+    assert data["steps"][0]["etp"]["parse"] == 1.0
+    capsys.readouterr()
+    assert main(["plan", str(topo), "--metrics", str(snap), "--nodes", "1", "--strategy", "stela"]) == 0
+    text = capsys.readouterr().out
+    assert "scale in 2 -> 1 nodes with stela" in text and "ETPSum" in text
+
+
+def test_simulate_schedule_from_plan_output(files, capsys, tmp_path) -> None:
+    topo, snap = files
+    plan = run_json(capsys, "plan", str(topo), "--metrics", str(snap), "--nodes", "3")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    result = run_json(capsys, "simulate", str(topo), "--schedule", str(path))
+    assert result["throughput"] == pytest.approx(plan["predicted_throughput"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["validate", "{bad}"], "spec.nodes: 0 is below 1"),
+        (["etp", "{topo}", "--metrics", "{missing}"], "cannot read"),
+        (["plan", "{topo}", "--metrics", "{snap}", "--nodes", "0"], "at least 1 node"),
+        (["plan", "{topo}", "--metrics", "{wrong}", "--nodes", "3"], "snapshot.vertices: no rates for"),
+        (["etp", "{topo}", "--metrics", "{snap}", "--congestion-rate", "0.5"], "--congestion-rate"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(files, tmp_path, argv, message) -> None:
+    topo, snap = files
+    bad = tmp_path / "bad.yaml"
+    doc = yaml.safe_load(topo.read_text())
+    doc["spec"]["nodes"] = 0
+    bad.write_text(yaml.safe_dump(doc))
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"vertices": {"spout": {"processing_rate": 1, "emit_rate": 1}}}))
+    names = {"bad": bad, "topo": topo, "snap": snap, "missing": tmp_path / "nope.json", "wrong": wrong}
+    args = [a.format(**names) for a in argv]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "elastream", *args], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and message in proc.stderr
+    assert all(line.startswith("error: ") for line in proc.stderr.splitlines())
