@@ -155,9 +155,21 @@ def initial_schedule(topology: Topology) -> Schedule:
 
 
 def key_group_ranges(max_parallelism: int, parallelism: int) -> list[range]:
-    """Contiguous key-group ranges of executors 0..k-1 (Flink's operator-index formula, sizes differ by ≤ 1)."""
+    """Contiguous key-group ranges of executors 0..k-1 (Flink's operator-index ranges, sizes differ by ≤ 1);
+    `key_group_owner` inverts it."""
     if not 1 <= parallelism <= max_parallelism:
         raise ValueError(f"parallelism {parallelism} must be within 1..{max_parallelism}")
     return [
-        range(i * max_parallelism // parallelism, (i + 1) * max_parallelism // parallelism) for i in range(parallelism)
+        range(
+            (i * max_parallelism + parallelism - 1) // parallelism,
+            ((i + 1) * max_parallelism - 1) // parallelism + 1,
+        )
+        for i in range(parallelism)
     ]
+
+
+def key_group_owner(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    """Index of the executor owning `key_group` when `max_parallelism` groups split over `parallelism`."""
+    if not 0 <= key_group < max_parallelism:
+        raise ValueError(f"key group {key_group} outside 0..{max_parallelism - 1}")
+    return key_group * parallelism // max_parallelism

@@ -1,0 +1,386 @@
+"""Migration protocols as pure state machines: CCR (capture-checkpoint-resume), DCR (drain-checkpoint-restore)
+and `restart` (stop everything, restore the last periodic checkpoint, sources replay).
+
+The coordinator here decides; adapters act. `MigrationCoordinator` consumes events (acks, ticks of a
+replaceable clock, failures) and returns `Action`s (broadcast PREPARE, start COMMIT, apply the schedule,
+broadcast INIT, resume sources, abort) for the control layer to carry out over Redis and the backend.
+`ExecutorParticipant` is the per-executor side the worker drives: what to do with a data event, a
+PREPARE, a COMMIT from one upstream channel, an INIT. Both are deterministic and unit-tested without I/O.
+
+CCR, as DESIGN.md and section 3.2 of the CCR paper fix it:
+1. record written, sources paused;  2. PREPARE broadcast, queued behind each executor's input: from then
+on the executor captures every input into its pending list, acks;  3. when all acked, sources send COMMIT
+in-band on every output channel; an executor that has COMMIT from every upstream executor persists state
+(per key group), pending list and source position, forwards COMMIT, acks;  4. the backend applies the new
+schedule;  5. INIT broadcast, resent every `init_resend_s` until acked; each executor loads the key groups
+it now owns and the pending events routed to it, replays them, acks (a duplicate INIT is re-acked, not
+re-applied);  6. sources resume, record closed. Failure before step 4 aborts (executors replay their own
+pending lists, sources resume); from step 4 on the migration only goes forward.
+DCR differs in step 2-3: PREPARE travels in-band behind the data (so queues drain through processing),
+nothing is captured, and COMMIT persists state only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from elastream.core.schedule import Schedule, key_group_owner, key_group_ranges
+from elastream.core.topology import Topology, executor_id, split_executor_id
+
+Protocol = Literal["ccr", "dcr", "restart"]
+
+
+class Phase(enum.Enum):
+    PREPARING = "preparing"  # PREPARE sent; waiting for every executor's ack
+    COMMITTING = "committing"  # COMMIT sweeping the dataflow; waiting for every executor's ack
+    REBALANCING = "rebalancing"  # backend applying the new schedule
+    INITIALIZING = "initializing"  # INIT broadcast (and resent); waiting for every new executor's ack
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+#: phases after which the migration can only go forward (state is in Redis, the old schedule may be gone)
+POINT_OF_NO_RETURN = Phase.REBALANCING
+
+
+class ActionKind(enum.Enum):
+    PAUSE_SOURCES = "pause_sources"
+    BROADCAST_PREPARE = "broadcast_prepare"
+    START_COMMIT = "start_commit"  # sources emit COMMIT in-band on all their output channels
+    APPLY_SCHEDULE = "apply_schedule"
+    BROADCAST_INIT = "broadcast_init"
+    RESUME_SOURCES = "resume_sources"
+    ABORT = "abort"  # executors replay their own pending lists; old schedule goes on
+    CLEANUP = "cleanup"  # delete the migration's keys
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    #: executors the action addresses (INIT resends go only to those that have not acked)
+    executors: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Ack:
+    migration_id: str
+    phase: Phase
+    executor: str
+    #: what the executor reports with its ack (captured events, bytes of state, replayed events)
+    captured: int = 0
+    state_bytes: int = 0
+    replayed: int = 0
+
+
+@dataclass
+class PhaseTimes:
+    started_at: float | None = None
+    prepare_done: float | None = None
+    commit_done: float | None = None
+    rebalance_done: float | None = None
+    init_done: float | None = None
+
+    def durations_ms(self) -> dict[str, float | None]:
+        def span(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else (b - a) * 1000.0
+
+        return {
+            "captureMs": span(self.started_at, self.prepare_done),
+            "commitMs": span(self.prepare_done, self.commit_done),
+            "rebalanceMs": span(self.commit_done, self.rebalance_done),
+            "restoreMs": span(self.rebalance_done, self.init_done),
+        }
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    prepare_s: float = 30.0
+    commit_s: float = 60.0
+    rebalance_s: float = 120.0
+    init_s: float = 120.0
+    init_resend_s: float = 1.0
+
+
+@dataclass
+class MigrationCoordinator:
+    """The controller's side of one migration. Feed it `start`, `on_ack`, `on_rebalanced`, `on_tick` and
+    `on_failure`; carry out the actions it returns, in order."""
+
+    migration_id: str
+    protocol: Protocol
+    old_executors: frozenset[str]
+    new_executors: frozenset[str]
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    phase: Phase = Phase.PREPARING
+    acked: set[str] = field(default_factory=set)
+    times: PhaseTimes = field(default_factory=PhaseTimes)
+    phase_started: float = 0.0
+    last_init_sent: float = 0.0
+    captured: int = 0
+    replayed: int = 0
+    failure: str | None = None
+
+    def start(self, now: float) -> list[Action]:
+        self.times.started_at = now
+        self.phase_started = now
+        self.phase = Phase.PREPARING
+        everyone = tuple(sorted(self.old_executors))
+        if self.protocol == "dcr":
+            # DCR's PREPARE travels in-band from the sources, behind the data.
+            return [Action(ActionKind.PAUSE_SOURCES), Action(ActionKind.BROADCAST_PREPARE, everyone, "in-band")]
+        return [Action(ActionKind.PAUSE_SOURCES), Action(ActionKind.BROADCAST_PREPARE, everyone)]
+
+    def _expected(self) -> frozenset[str]:
+        return self.new_executors if self.phase == Phase.INITIALIZING else self.old_executors
+
+    def on_ack(self, ack: Ack, now: float) -> list[Action]:
+        if ack.migration_id != self.migration_id or ack.phase != self.phase:
+            return []  # a late or duplicate ack of an earlier phase, or of another migration
+        if ack.executor not in self._expected() or ack.executor in self.acked:
+            return []
+        self.acked.add(ack.executor)
+        self.captured += ack.captured
+        self.replayed += ack.replayed
+        if self.acked != set(self._expected()):
+            return []
+        return self._advance(now)
+
+    def _advance(self, now: float) -> list[Action]:
+        self.acked = set()
+        self.phase_started = now
+        if self.phase == Phase.PREPARING:
+            self.times.prepare_done = now
+            self.phase = Phase.COMMITTING
+            return [Action(ActionKind.START_COMMIT)]
+        if self.phase == Phase.COMMITTING:
+            self.times.commit_done = now
+            self.phase = Phase.REBALANCING
+            return [Action(ActionKind.APPLY_SCHEDULE)]
+        if self.phase == Phase.INITIALIZING:
+            self.times.init_done = now
+            self.phase = Phase.DONE
+            return [Action(ActionKind.RESUME_SOURCES), Action(ActionKind.CLEANUP)]
+        return []
+
+    def on_rebalanced(self, now: float) -> list[Action]:
+        """The backend has applied the new schedule: broadcast INIT to every executor of it."""
+        if self.phase != Phase.REBALANCING:
+            return []
+        self.times.rebalance_done = now
+        self.phase = Phase.INITIALIZING
+        self.phase_started = now
+        self.last_init_sent = now
+        self.acked = set()
+        return [Action(ActionKind.BROADCAST_INIT, tuple(sorted(self.new_executors)))]
+
+    def on_tick(self, now: float) -> list[Action]:
+        """Resend INIT to the executors that have not acked; time phases out."""
+        if self.phase in (Phase.DONE, Phase.ABORTED):
+            return []
+        limit = {
+            Phase.PREPARING: self.timeouts.prepare_s,
+            Phase.COMMITTING: self.timeouts.commit_s,
+            Phase.REBALANCING: self.timeouts.rebalance_s,
+            Phase.INITIALIZING: self.timeouts.init_s,
+        }[self.phase]
+        if now - self.phase_started > limit:
+            missing = sorted(set(self._expected()) - self.acked)
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            reason = f"{self.phase.value} timed out after {limit:g} s" + (f" waiting for {shown}" if missing else "")
+            return self.on_failure(reason, now)
+        if self.phase == Phase.INITIALIZING and now - self.last_init_sent >= self.timeouts.init_resend_s:
+            self.last_init_sent = now
+            pending = tuple(sorted(self.new_executors - self.acked))
+            return [Action(ActionKind.BROADCAST_INIT, pending, "resend")]
+        return []
+
+    def on_failure(self, reason: str, now: float) -> list[Action]:
+        """A participant died or a phase timed out. Before the point of no return: abort; after it: keep
+        going (the caller retries the current phase: a restarted worker re-reads its state from Redis)."""
+        if self.phase in (Phase.DONE, Phase.ABORTED):
+            return []
+        if self.phase in (Phase.PREPARING, Phase.COMMITTING):
+            self.failure = reason
+            self.phase = Phase.ABORTED
+            return [
+                Action(ActionKind.ABORT, tuple(sorted(self.old_executors)), reason),
+                Action(ActionKind.RESUME_SOURCES),
+                Action(ActionKind.CLEANUP),
+            ]
+        self.failure = reason
+        self.phase_started = now
+        if self.phase == Phase.REBALANCING:
+            return [Action(ActionKind.APPLY_SCHEDULE, reason=f"retry: {reason}")]
+        pending = tuple(sorted(self.new_executors - self.acked))
+        self.last_init_sent = now
+        return [Action(ActionKind.BROADCAST_INIT, pending, f"retry: {reason}")]
+
+
+# ---- participants ------------------------------------------------------------------------------------------
+
+
+class Mode(enum.Enum):
+    RUNNING = "running"
+    CAPTURING = "capturing"  # CCR: after PREPARE, inputs go to the pending list
+    DRAINING = "draining"  # DCR: waiting for PREPARE on every input channel
+    CHECKPOINTED = "checkpointed"  # state persisted; waiting for the new schedule's INIT (or ABORT)
+
+
+@dataclass
+class ExecutorParticipant:
+    """One executor's view of a migration. The worker asks it what to do with each message."""
+
+    executor: str
+    upstream: frozenset[str]  # executors that send to this one (empty for a source)
+    protocol: Protocol = "ccr"
+    mode: Mode = Mode.RUNNING
+    migration_id: str | None = None
+    commits_seen: set[str] = field(default_factory=set)
+    prepares_seen: set[str] = field(default_factory=set)
+    initialized_for: str | None = None
+
+    def on_prepare(self, migration_id: str, from_upstream: str | None = None) -> bool:
+        """PREPARE dequeued. CCR: start capturing, return True (ack now). DCR: return True once PREPARE
+        has come in-band from every upstream executor (the input is drained through processing)."""
+        self.migration_id = migration_id
+        if self.protocol == "ccr":
+            self.mode = Mode.CAPTURING
+            return True
+        if from_upstream is not None:
+            self.prepares_seen.add(from_upstream)
+        self.mode = Mode.DRAINING
+        return self.prepares_seen >= self.upstream
+
+    def captures(self) -> bool:
+        """Should a data event dequeued now go to the pending list instead of being processed?"""
+        return self.mode in (Mode.CAPTURING, Mode.CHECKPOINTED) and self.protocol == "ccr"
+
+    def on_commit(self, from_upstream: str | None) -> bool:
+        """COMMIT from one upstream channel (None: this is a source told to commit). Returns True when COMMIT
+        has arrived from every upstream executor: persist, forward COMMIT downstream, ack."""
+        if from_upstream is not None:
+            self.commits_seen.add(from_upstream)
+        if self.commits_seen >= self.upstream:
+            self.mode = Mode.CHECKPOINTED
+            return True
+        return False
+
+    def on_init(self, migration_id: str) -> bool:
+        """INIT dequeued. True: load state and pending events, replay, ack. False: a duplicate, ack only."""
+        if self.initialized_for == migration_id:
+            return False
+        self.initialized_for = migration_id
+        self.mode = Mode.RUNNING
+        self.commits_seen.clear()
+        self.prepares_seen.clear()
+        return True
+
+    def on_abort(self) -> None:
+        """Back to the old schedule: the worker replays this executor's own pending list, then runs on."""
+        self.mode = Mode.RUNNING
+        self.commits_seen.clear()
+        self.prepares_seen.clear()
+
+
+# ---- who owns what after a rescale -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateMove:
+    vertex: str
+    key_group: int
+    from_executor: str
+    to_executor: str
+
+
+def state_moves(topology: Topology, old: Schedule, new: Schedule) -> list[StateMove]:
+    """Key groups of stateful vertices whose owning executor changes between two schedules (parallelism
+    changes move ranges; executors that only change node keep their groups but their state still travels
+    through the store, so those are listed too)."""
+    old_par, new_par = old.parallelism(), new.parallelism()
+    moves: list[StateMove] = []
+    for name, vertex in topology.vertices.items():
+        if not vertex.stateful:
+            continue
+        max_par = vertex.max_parallelism
+        for group in range(max_par):
+            before = executor_id(name, key_group_owner(max_par, old_par[name], group))
+            after = executor_id(name, key_group_owner(max_par, new_par[name], group))
+            if before != after or old.node_of(before) != new.node_of(after):
+                moves.append(StateMove(name, group, before, after))
+    return moves
+
+
+def owned_key_groups(max_parallelism: int, parallelism: int, index: int) -> range:
+    return key_group_ranges(max_parallelism, parallelism)[index]
+
+
+def affected_executors(old: Schedule, new: Schedule) -> frozenset[str]:
+    """Executors that start, stop or move: the ones a migration must checkpoint and initialise."""
+    changed = {e for e in old.assignment if new.assignment.get(e) != old.assignment[e]}
+    changed |= {e for e in new.assignment if e not in old.assignment}
+    return frozenset(changed)
+
+
+def upstream_executors(topology: Topology, schedule: Schedule, executor: str) -> frozenset[str]:
+    """Every executor with a channel into `executor` under `schedule` (COMMIT alignment needs them all)."""
+    vertex, index = split_executor_id(executor)
+    result: set[str] = set()
+    parallelism = schedule.parallelism()
+    for parent in topology.parents(vertex):
+        grouping = topology.stream(parent, vertex).grouping
+        if grouping == "global" and index != 0:
+            continue
+        result.update(executor_id(parent, i) for i in range(parallelism[parent]))
+    return frozenset(result)
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    """The paper's metrics for one migration, in the shape the resource's status.lastScaling takes."""
+
+    migration_id: str
+    protocol: Protocol
+    direction: str
+    from_nodes: int
+    to_nodes: int
+    phases_ms: Mapping[str, float | None]
+    captured_events: int
+    lost: int
+    replayed: int
+    outcome: Literal["succeeded", "aborted", "failed"]
+    reason: str = ""
+    catch_up_ms: float | None = None
+    stabilization_ms: float | None = None
+
+    def to_status(self) -> dict[str, object]:
+        return {
+            "migration": self.protocol,
+            "direction": self.direction,
+            "fromNodes": self.from_nodes,
+            "toNodes": self.to_nodes,
+            "phases": {k: v for k, v in self.phases_ms.items() if v is not None},
+            "capturedEvents": self.captured_events,
+            "lost": self.lost,
+            "replayed": self.replayed,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "catchUpMs": self.catch_up_ms,
+            "stabilizationMs": self.stabilization_ms,
+        }
+
+
+def missing_and_duplicates(sent: Iterable[tuple[str, int]], received: Sequence[tuple[str, int]]) -> tuple[int, int]:
+    """Exactly-once check: (events sent but never received, events received more than once)."""
+    sent_set = set(sent)
+    seen: set[tuple[str, int]] = set()
+    duplicates = 0
+    for event in received:
+        if event in seen:
+            duplicates += 1
+        seen.add(event)
+    return len(sent_set - seen), duplicates

@@ -1,0 +1,162 @@
+"""The pure migration state machines: coordinator phases, timeouts, INIT resend, participants, ownership."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import edge, manifest, sink, src, work
+
+from elastream.core.migration import (
+    Ack,
+    ActionKind,
+    ExecutorParticipant,
+    MigrationCoordinator,
+    Mode,
+    Phase,
+    Timeouts,
+    affected_executors,
+    missing_and_duplicates,
+    state_moves,
+    upstream_executors,
+)
+from elastream.core.schedule import Schedule, initial_schedule, key_group_owner, key_group_ranges
+from elastream.core.topology import parse_manifest
+
+OLD = frozenset({"s#0", "a#0", "a#1"})
+NEW = frozenset({"s#0", "a#0", "a#1", "a#2"})
+
+
+def kinds(actions):
+    return [a.kind for a in actions]
+
+
+def ack_all(coordinator, executors, phase, now):
+    actions = []
+    for e in sorted(executors):
+        actions += coordinator.on_ack(Ack("m1", phase, e, captured=2), now)
+    return actions
+
+
+def test_ccr_happy_path_and_phase_times() -> None:
+    c = MigrationCoordinator("m1", "ccr", OLD, NEW)
+    assert kinds(c.start(0.0)) == [ActionKind.PAUSE_SOURCES, ActionKind.BROADCAST_PREPARE]
+    assert kinds(ack_all(c, OLD, Phase.PREPARING, 0.1)) == [ActionKind.START_COMMIT]
+    assert c.captured == 6
+    assert kinds(ack_all(c, OLD, Phase.COMMITTING, 0.3)) == [ActionKind.APPLY_SCHEDULE]
+    init = c.on_rebalanced(1.3)
+    assert kinds(init) == [ActionKind.BROADCAST_INIT] and init[0].executors == tuple(sorted(NEW))
+    assert kinds(ack_all(c, NEW, Phase.INITIALIZING, 1.5)) == [ActionKind.RESUME_SOURCES, ActionKind.CLEANUP]
+    assert c.phase is Phase.DONE
+    durations = c.times.durations_ms()
+    assert durations == pytest.approx(
+        {"captureMs": 100.0, "commitMs": 200.0, "rebalanceMs": 1000.0, "restoreMs": 200.0}
+    )
+
+
+def test_duplicate_late_and_foreign_acks_are_ignored() -> None:
+    c = MigrationCoordinator("m1", "ccr", OLD, NEW)
+    c.start(0.0)
+    assert c.on_ack(Ack("m1", Phase.PREPARING, "s#0"), 0.1) == []
+    assert c.on_ack(Ack("m1", Phase.PREPARING, "s#0"), 0.1) == []  # duplicate
+    assert c.on_ack(Ack("other", Phase.PREPARING, "a#0"), 0.1) == []  # another migration
+    assert c.on_ack(Ack("m1", Phase.COMMITTING, "a#0"), 0.1) == []  # wrong phase
+    assert c.on_ack(Ack("m1", Phase.PREPARING, "zz#9"), 0.1) == []  # not a participant
+    assert c.acked == {"s#0"}
+
+
+def test_init_is_resent_every_second_to_those_missing() -> None:
+    c = MigrationCoordinator("m1", "ccr", OLD, NEW)
+    c.start(0.0)
+    ack_all(c, OLD, Phase.PREPARING, 0.0)
+    ack_all(c, OLD, Phase.COMMITTING, 0.0)
+    c.on_rebalanced(10.0)
+    c.on_ack(Ack("m1", Phase.INITIALIZING, "a#0"), 10.2)
+    assert c.on_tick(10.5) == []
+    resend = c.on_tick(11.0)
+    assert kinds(resend) == [ActionKind.BROADCAST_INIT] and "a#0" not in resend[0].executors
+    assert set(resend[0].executors) == NEW - {"a#0"}
+
+
+def test_timeout_before_commit_aborts_with_reason() -> None:
+    c = MigrationCoordinator("m1", "ccr", OLD, NEW, Timeouts(prepare_s=5.0))
+    c.start(0.0)
+    c.on_ack(Ack("m1", Phase.PREPARING, "s#0"), 1.0)
+    actions = c.on_tick(6.0)
+    assert kinds(actions) == [ActionKind.ABORT, ActionKind.RESUME_SOURCES, ActionKind.CLEANUP]
+    assert c.phase is Phase.ABORTED
+    assert "preparing timed out after 5 s waiting for a#0, a#1" == actions[0].reason
+
+
+def test_failure_after_commit_goes_forward() -> None:
+    c = MigrationCoordinator("m1", "ccr", OLD, NEW)
+    c.start(0.0)
+    ack_all(c, OLD, Phase.PREPARING, 0.0)
+    ack_all(c, OLD, Phase.COMMITTING, 0.0)
+    assert kinds(c.on_failure("worker node-1 died", 1.0)) == [ActionKind.APPLY_SCHEDULE]
+    assert c.phase is Phase.REBALANCING
+    c.on_rebalanced(2.0)
+    assert kinds(c.on_failure("worker node-2 died", 3.0)) == [ActionKind.BROADCAST_INIT]
+    assert c.phase is Phase.INITIALIZING
+
+
+def test_ccr_participant_captures_then_aligns_commits() -> None:
+    p = ExecutorParticipant("b#0", frozenset({"a#0", "a#1"}))
+    assert not p.captures()
+    assert p.on_prepare("m1") is True and p.captures()
+    assert p.on_commit("a#0") is False
+    assert p.on_commit("a#0") is False  # the same channel twice is not alignment
+    assert p.on_commit("a#1") is True and p.mode is Mode.CHECKPOINTED
+    assert p.on_init("m1") is True and p.mode is Mode.RUNNING
+    assert p.on_init("m1") is False  # duplicate INIT: ack only
+
+
+def test_dcr_participant_waits_for_prepare_on_every_channel() -> None:
+    p = ExecutorParticipant("b#0", frozenset({"a#0", "a#1"}), protocol="dcr")
+    assert p.on_prepare("m1", "a#0") is False
+    assert not p.captures()  # DCR drains by processing, it never captures
+    assert p.on_prepare("m1", "a#1") is True
+
+
+def test_source_commits_when_told() -> None:
+    p = ExecutorParticipant("s#0", frozenset())
+    p.on_prepare("m1")
+    assert p.on_commit(None) is True
+
+
+def test_key_group_owner_matches_ranges() -> None:
+    for max_par in (4, 7, 128):
+        for k in range(1, min(max_par, 9) + 1):
+            for index, groups in enumerate(key_group_ranges(max_par, k)):
+                assert all(key_group_owner(max_par, k, g) == index for g in groups)
+
+
+def test_state_moves_follow_parallelism_and_nodes() -> None:
+    topology = parse_manifest(
+        manifest(
+            [
+                src("s"),
+                {
+                    "name": "c",
+                    "parallelism": 2,
+                    "maxParallelism": 4,
+                    "stateful": True,
+                    "logic": {"builtin": "count", "key": "k"},
+                },
+                sink("z"),
+            ],
+            [edge("s", "c", "fields", key="k"), edge("c", "z")],
+        )
+    )
+    old = initial_schedule(topology)
+    assert state_moves(topology, old, old) == []
+    new = Schedule({**old.assignment, "c#2": "node-1"}, old.nodes, old.slots_per_node)
+    moves = state_moves(topology, old, new)
+    # 4 groups over 2 -> 3 executors: [0,1],[2,3] -> [0,1],[2],[3]: only group 3 changes owner
+    assert {(m.key_group, m.from_executor, m.to_executor) for m in moves} == {(3, "c#1", "c#2")}
+    assert affected_executors(old, new) == {"c#2"}
+    assert upstream_executors(topology, new, "z#0") == {"c#0", "c#1", "c#2"}
+
+
+def test_exactly_once_check() -> None:
+    sent = [("s#0", i) for i in range(5)]
+    assert missing_and_duplicates(sent, sent) == (0, 0)
+    assert missing_and_duplicates(sent, [*sent[:4], sent[0]]) == (1, 1)
