@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from helpers import edge, manifest, sink, src, work
-
 from elastream.core.migration import (
     Ack,
     ActionKind,
@@ -20,6 +18,7 @@ from elastream.core.migration import (
 )
 from elastream.core.schedule import Schedule, initial_schedule, key_group_owner, key_group_ranges
 from elastream.core.topology import parse_manifest
+from helpers import edge, manifest, sink, src
 
 OLD = frozenset({"s#0", "a#0", "a#1"})
 NEW = frozenset({"s#0", "a#0", "a#1", "a#2"})
@@ -83,7 +82,7 @@ def test_timeout_before_commit_aborts_with_reason() -> None:
     actions = c.on_tick(6.0)
     assert kinds(actions) == [ActionKind.ABORT, ActionKind.RESUME_SOURCES, ActionKind.CLEANUP]
     assert c.phase is Phase.ABORTED
-    assert "preparing timed out after 5 s waiting for a#0, a#1" == actions[0].reason
+    assert actions[0].reason == "preparing timed out after 5 s waiting for a#0, a#1"
 
 
 def test_failure_after_commit_goes_forward() -> None:
