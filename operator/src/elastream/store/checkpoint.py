@@ -1,0 +1,174 @@
+"""Redis checkpoint store for migrations: the record, per-key-group state, captured events, source positions
+and acks, under the topology's prefix.
+
+Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
+
+    P mig:current                the id of the migration in progress (absent when none)
+    M                            hash: id, protocol, phase, old/new schedule (JSON), started_at, reason
+    M :state:<vertex>            hash: key group -> state bytes (msgpack by the caller)
+    M :pending:<vertex>:<kg>     list: captured events of one key group, in arrival order
+    M :pending:<vertex>:any      list: captured events of shuffle/all/global inputs (no key group)
+    M :position                  hash: source executor -> read position
+    M :acks:<phase>              hash: executor -> ack info (JSON)
+
+Writes are pipelined (one round trip per executor's checkpoint), every key gets a TTL so an abandoned
+migration's keys expire, and `delete_migration` removes them when the migration is done. Values are bytes:
+the store does not interpret events or state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+DEFAULT_TTL_S = 24 * 3600
+ANY = "any"
+
+
+@dataclass(frozen=True)
+class ExecutorCheckpoint:
+    """What one executor persists at COMMIT."""
+
+    executor: str
+    vertex: str
+    state: Mapping[int, bytes] = field(default_factory=dict)  # key group -> state
+    pending: Mapping[str, Sequence[bytes]] = field(default_factory=dict)  # key group (str) or "any" -> events
+    position: bytes | None = None  # a source's read position
+
+
+class CheckpointStore:
+    def __init__(self, client: redis.Redis, prefix: str, ttl_s: int = DEFAULT_TTL_S) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+
+    # ---- keys -------------------------------------------------------------------------------------------
+    def _m(self, migration_id: str) -> str:
+        return f"{self.prefix}mig:{migration_id}"
+
+    @property
+    def current_key(self) -> str:
+        return f"{self.prefix}mig:current"
+
+    # ---- the record -------------------------------------------------------------------------------------
+    def begin(self, migration_id: str, record: Mapping[str, Any]) -> bool:
+        """Claim the topology for this migration and write its record. False if another one is in progress."""
+        if not self.client.set(self.current_key, migration_id, nx=True, ex=self.ttl_s):
+            return False
+        self.update_record(migration_id, record)
+        return True
+
+    def current(self) -> str | None:
+        value = self.client.get(self.current_key)
+        return None if value is None else _text(value)
+
+    def update_record(self, migration_id: str, fields: Mapping[str, Any]) -> None:
+        key = self._m(migration_id)
+        if not fields:
+            fields = {"id": migration_id}
+        encoded: dict[Any, Any] = {
+            k: v if isinstance(v, str | bytes | int | float) else json.dumps(v) for k, v in fields.items()
+        }
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, mapping=encoded)
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def record(self, migration_id: str) -> dict[str, str]:
+        raw = self.client.hgetall(self._m(migration_id))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def save(self, migration_id: str, checkpoint: ExecutorCheckpoint) -> None:
+        """Persist one executor's state, captured events and position in a single pipelined round trip."""
+        m = self._m(migration_id)
+        pipe = self.client.pipeline(transaction=False)
+        touched: list[str] = []
+        if checkpoint.state:
+            key = f"{m}:state:{checkpoint.vertex}"
+            pipe.hset(key, mapping={str(kg): blob for kg, blob in checkpoint.state.items()})
+            touched.append(key)
+        for group, events in checkpoint.pending.items():
+            if events:
+                key = f"{m}:pending:{checkpoint.vertex}:{group}"
+                pipe.rpush(key, *events)
+                touched.append(key)
+        if checkpoint.position is not None:
+            key = f"{m}:position"
+            pipe.hset(key, checkpoint.executor, checkpoint.position)
+            touched.append(key)
+        for key in touched:
+            pipe.expire(key, self.ttl_s)
+        if touched:
+            pipe.execute()
+
+    def load_state(self, migration_id: str, vertex: str, key_groups: Iterable[int]) -> dict[int, bytes]:
+        groups = list(key_groups)
+        if not groups:
+            return {}
+        values = self.client.hmget(f"{self._m(migration_id)}:state:{vertex}", [str(g) for g in groups])
+        return {g: _bytes(v) for g, v in zip(groups, values, strict=True) if v is not None}
+
+    def load_pending(
+        self, migration_id: str, vertex: str, key_groups: Iterable[int], index: int, parallelism: int
+    ) -> list[bytes]:
+        """The captured events the new executor `index` of `parallelism` must replay: those of its key groups
+        (in key-group order, each group in arrival order) and every `parallelism`-th event of the shared
+        list starting at `index`, so each event goes to exactly one new executor."""
+        m = self._m(migration_id)
+        pipe = self.client.pipeline(transaction=False)
+        groups = list(key_groups)
+        for group in groups:
+            pipe.lrange(f"{m}:pending:{vertex}:{group}", 0, -1)
+        pipe.lrange(f"{m}:pending:{vertex}:{ANY}", 0, -1)
+        results = pipe.execute()
+        events: list[bytes] = []
+        for chunk in results[:-1]:
+            events.extend(chunk)
+        events.extend(results[-1][index::parallelism])
+        return events
+
+    def load_positions(self, migration_id: str) -> dict[str, bytes]:
+        raw = self.client.hgetall(f"{self._m(migration_id)}:position")
+        return {_text(k): _bytes(v) for k, v in raw.items()}
+
+    def pending_count(self, migration_id: str) -> int:
+        total = 0
+        for key in self.client.scan_iter(match=f"{self._m(migration_id)}:pending:*", count=500):
+            total += int(self.client.llen(key))
+        return total
+
+    # ---- acks -------------------------------------------------------------------------------------------
+    def ack(self, migration_id: str, phase: str, executor: str, info: Mapping[str, Any] | None = None) -> None:
+        key = f"{self._m(migration_id)}:acks:{phase}"
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, executor, json.dumps(dict(info or {})))
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def acks(self, migration_id: str, phase: str) -> dict[str, dict[str, Any]]:
+        raw = self.client.hgetall(f"{self._m(migration_id)}:acks:{phase}")
+        return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+
+    # ---- cleanup ----------------------------------------------------------------------------------------
+    def delete_migration(self, migration_id: str) -> int:
+        """Remove every key of the migration and release the topology; returns how many keys went."""
+        m = self._m(migration_id)
+        keys = [m, *self.client.scan_iter(match=f"{m}:*", count=1000)]
+        removed = int(self.client.unlink(*keys)) if keys else 0
+        current = self.client.get(self.current_key)
+        if current is not None and _text(current) == migration_id:
+            self.client.delete(self.current_key)
+        return removed
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
