@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -203,3 +203,290 @@ def with_vertex(snapshot: MetricSnapshot, name: str, **changes: Any) -> MetricSn
     vertices = dict(snapshot.vertices)
     vertices[name] = replace(vertices[name], **changes)
     return MetricSnapshot(vertices, snapshot.placement)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Window analysis: from cumulative samples to a snapshot, congestion and ETP.
+#
+# `analyze_samples` is the pure-Python reference; `elastream.analysis.job.analyze_with_spark` computes the
+# same `WindowTotals` with Spark and hands them to the same `analysis_from_totals`, so both engines agree.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowTotals:
+    """What one vertex did in the window, summed over its incarnations (the engines' common result).
+
+    Counts are integers, so they are exact and the same whichever engine summed them. The trend sums are
+    sum((k - c) * delta) over the sample deltas, k the interval a delta falls in and c = (window - 1) / 2:
+    half-integers times integers, also exact.
+    """
+
+    processed: int = 0
+    emitted: int = 0
+    busy_s: float = 0.0
+    executors: int = 0
+    queue_first: int = 0
+    queue_last: int = 0
+    processed_trend: float = 0.0
+    emitted_trend: float = 0.0
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A window of samples analysed: the snapshot, congestion and ETP per vertex, ETPSum per node."""
+
+    snapshot: MetricSnapshot
+    congested: dict[str, bool]
+    etp: dict[str, float]
+    node_etp_sum: dict[str, float]
+    window_start: float
+    window_end: float
+    samples_used: int
+
+    def etp_dict(self, topology: Topology) -> dict[str, Any]:
+        """The "etp" table of `elastream analyze --json`: as `elastream etp --json`, plus ETPSum per node."""
+        vertices = self.snapshot.vertices
+        return {
+            "throughput": sum(vertices[s].processing_rate for s in topology.sinks),
+            "vertices": {
+                v: {
+                    "input_rate": vertices[v].input_rate,
+                    "processing_rate": vertices[v].processing_rate,
+                    "congested": self.congested[v],
+                    "etp": self.etp[v],
+                }
+                for v in topology.order
+            },
+            "node_etp_sum": dict(self.node_etp_sum),
+        }
+
+    def to_dict(self, topology: Topology) -> dict[str, Any]:
+        """`MetricSnapshot.to_dict` plus the "etp" table (so `elastream etp/plan --metrics` can read it)."""
+        return {**self.snapshot.to_dict(), "etp": self.etp_dict(topology)}
+
+
+def check_window_args(window: int, interval_s: float, congestion_rate: float) -> None:
+    """Raise `ValueError` naming the fix unless window ≥ 1, interval > 0 and congestion rate ≥ 1."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window: {window!r} is not a positive number of intervals; use e.g. 20")
+    if not math.isfinite(interval_s) or interval_s <= 0.0:
+        raise ValueError(f"interval: {interval_s!r} is not a positive number of seconds; use e.g. 1.0")
+    if not math.isfinite(congestion_rate) or congestion_rate < 1.0:
+        raise ValueError(f"congestion rate: {congestion_rate!r} is below 1.0; use a value ≥ 1.0 (the paper uses 1.2)")
+
+
+def window_start(window_end: float, window: int, interval_s: float) -> float:
+    """The window is (window_end - window * interval_s, window_end]: both engines compute it this way."""
+    return window_end - window * interval_s
+
+
+def interval_index(ts: float, start: float, window: int, interval_s: float) -> int:
+    """The interval k in [0, window) a sample at `ts` falls in: k covers (start + k·I, start + (k+1)·I]."""
+    k = math.ceil((ts - start) / interval_s) - 1
+    return min(max(k, 0), window - 1)
+
+
+def trend_center(window: int) -> float:
+    """c = (window - 1) / 2, the mean interval index (the regression's x̄ in intervals)."""
+    return (window - 1) / 2
+
+
+def sample_order_key(s: MetricSample) -> tuple[float, int, int, int, float, int]:
+    """Order of an incarnation's samples (ties on ts broken by the counters, as the Spark job does)."""
+    return (s.ts, s.processed, s.emitted, s.received, s.busy_s, s.queue_len)
+
+
+def _executor_key(s: MetricSample) -> tuple[float, float, int, int, int, float, int, str]:
+    """Which of an executor's samples is its latest/earliest (the Spark job takes max/min of this struct)."""
+    return (s.ts, s.started_at, s.processed, s.emitted, s.received, s.busy_s, s.queue_len, s.node)
+
+
+def analyze_samples(
+    topology: Topology,
+    samples: Iterable[MetricSample],
+    *,
+    window: int = 20,
+    interval_s: float = 1.0,
+    congestion_rate: float = 1.2,
+) -> Analysis:
+    """Analyse the last `window` intervals of cumulative samples (the reference the Spark job must match).
+
+    Window. Samples of vertices not in the topology are ignored. The window ends at the largest `ts`
+    (window_end) and is the half-open interval (window_end - window·interval_s, window_end]: its duration
+    D = window·interval_s is fixed, whatever samples are present. An executor incarnation is one
+    (executor, started_at) pair; counters (received, processed, emitted, busy_s) are cumulative since
+    started_at, so a new started_at is a counter reset. For each incarnation with at least one sample in the
+    window, the window's counts are last − baseline, where last is its latest sample in the window and the
+    baseline is, in this order: its latest sample at or before the window start; zero, if it started in the
+    window (started_at ≥ window start); else its first sample in the window (the counts before it are not
+    attributable to the window and are dropped). Missing samples therefore lose no counts, a restart adds
+    the old incarnation's counts up to its last sample plus the new one's since zero.
+
+    Per vertex, with its incarnations' deltas summed:
+
+    - processing_rate = processed / D, emit_rate = emitted / D;
+    - executors: the executors (ids) with a sample in the window; placement: each such executor under the
+      node of its latest sample (an executor that stopped reporting inside the window still counts);
+    - input_rate = sum of the parents' emit rates; a source's is its own processing rate
+      (`derive_input_rates`);
+    - busy_fraction = busy_s / (D · executors) (0 without executors);
+    - true_processing_rate = processed / busy_s, None when busy_s is 0;
+    - queue_growth = (Σ latest queue_len − Σ earliest queue_len over its executors' samples in the window) / D;
+    - input_trend: the least-squares slope (tuples/s per second) of the vertex's input rate per interval:
+      the window is cut into `window` intervals, interval k = (start + k·I, start + (k+1)·I], and each
+      sample's delta from its previous sample (or from its baseline) counts in the interval of its `ts`
+      (deltas telescope to the window counts). Input is linear in the parents' emit series, so the slope is
+      taken per vertex of the emitted and processed series and combined like the rates. window = 1 gives 0.
+
+    Then congestion (input / processing > congestion_rate) and ETP by the planner's functions, and ETPSum per
+    node from the placement. Edge cases: no sample of the topology → every rate and growth 0, no executors,
+    no placement, window_start = window_end = 0.0, samples_used 0; a single sample → D is still the full
+    window and its counts count only if its incarnation started in the window; zero processing → rates 0,
+    true_processing_rate None, congested iff its input is positive.
+    """
+    check_window_args(window, interval_s, congestion_rate)
+    relevant = [s for s in samples if s.vertex in topology.vertices]
+    if not relevant:
+        return analysis_from_totals(topology, {}, {}, 0.0, 0.0, window, interval_s, congestion_rate)
+    end = max(s.ts for s in relevant)
+    start = window_start(end, window, interval_s)
+    center = trend_center(window)
+    incarnations: dict[tuple[str, float], list[MetricSample]] = {}
+    for s in relevant:
+        incarnations.setdefault((s.executor, s.started_at), []).append(s)
+    processed: dict[str, int] = {}
+    emitted: dict[str, int] = {}
+    busy: dict[str, float] = {}
+    p_trend: dict[str, float] = {}
+    e_trend: dict[str, float] = {}
+    count: dict[str, int] = {}
+    first: dict[tuple[str, str], MetricSample] = {}
+    last: dict[tuple[str, str], MetricSample] = {}
+    for (_, started_at), runs in incarnations.items():
+        runs.sort(key=sample_order_key)
+        prev: MetricSample | None = None
+        for s in runs:
+            if s.ts > start:
+                if prev is not None:
+                    dp, de, db = s.processed - prev.processed, s.emitted - prev.emitted, s.busy_s - prev.busy_s
+                elif started_at >= start:
+                    dp, de, db = s.processed, s.emitted, s.busy_s
+                else:
+                    dp, de, db = 0, 0, 0.0
+                v = s.vertex
+                weight = interval_index(s.ts, start, window, interval_s) - center
+                processed[v] = processed.get(v, 0) + dp
+                emitted[v] = emitted.get(v, 0) + de
+                busy[v] = busy.get(v, 0.0) + db
+                p_trend[v] = p_trend.get(v, 0.0) + weight * dp
+                e_trend[v] = e_trend.get(v, 0.0) + weight * de
+                count[v] = count.get(v, 0) + 1
+                key = (v, s.executor)
+                if key not in last or _executor_key(s) > _executor_key(last[key]):
+                    last[key] = s
+                if key not in first or _executor_key(s) < _executor_key(first[key]):
+                    first[key] = s
+            prev = s
+    executors: dict[str, int] = {}
+    q_first: dict[str, int] = {}
+    q_last: dict[str, int] = {}
+    placement: dict[str, str] = {}
+    for (v, executor), s in last.items():
+        executors[v] = executors.get(v, 0) + 1
+        q_last[v] = q_last.get(v, 0) + s.queue_len
+        q_first[v] = q_first.get(v, 0) + first[(v, executor)].queue_len
+        placement[executor] = s.node
+    totals = {
+        v: WindowTotals(
+            processed=processed[v],
+            emitted=emitted[v],
+            busy_s=busy[v],
+            executors=executors[v],
+            queue_first=q_first[v],
+            queue_last=q_last[v],
+            processed_trend=p_trend[v],
+            emitted_trend=e_trend[v],
+            samples=count[v],
+        )
+        for v in count
+    }
+    return analysis_from_totals(topology, totals, placement, start, end, window, interval_s, congestion_rate)
+
+
+def _executor_vertex(executor: str) -> str | None:
+    vertex, _, index = executor.rpartition("#")
+    return vertex if vertex and index.isdigit() else None
+
+
+def analysis_from_totals(
+    topology: Topology,
+    totals: Mapping[str, WindowTotals],
+    placement: Mapping[str, str],
+    start: float,
+    end: float,
+    window: int,
+    interval_s: float,
+    congestion_rate: float,
+) -> Analysis:
+    """Rates, snapshot, congestion, ETP and ETPSum from per-vertex window totals (both engines end here).
+
+    `placement` maps each live executor to its node. Vertices absent from `totals` had no sample.
+    """
+    from elastream.core.planner.etp import congested_vertices, etp_map, etp_sums
+
+    duration = window * interval_s
+    empty = WindowTotals()
+    tot = {v: totals.get(v, empty) for v in topology.order}
+    processing = {v: tot[v].processed / duration for v in topology.order}
+    emit = {v: tot[v].emitted / duration for v in topology.order}
+    inputs = derive_input_rates(topology, emit, {}, processing)
+    spread = float(window * (window * window - 1)) / 12.0  # Σ (k - c)² over k = 0 .. window-1
+    if spread > 0.0:
+        scale = interval_s * interval_s * spread
+        p_slope = {v: tot[v].processed_trend / scale for v in topology.order}
+        e_slope = {v: tot[v].emitted_trend / scale for v in topology.order}
+    else:
+        p_slope = dict.fromkeys(topology.order, 0.0)
+        e_slope = dict.fromkeys(topology.order, 0.0)
+    trends = derive_input_rates(topology, e_slope, {}, p_slope)
+    vertices: dict[str, VertexMetrics] = {}
+    for v in topology.order:
+        t = tot[v]
+        vertices[v] = VertexMetrics(
+            processing_rate=processing[v],
+            emit_rate=emit[v],
+            executors=t.executors,
+            input_rate=inputs[v],
+            busy_fraction=t.busy_s / (duration * t.executors) if t.executors > 0 else 0.0,
+            true_processing_rate=t.processed / t.busy_s if t.busy_s > 0.0 else None,
+            queue_growth=(t.queue_last - t.queue_first) / duration,
+            input_trend=trends[v],
+        )
+    by_node: dict[str, list[str]] = {}
+    for executor, node in placement.items():
+        by_node.setdefault(node, []).append(executor)
+    position = topology.position
+    last = len(topology.order)
+
+    def order(executor: str) -> tuple[int, str, int]:
+        vertex = _executor_vertex(executor)
+        if vertex is None:
+            return (last, executor, -1)
+        return (position.get(vertex, last), vertex, int(executor.rpartition("#")[2]))
+
+    nodes = {n: sorted(by_node[n], key=order) for n in sorted(by_node)}
+    snapshot = MetricSnapshot(vertices, nodes)
+    congested = congested_vertices(topology, inputs, processing, congestion_rate)
+    etp = etp_map(topology, processing, congested)
+    node_etp = etp_sums(etp, {n: [e for e in ex if _executor_vertex(e) in etp] for n, ex in nodes.items()})
+    return Analysis(
+        snapshot=snapshot,
+        congested={v: v in congested for v in topology.order},
+        etp=etp,
+        node_etp_sum=node_etp,
+        window_start=start,
+        window_end=end,
+        samples_used=sum(t.samples for t in totals.values()),
+    )
