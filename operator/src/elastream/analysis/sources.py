@@ -1,0 +1,146 @@
+"""Where samples come from: the Redis hot window, Parquet archives, and Python lists turned into frames.
+
+The Redis stream is read through `elastream.store.metric_stream.MetricStream` (passed in: the analysis
+layer does not import the store layer, anything with `read_last`/`read_since` works). Archives are Parquet
+with one row per `MetricSample`, columns as `SAMPLE_COLUMNS`; Spark reads and appends them at a local path
+or any Hadoop URI (hdfs://, s3a://, gs:// ... with the matching connector on the classpath).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from elastream.core.metrics import MetricSample, check_window_args
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+#: column -> type ("double", "string" or "long"), in MetricSample field order
+SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ts", "double"),
+    ("node", "string"),
+    ("vertex", "string"),
+    ("executor", "string"),
+    ("started_at", "double"),
+    ("received", "long"),
+    ("processed", "long"),
+    ("emitted", "long"),
+    ("busy_s", "double"),
+    ("queue_len", "long"),
+    ("latency_ms", "double"),
+    ("errors", "long"),
+)
+
+#: how much older than the window start the hot window reads, in windows: finds each incarnation's baseline
+#: sample unless it skipped a whole window of reports
+HISTORY_WINDOWS = 1.0
+#: slack for the stream ids (Redis server clock) running behind the samples' ts (worker clocks)
+CLOCK_SKEW_S = 30.0
+
+
+class SampleStream(Protocol):
+    """What the hot-window reader needs from `MetricStream`."""
+
+    def read_last(self, count: int) -> list[MetricSample]: ...
+
+    def read_since(self, since_ts: float | None = None, count: int | None = None) -> list[MetricSample]: ...
+
+
+def read_hot_window(stream: SampleStream, window: int, interval_s: float) -> list[MetricSample]:
+    """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows.
+
+    The stream is ordered by arrival, so the newest entry gives the window end; the read starts a window
+    before the window start so that each incarnation's baseline (its last sample before the window) is there.
+    """
+    check_window_args(window, interval_s, 1.0)
+    newest = stream.read_last(64)
+    if not newest:
+        return []
+    end = max(s.ts for s in newest)
+    since = end - (1.0 + HISTORY_WINDOWS) * window * interval_s
+    samples = [s for s in stream.read_since(since - CLOCK_SKEW_S) if s.ts >= since]
+    if not samples:  # stream ids and sample clocks disagree: read everything the stream holds
+        samples = [s for s in stream.read_since(None) if s.ts >= since]
+    return samples
+
+
+def spark_schema() -> StructType:
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    types = {"double": DoubleType(), "string": StringType(), "long": LongType()}
+    return StructType([StructField(name, types[kind], nullable=False) for name, kind in SAMPLE_COLUMNS])
+
+
+def arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    types = {"double": pa.float64(), "string": pa.string(), "long": pa.int64()}
+    return pa.schema([pa.field(name, types[kind], nullable=False) for name, kind in SAMPLE_COLUMNS])
+
+
+def samples_to_arrow(samples: Iterable[MetricSample]) -> pa.Table:
+    import pyarrow as pa
+
+    rows = list(samples)
+    columns = {name: [getattr(s, name) for s in rows] for name, _ in SAMPLE_COLUMNS}
+    return pa.Table.from_pydict(columns, schema=arrow_schema())
+
+
+def samples_to_pandas(samples: Iterable[MetricSample]) -> pd.DataFrame:
+    return samples_to_arrow(samples).to_pandas()
+
+
+def samples_frame(spark: SparkSession, samples: Iterable[MetricSample]) -> DataFrame:
+    """A Spark DataFrame of the samples (through Arrow), with the archive's schema."""
+    return spark.createDataFrame(samples_to_pandas(samples), schema=spark_schema())
+
+
+def samples_from_rows(rows: Iterable[Any]) -> list[MetricSample]:
+    """Spark Rows, dicts or pyarrow records back to samples."""
+    out = []
+    for row in rows:
+        data = row.asDict() if hasattr(row, "asDict") else dict(row)
+        out.append(MetricSample.from_dict(data))
+    return out
+
+
+def read_parquet(spark: SparkSession, path: str | Sequence[str]) -> DataFrame:
+    """The archive at `path` (a file, a directory of parts, or any Hadoop URI), as the sample schema."""
+    paths = [path] if isinstance(path, str) else list(path)
+    frame = spark.read.schema(spark_schema()).parquet(*paths)
+    return frame.select(*[name for name, _ in SAMPLE_COLUMNS])
+
+
+def append_parquet(spark: SparkSession, samples: Iterable[MetricSample] | DataFrame, path: str) -> None:
+    """Append samples to the archive at `path` (local or any Hadoop URI) as new part files."""
+    frame = samples if hasattr(samples, "write") else samples_frame(spark, samples)  # type: ignore[arg-type]
+    frame.write.mode("append").parquet(path)  # type: ignore[union-attr]
+
+
+def write_parquet_local(samples: Iterable[MetricSample], path: str, append: bool = True) -> str:
+    """Without Spark: write the samples as one new part file in the directory `path` (created). Returns it."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    os.makedirs(path, exist_ok=True)
+    if not append:
+        for name in os.listdir(path):
+            if name.endswith(".parquet"):
+                os.remove(os.path.join(path, name))
+    target = os.path.join(path, f"part-{uuid.uuid4().hex}.parquet")
+    pq.write_table(samples_to_arrow(samples), target)
+    return target
+
+
+def read_parquet_local(path: str) -> list[MetricSample]:
+    """Without Spark: every sample in a local Parquet file or directory (the Python engine's reader)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=[name for name, _ in SAMPLE_COLUMNS])
+    return samples_from_rows(table.to_pylist())
