@@ -1,0 +1,130 @@
+"""`elastream analyze`: the newest window of metric samples -> snapshot, congestion, ETP and ETPSum.
+
+Samples come from the topology's Redis metric stream (`--redis`) or a Parquet archive (`--parquet`, a local
+path or any Hadoop URI). The analysis runs on Spark (`ELASTREAM_SPARK_MASTER`, default local[*]) and falls
+back to the Python reference, with a warning, when Spark cannot start; `--engine python` skips Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+
+from elastream.analysis import Analyzer
+from elastream.cli import CommandError
+from elastream.core.metrics import Analysis, MetricSample, check_window_args
+from elastream.core.topology import Topology, load_manifest
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    analyze = subparsers.add_parser("analyze", help="analyse the newest window of metric samples (Spark)")
+    analyze.add_argument("--redis", metavar="URL", help="Redis holding the metric stream, e.g. redis://host:6379/0")
+    analyze.add_argument("--topology", required=True, metavar="FILE", help="YAML file with one StreamTopology")
+    analyze.add_argument("--window", type=int, default=None, help="intervals per window (default spec.scaling.window)")
+    analyze.add_argument("--interval", type=float, default=1.0, metavar="S", help="sample interval in s (1.0)")
+    analyze.add_argument("--congestion-rate", type=float, default=None, help="default: spec.scaling.congestionRate")
+    analyze.add_argument("--parquet", metavar="PATH", help="read samples from this Parquet archive instead of Redis")
+    analyze.add_argument("--engine", choices=("spark", "python"), default="spark", help="spark (default) or python")
+    analyze.add_argument("--json", action="store_true", help="print the snapshot and ETP table as JSON")
+    analyze.set_defaults(func=cmd_analyze)
+
+
+def _read_redis(url: str, topology: Topology, window: int, interval_s: float) -> list[MetricSample]:
+    import redis
+
+    from elastream.analysis.sources import read_hot_window
+    from elastream.store.metric_stream import MetricStream
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    except ValueError as exc:
+        raise CommandError(f"--redis: {url!r} is not a Redis URL ({exc}); use redis://host:6379/0") from None
+    try:
+        return read_hot_window(MetricStream(client, topology.redis_prefix), window, interval_s)
+    except redis.RedisError as exc:
+        raise CommandError(
+            f"cannot reach Redis at {url}: {str(exc).rstrip('.')}; check --redis and that Redis is up"
+        ) from None
+    finally:
+        client.close()
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    topology = load_manifest(args.topology)
+    window = args.window if args.window is not None else topology.scaling.window
+    rate = args.congestion_rate if args.congestion_rate is not None else topology.scaling.congestion_rate
+    try:
+        check_window_args(window, args.interval, rate)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if not args.redis and not args.parquet:
+        raise CommandError("no samples: give --redis URL (the metric stream) or --parquet PATH (an archive)")
+    analyzer = Analyzer(args.engine)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logging.getLogger("elastream.analysis").propagate = False
+        if args.parquet:
+            analysis = _analyze_parquet(analyzer, topology, args.parquet, window, args.interval, rate)
+        else:
+            samples = _read_redis(args.redis, topology, window, args.interval)
+            analysis = analyzer.analyze(topology, samples, window=window, interval_s=args.interval, congestion_rate=rate)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(analysis.to_dict(topology), indent=2, sort_keys=True))
+    else:
+        print_analysis(topology, analysis, analyzer.engine_used or args.engine)
+    return 0
+
+
+def _analyze_parquet(
+    analyzer: Analyzer, topology: Topology, path: str, window: int, interval_s: float, rate: float
+) -> Analysis:
+    spark = analyzer.spark()
+    try:
+        if spark is not None:
+            from elastream.analysis.sources import read_parquet
+
+            frame = read_parquet(spark, path)
+            return analyzer.analyze(topology, frame, window=window, interval_s=interval_s, congestion_rate=rate)
+        from elastream.analysis.sources import read_parquet_local
+
+        samples = read_parquet_local(path)
+    except CommandError:
+        raise
+    except Exception as exc:
+        if "PATH_NOT_FOUND" in str(exc) or isinstance(exc, FileNotFoundError):
+            raise CommandError(f"--parquet: {path} does not exist; check the path") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CommandError(f"--parquet: cannot read {path}: {first}") from None
+    return analyzer.analyze(topology, samples, window=window, interval_s=interval_s, congestion_rate=rate)
+
+
+def print_analysis(topology: Topology, analysis: Analysis, engine: str) -> None:
+    snap = analysis.snapshot
+    print(
+        f"topology {topology.name}: window ({analysis.window_start:.3f}, {analysis.window_end:.3f}] s, "
+        f"{analysis.samples_used} samples, engine {engine}"
+    )
+    print(
+        f"{'vertex':<20} {'executors':>9} {'input/s':>12} {'processing/s':>13} {'busy':>6} "
+        f"{'trend/s²':>9} {'congested':>9} {'ETP':>8}"
+    )
+    for name in topology.order:
+        m = snap.vertices[name]
+        print(
+            f"{name:<20} {m.executors:>9} {m.input_rate or 0.0:>12.1f} {m.processing_rate:>13.1f} "
+            f"{m.busy_fraction or 0.0:>6.1%} {m.input_trend or 0.0:>9.2f} "
+            f"{'yes' if analysis.congested[name] else 'no':>9} {analysis.etp[name]:>8.1%}"
+        )
+    throughput = sum(snap.vertices[s].processing_rate for s in topology.sinks)
+    print(f"throughput (sum of sinks): {throughput:.1f} tuples/s")
+    if analysis.node_etp_sum:
+        print(f"{'node':<20} {'executors':>9} {'ETPSum':>8}")
+        for node, total in analysis.node_etp_sum.items():
+            print(f"{node:<20} {len(snap.placement[node]):>9} {total:>8.3f}")
+    else:
+        print("no executor reported in the window")
