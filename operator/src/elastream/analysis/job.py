@@ -81,11 +81,7 @@ def analyze_with_spark(
     from_zero = F.col("started_at") >= F.lit(start)
 
     def delta(name: str, zero: object) -> object:
-        return (
-            F.when(has_prev, F.col(name) - F.col(f"prev.{name}"))
-            .when(from_zero, F.col(name))
-            .otherwise(F.lit(zero))
-        )
+        return F.when(has_prev, F.col(name) - F.col(f"prev.{name}")).when(from_zero, F.col(name)).otherwise(F.lit(zero))
 
     k = F.ceil((F.col("ts") - F.lit(start)) / F.lit(interval_s)) - F.lit(1)
     k = F.least(F.greatest(k, F.lit(0)), F.lit(window - 1))

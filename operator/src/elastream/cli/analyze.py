@@ -70,7 +70,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             analysis = _analyze_parquet(analyzer, topology, args.parquet, window, args.interval, rate)
         else:
             samples = _read_redis(args.redis, topology, window, args.interval)
-            analysis = analyzer.analyze(topology, samples, window=window, interval_s=args.interval, congestion_rate=rate)
+            analysis = analyzer.analyze(
+                topology, samples, window=window, interval_s=args.interval, congestion_rate=rate
+            )
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     if args.json:
