@@ -74,10 +74,10 @@ class Analyzer:
         if hasattr(samples, "toLocalIterator"):
             from elastream.analysis.sources import samples_from_rows
 
-            samples = samples_from_rows(samples.toLocalIterator())  # type: ignore[union-attr]
+            samples = samples_from_rows(samples.toLocalIterator())
         return analyze_samples(
             topology,
-            samples,  # type: ignore[arg-type]
+            samples,
             window=window,
             interval_s=interval_s,
             congestion_rate=congestion_rate,

@@ -26,7 +26,7 @@ from elastream.core.metrics import (
 from elastream.core.topology import Topology
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 #: the order of an incarnation's samples (as `core.metrics.sample_order_key`)
 ORDER_COLUMNS = ("ts", "processed", "emitted", "received", "busy_s", "queue_len")
@@ -49,6 +49,7 @@ def analyze_with_spark(
 
     check_window_args(window, interval_s, congestion_rate)
     names = list(topology.order)
+    frame: DataFrame | None
     if isinstance(samples, DataFrame):
         frame = samples.where(F.col("vertex").isin(names))
         end_row = frame.agg(F.max("ts").alias("end")).first()
@@ -80,7 +81,7 @@ def analyze_with_spark(
     has_prev = F.col("prev").isNotNull()
     from_zero = F.col("started_at") >= F.lit(start)
 
-    def delta(name: str, zero: object) -> object:
+    def delta(name: str, zero: float) -> Column:
         return F.when(has_prev, F.col(name) - F.col(f"prev.{name}")).when(from_zero, F.col(name)).otherwise(F.lit(zero))
 
     k = F.ceil((F.col("ts") - F.lit(start)) / F.lit(interval_s)) - F.lit(1)
@@ -88,9 +89,9 @@ def analyze_with_spark(
     deltas = lagged.select(
         "vertex",
         "executor",
-        delta("processed", 0).alias("dp"),  # type: ignore[arg-type]
-        delta("emitted", 0).alias("de"),  # type: ignore[arg-type]
-        delta("busy_s", 0.0).alias("db"),  # type: ignore[arg-type]
+        delta("processed", 0).alias("dp"),
+        delta("emitted", 0).alias("de"),
+        delta("busy_s", 0.0).alias("db"),
         (k.cast("double") - F.lit(center)).alias("w"),
         F.struct(*EXECUTOR_KEY).alias("key"),
     )

@@ -118,8 +118,10 @@ def read_parquet(spark: SparkSession, path: str | Sequence[str]) -> DataFrame:
 
 def append_parquet(spark: SparkSession, samples: Iterable[MetricSample] | DataFrame, path: str) -> None:
     """Append samples to the archive at `path` (local or any Hadoop URI) as new part files."""
-    frame = samples if hasattr(samples, "write") else samples_frame(spark, samples)  # type: ignore[arg-type]
-    frame.write.mode("append").parquet(path)  # type: ignore[union-attr]
+    from pyspark.sql import DataFrame
+
+    frame = samples if isinstance(samples, DataFrame) else samples_frame(spark, samples)
+    frame.write.mode("append").parquet(path)
 
 
 def write_parquet_local(samples: Iterable[MetricSample], path: str, append: bool = True) -> str:
