@@ -33,6 +33,7 @@ matplotlib.use("Agg")
 import contextlib
 
 import matplotlib.pyplot as plt
+
 from elastream.core.metrics import MetricSnapshot, rates_from_snapshot
 from elastream.core.planner import make_plan
 from elastream.core.planner.etp import congested_vertices, etp_map

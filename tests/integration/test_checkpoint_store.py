@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+
 from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
 
 pytestmark = pytest.mark.integration

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+
 from elastream.cli import main
 from helpers import edge, manifest, sink, src, work
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from elastream.core.planner.etp import congested_vertices, etp_map, etp_sums, etp_table, is_congested
 from elastream.core.topology import parse_manifest
 from helpers import edge, manifest, sink, snapshot, src, work

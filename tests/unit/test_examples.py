@@ -6,6 +6,7 @@ import glob
 import os
 
 import pytest
+
 from elastream.core.planner import etp_table, make_plan
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
@@ -61,9 +62,7 @@ def test_stela_examples_follow_table_i(name: str) -> None:
     assert topology.nodes * topology.slots_per_node == workers
     # the scale-out of Table I is a plan Stela can make
     schedule = initial_schedule(topology)
-    snapshot = snapshot_from_simulation(
-        topology, schedule, simulate(topology, schedule)
-    )
+    snapshot = snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
     plan = make_plan(topology, schedule, snapshot, after)
     assert plan.new_schedule.nodes[-1] not in schedule.nodes
 
@@ -72,9 +71,7 @@ def test_stela_examples_follow_table_i(name: str) -> None:
 def test_stela_examples_have_a_congested_vertex_that_is_not_a_source(name: str) -> None:
     topology = load_manifest(os.path.join(EXAMPLES, f"{name}.yaml"))
     schedule = initial_schedule(topology)
-    snapshot = snapshot_from_simulation(
-        topology, schedule, simulate(topology, schedule)
-    )
+    snapshot = snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
     table = etp_table(topology, snapshot, topology.scaling.congestion_rate)
     congested = table.priority()
     assert congested, f"{name}: nothing is congested, so Stela has nothing to choose"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from elastream.core.schedule import (
     Schedule,
     ScheduleError,
@@ -60,3 +61,16 @@ def test_key_groups_are_contiguous_and_cover_everything() -> None:
 
 def test_fresh_node_names_continue_numbering() -> None:
     assert fresh_node_names(["node-0", "node-3"], 2) == ["node-4", "node-5"]
+
+
+def test_key_hash_is_stable_and_spreads_keys() -> None:
+    import zlib
+
+    from elastream.core.schedule import key_group_of, stable_key_hash
+
+    assert stable_key_hash("user-7") == zlib.crc32(b"user-7")  # not salted per process, unlike hash()
+    assert stable_key_hash(3) != stable_key_hash(4)
+    groups = [key_group_of(k, 16) for k in range(1600)]
+    assert all(60 <= groups.count(g) <= 140 for g in range(16))
+    groups = [key_group_of(f"k{k}", 16) for k in range(1600)]
+    assert all(60 <= groups.count(g) <= 140 for g in range(16))

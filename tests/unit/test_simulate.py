@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import (
     SearchTooLarge,

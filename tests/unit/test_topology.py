@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from elastream.core.topology import TopologyError, load_manifest, parse_cpu, parse_manifest
 from helpers import edge, manifest, sink, src, work
 
@@ -135,3 +136,14 @@ def test_cpu_quantities() -> None:
     assert parse_cpu(1.5) == 1.5
     with pytest.raises(ValueError):
         parse_cpu("two")
+
+
+def test_unknown_builtin_and_bad_module_are_named() -> None:
+    doc = manifest([src("s"), {"name": "w", "logic": {"builtin": "wrk"}}, sink("o")], [edge("s", "w"), edge("w", "o")])
+    with pytest.raises(TopologyError, match=r"spec.vertices\[1\].logic.builtin: 'wrk' is unknown; use one of: work"):
+        parse_manifest(doc)
+    doc = manifest(
+        [src("s"), {"name": "w", "logic": {"module": "no-colon"}}, sink("o")], [edge("s", "w"), edge("w", "o")]
+    )
+    with pytest.raises(TopologyError, match=r"logic.module: 'no-colon' is not 'package.module:Class'"):
+        parse_manifest(doc)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from elastream import __version__
 
-COMMAND_MODULES = ("elastream.cli.offline", "elastream.cli.analyze")
+COMMAND_MODULES = ("elastream.cli.offline", "elastream.cli.run", "elastream.cli.analyze")
 
 
 class CommandError(Exception):

@@ -6,6 +6,7 @@ A `Schedule` is immutable; planners build new ones. Executors are named ``<verte
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,3 +174,20 @@ def key_group_owner(max_parallelism: int, parallelism: int, key_group: int) -> i
     if not 0 <= key_group < max_parallelism:
         raise ValueError(f"key group {key_group} outside 0..{max_parallelism - 1}")
     return key_group * parallelism // max_parallelism
+
+
+def stable_key_hash(key: object) -> int:
+    """A 32-bit hash of a grouping key that is the same in every process (Python's `hash` of a str is salted
+    per process, so two workers would disagree on a key's owner). Integers are mixed (Knuth's multiplicative
+    hash), everything else hashes its text with CRC-32."""
+    if isinstance(key, bool):
+        key = int(key)
+    if isinstance(key, int):
+        return (key * 2654435761) & 0xFFFFFFFF
+    data = key if isinstance(key, bytes) else str(key).encode()
+    return zlib.crc32(data)
+
+
+def key_group_of(key: object, max_parallelism: int) -> int:
+    """The key group (0..max_parallelism-1) a key belongs to; `key_group_owner` maps it to an executor."""
+    return stable_key_hash(key) % max_parallelism

@@ -26,6 +26,11 @@ DEFAULT_SLOTS_PER_NODE = 4
 STRATEGIES = ("stela", "round-robin", "least-link-load", "random")
 MIGRATIONS = ("ccr", "dcr", "restart")
 AUTOSCALE_POLICIES = ("autoscale", "rules")
+#: the built-in operators of the runtime (`elastream.runtime.operators` implements exactly these)
+SOURCE_TYPES = ("synthetic", "redis-stream")
+LOGIC_BUILTINS = ("work", "filter", "count", "window")
+SINK_TYPES = ("redis-stream", "log", "null")
+COST_MODES = ("sleep", "spin")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _CPU_RE = re.compile(r"^(\d+(\.\d+)?)(m?)$")
 
@@ -305,6 +310,18 @@ def _parse_vertices(raw: Any, problems: list[str]) -> dict[str, Vertex]:
             problems.append(f"{path}.logic: names no code; set logic.builtin or logic.module (module:Class)")
         if kind in ("source", "sink") and "type" not in config and "module" not in config:
             problems.append(f"{path}.{kind}: has no type; set {kind}.type (e.g. synthetic, redis-stream)")
+        known = {"source": SOURCE_TYPES, "logic": LOGIC_BUILTINS, "sink": SINK_TYPES}[kind]
+        name_key = "builtin" if kind == "logic" else "type"
+        if name_key in config and config[name_key] not in known:
+            problems.append(
+                f"{path}.{kind}.{name_key}: {config[name_key]!r} is unknown; use one of: {', '.join(known)} "
+                f"or {kind}.module: package.module:Class"
+            )
+        module = config.get("module")
+        if module is not None and (not isinstance(module, str) or not re.match(r"^[\w.]+:[\w]+$", module)):
+            problems.append(f"{path}.{kind}.module: {module!r} is not 'package.module:Class'; fix it")
+        if config.get("mode", "sleep") not in COST_MODES:
+            problems.append(f"{path}.{kind}.mode: {config['mode']!r} is unknown; use one of: {', '.join(COST_MODES)}")
         for number_key, minimum in (("costMs", 0.0), ("selectivity", 0.0), ("rate", 0.0)):
             if number_key in config and (not _number(config[number_key]) or config[number_key] < minimum):
                 problems.append(

@@ -1,0 +1,139 @@
+"""Commands that run a topology: `elastream run` (local mode) and `elastream worker` (one node).
+
+`run` starts every node as a local worker process on its own loopback address, with an embedded Redis when
+no `--redis` is given, and prints one line of live throughput per interval until `--duration` has passed or
+Ctrl-C; every process is reaped on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from elastream.cli import CommandError
+from elastream.control.backends.local import EmbeddedRedis, LocalBackendError, LocalCluster
+from elastream.control.monitor import LiveRates
+from elastream.core.schedule import initial_schedule
+from elastream.core.topology import Topology, load_manifest
+from elastream.runtime.operators import OperatorLoadError, load_class
+from elastream.store.metric_stream import MetricStream
+from elastream.store.registry import RedisUnavailable
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = subparsers.add_parser("run", help="run a topology locally: one worker process per node")
+    run.add_argument("file", help="YAML file with one StreamTopology")
+    run.add_argument("--nodes", type=int, default=None, help="node count (default: spec.nodes)")
+    run.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
+    run.add_argument("--redis", default=os.environ.get("ELASTREAM_REDIS_URL"), help="default: an embedded Redis")
+    run.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds (default 1)")
+    run.set_defaults(func=cmd_run)
+
+    worker = subparsers.add_parser("worker", help="run one node's executors (started by a backend)")
+    worker.add_argument("--topology", required=True, help="YAML file with the StreamTopology")
+    worker.add_argument("--node", required=True, help="this node's name, e.g. node-0")
+    worker.add_argument("--redis", required=True, help="Redis URL (redis://, rediss:// or unix://)")
+    worker.add_argument("--bind", default="127.0.0.1", help="HOST[:PORT] for the executors' inboxes")
+    worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    worker.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds")
+    worker.add_argument("--redis-wait", type=float, default=300.0, help="seconds to retry Redis before giving up")
+    worker.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from elastream.runtime.worker import Worker, WorkerOptions, configure_logging
+
+    topology = load_manifest(args.topology)
+    host, _, port = args.bind.partition(":")
+    configure_logging(args.node)
+    options = WorkerOptions(
+        node=args.node,
+        redis_url=args.redis,
+        host=host,
+        port=int(port or 0),
+        metrics_port=args.metrics_port,
+        interval_s=args.interval,
+        redis_wait_s=args.redis_wait,
+    )
+    return Worker(topology, options).run()
+
+
+def check_operators(topology: Topology) -> None:
+    """Load every user `module:Class` now, so a typo fails in one line before any process starts."""
+    for vertex in topology.vertices.values():
+        if "module" in vertex.config:
+            try:
+                load_class(vertex)
+            except OperatorLoadError as exc:
+                raise CommandError(str(exc)) from None
+
+
+@contextmanager
+def redis_for(url: str | None) -> Iterator[str]:
+    """`url`, or an embedded Redis for the duration of the block."""
+    if url:
+        yield url
+        return
+    directory = tempfile.mkdtemp(prefix="elastream-redis-")
+    embedded = EmbeddedRedis(directory)
+    try:
+        yield embedded.url
+    finally:
+        embedded.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    topology = load_manifest(args.file)
+    if args.nodes is not None:
+        topology = topology.with_nodes(args.nodes)
+    check_operators(topology)
+    schedule = initial_schedule(topology)
+    with redis_for(args.redis) as url:
+        try:
+            cluster = LocalCluster(topology, os.path.abspath(args.file), url, interval_s=args.interval)
+        except RedisUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        print(
+            f"elastream run {topology.name}: {len(schedule)} executors on {len(schedule.nodes)} nodes "
+            f"({'embedded Redis' if not args.redis else url}; worker logs in {cluster.run_dir})",
+            flush=True,
+        )
+        try:
+            with cluster:
+                cluster.start(schedule)
+                watch(cluster, topology, args.duration, args.interval)
+        except LocalBackendError as exc:
+            raise CommandError(str(exc)) from None
+    return 0
+
+
+def watch(cluster: LocalCluster, topology: Topology, duration: float | None, interval: float) -> LiveRates:
+    """Print one line per interval: total sink throughput, then every vertex's processing rate."""
+    stream = MetricStream(cluster.client, topology.redis_prefix)
+    live = LiveRates(topology, stale_s=3 * interval)
+    started = time.monotonic()
+    since = time.time()
+    names = "  ".join(f"{v:>{max(8, len(v))}}" for v in topology.order)
+    print(f"{'time':>6}  {'sinks/s':>9}  {'lat ms':>7}  {names}", flush=True)
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            time.sleep(interval)
+            cluster.check_alive()
+            samples = stream.read_since(since)
+            if samples:
+                since = max(s.ts for s in samples) + 0.001
+                live.add(samples)
+            rates = live.rates()
+            cells = "  ".join(f"{rates[v]:>{max(8, len(v))}.1f}" for v in topology.order)
+            elapsed = time.monotonic() - started
+            print(f"{elapsed:>5.0f}s  {live.throughput():>9.1f}  {live.latency_ms():>7.1f}  {cells}", flush=True)
+    except KeyboardInterrupt:
+        print("stopping (Ctrl-C)", file=sys.stderr, flush=True)
+    return live

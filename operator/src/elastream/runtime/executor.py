@@ -1,0 +1,298 @@
+"""Executors: one thread per executor, running an operator over its inbox and routing what it emits.
+
+`Router` implements the groupings of DESIGN.md over the schedule's parallelism: shuffle (round-robin per
+sender), fields (key -> key group -> owning executor, contiguous key-group ranges as `key_group_owner` says),
+all (broadcast) and global (executor 0). `Counters` are what the worker publishes every interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastream.core.schedule import key_group_of, key_group_owner
+from elastream.core.topology import Stream, Topology
+from elastream.runtime.operators import SAME, Context
+from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, Inbox
+
+log = logging.getLogger("elastream.worker")
+
+#: frames an executor takes off its socket ahead of processing (their events are its visible queue length)
+READ_AHEAD = 8
+
+
+@dataclass
+class Counters:
+    """Cumulative counters of one executor since `started_at` (gauges: queue_len, latency)."""
+
+    started_at: float = field(default_factory=time.time)
+    received: int = 0
+    processed: int = 0
+    emitted: int = 0
+    busy_s: float = 0.0
+    queue_len: int = 0
+    errors: int = 0
+    latency_sum_s: float = 0.0
+    latency_count: int = 0
+
+    def take_latency_ms(self) -> float:
+        """Mean latency since the last call, in ms (end-to-end at sinks, per event elsewhere)."""
+        count, total = self.latency_count, self.latency_sum_s
+        self.latency_count, self.latency_sum_s = 0, 0.0
+        return 1000.0 * total / count if count else 0.0
+
+
+class OutputStream:
+    """One output stream of an executor: its grouping and a channel per downstream executor (by index)."""
+
+    def __init__(self, stream: Stream, max_parallelism: int, channels: Sequence[Channel]) -> None:
+        self.stream = stream
+        self.grouping = stream.grouping
+        self.field = stream.key
+        self.max_parallelism = max_parallelism
+        self.channels = list(channels)
+        self.buffers: list[list[Any]] = [[] for _ in channels]
+        self.next_index = 0
+
+    def targets(self, event: Any) -> Sequence[int]:
+        k = len(self.channels)
+        if self.grouping == "shuffle":
+            index = self.next_index
+            self.next_index = (index + 1) % k
+            return (index,)
+        if self.grouping == "fields":
+            value = event[2]
+            key = value[self.field] if isinstance(value, Mapping) and self.field in value else event[1]
+            return (key_group_owner(self.max_parallelism, k, key_group_of(key, self.max_parallelism)),)
+        if self.grouping == "all":
+            return range(k)
+        return (0,)
+
+
+class Router:
+    """Buffers emitted events per downstream executor and sends them in frames of up to `MAX_BATCH`."""
+
+    def __init__(self, outputs: Sequence[OutputStream], stop: threading.Event) -> None:
+        self.outputs = list(outputs)
+        self.stop = stop
+        self.blocked_s = 0.0
+
+    def route(self, event: Any) -> None:
+        for output in self.outputs:
+            for index in output.targets(event):
+                buffer = output.buffers[index]
+                buffer.append(event)
+                if len(buffer) >= MAX_BATCH:
+                    self.blocked_s += output.channels[index].send_events(buffer, self.stop)
+                    output.buffers[index] = []
+
+    def flush(self) -> None:
+        for output in self.outputs:
+            for index, buffer in enumerate(output.buffers):
+                if buffer:
+                    self.blocked_s += output.channels[index].send_events(buffer, self.stop)
+                    output.buffers[index] = []
+
+    def channels(self) -> list[Channel]:
+        return [c for output in self.outputs for c in output.channels]
+
+    def take_blocked(self) -> float:
+        blocked, self.blocked_s = self.blocked_s, 0.0
+        return blocked
+
+
+def build_outputs(
+    topology: Topology,
+    vertex: str,
+    sender: str,
+    parallelism: Mapping[str, int],
+    endpoints: Mapping[str, str],
+    open_channel: Callable[[str, str, str], Channel],
+) -> list[OutputStream]:
+    outputs = []
+    for child in topology.children(vertex):
+        receivers = [f"{child}#{i}" for i in range(parallelism[child])]
+        channels = [open_channel(sender, r, endpoints[r]) for r in receivers]
+        outputs.append(OutputStream(topology.stream(vertex, child), topology.vertices[child].max_parallelism, channels))
+    return outputs
+
+
+class ExecutorThread(threading.Thread):
+    """Runs a logic or sink operator: takes frames from the inbox, processes their events, routes output."""
+
+    def __init__(
+        self,
+        executor: str,
+        operator: Any,
+        context: Context,
+        inbox: Inbox,
+        router: Router,
+        stop: threading.Event,
+        is_sink: bool,
+    ) -> None:
+        super().__init__(name=executor, daemon=True)
+        self.executor = executor
+        self.operator = operator
+        self.context = context
+        self.inbox = inbox
+        self.router = router
+        self.stop = stop
+        self.is_sink = is_sink
+        self.counters = Counters()
+        self.current: Any = None
+        self.ahead: deque[list[Any]] = deque()
+        self.control_handler: Callable[[str, Any], None] | None = None
+        self._last_error_log = 0.0
+        self.failure: BaseException | None = None
+
+    def emit(self, value: Any, key: Any = SAME, event_id: int | None = None, ts: float | None = None) -> None:
+        current = self.current
+        self.counters.emitted += 1
+        self.router.route(
+            (
+                current[0] if event_id is None else event_id,
+                current[1] if key is SAME else key,
+                value,
+                current[3] if ts is None else ts,
+            )
+        )
+
+    def run(self) -> None:
+        try:
+            self.operator.open(self.context)
+            while not self.stop.is_set():
+                frame = self._next_frame()
+                if frame is not None:
+                    self.handle(frame)
+            self.router.flush()
+            self.operator.close()
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("executor %s stopped: %s", self.executor, exc)
+            self.stop.set()
+
+    def _next_frame(self) -> list[Any] | None:
+        if not self.ahead:
+            frame = self.inbox.receive(100)
+            if frame is None:
+                return None
+            self._take(frame)
+        while len(self.ahead) < READ_AHEAD:
+            frame = self.inbox.receive(0)
+            if frame is None:
+                break
+            self._take(frame)
+        frame = self.ahead.popleft()
+        if frame[0] == DATA:
+            self.counters.queue_len -= len(frame[2])
+        return frame
+
+    def _take(self, frame: list[Any]) -> None:
+        if frame[0] == DATA:
+            self.counters.queue_len += len(frame[2])
+        self.ahead.append(frame)
+
+    def handle(self, frame: list[Any]) -> None:
+        kind, sender, payload = frame
+        if kind == CONTROL:
+            if self.control_handler is not None:
+                self.control_handler(sender, payload)
+            return
+        self.process_batch(payload)
+
+    def process_batch(self, events: Sequence[Any]) -> None:
+        counters = self.counters
+        start = time.perf_counter()
+        counters.received += len(events)
+        process, emit = self.operator.process, self.emit
+        for event in events:
+            self.current = event
+            try:
+                process(event, emit)
+            except Exception as exc:
+                self._report(exc, event)
+        counters.processed += len(events)
+        if self.is_sink:
+            now = time.time()
+            counters.latency_sum_s += sum(now - e[3] for e in events)
+            counters.latency_count += len(events)
+            flush = getattr(self.operator, "flush", None)
+            if flush is not None:
+                flush()
+        self.router.flush()
+        elapsed = time.perf_counter() - start
+        if not self.is_sink:
+            counters.latency_sum_s += elapsed
+            counters.latency_count += len(events)
+        counters.busy_s += elapsed - self.router.take_blocked()
+
+    def _report(self, exc: Exception, event: Any) -> None:
+        self.counters.errors += 1
+        now = time.monotonic()
+        if now - self._last_error_log >= 5.0:  # at most one line every 5 s per executor
+            self._last_error_log = now
+            log.error(
+                "vertex %s: executor %s: operator raised %s: %s (event id %s; %d errors so far; the event is skipped)",
+                self.context.vertex,
+                self.executor,
+                type(exc).__name__,
+                exc,
+                event[0],
+                self.counters.errors,
+            )
+
+
+class SourceThread(threading.Thread):
+    """Runs a source operator: polls it for due events, stamps them and routes them.
+
+    `received` counts the events offered so far (due by the rate profile), `processed` those emitted, so a
+    source that cannot keep up shows a growing queue and a processing rate below its input rate."""
+
+    def __init__(self, executor: str, operator: Any, context: Context, router: Router, stop: threading.Event) -> None:
+        super().__init__(name=executor, daemon=True)
+        self.executor = executor
+        self.operator = operator
+        self.context = context
+        self.router = router
+        self.stop = stop
+        self.paused = threading.Event()
+        self.counters = Counters()
+        self.failure: BaseException | None = None
+        self.now = 0.0
+
+    def emit_new(self, event_id: int, key: Any, value: Any) -> None:
+        self.counters.emitted += 1
+        self.router.route((event_id, key, value, self.now))
+
+    def run(self) -> None:
+        counters = self.counters
+        try:
+            self.operator.open(self.context)
+            exhausted = getattr(self.operator, "exhausted", None)
+            while not self.stop.is_set():
+                if self.paused.is_set() or (exhausted is not None and exhausted()):
+                    time.sleep(0.01)
+                    continue
+                start = time.perf_counter()
+                self.now = time.time()
+                before = counters.emitted
+                due = self.operator.poll(self.now, self.emit_new, MAX_BATCH)
+                self.router.flush()
+                emitted = counters.emitted - before
+                counters.processed += emitted
+                counters.received = max(counters.received, int(due), counters.processed)
+                counters.queue_len = counters.received - counters.processed
+                counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
+                if emitted == 0:
+                    time.sleep(0.002)
+            self.router.flush()
+            self.operator.close()
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("source %s stopped: %s", self.executor, exc)
+            self.stop.set()

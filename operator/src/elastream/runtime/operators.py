@@ -1,0 +1,546 @@
+"""Operators: the code an executor runs for each event, built-in or user-supplied.
+
+An event is a tuple ``(id, key, value, ts)``: `id` is the number its source gave it (derived events keep
+their input's id, so sinks can check exactly-once delivery), `key` the grouping key, `value` the payload
+(anything msgpack can encode), `ts` the source's emission time (seconds since the epoch, for end-to-end
+latency). User operators receive it as an `Event` named tuple (``event.key``); built-ins index the plain tuple.
+
+The operator API (also for user code, named ``logic: {module: "package.module:Class"}`` in the manifest)::
+
+    class Operator:
+        def open(self, context: Context) -> None: ...          # once, before the first event
+        def process(self, event, emit) -> None: ...            # emit(value, key=...) sends one event on
+        def snapshot_state(self) -> dict[int, object]: ...     # stateful only: key group -> state
+        def restore_state(self, state: dict[int, object]) -> None: ...
+        def close(self) -> None: ...
+
+`emit(value, key=SAME)` creates an event with the input's id and ts, the given value and, unless a new key
+is given, the input's key. Stateful operators keep their state per key group (``context.key_group(key)``)
+so that a rescale can move exactly the groups an executor gains or loses. Sources implement
+`SourceOperator`: `poll(now, emit_new)` emits the events that are due, `position()`/`seek(position)` make
+their read position part of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from elastream.core.schedule import key_group_of
+from elastream.core.topology import Vertex
+
+
+class Event(NamedTuple):
+    id: int
+    key: Any
+    value: Any
+    ts: float
+
+
+SAME: Any = object()
+Emit = Callable[..., None]
+
+
+class OperatorLoadError(Exception):
+    """A `module:Class` named in the manifest cannot be loaded (message names the vertex and the fix)."""
+
+
+@dataclass
+class Context:
+    """What an operator knows about where it runs."""
+
+    vertex: str
+    index: int
+    parallelism: int
+    max_parallelism: int
+    config: Mapping[str, Any]
+    #: key groups this executor owns (contiguous range; all of them for a non-keyed vertex)
+    key_groups: range = field(default_factory=lambda: range(0))
+    node_cpu: NodeCpu | None = None
+
+    def key_group(self, key: Any) -> int:
+        return key_group_of(key, self.max_parallelism)
+
+
+class Operator(Protocol):
+    def open(self, context: Context) -> None: ...
+    def process(self, event: Any, emit: Emit) -> None: ...
+    def close(self) -> None: ...
+
+
+class NodeCpu:
+    """Emulated CPU of one node: sleep-mode costs hold one of the node's virtual cores while they sleep.
+
+    This is how 8-9 nodes with 2 cores each fit on a 2-core machine: a `work` vertex with costMs 2 sleeps
+    2 ms per event while holding a permit, so a node whose executors want more than its cores queue for them,
+    as they would for real CPU. Fractional cores stretch the sleeps (0.5 cores: one permit, twice as long).
+    """
+
+    def __init__(self, cores: float | None) -> None:
+        self.cores = cores
+        self.permits = max(1, math.floor(cores)) if cores else 0
+        self.stretch = self.permits / cores if cores else 1.0
+        self._semaphore = threading.BoundedSemaphore(self.permits) if cores else None
+
+    def sleep(self, seconds: float) -> float:
+        """Do `seconds` of emulated CPU work; returns the work done (the time slept holding a core, unstretched),
+        which may exceed `seconds` when the OS oversleeps. Waiting for a free core is not work."""
+        if self._semaphore is None:
+            start = time.perf_counter()
+            time.sleep(seconds)
+            return time.perf_counter() - start
+        with self._semaphore:
+            start = time.perf_counter()
+            time.sleep(seconds * self.stretch)
+            return (time.perf_counter() - start) / self.stretch
+
+
+class Cost:
+    """Per-event cost: `sleep` (emulated CPU through `NodeCpu`, the default) or `spin` (real CPU).
+
+    Costs accumulate as a debt paid in slices of at least 1 ms, because sleeping 50 µs at a time is both
+    inaccurate and expensive; over-sleeping is credited to the next events, so the mean cost is exact.
+    """
+
+    SLICE_S = 0.001
+
+    def __init__(self, config: Mapping[str, Any], cpu: NodeCpu | None) -> None:
+        self.per_event_s = float(config.get("costMs", 0.0)) / 1000.0
+        self.spin = config.get("mode", "sleep") == "spin"
+        self.cpu = cpu or NodeCpu(None)
+        self.debt = 0.0
+
+    def charge(self, events: int = 1) -> None:
+        if self.per_event_s <= 0.0:
+            return
+        self.debt += self.per_event_s * events
+        if self.debt >= self.SLICE_S:
+            self.pay()
+
+    def pay(self) -> None:
+        if self.debt <= 0.0:
+            return
+        if self.spin:
+            end = time.perf_counter() + self.debt
+            while time.perf_counter() < end:
+                pass
+            self.debt = 0.0
+        else:
+            self.debt -= self.cpu.sleep(self.debt)
+
+
+def _passes(event_id: int, selectivity: float) -> int:
+    """How many copies of an event a vertex of this selectivity emits, deterministically from the event id
+    (so a replay after a migration makes the same decision): floor(s) plus one more for a hash-chosen share."""
+    whole = int(selectivity)
+    fraction = selectivity - whole
+    if fraction > 0.0 and ((event_id * 2654435761) & 0xFFFFFFFF) < fraction * 4294967296.0:
+        whole += 1
+    return whole
+
+
+class Work:
+    """`builtin: work` — spend `costMs` per event, emit `selectivity` events per input (default 1)."""
+
+    def open(self, context: Context) -> None:
+        self.cost = Cost(context.config, context.node_cpu)
+        self.selectivity = float(context.config.get("selectivity", 1.0))
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        for _ in range(_passes(event[0], self.selectivity)):
+            emit(event[2])
+
+    def close(self) -> None:
+        self.cost.pay()
+
+
+class Filter(Work):
+    """`builtin: filter` — keep a deterministic `selectivity` share of the events (by id)."""
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        if _passes(event[0], min(self.selectivity, 1.0)):
+            emit(event[2])
+
+
+class Count:
+    """`builtin: count` — stateful keyed counter: emits (key, running count) for every event.
+
+    State is kept per key group, so a rescale moves exactly the groups an executor gains or loses."""
+
+    def open(self, context: Context) -> None:
+        self.context = context
+        self.cost = Cost(context.config, context.node_cpu)
+        self.groups: dict[int, dict[Any, int]] = {}
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        key = event[1]
+        group = self.groups.setdefault(key_group_of(key, self.context.max_parallelism), {})
+        count = group.get(key, 0) + 1
+        group[key] = count
+        emit(count)
+
+    def snapshot_state(self) -> dict[int, Any]:
+        return {g: dict(counts) for g, counts in self.groups.items()}
+
+    def restore_state(self, state: Mapping[int, Any]) -> None:
+        for g, counts in state.items():
+            self.groups.setdefault(int(g), {}).update(counts)
+
+    def counts(self) -> dict[Any, int]:
+        return {k: c for group in self.groups.values() for k, c in group.items()}
+
+    def close(self) -> None:
+        self.cost.pay()
+
+
+class Window:
+    """`builtin: window` — tumbling keyed aggregate over `sizeMs` of processing time: when a window closes it
+    emits, per key, ``[count, sum]`` of the numeric values it saw (the event carries the window's last id)."""
+
+    def open(self, context: Context) -> None:
+        self.context = context
+        self.cost = Cost(context.config, context.node_cpu)
+        self.size_s = float(context.config.get("sizeMs", 1000.0)) / 1000.0
+        self.window_end = 0.0
+        self.groups: dict[int, dict[Any, list[Any]]] = {}
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        now = time.time()
+        if now >= self.window_end:
+            self.flush(emit)
+            self.window_end = (now // self.size_s + 1) * self.size_s
+        key = event[1]
+        group = self.groups.setdefault(key_group_of(key, self.context.max_parallelism), {})
+        agg = group.get(key)
+        value = event[2] if isinstance(event[2], int | float) and not isinstance(event[2], bool) else 0
+        if agg is None:
+            group[key] = [1, value, event[0], event[3]]
+        else:
+            agg[0] += 1
+            agg[1] += value
+            agg[2] = event[0]
+
+    def flush(self, emit: Emit) -> None:
+        for group in self.groups.values():
+            for key, (count, total, last_id, ts) in group.items():
+                emit((count, total), key=key, event_id=last_id, ts=ts)
+        self.groups = {}
+
+    def snapshot_state(self) -> dict[int, Any]:
+        return {g: {k: list(v) for k, v in keys.items()} for g, keys in self.groups.items()}
+
+    def restore_state(self, state: Mapping[int, Any]) -> None:
+        for g, keys in state.items():
+            self.groups.setdefault(int(g), {}).update({k: list(v) for k, v in keys.items()})
+
+    def close(self) -> None:
+        self.cost.pay()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sources
+
+
+class RateProfile:
+    """Offered rate over time: `rate` (constant), `steps` ([{rate, seconds}], repeated; AUTOSCALE's 3-step
+    and 5-step streams), or `csv` (one rate per line, one line per second, repeated). `due(t)` is the
+    number of events offered in the first t seconds (the integral of the rate)."""
+
+    def __init__(self, config: Mapping[str, Any], share: float) -> None:
+        steps: list[tuple[float, float]]
+        if "steps" in config:
+            steps = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
+        elif "csv" in config:
+            with open(str(config["csv"]), encoding="utf-8") as handle:
+                rates = [float(line.split(",")[0]) for line in handle if line.strip() and not line.startswith("#")]
+            steps = [(r, 1.0) for r in rates]
+        else:
+            rate = config.get("rate")
+            steps = [(math.inf if rate is None else float(rate), 1.0)]
+        self.steps = [(r * share, d) for r, d in steps]
+        self.period = sum(d for _, d in self.steps)
+        self.per_period = sum(r * d for r, d in self.steps)
+        self.unbounded = any(math.isinf(r) for r, _ in self.steps)
+
+    def rate_at(self, t: float) -> float:
+        t %= self.period
+        for rate, duration in self.steps:
+            if t < duration:
+                return rate
+            t -= duration
+        return self.steps[-1][0]
+
+    def due(self, t: float) -> float:
+        if self.unbounded:
+            return math.inf
+        periods, rest = divmod(t, self.period)
+        total = periods * self.per_period
+        for rate, duration in self.steps:
+            part = min(rest, duration)
+            total += rate * part
+            rest -= part
+            if rest <= 0:
+                break
+        return total
+
+
+class SourceOperator(Protocol):
+    def open(self, context: Context) -> None: ...
+    def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
+        """Emit up to `budget` due events through `emit_new(id, key, value)`; return how many were due."""
+        ...
+
+    def position(self) -> Any: ...
+    def seek(self, position: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+class Synthetic:
+    """`source: {type: synthetic}` — numbered events at a rate profile.
+
+    Executor i of k emits the sequence numbers i, i+k, i+2k, ... (so ids are unique over the vertex), key
+    ``seq % keys`` and value ``seq``; `limit` caps the vertex's total and `idOffset` is added to every id (to
+    keep the ids of two sources apart). Its position is the next index."""
+
+    def open(self, context: Context) -> None:
+        self.context = context
+        config = context.config
+        self.cost = Cost(config, context.node_cpu)
+        self.keys = int(config.get("keys", 1000))
+        self.limit = int(config["limit"]) if config.get("limit") is not None else None
+        self.id_offset = int(config.get("idOffset", 0))
+        self.profile = RateProfile(config, 1.0 / context.parallelism)
+        self.started = time.time()
+        self.next_index = 0  # events this executor has emitted
+        self.index = context.index
+        self.stride = context.parallelism
+        #: how many of the vertex's `limit` events are this executor's
+        self.quota = max(0, -(-(self.limit - self.index) // self.stride)) if self.limit is not None else None
+
+    def due(self, now: float) -> float:
+        return self.profile.due(now - self.started)
+
+    def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
+        due = self.due(now)
+        if self.quota is not None:
+            due = min(due, self.quota)
+        count = int(min(due - self.next_index, budget)) if not math.isinf(due) else budget
+        for _ in range(max(count, 0)):
+            seq = self.index + self.next_index * self.stride
+            if self.limit is not None and seq >= self.limit:
+                break
+            self.next_index += 1
+            self.cost.charge()
+            emit_new(self.id_offset + seq, seq % self.keys, seq)
+        return int(due) if not math.isinf(due) else self.next_index
+
+    def exhausted(self) -> bool:
+        return self.limit is not None and self.index + self.next_index * self.stride >= self.limit
+
+    def position(self) -> Any:
+        return self.next_index
+
+    def seek(self, position: Any) -> None:
+        self.next_index = int(position)
+
+    def close(self) -> None:
+        self.cost.pay()
+
+
+class RedisStreamSource:
+    """`source: {type: redis-stream, stream: NAME}` — reads entries of a Redis stream (field `value`, optional
+    `key`); executor i of k takes every k-th entry. The position is the last entry id read."""
+
+    def __init__(self, client_factory: Callable[[], Any]) -> None:
+        self.client_factory = client_factory
+
+    def open(self, context: Context) -> None:
+        self.client = self.client_factory()
+        self.stream = str(context.config.get("stream", f"{context.vertex}:in"))
+        self.index, self.stride = context.index, context.parallelism
+        self.last_id = "0-0"
+        self.read = 0
+
+    def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
+        entries = self.client.xread({self.stream: self.last_id}, count=budget, block=10) or []
+        for _, items in entries:
+            for entry_id, fields in items:
+                self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                n = self.read
+                self.read += 1
+                if n % self.stride != self.index:
+                    continue
+                ms, seq = (int(x) for x in self.last_id.split("-"))
+                decoded = {_text(k): _text(v) for k, v in fields.items()}
+                emit_new(ms * 1000 + seq, decoded.get("key", n), decoded.get("value"))
+        return self.read
+
+    def position(self) -> Any:
+        return [self.last_id, self.read]
+
+    def seek(self, position: Any) -> None:
+        self.last_id, self.read = str(position[0]), int(position[1])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sinks
+
+
+class NullSink:
+    """`sink: {type: "null"}` — counts and drops (with an optional `costMs`)."""
+
+    def open(self, context: Context) -> None:
+        self.cost = Cost(context.config, context.node_cpu)
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+
+    def close(self) -> None:
+        self.cost.pay()
+
+
+class LogSink(NullSink):
+    """`sink: {type: log}` — prints every `every`-th event (default 1) to the worker's stdout."""
+
+    def open(self, context: Context) -> None:
+        super().open(context)
+        self.name = f"{context.vertex}#{context.index}"
+        self.every = int(context.config.get("every", 1))
+        self.seen = 0
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        self.seen += 1
+        if self.seen % self.every == 0:
+            print(f"{self.name}: id={event[0]} key={event[1]!r} value={event[2]!r}", flush=True)
+
+
+class RedisStreamSink:
+    """`sink: {type: redis-stream, stream: NAME}` — appends events (fields id, key, value, ts) to a Redis
+    stream, one pipelined round trip per batch; default stream `<prefix>sink:<vertex>`."""
+
+    batched = True
+
+    def __init__(self, client_factory: Callable[[], Any], default_stream: str) -> None:
+        self.client_factory = client_factory
+        self.default_stream = default_stream
+
+    def open(self, context: Context) -> None:
+        self.client = self.client_factory()
+        self.stream = str(context.config.get("stream", self.default_stream))
+        self.maxlen = context.config.get("maxLen")
+        self.cost = Cost(context.config, context.node_cpu)
+        self.buffer: list[Any] = []
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        self.buffer.append(event)
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for event in self.buffer:
+            fields = {"id": event[0], "key": str(event[1]), "value": str(event[2]), "ts": event[3]}
+            if self.maxlen:
+                pipe.xadd(self.stream, fields, maxlen=int(self.maxlen), approximate=True)
+            else:
+                pipe.xadd(self.stream, fields)
+        pipe.execute()
+        self.buffer = []
+
+    def close(self) -> None:
+        self.flush()
+        self.cost.pay()
+        self.client.close()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Loading
+
+
+LOGIC_BUILTINS: Mapping[str, type] = {"work": Work, "filter": Filter, "count": Count, "window": Window}
+
+
+def load_class(vertex: Vertex) -> type:
+    """The user class named by `module: package.module:Class`; `OperatorLoadError` names the vertex and fix."""
+    spec = str(vertex.config["module"])
+    module_name, _, class_name = spec.partition(":")
+    where = f"spec.vertices[{vertex.name}].{vertex.kind}.module"
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise OperatorLoadError(
+            f"{where}: cannot import {module_name!r} ({type(exc).__name__}: {exc}); "
+            "install the package in the worker image or fix the name"
+        ) from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise OperatorLoadError(f"{where}: module {module_name!r} has no class {class_name!r}; fix the name")
+    if vertex.kind == "source":
+        missing = [m for m in ("open", "poll") if not callable(getattr(cls, m, None))]
+    else:
+        missing = [m for m in ("process",) if not callable(getattr(cls, m, None))]
+    if missing:
+        raise OperatorLoadError(f"{where}: class {spec} has no {', '.join(missing)}(); see the operator API in README")
+    return cls
+
+
+def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str) -> Any:
+    """A fresh operator instance for one executor of `vertex` (not yet opened)."""
+    config = vertex.config
+    if "module" in config:
+        instance = load_class(vertex)()
+        if vertex.kind == "logic":
+            return UserOperator(instance)
+        return instance
+    if vertex.kind == "source":
+        return Synthetic() if config["type"] == "synthetic" else RedisStreamSource(client_factory)
+    if vertex.kind == "sink":
+        kind = config["type"]
+        if kind == "redis-stream":
+            return RedisStreamSink(client_factory, f"{prefix}sink:{vertex.name}")
+        return LogSink() if kind == "log" else NullSink()
+    return LOGIC_BUILTINS[str(config["builtin"])]()
+
+
+class UserOperator:
+    """Adapts a user class to the executor: events arrive as `Event` named tuples; missing hooks are no-ops."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.stateful = callable(getattr(inner, "snapshot_state", None))
+
+    def open(self, context: Context) -> None:
+        if callable(getattr(self.inner, "open", None)):
+            self.inner.open(context)
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.inner.process(Event._make(event), emit)
+
+    def snapshot_state(self) -> dict[int, Any]:
+        return dict(self.inner.snapshot_state()) if self.stateful else {}
+
+    def restore_state(self, state: Mapping[int, Any]) -> None:
+        if callable(getattr(self.inner, "restore_state", None)):
+            self.inner.restore_state(state)
+
+    def close(self) -> None:
+        if callable(getattr(self.inner, "close", None)):
+            self.inner.close()

@@ -1,0 +1,110 @@
+"""Where workers and the backend meet in Redis: the current schedule, executor endpoints, readiness.
+
+Keys under the topology's prefix (`elastream:{namespace}/{name}:`):
+- `schedule`              JSON ``{"version": n, "schedule": Schedule.to_dict()}``, written by the backend
+- `endpoints:<version>`   hash executor -> ``tcp://host:port`` of its inbox, written by each worker
+- `ready:<version>`       set of nodes whose executors are all running
+- `workers`               hash node -> JSON ``{"pid", "host", "metricsPort", "version", "startedAt"}``
+Versioned keys expire after a day, so abandoned schedules do not pile up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis
+
+from elastream.core.schedule import Schedule
+
+log = logging.getLogger("elastream.store")
+
+VERSIONED_TTL_S = 24 * 3600
+
+
+class RedisUnavailable(Exception):
+    """Redis cannot be reached; the message says where and why."""
+
+
+def connect(
+    url: str,
+    wait_s: float = 0.0,
+    on_retry: Callable[[str, float], None] | None = None,
+    **options: Any,
+) -> redis.Redis:
+    """A client for `url`, checked with PING. Retries with exponential backoff (0.2 s doubling to 5 s) for up
+    to `wait_s` seconds, calling `on_retry(reason, delay)` before each wait; then raises `RedisUnavailable`."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.2
+    while True:
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0, **options)
+            client.ping()
+            return client
+        except redis.AuthenticationError as exc:
+            raise RedisUnavailable(f"Redis at {url} refused the credentials ({exc}); fix the password") from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
+            reason = f"cannot reach Redis at {url} ({exc})"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RedisUnavailable(f"{reason}; start Redis or fix --redis / ELASTREAM_REDIS_URL") from None
+            delay = min(delay, remaining)
+            if on_retry is not None:
+                on_retry(reason, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class Registry:
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def publish_schedule(self, schedule: Schedule) -> int:
+        """Store `schedule` as the next version; returns the version number."""
+        version = int(self.client.incr(f"{self.prefix}schedule-version"))
+        self.client.set(f"{self.prefix}schedule", json.dumps({"version": version, "schedule": schedule.to_dict()}))
+        return version
+
+    def schedule(self) -> tuple[int, Schedule] | None:
+        raw = self.client.get(f"{self.prefix}schedule")
+        if raw is None:
+            return None
+        data = json.loads(raw)
+        return int(data["version"]), Schedule.from_dict(data["schedule"])
+
+    def register_endpoints(self, version: int, endpoints: Mapping[str, str]) -> None:
+        key = f"{self.prefix}endpoints:{version}"
+        pipe = self.client.pipeline(transaction=False)
+        if endpoints:
+            pipe.hset(key, mapping=dict(endpoints))  # type: ignore[arg-type]
+        pipe.expire(key, VERSIONED_TTL_S)
+        pipe.execute()
+
+    def endpoints(self, version: int) -> dict[str, str]:
+        raw = self.client.hgetall(f"{self.prefix}endpoints:{version}")
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    def mark_ready(self, version: int, node: str) -> None:
+        key = f"{self.prefix}ready:{version}"
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(key, node)
+        pipe.expire(key, VERSIONED_TTL_S)
+        pipe.execute()
+
+    def ready_nodes(self, version: int) -> set[str]:
+        return {_text(n) for n in self.client.smembers(f"{self.prefix}ready:{version}")}
+
+    def register_worker(self, node: str, info: Mapping[str, Any]) -> None:
+        self.client.hset(f"{self.prefix}workers", node, json.dumps(dict(info)))
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        raw = self.client.hgetall(f"{self.prefix}workers")
+        return {_text(k): json.loads(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
