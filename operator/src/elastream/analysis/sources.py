@@ -9,6 +9,7 @@ or any Hadoop URI (hdfs://, s3a://, gs:// ... with the matching connector on the
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -97,7 +98,10 @@ def samples_to_pandas(samples: Iterable[MetricSample]) -> pd.DataFrame:
 
 def samples_frame(spark: SparkSession, samples: Iterable[MetricSample]) -> DataFrame:
     """A Spark DataFrame of the samples (through Arrow), with the archive's schema."""
-    return spark.createDataFrame(samples_to_pandas(samples), schema=spark_schema())
+    with warnings.catch_warnings():  # pyspark 3.5's pandas checks use APIs newer pandas deprecates
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return spark.createDataFrame(samples_to_pandas(samples), schema=spark_schema())
 
 
 def samples_from_rows(rows: Iterable[Any]) -> list[MetricSample]:
