@@ -64,20 +64,26 @@ def analyze_with_spark(
     start = window_start(end, window, interval_s)
     center = trend_center(window)
 
-    incarnation = Window.partitionBy("executor", "started_at").orderBy(*ORDER_COLUMNS)
-    lagged = frame.select(
-        "ts",
-        "node",
-        "vertex",
-        "executor",
-        "started_at",
-        "received",
-        "processed",
-        "emitted",
-        "busy_s",
-        "queue_len",
-        F.lag(F.struct("processed", "emitted", "busy_s")).over(incarnation).alias("prev"),
-    ).where(F.col("ts") > F.lit(start))
+    # One shuffle by (vertex, executor) serves the window and the per-executor aggregation; only the small
+    # per-executor table is shuffled again, by vertex.
+    incarnation = Window.partitionBy("vertex", "executor", "started_at").orderBy(*ORDER_COLUMNS)
+    lagged = (
+        frame.repartition("vertex", "executor")
+        .select(
+            "ts",
+            "node",
+            "vertex",
+            "executor",
+            "started_at",
+            "received",
+            "processed",
+            "emitted",
+            "busy_s",
+            "queue_len",
+            F.lag(F.struct("processed", "emitted", "busy_s")).over(incarnation).alias("prev"),
+        )
+        .where(F.col("ts") > F.lit(start))
+    )
     has_prev = F.col("prev").isNotNull()
     from_zero = F.col("started_at") >= F.lit(start)
 

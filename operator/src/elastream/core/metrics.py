@@ -174,9 +174,43 @@ def rates_from_snapshot(topology: Topology, snapshot: MetricSnapshot) -> Rates:
     emit = {v: snapshot.vertices[v].emit_rate for v in topology.order}
     executors = {v: snapshot.vertices[v].executors for v in topology.order}
     given = {v: snapshot.vertices[v].input_rate for v in topology.order}
-    inputs = derive_input_rates(topology, emit, given, processing)
     capacity = {v: rate for v in topology.order if (rate := snapshot.vertices[v].true_processing_rate) is not None}
+    if capacity:
+        inputs = demand_input_rates(topology, emit, given, processing, capacity)
+    else:
+        inputs = derive_input_rates(topology, emit, given, processing)
     return Rates(inputs, processing, emit, executors, capacity)
+
+
+def demand_input_rates(
+    topology: Topology,
+    emit: Mapping[str, float],
+    given: Mapping[str, float | None],
+    processing: Mapping[str, float],
+    capacity: Mapping[str, float],
+) -> dict[str, float]:
+    """Input rates that see through back-pressure: what each vertex would receive if nothing held it back.
+
+    With bounded queues a bottleneck slows everything upstream of it: its parents block, their processing
+    drops to its rate and its measured input (the parents' emit) equals its processing, so by the paper's
+    rule nothing downstream of the sources looks congested. A parent that is held back rather than busy has
+    a true processing rate (capacity) at least its own demand; such a parent passes its whole demand on
+    (times its selectivity). A parent without headroom, or whose capacity is unknown, passes what it emits,
+    as the paper's rule says. Sources' demand is their measured input rate (events offered).
+    """
+    demand: dict[str, float] = {}
+    for v in topology.order:
+        parents = list(topology.graph.predecessors(v))
+        if not parents:
+            value = given.get(v)
+            demand[v] = value if value is not None else processing[v]
+            continue
+        total = 0.0
+        for p in parents:
+            held_back = p in capacity and capacity[p] >= demand[p] and processing[p] > 0.0
+            total += demand[p] * emit[p] / processing[p] if held_back else emit[p]
+        demand[v] = max(total, given.get(v) or 0.0)
+    return demand
 
 
 def derive_input_rates(
@@ -316,7 +350,7 @@ def analyze_samples(
     Window. Samples of vertices not in the topology are ignored. The window ends at the largest `ts`
     (window_end) and is the half-open interval (window_end - window·interval_s, window_end]: its duration
     D = window·interval_s is fixed, whatever samples are present. An executor incarnation is one
-    (executor, started_at) pair; counters (received, processed, emitted, busy_s) are cumulative since
+    (vertex, executor, started_at); counters (received, processed, emitted, busy_s) are cumulative since
     started_at, so a new started_at is a counter reset. For each incarnation with at least one sample in the
     window, the window's counts are last − baseline, where last is its latest sample in the window and the
     baseline is, in this order: its latest sample at or before the window start; zero, if it started in the
@@ -353,9 +387,9 @@ def analyze_samples(
     end = max(s.ts for s in relevant)
     start = window_start(end, window, interval_s)
     center = trend_center(window)
-    incarnations: dict[tuple[str, float], list[MetricSample]] = {}
+    incarnations: dict[tuple[str, str, float], list[MetricSample]] = {}
     for s in relevant:
-        incarnations.setdefault((s.executor, s.started_at), []).append(s)
+        incarnations.setdefault((s.vertex, s.executor, s.started_at), []).append(s)
     processed: dict[str, int] = {}
     emitted: dict[str, int] = {}
     busy: dict[str, float] = {}
@@ -364,7 +398,7 @@ def analyze_samples(
     count: dict[str, int] = {}
     first: dict[tuple[str, str], MetricSample] = {}
     last: dict[tuple[str, str], MetricSample] = {}
-    for (_, started_at), runs in incarnations.items():
+    for (_, _, started_at), runs in incarnations.items():
         runs.sort(key=sample_order_key)
         prev: MetricSample | None = None
         for s in runs:
