@@ -36,6 +36,7 @@ lint: setup ## ruff, mypy (strict on elastream.core) and import-linter contracts
 
 bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 	$(PY) bench/planners.py
+	$(PY) bench/analysis.py
 
 demo: setup ## the main job: plan a scale-out and a scale-in of the Page Load topology and simulate both
 	$(PY) -m elastream demo
