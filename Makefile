@@ -38,8 +38,8 @@ bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 	$(PY) bench/planners.py
 	$(PY) bench/analysis.py
 
-demo: setup ## the main job: plan a scale-out and a scale-in of the Page Load topology and simulate both
-	$(PY) -m elastream demo
+demo: setup ## the main job: run examples/demo.yaml on local worker processes, scale it out and in, print throughput
+	$(PY) -m elastream demo examples/demo.yaml
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) $(STAMP) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -187,3 +187,44 @@ def test_plan_json_shape() -> None:
         "steps",
     } <= set(data)
     assert data["new_executors"][0] == {"executor": "b#2", "vertex": "b", "node": "node-2"}
+
+
+def test_back_pressure_hides_no_bottleneck_when_true_rates_are_known() -> None:
+    """Bounded queues slow everything upstream of a bottleneck to its rate: the measured input of every
+    vertex equals its processing. With true processing rates the planner still finds the bottleneck."""
+    from elastream.core.metrics import MetricSnapshot, VertexMetrics, rates_from_snapshot
+    from elastream.core.planner.etp import congested_vertices
+
+    topology = parse_manifest(
+        manifest(
+            [src("s", 2), work("a", 2), work("b", 4), sink("k", 2)],
+            [edge("s", "a"), edge("a", "b"), edge("b", "k")],
+            nodes=4,
+            slotsPerNode=4,
+        )
+    )
+
+    def vm(rate: float, executors: int, capacity: float | None, offered: float | None = None) -> VertexMetrics:
+        return VertexMetrics(rate, rate, executors, input_rate=offered, true_processing_rate=capacity)
+
+    held_back = MetricSnapshot(
+        {"s": vm(1864, 2, 50_000, 3200), "a": vm(1864, 2, 10_000), "b": vm(1864, 4, 1900), "k": vm(1864, 2, 90_000)},
+        initial_schedule(topology).placement(),
+    )
+    rates = rates_from_snapshot(topology, held_back)
+    assert rates.input == {"s": 3200, "a": 3200, "b": 3200, "k": 1864}
+    assert congested_vertices(topology, rates.input, rates.processing, 1.2, rates.capacity) == {"b"}
+    plan = make_plan(topology, initial_schedule(topology), held_back, 5)
+    assert {e["vertex"] for e in plan.to_dict()["new_executors"]} >= {"b"}
+    assert plan.to_dict()["steps"][0]["target"] == "b"
+
+    # without true rates the paper's rule applies to what was measured: only the source looks congested
+    blind = MetricSnapshot(
+        {
+            v: VertexMetrics(m.processing_rate, m.emit_rate, m.executors, m.input_rate)
+            for v, m in held_back.vertices.items()
+        },
+        held_back.placement,
+    )
+    rates = rates_from_snapshot(topology, blind)
+    assert congested_vertices(topology, rates.input, rates.processing, 1.2) == {"s"}

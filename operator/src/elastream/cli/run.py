@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--redis", default=os.environ.get("ELASTREAM_REDIS_URL"), help="default: an embedded Redis")
     run.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds (default 1)")
     run.set_defaults(func=cmd_run)
+
+    demo = subparsers.add_parser("demo", help="run a topology locally, scale it out and in, report throughput")
+    demo.add_argument("file", nargs="?", default=None, help="YAML file (default: examples/demo.yaml)")
+    demo.add_argument("--redis", default=os.environ.get("ELASTREAM_REDIS_URL"), help="default: an embedded Redis")
+    demo.add_argument("--phase", type=float, default=15.0, help="seconds to run before and after each scaling")
+    demo.add_argument("--out", type=int, default=None, help="nodes after the scale-out (default: spec.nodes + 1)")
+    demo.add_argument(
+        "--in", dest="in_nodes", type=int, default=None, help="nodes after the scale-in (default: spec.nodes - 1)"
+    )
+    demo.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
+    demo.set_defaults(func=cmd_demo)
 
     worker = subparsers.add_parser("worker", help="run one node's executors (started by a backend)")
     worker.add_argument("--topology", required=True, help="YAML file with the StreamTopology")
@@ -114,12 +126,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def watch(cluster: LocalCluster, topology: Topology, duration: float | None, interval: float) -> LiveRates:
-    """Print one line per interval: total sink throughput, then every vertex's processing rate."""
+def watch(cluster: LocalCluster, topology: Topology, duration: float | None, interval: float) -> list[float]:
+    """Print one line per interval: total sink throughput, then every vertex's processing rate. Returns the
+    sink throughput of every interval."""
     stream = MetricStream(cluster.client, topology.redis_prefix)
     live = LiveRates(topology, stale_s=3 * interval)
     started = time.monotonic()
     since = time.time()
+    throughputs: list[float] = []
     names = "  ".join(f"{v:>{max(8, len(v))}}" for v in topology.order)
     print(f"{'time':>6}  {'sinks/s':>9}  {'lat ms':>7}  {names}", flush=True)
     try:
@@ -131,9 +145,84 @@ def watch(cluster: LocalCluster, topology: Topology, duration: float | None, int
                 since = max(s.ts for s in samples) + 0.001
                 live.add(samples)
             rates = live.rates()
+            throughputs.append(live.throughput())
             cells = "  ".join(f"{rates[v]:>{max(8, len(v))}.1f}" for v in topology.order)
             elapsed = time.monotonic() - started
             print(f"{elapsed:>5.0f}s  {live.throughput():>9.1f}  {live.latency_ms():>7.1f}  {cells}", flush=True)
     except KeyboardInterrupt:
         print("stopping (Ctrl-C)", file=sys.stderr, flush=True)
-    return live
+        raise
+    return throughputs
+
+
+def default_demo_manifest() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in ("examples/demo.yaml", os.path.join(here, "..", "..", "..", "..", "examples", "demo.yaml")):
+        if os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    raise CommandError("no topology given and examples/demo.yaml not found; pass a manifest: elastream demo FILE")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Start, warm up, scale out, scale in, and report measured against predicted throughput."""
+    from elastream.analysis import Analyzer
+    from elastream.control.metrics import StreamMetricSource
+    from elastream.control.scaling import ScalingController
+
+    path = args.file or default_demo_manifest()
+    topology = load_manifest(path)
+    check_operators(topology)
+    out_nodes = args.out or topology.nodes + 1
+    in_nodes = args.in_nodes or max(1, topology.nodes - 1)
+    interval = 1.0
+    analyzer = Analyzer(engine=args.engine)
+    warm = threading.Thread(target=analyzer.spark, name="spark-warm-up", daemon=True)
+    warm.start()  # the analysis session starts while the topology warms up, not at the first scaling
+    rows: list[tuple[str, int, float, float | None]] = []
+    with redis_for(args.redis) as url:
+        try:
+            cluster = LocalCluster(topology, path, url, interval_s=interval)
+        except RedisUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        metrics = StreamMetricSource(cluster.client, topology, analyzer, interval)
+        controller = ScalingController(topology, cluster, metrics)
+        print(
+            f"elastream demo {topology.name}: {topology.nodes} nodes -> {out_nodes} -> {in_nodes}, "
+            f"{args.phase:.0f} s per phase, strategy {topology.scaling.strategy} (worker logs in {cluster.run_dir})",
+            flush=True,
+        )
+        try:
+            with cluster:
+                cluster.start(initial_schedule(topology))
+                metrics.not_before = time.time() + 2 * interval  # skip the start-up transient
+                seen = watch(cluster, topology, args.phase, interval)
+                rows.append(("start", topology.nodes, steady(seen), None))
+                for label, nodes in (("scale-out", out_nodes), ("scale-in", in_nodes)):
+                    warm.join()
+                    record = controller.scale_to(nodes)
+                    if metrics.last is not None:
+                        print(
+                            f"  analysis ({analyzer.engine_used}): "
+                            + ", ".join(
+                                f"{v}{' (congested)' if metrics.last.congested[v] else ''}" for v in topology.order
+                            ),
+                            flush=True,
+                        )
+                    if record.outcome == "failed":
+                        raise CommandError(record.reason or "scaling failed")
+                    metrics.not_before = time.time() + 2 * interval
+                    seen = watch(cluster, topology, args.phase, interval)
+                    rows.append((label, nodes, steady(seen), record.predicted_throughput))
+        except LocalBackendError as exc:
+            raise CommandError(str(exc)) from None
+    print("\nphase       nodes   measured/s   predicted/s")
+    for label, nodes, measured, predicted in rows:
+        shown = "-" if predicted is None else f"{predicted:.0f}"
+        print(f"{label:<10} {nodes:>6} {measured:>12.0f} {shown:>13}")
+    return 0
+
+
+def steady(throughputs: list[float]) -> float:
+    """Mean throughput over the second half of a phase (the first half holds the restart transient)."""
+    tail = throughputs[len(throughputs) // 2 :]
+    return sum(tail) / len(tail) if tail else 0.0

@@ -39,9 +39,19 @@ def congested_vertices(
     input_rates: Mapping[str, float],
     processing_rates: Mapping[str, float],
     congestion_rate: float = DEFAULT_CONGESTION_RATE,
+    capacity: Mapping[str, float] | None = None,
 ) -> frozenset[str]:
-    """The CongestedMap of Algorithm 2: vertices whose input outpaces their processing by the rate."""
-    return frozenset(v for v in topology.order if is_congested(input_rates[v], processing_rates[v], congestion_rate))
+    """The CongestedMap of Algorithm 2: vertices whose input outpaces their processing by the rate.
+
+    Where a vertex's true processing rate (capacity) is known, it is compared instead of the measured rate:
+    a vertex that could process its input but is held back by back-pressure from downstream is not
+    congested (the bottleneck downstream is). Without capacities this is exactly the paper's rule."""
+    capacity = capacity or {}
+    return frozenset(
+        v
+        for v in topology.order
+        if is_congested(input_rates[v], max(processing_rates[v], capacity.get(v, 0.0)), congestion_rate)
+    )
 
 
 def etp_map(
@@ -121,7 +131,7 @@ def etp_table(
     topology: Topology, snapshot: MetricSnapshot, congestion_rate: float = DEFAULT_CONGESTION_RATE
 ) -> EtpTable:
     rates = rates_from_snapshot(topology, snapshot)
-    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate)
+    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate, rates.capacity)
     etp = etp_map(topology, rates.processing, congested)
     return EtpTable(
         throughput=sum(rates.processing[s] for s in topology.sinks),

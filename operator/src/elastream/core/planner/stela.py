@@ -52,7 +52,7 @@ def stela_scale_out(
     steps: list[dict[str, Any]] = []
     cursor = 0
     for iteration in range(slots):
-        congested = congested_vertices(topology, inputs, processing, congestion_rate)
+        congested = congested_vertices(topology, inputs, processing, congestion_rate, capacity)
         etp = etp_map(topology, processing, congested)
         growable = [v for v in topology.order if parallelism[v] < topology.vertices[v].max_parallelism]
         candidates = [v for v in growable if v in congested]
@@ -132,7 +132,7 @@ def stela_scale_in(
     target_nodes: int,
     congestion_rate: float,
 ) -> tuple[Schedule, list[dict[str, Any]]]:
-    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate)
+    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate, rates.capacity)
     etp = etp_map(topology, rates.processing, congested)
     steps: list[dict[str, Any]] = []
     current = schedule

@@ -1,0 +1,289 @@
+"""Runtime benchmark: the data plane on real worker processes.
+
+1. Raw throughput of a 3-vertex linear topology (source as fast as it can -> trivial work -> null sink) on
+   1 and 2 worker processes: events/s at the sink, CPU seconds used per event (the per-event overhead over
+   all three vertices) and events/s per core.
+2. End-to-end latency percentiles at a moderate rate (source stamp -> Redis stream entry at the sink).
+3. Post-scale throughput of the Stela micro-benchmarks (star, linear, diamond; scale-out by one node as in
+   the paper's Table I) under the schedules Stela and round-robin plan, measured on real processes, next to
+   the fluid simulator's prediction for the same schedule (costs are sleep-based with an emulated 2-core
+   CPU per node, so 5-7 nodes fit on this machine).
+
+Writes docs/benchmarks/runtime.md and runtime.png. `--quick` shortens every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "operator", "src"))
+
+from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
+from elastream.core.planner import make_plan  # noqa: E402
+from elastream.core.schedule import Schedule, initial_schedule  # noqa: E402
+from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
+from elastream.core.topology import Topology, load_manifest  # noqa: E402
+from elastream.store.metric_stream import MetricStream  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def latest_sink_samples(cluster: LocalCluster, topology: Topology) -> dict[str, Any]:
+    samples = MetricStream(cluster.client, topology.redis_prefix).read_since(time.time() - 3)
+    return {s.executor: s for s in samples if s.vertex in topology.sinks}
+
+
+def sink_rate(cluster: LocalCluster, topology: Topology, seconds: float, warmup: float) -> tuple[float, float]:
+    """Sink throughput over `seconds` after `warmup` (per sink executor: processed between its sample at the
+    start and at the end, over those samples' time difference; summed), and the workers' CPU seconds."""
+    time.sleep(warmup)
+    first = latest_sink_samples(cluster, topology)
+    cpu0 = sum(cpu_seconds(w.process.pid) for w in cluster.workers.values())
+    time.sleep(seconds)
+    last = latest_sink_samples(cluster, topology)
+    cpu1 = sum(cpu_seconds(w.process.pid) for w in cluster.workers.values())
+    rate = 0.0
+    for executor, new in last.items():
+        old = first.get(executor)
+        if old is not None and new.ts > old.ts and old.started_at == new.started_at:
+            rate += (new.processed - old.processed) / (new.ts - old.ts)
+    return rate, cpu1 - cpu0
+
+
+def write(directory: str, doc: dict[str, Any]) -> str:
+    path = os.path.join(directory, f"{doc['metadata']['name']}.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle)
+    return path
+
+
+def trivial_linear(nodes: int, rate: float | None, sink: str) -> dict[str, Any]:
+    source: dict[str, Any] = {"type": "synthetic", "keys": 1000}
+    if rate is not None:
+        source["rate"] = rate
+    return {
+        "apiVersion": "elastream.dev/v1alpha1",
+        "kind": "StreamTopology",
+        "metadata": {"name": f"raw-{nodes}-{sink}"},
+        "spec": {
+            "nodes": nodes,
+            "slotsPerNode": 3,
+            "vertices": [
+                {"name": "src", "source": source},
+                {"name": "work", "logic": {"builtin": "work"}},
+                {"name": "out", "sink": {"type": sink}},
+            ],
+            "streams": [{"from": "src", "to": "work"}, {"from": "work", "to": "out"}],
+        },
+    }
+
+
+def raw_throughput(directory: str, url: str, seconds: float) -> list[dict[str, float]]:
+    rows = []
+    for nodes in (1, 2):
+        path = write(directory, trivial_linear(nodes, None, "null"))
+        topology = load_manifest(path)
+        with LocalCluster(topology, path, url) as cluster:
+            cluster.start(initial_schedule(topology))
+            rate, cpu = sink_rate(cluster, topology, seconds, warmup=3.0)
+        events = rate * seconds
+        rows.append(
+            {
+                "processes": nodes,
+                "events_per_s": rate,
+                "cpu_s": cpu,
+                "us_per_event": 1e6 * cpu / events if events else float("nan"),
+                "events_per_core_s": events / cpu if cpu else float("nan"),
+            }
+        )
+        log(f"  {nodes} process(es): {rate:,.0f} events/s, {rows[-1]['us_per_event']:.1f} µs CPU per event")
+    return rows
+
+
+def latency(directory: str, url: str, seconds: float, rate: float) -> dict[str, float]:
+    path = write(directory, trivial_linear(2, rate, "redis-stream"))
+    topology = load_manifest(path)
+    with LocalCluster(topology, path, url) as cluster:
+        cluster.start(initial_schedule(topology))
+        time.sleep(2.0)
+        start = time.time()
+        time.sleep(seconds)
+        key = f"{topology.redis_prefix}sink:out"
+        entries = cluster.client.xrange(key, min=f"{int(start * 1000)}-0", max="+")
+    values = sorted(int(entry_id.decode().split("-")[0]) / 1000.0 - float(f[b"ts"]) for entry_id, f in entries)
+    if not values:
+        return {}
+
+    def pct(q: float) -> float:
+        return 1000.0 * values[min(len(values) - 1, int(q * len(values)))]
+
+    result = {"rate": rate, "events": len(values), "p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99)}
+    log(f"  latency at {rate:,.0f} events/s: p50 {result['p50']:.1f} ms, p99 {result['p99']:.1f} ms")
+    return result
+
+
+def post_scale(url: str, seconds: float) -> list[dict[str, Any]]:
+    rows = []
+    for name, after in (("star", 5), ("linear", 7), ("diamond", 7)):
+        path = os.path.join(REPO, "examples", f"{name}.yaml")
+        topology = load_manifest(path)
+        before = initial_schedule(topology)
+        snapshot = snapshot_from_simulation(topology, before, simulate(topology, before))
+        schedules: dict[str, Schedule] = {"before": before}
+        for strategy in ("stela", "round-robin"):
+            schedules[strategy] = make_plan(topology, before, snapshot, after, strategy).new_schedule
+        for label, schedule in schedules.items():
+            predicted = simulate(topology, schedule).throughput
+            with LocalCluster(topology.with_nodes(len(schedule.nodes)), path, url) as cluster:
+                cluster.start(schedule)
+                measured, _ = sink_rate(cluster, topology, seconds, warmup=4.0)
+            rows.append(
+                {
+                    "topology": name,
+                    "schedule": label,
+                    "nodes": len(schedule.nodes),
+                    "measured": measured,
+                    "predicted": predicted,
+                }
+            )
+            log(
+                f"  {name} {label:<12} {len(schedule.nodes)} nodes: measured {measured:,.0f}/s, predicted {predicted:,.0f}/s"
+            )
+    return rows
+
+
+def report(
+    out: str, raw: list[dict[str, float]], lat: dict[str, float], scale: list[dict[str, Any]], took: float
+) -> None:
+    lines = [
+        "# Runtime benchmark",
+        "",
+        f"Produced by `make bench` (`python bench/runtime.py`) in {took:.0f} s on a shared 2-core machine;",
+        "every number is one run, so expect noise of several percent.",
+        "",
+        "## Raw throughput: src -> work (no cost) -> null sink",
+        "",
+        "One process runs all three executors; with two, the executors are spread round-robin and events",
+        "cross process boundaries over TCP. CPU is the workers' user+system time over the measured span.",
+        "Target: 100,000 events/s per worker process for trivial operators.",
+        "",
+        "| worker processes | events/s at the sink | CPU µs per event (3 vertices) | events/s per core |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in raw:
+        lines.append(
+            f"| {row['processes']} | {row['events_per_s']:,.0f} | {row['us_per_event']:.1f} | "
+            f"{row['events_per_core_s']:,.0f} |"
+        )
+    if len(raw) == 2 and raw[0]["events_per_s"]:
+        lines.append("")
+        lines.append(f"2 processes / 1 process: {raw[1]['events_per_s'] / raw[0]['events_per_s']:.2f}x.")
+    if lat:
+        lines += [
+            "",
+            "## End-to-end latency",
+            "",
+            f"{lat['rate']:,.0f} events/s through src -> work -> redis-stream sink on 2 processes; latency is the",
+            f"sink's Redis entry time minus the source's stamp, over {lat['events']:,} events.",
+            "",
+            "| p50 (ms) | p95 (ms) | p99 (ms) |",
+            "|---:|---:|---:|",
+            f"| {lat['p50']:.1f} | {lat['p95']:.1f} | {lat['p99']:.1f} |",
+        ]
+    lines += [
+        "",
+        "## Post-scale throughput on real processes vs the fluid simulator",
+        "",
+        "Stela micro-benchmarks, scaled out by one node (paper's Table I). Plans come from the simulated",
+        "snapshot of the initial schedule; each schedule then runs on real worker processes (sleep-based",
+        "costs, emulated 2-core nodes).",
+        "",
+        "| topology | schedule | nodes | measured (events/s) | predicted (events/s) | measured / predicted |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in scale:
+        ratio = row["measured"] / row["predicted"] if row["predicted"] else float("nan")
+        lines.append(
+            f"| {row['topology']} | {row['schedule']} | {row['nodes']} | {row['measured']:,.0f} | "
+            f"{row['predicted']:,.0f} | {ratio:.2f} |"
+        )
+    by = {(r["topology"], r["schedule"]): r for r in scale}
+    lines += ["", "| topology | measured stela / round-robin | predicted stela / round-robin |", "|---|---:|---:|"]
+    for name in sorted({r["topology"] for r in scale}):
+        s, rr = by.get((name, "stela")), by.get((name, "round-robin"))
+        if s and rr and rr["measured"] and rr["predicted"]:
+            lines.append(f"| {name} | {s['measured'] / rr['measured']:.2f} | {s['predicted'] / rr['predicted']:.2f} |")
+    ratios = [r["measured"] / r["predicted"] for r in scale if r["predicted"]]
+    if ratios:
+        lines += ["", f"Median measured / predicted over all runs: {statistics.median(ratios):.2f}."]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "runtime.md"), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    plot(out, scale)
+
+
+def plot(out: str, scale: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['topology']}\n{r['schedule']}" for r in scale]
+    xs = range(len(scale))
+    fig, ax = plt.subplots(figsize=(11, 4))
+    ax.bar([x - 0.2 for x in xs], [r["predicted"] for r in scale], width=0.4, label="simulator prediction")
+    ax.bar([x + 0.2 for x in xs], [r["measured"] for r in scale], width=0.4, label="measured on processes")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("sink throughput (events/s)")
+    ax.set_title("Post-scale throughput: real worker processes vs fluid simulator")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "runtime.png"), dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs")
+    parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
+    args = parser.parse_args(argv)
+    seconds = 4.0 if args.quick else 10.0
+    started = time.monotonic()
+    directory = tempfile.mkdtemp(prefix="elastream-bench-")
+    redis = EmbeddedRedis(directory)
+    try:
+        log("[1/3] raw throughput, 1 and 2 worker processes")
+        raw = raw_throughput(directory, redis.url, seconds)
+        log("[2/3] end-to-end latency")
+        lat = latency(directory, redis.url, seconds, rate=5000.0)
+        log("[3/3] post-scale throughput: stela vs round-robin, measured vs predicted")
+        scale = post_scale(redis.url, seconds)
+    finally:
+        redis.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    report(args.out, raw, lat, scale, time.monotonic() - started)
+    log(f"wrote {args.out}/runtime.md and runtime.png in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
