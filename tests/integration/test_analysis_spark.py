@@ -243,6 +243,22 @@ def test_cli_analyze_json_against_real_redis(spark, published, redis_url, capsys
             assert close(data["etp"]["vertices"][v]["etp"], row["etp"])
 
 
+def test_cli_analyze_output_feeds_etp_and_plan(spark, published, redis_url, tmp_path, capsys):
+    topology, _, path = published
+    capsys.readouterr()
+    assert main(["analyze", "--redis", redis_url, "--topology", path, "--window", "10", "--json"]) == 0
+    snap = tmp_path / "snap.json"
+    snap.write_text(capsys.readouterr().out)
+    data = json.loads(snap.read_text())
+    assert main(["etp", path, "--metrics", str(snap), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert {v: row["etp"] for v, row in table["vertices"].items()} == {
+        v: row["etp"] for v, row in data["etp"]["vertices"].items()
+    }
+    assert main(["plan", path, "--metrics", str(snap), "--nodes", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["to_nodes"] == 5
+
+
 def test_cli_analyze_table_and_parquet(spark, published, redis_url, tmp_path, capsys):
     topology, samples, path = published
     capsys.readouterr()
