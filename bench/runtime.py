@@ -167,7 +167,8 @@ def post_scale(url: str, seconds: float) -> list[dict[str, Any]]:
                 }
             )
             log(
-                f"  {name} {label:<12} {len(schedule.nodes)} nodes: measured {measured:,.0f}/s, predicted {predicted:,.0f}/s"
+                f"  {name} {label:<12} {len(schedule.nodes)} nodes: "
+                f"measured {measured:,.0f}/s, predicted {predicted:,.0f}/s"
             )
     return rows
 
