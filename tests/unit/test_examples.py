@@ -90,3 +90,26 @@ def test_ccr_examples_follow_table_1(name: str) -> None:
     # the paper's scale-in target, half the VMs rounded up, fits the slots
     half = -(-vms // 2)
     assert len(initial_schedule(topology)) <= half * topology.slots_per_node
+
+
+def test_the_example_user_operator_keeps_a_max_per_key_and_moves_its_state_by_key_group() -> None:
+    import importlib.util
+
+    from elastream.runtime.operators import Context, Event
+
+    spec = importlib.util.spec_from_file_location("top_pages", os.path.join(EXAMPLES, "operators", "top_pages.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    operator = module.MaxPerKey()
+    operator.open(Context("max-per-key", 0, 1, 8, {"threshold": 10}))
+    emitted: list[object] = []
+    for i, (key, value) in enumerate([("a", 12), ("a", 11), ("b", 5), ("a", 30), ("b", 15)]):
+        operator.process(Event(i, key, value, 0.0), lambda v, **_: emitted.append(v))
+    assert emitted == [{"key": "a", "max": 12.0}, {"key": "a", "max": 30.0}, {"key": "b", "max": 15.0}]
+    state = operator.snapshot_state()
+    assert sorted(state) == sorted({operator.context.key_group("a"), operator.context.key_group("b")})
+    other = module.MaxPerKey()
+    other.open(Context("max-per-key", 1, 2, 8, {}))
+    other.restore_state(state)
+    assert other.snapshot_state() == state
