@@ -61,7 +61,7 @@ def random_topology(rnd: random.Random, n: int = 12) -> tuple[Topology, dict]:
         if not any(a == names[i] for a, _ in edges):
             edges.add((names[i], names[rnd.randint(max(i + 1, 2), n - 1)]))
     vertices = [src(v, 4) if v in sources else sink(v, 4) if v in sinks else work(v, 4) for v in names]
-    doc = manifest(vertices, [edge(a, b) for a, b in sorted(edges)], name="rnd", nodes=4, slotsPerNode=n)
+    doc = manifest(vertices, [edge(a, b) for a, b in sorted(edges)], name="rnd", nodes=4, slotsPerNode=4 * n)
     return parse_manifest(doc), doc
 
 
@@ -244,7 +244,7 @@ def test_cli_analyze_json_against_real_redis(spark, published, redis_url, capsys
 
 
 def test_cli_analyze_output_feeds_etp_and_plan(spark, published, redis_url, tmp_path, capsys):
-    topology, _, path = published
+    _, _, path = published
     capsys.readouterr()
     assert main(["analyze", "--redis", redis_url, "--topology", path, "--window", "10", "--json"]) == 0
     snap = tmp_path / "snap.json"
