@@ -325,3 +325,24 @@ def test_session_configuration_from_environment(monkeypatch):
     monkeypatch.setenv("JAVA_HOME", "/nonexistent")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert "no Java runtime" in (spark_session._java_problem() or "")
+
+
+def test_cli_falls_back_to_python_with_one_warning_line(tmp_path):
+    rnd = random.Random(4)
+    topology, doc = random_topology(rnd, n=5)
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    samples = random_samples(rnd, topology, 20, 1.0)
+    write_parquet_local(samples, str(tmp_path / "arch"))
+    env = {"PATH": "/nonexistent", "JAVA_HOME": "", "HOME": str(tmp_path)}
+    argv = ["analyze", "--parquet", str(tmp_path / "arch"), "--topology", str(path), "--window", "5", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "warning: Spark unavailable, falling back to the Python reference analysis: no Java runtime found "
+        "(set JAVA_HOME or put java on PATH; Spark 3.5 needs Java 8, 11 or 17)"
+    ]
+    expected = analyze_samples(topology, samples, window=5).to_dict(topology)
+    assert json.loads(proc.stdout) == json.loads(json.dumps(expected))

@@ -63,16 +63,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if not args.redis and not args.parquet:
         raise CommandError("no samples: give --redis URL (the metric stream) or --parquet PATH (an archive)")
     analyzer = Analyzer(args.engine)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        logging.getLogger("elastream.analysis").propagate = False
-        if args.parquet:
-            analysis = _analyze_parquet(analyzer, topology, args.parquet, window, args.interval, rate)
-        else:
-            samples = _read_redis(args.redis, topology, window, args.interval)
-            analysis = analyzer.analyze(
-                topology, samples, window=window, interval_s=args.interval, congestion_rate=rate
-            )
+    logger = logging.getLogger("elastream.analysis")
+    quiet = logger.disabled
+    logger.disabled = True  # the fallback warning is printed once below, as `warning:`
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if args.parquet:
+                analysis = _analyze_parquet(analyzer, topology, args.parquet, window, args.interval, rate)
+            else:
+                samples = _read_redis(args.redis, topology, window, args.interval)
+                analysis = analyzer.analyze(
+                    topology, samples, window=window, interval_s=args.interval, congestion_rate=rate
+                )
+    finally:
+        logger.disabled = quiet
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     if args.json:
