@@ -80,7 +80,7 @@ def analyze_with_spark(
             "emitted",
             "busy_s",
             "queue_len",
-            F.lag(F.struct("processed", "emitted", "busy_s")).over(incarnation).alias("prev"),
+            F.lag(F.struct("processed", "emitted", "busy_s", "received")).over(incarnation).alias("prev"),
         )
         .where(F.col("ts") > F.lit(start))
     )
@@ -98,6 +98,7 @@ def analyze_with_spark(
         delta("processed", 0).alias("dp"),
         delta("emitted", 0).alias("de"),
         delta("busy_s", 0.0).alias("db"),
+        delta("received", 0).alias("dr"),
         (k.cast("double") - F.lit(center)).alias("w"),
         F.struct(*EXECUTOR_KEY).alias("key"),
     )
@@ -105,6 +106,7 @@ def analyze_with_spark(
         F.sum("dp").alias("dp"),
         F.sum("de").alias("de"),
         F.sum("db").alias("db"),
+        F.sum("dr").alias("dr"),
         F.sum(F.col("w") * F.col("dp")).alias("wp"),
         F.sum(F.col("w") * F.col("de")).alias("we"),
         F.count(F.lit(1)).alias("n"),
@@ -115,6 +117,7 @@ def analyze_with_spark(
         F.sum("dp").alias("processed"),
         F.sum("de").alias("emitted"),
         F.sum("db").alias("busy_s"),
+        F.sum("dr").alias("received"),
         F.sum("wp").alias("processed_trend"),
         F.sum("we").alias("emitted_trend"),
         F.sum("n").alias("samples"),
@@ -131,6 +134,7 @@ def analyze_with_spark(
             emitted=int(row["emitted"]),
             busy_s=float(row["busy_s"]),
             executors=int(row["executors"]),
+            received=int(row["received"]),
             queue_first=int(row["queue_first"]),
             queue_last=int(row["queue_last"]),
             processed_trend=float(row["processed_trend"]),

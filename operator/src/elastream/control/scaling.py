@@ -107,10 +107,18 @@ class ScalingController:
         self.events.emit(
             "ScalingPlanned",
             f"scale {plan.direction} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}: "
-            f"{len(plan.new_executors)} new executors, {len(plan.moves)} moves, "
+            f"{len(plan.new_executors)} new executors{_listed([e for e, _ in plan.new_executors])}, "
+            f"{len(plan.moves)} moves, "
             f"throughput {before:.0f}/s now, {predicted} predicted",
         )
         self.backend.apply(plan.new_schedule)
         record.outcome, record.finished_at = "succeeded", self.clock.now()
         self.events.emit("Scaled", f"running on {plan.to_nodes} nodes ({record.finished_at - started:.1f} s)")
         return record
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    if not items:
+        return ""
+    shown = ", ".join(items[:limit])
+    return f" ({shown}{', ...' if len(items) > limit else ''})"

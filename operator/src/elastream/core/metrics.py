@@ -260,6 +260,8 @@ class WindowTotals:
     emitted: int = 0
     busy_s: float = 0.0
     executors: int = 0
+    #: events offered to the vertex (for a source: due by its rate, emitted or not)
+    received: int = 0
     queue_first: int = 0
     queue_last: int = 0
     processed_trend: float = 0.0
@@ -363,8 +365,10 @@ def analyze_samples(
     - processing_rate = processed / D, emit_rate = emitted / D;
     - executors: the executors (ids) with a sample in the window; placement: each such executor under the
       node of its latest sample (an executor that stopped reporting inside the window still counts);
-    - input_rate = sum of the parents' emit rates; a source's is its own processing rate
-      (`derive_input_rates`);
+    - input_rate = sum of the parents' emit rates; a source's is the rate it was offered events,
+      max(received, processed) / D (`derive_input_rates`);
+    - congestion and ETP as the planner sees the snapshot (`rates_from_snapshot`: back-pressure-aware when
+      true processing rates are known);
     - busy_fraction = busy_s / (D · executors) (0 without executors);
     - true_processing_rate = processed / busy_s, None when busy_s is 0;
     - queue_growth = (Σ latest queue_len − Σ earliest queue_len over its executors' samples in the window) / D;
@@ -393,6 +397,7 @@ def analyze_samples(
     processed: dict[str, int] = {}
     emitted: dict[str, int] = {}
     busy: dict[str, float] = {}
+    received: dict[str, int] = {}
     p_trend: dict[str, float] = {}
     e_trend: dict[str, float] = {}
     count: dict[str, int] = {}
@@ -405,15 +410,17 @@ def analyze_samples(
             if s.ts > start:
                 if prev is not None:
                     dp, de, db = s.processed - prev.processed, s.emitted - prev.emitted, s.busy_s - prev.busy_s
+                    dr = s.received - prev.received
                 elif started_at >= start:
-                    dp, de, db = s.processed, s.emitted, s.busy_s
+                    dp, de, db, dr = s.processed, s.emitted, s.busy_s, s.received
                 else:
-                    dp, de, db = 0, 0, 0.0
+                    dp, de, db, dr = 0, 0, 0.0, 0
                 v = s.vertex
                 weight = interval_index(s.ts, start, window, interval_s) - center
                 processed[v] = processed.get(v, 0) + dp
                 emitted[v] = emitted.get(v, 0) + de
                 busy[v] = busy.get(v, 0.0) + db
+                received[v] = received.get(v, 0) + dr
                 p_trend[v] = p_trend.get(v, 0.0) + weight * dp
                 e_trend[v] = e_trend.get(v, 0.0) + weight * de
                 count[v] = count.get(v, 0) + 1
@@ -438,6 +445,7 @@ def analyze_samples(
             emitted=emitted[v],
             busy_s=busy[v],
             executors=executors[v],
+            received=received[v],
             queue_first=q_first[v],
             queue_last=q_last[v],
             processed_trend=p_trend[v],
@@ -475,7 +483,10 @@ def analysis_from_totals(
     tot = {v: totals.get(v, empty) for v in topology.order}
     processing = {v: tot[v].processed / duration for v in topology.order}
     emit = {v: tot[v].emitted / duration for v in topology.order}
-    inputs = derive_input_rates(topology, emit, {}, processing)
+    # a source's input is what it was offered (due by its rate), which exceeds what it emitted when
+    # back-pressure holds it back; a source that reports no offered events is taken to keep up
+    offered = {v: max(tot[v].received, tot[v].processed) / duration for v in topology.sources}
+    inputs = derive_input_rates(topology, emit, offered, processing)
     spread = float(window * (window * window - 1)) / 12.0  # Σ (k - c)² over k = 0 .. window-1
     if spread > 0.0:
         scale = interval_s * interval_s * spread
@@ -512,7 +523,9 @@ def analysis_from_totals(
 
     nodes = {n: sorted(by_node[n], key=order) for n in sorted(by_node)}
     snapshot = MetricSnapshot(vertices, nodes)
-    congested = congested_vertices(topology, inputs, processing, congestion_rate)
+    # the planner's view of the same snapshot: back-pressure-aware when true processing rates are known
+    rates = rates_from_snapshot(topology, snapshot)
+    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate, rates.capacity)
     etp = etp_map(topology, processing, congested)
     node_etp = etp_sums(etp, {n: [e for e in ex if _executor_vertex(e) in etp] for n, ex in nodes.items()})
     return Analysis(
