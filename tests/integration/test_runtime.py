@@ -291,3 +291,64 @@ def test_run_command_prints_live_throughput_and_reaps_its_processes(tmp_path, re
     assert leftover.stdout.strip() == ""
     client = redis.Redis.from_url(redis_url)
     assert client.exists(f"{load_manifest(path).redis_prefix}metrics")
+
+
+def test_apply_restarts_the_workers_on_a_new_schedule(tmp_path, redis_url: str) -> None:
+    from elastream.core.planner import make_plan
+    from elastream.core.simulate import simulate, snapshot_from_simulation
+
+    doc = manifest(
+        [src("src", 1, rate=800), work("w", 2, costMs=1.0), rsink("out")],
+        [edge("src", "w"), edge("w", "out")],
+        name="restart",
+        nodes=2,
+        slotsPerNode=4,
+    )
+    with running(write_manifest(str(tmp_path), doc), redis_url) as (cluster, topology):
+        before = cluster.current_schedule()
+        first_version = cluster.version
+        old_pids = {w.process.pid for w in cluster.workers.values()}
+        snapshot = snapshot_from_simulation(topology, before, simulate(topology, before))
+        new_schedule = make_plan(topology, before, snapshot, 3, "round-robin").new_schedule
+        cluster.apply(new_schedule)
+        assert cluster.version == first_version + 1
+        assert set(cluster.workers) == {"node-0", "node-1", "node-2"}
+        assert old_pids.isdisjoint(w.process.pid for w in cluster.workers.values())
+        assert cluster.registry.ready_nodes(cluster.version) == {"node-0", "node-1", "node-2"}
+        length = int(cluster.client.xlen(f"{topology.redis_prefix}sink:out"))
+        time.sleep(2.0)
+        assert int(cluster.client.xlen(f"{topology.redis_prefix}sink:out")) > length + 500  # still flowing
+
+
+def test_redis_stream_source_reads_every_entry_once(tmp_path, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    for i in range(500):
+        client.xadd("orders", {"key": f"c{i % 7}", "value": str(i)})
+    doc = manifest(
+        [
+            {"name": "orders", "parallelism": 2, "source": {"type": "redis-stream", "stream": "orders"}},
+            work("w", 1),
+            rsink("out"),
+        ],
+        [edge("orders", "w"), edge("w", "out")],
+        name="from-redis",
+        nodes=2,
+        slotsPerNode=2,
+    )
+    with running(write_manifest(str(tmp_path), doc), redis_url) as (cluster, topology):
+        assert wait_for_sink(cluster, topology, "out", 500) == 500
+        events = sink_events(cluster.client, topology, "out")
+    assert sorted(int(e["value"]) for e in events) == list(range(500))
+
+
+def test_run_uses_an_embedded_redis_without_a_url(tmp_path) -> None:
+    doc = manifest([src("src", 1, rate=500), {"name": "out", "sink": {"type": "null"}}], [edge("src", "out")])
+    path = write_manifest(str(tmp_path), doc)
+    env = {k: v for k, v in os.environ.items() if k != "ELASTREAM_REDIS_URL"}
+    result = subprocess.run(
+        [*ELASTREAM, "run", path, "--duration", "3"], capture_output=True, text=True, timeout=90, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "embedded Redis" in result.stdout.splitlines()[0]
+    rows = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert max(float(row[1]) for row in rows) > 300
