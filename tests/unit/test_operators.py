@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from elastream.core.schedule import key_group_ranges
 from elastream.runtime.operators import SAME, Context, Count, Filter, RateProfile, Synthetic, Window, Work
 
 
@@ -80,11 +81,35 @@ def test_rate_profiles_integrate_steps_and_csv(tmp_path) -> None:
     assert profile.due(2.0) == pytest.approx(15)
 
 
+def synthetic(index: int, parallelism: int, **config: object) -> Synthetic:
+    source = Synthetic()
+    lanes = key_group_ranges(8, parallelism)[index]
+    source.open(Context("s", index, parallelism, 8, config, key_groups=lanes))
+    return source
+
+
+def drain(source: Synthetic, into: list[int], at_most: int | None = None) -> None:
+    while not source.exhausted() and (at_most is None or len(into) < at_most):
+        source.poll(time.time() + 3600, lambda i, k, v: into.append(i), 1 if at_most is not None else 512)
+
+
 def test_synthetic_sources_split_ids_and_respect_the_limit() -> None:
     seen: list[int] = []
     for index in range(3):
-        source = Synthetic()
-        source.open(Context("s", index, 3, 8, {"limit": 10, "keys": 4}))
-        while not source.exhausted():
-            source.poll(time.time() + 3600, lambda i, k, v: seen.append(i), 512)
-    assert sorted(seen) == list(range(10))
+        drain(synthetic(index, 3, limit=100, keys=4), seen)
+    assert sorted(seen) == list(range(100))
+
+
+def test_synthetic_lanes_move_with_their_positions_when_parallelism_changes() -> None:
+    seen: list[int] = []
+    old = [synthetic(i, 3, limit=500) for i in range(3)]
+    for source in old:
+        drain(source, seen, at_most=len(seen) + 37)  # each emits some, mid-lane
+    merged: dict[int, int] = {}
+    for source in old:
+        merged.update(source.position())
+    for index in range(5):  # scale out 3 -> 5 executors
+        source = synthetic(index, 5, limit=500)
+        source.seek(merged)
+        drain(source, seen)
+    assert sorted(seen) == list(range(500))

@@ -307,9 +307,12 @@ class SourceOperator(Protocol):
 class Synthetic:
     """`source: {type: synthetic}` — numbered events at a rate profile.
 
-    Executor i of k emits the sequence numbers i, i+k, i+2k, ... (so ids are unique over the vertex), key
-    ``seq % keys`` and value ``seq``; `limit` caps the vertex's total and `idOffset` is added to every id (to
-    keep the ids of two sources apart). Its position is the next index."""
+    The id space is split into `maxParallelism` lanes, lane j holding the sequence numbers j, j+M, j+2M, ...
+    (M = maxParallelism). Lanes are owned like key groups (contiguous ranges over the executors) and each
+    lane offers rate/M events/s, so the vertex's total rate and its ids do not depend on its parallelism,
+    and a rescale hands whole lanes, with their positions, to new executors: nothing is skipped or repeated.
+    An event has id ``idOffset + seq``, key ``seq % keys`` and value ``seq``; `limit` caps the sequence
+    numbers. The position is {lane: next index in the lane}."""
 
     def open(self, context: Context) -> None:
         self.context = context
@@ -318,39 +321,50 @@ class Synthetic:
         self.keys = int(config.get("keys", 1000))
         self.limit = int(config["limit"]) if config.get("limit") is not None else None
         self.id_offset = int(config.get("idOffset", 0))
-        self.profile = RateProfile(config, 1.0 / context.parallelism)
+        self.stride = context.max_parallelism
+        self.lanes = list(context.key_groups)
+        self.next: dict[int, int] = dict.fromkeys(self.lanes, 0)
+        self.profile = RateProfile(config, len(self.lanes) / self.stride)
         self.started = time.time()
-        self.next_index = 0  # events this executor has emitted
-        self.index = context.index
-        self.stride = context.parallelism
-        #: how many of the vertex's `limit` events are this executor's
-        self.quota = max(0, -(-(self.limit - self.index) // self.stride)) if self.limit is not None else None
+        self.emitted = 0  # since this executor started: the rate profile's clock starts with it
+        self.cursor = 0
+        self.live = [lane for lane in self.lanes if not self._lane_done(lane)]
 
-    def due(self, now: float) -> float:
-        return self.profile.due(now - self.started)
+    def _lane_done(self, lane: int) -> bool:
+        return self.limit is not None and lane + self.next[lane] * self.stride >= self.limit
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        due = self.due(now)
-        if self.quota is not None:
-            due = min(due, self.quota)
-        count = int(min(due - self.next_index, budget)) if not math.isinf(due) else budget
+        due = self.profile.due(now - self.started)
+        count = int(min(due - self.emitted, budget)) if not math.isinf(due) else budget
         for _ in range(max(count, 0)):
-            seq = self.index + self.next_index * self.stride
-            if self.limit is not None and seq >= self.limit:
+            if not self.live:
                 break
-            self.next_index += 1
+            self.cursor %= len(self.live)
+            lane = self.live[self.cursor]
+            seq = lane + self.next[lane] * self.stride
+            self.next[lane] += 1
+            if self._lane_done(lane):
+                self.live.pop(self.cursor)
+            else:
+                self.cursor += 1
+            self.emitted += 1
             self.cost.charge()
             emit_new(self.id_offset + seq, seq % self.keys, seq)
-        return int(due) if not math.isinf(due) else self.next_index
+        return self.emitted if math.isinf(due) or not self.live else max(int(due), self.emitted)
 
     def exhausted(self) -> bool:
-        return self.limit is not None and self.index + self.next_index * self.stride >= self.limit
+        return not self.live
 
     def position(self) -> Any:
-        return self.next_index
+        return dict(self.next)
 
     def seek(self, position: Any) -> None:
-        self.next_index = int(position)
+        """Take the positions of the lanes this executor owns (a merged map of every old executor's)."""
+        for lane, index in position.items():
+            if int(lane) in self.next:
+                self.next[int(lane)] = int(index)
+        self.live = [lane for lane in self.lanes if not self._lane_done(lane)]
+        self.cursor = 0
 
     def close(self) -> None:
         self.cost.pay()
