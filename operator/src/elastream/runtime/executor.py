@@ -18,6 +18,7 @@ from typing import Any
 from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context
+from elastream.runtime.participant import Migration
 from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, Inbox
 
 log = logging.getLogger("elastream.worker")
@@ -47,6 +48,13 @@ class Counters:
         return 1000.0 * total / count if count else 0.0
 
 
+def grouping_key(event: Any, field: str | None) -> Any:
+    """The key a fields grouping hashes: the value's `field` when the value is a mapping holding it, else the
+    event's key."""
+    value = event[2]
+    return value[field] if isinstance(value, Mapping) and field in value else event[1]
+
+
 class OutputStream:
     """One output stream of an executor: its grouping and a channel per downstream executor (by index)."""
 
@@ -66,8 +74,7 @@ class OutputStream:
             self.next_index = (index + 1) % k
             return (index,)
         if self.grouping == "fields":
-            value = event[2]
-            key = value[self.field] if isinstance(value, Mapping) and self.field in value else event[1]
+            key = grouping_key(event, self.field)
             return (key_group_owner(self.max_parallelism, k, key_group_of(key, self.max_parallelism)),)
         if self.grouping == "all":
             return range(k)
@@ -97,6 +104,13 @@ class Router:
                 if buffer:
                     self.blocked_s += output.channels[index].send_events(buffer, self.stop)
                     output.buffers[index] = []
+
+    def send_control(self, message: dict[str, Any]) -> None:
+        """Send a control message in-band on every output channel (behind the data already sent)."""
+        self.flush()
+        for output in self.outputs:
+            for channel in output.channels:
+                self.blocked_s += channel.send_control(message, self.stop)
 
     def channels(self) -> list[Channel]:
         return [c for output in self.outputs for c in output.channels]
@@ -134,8 +148,11 @@ class ExecutorThread(threading.Thread):
         router: Router,
         stop: threading.Event,
         is_sink: bool,
+        migration: Migration,
     ) -> None:
         super().__init__(name=executor, daemon=True)
+        self.migration = migration
+        self.held: list[list[Any]] = []  # DATA that arrived before the INIT this executor waits for
         self.executor = executor
         self.operator = operator
         self.context = context
@@ -146,7 +163,6 @@ class ExecutorThread(threading.Thread):
         self.counters = Counters()
         self.current: Any = None
         self.ahead: deque[list[Any]] = deque()
-        self.control_handler: Callable[[str, Any], None] | None = None
         self._last_error_log = 0.0
         self.failure: BaseException | None = None
 
@@ -200,10 +216,52 @@ class ExecutorThread(threading.Thread):
     def handle(self, frame: list[Any]) -> None:
         kind, sender, payload = frame
         if kind == CONTROL:
-            if self.control_handler is not None:
-                self.control_handler(sender, payload)
+            self.on_control(sender, payload)
             return
-        self.process_batch(payload)
+        migration = self.migration
+        if migration.awaiting is not None:
+            self.held.append(frame)
+        elif migration.participant.captures():
+            self.counters.received += len(payload)
+            migration.capture(sender, payload)
+        else:
+            self.process_batch(payload)
+
+    def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
+        migration, participant = self.migration, self.migration.participant
+        kind, mid = message.get("type"), str(message.get("mid"))
+        if kind == "prepare":
+            participant.protocol = message.get("protocol", "ccr")
+            if participant.on_prepare(mid, sender if participant.protocol == "dcr" else None):
+                if participant.protocol == "dcr":
+                    self.router.send_control({"type": "prepare", "mid": mid, "protocol": "dcr"})
+                migration.ack(mid, "preparing")
+        elif kind == "commit":
+            if participant.on_commit(sender):
+                state_bytes = migration.checkpoint(mid, self.operator)
+                self.router.send_control({"type": "commit", "mid": mid})
+                migration.ack(mid, "committing", captured=migration.captured, state_bytes=state_bytes)
+        elif kind == "init":
+            if migration.awaiting == mid and participant.on_init(mid):
+                context = self.context
+                events = migration.restore(mid, self.operator, context.key_groups, context.index, context.parallelism)
+                for start in range(0, len(events), MAX_BATCH):
+                    self.process_batch(events[start : start + MAX_BATCH])
+                migration.awaiting = None
+                held, self.held = self.held, []
+                for frame in held:
+                    self.handle(frame)
+                migration.ack(mid, "initializing", replayed=len(events))
+            elif migration.awaiting is None:
+                migration.ack(mid, "initializing")  # a resent INIT: already done, ack again
+        elif kind == "abort":
+            participant.on_abort()
+            events = migration.take_pending()
+            for start in range(0, len(events), MAX_BATCH):
+                self.process_batch(events[start : start + MAX_BATCH])
+            log.warning(
+                "executor %s: migration %s aborted; replayed %d captured events", self.executor, mid, len(events)
+            )
 
     def process_batch(self, events: Sequence[Any]) -> None:
         counters = self.counters
@@ -253,8 +311,19 @@ class SourceThread(threading.Thread):
     `received` counts the events offered so far (due by the rate profile), `processed` those emitted, so a
     source that cannot keep up shows a growing queue and a processing rate below its input rate."""
 
-    def __init__(self, executor: str, operator: Any, context: Context, router: Router, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        executor: str,
+        operator: Any,
+        context: Context,
+        router: Router,
+        stop: threading.Event,
+        inbox: Inbox,
+        migration: Migration,
+    ) -> None:
         super().__init__(name=executor, daemon=True)
+        self.inbox = inbox
+        self.migration = migration
         self.executor = executor
         self.operator = operator
         self.context = context
@@ -275,8 +344,13 @@ class SourceThread(threading.Thread):
             self.operator.open(self.context)
             exhausted = getattr(self.operator, "exhausted", None)
             while not self.stop.is_set():
+                frame = self.inbox.receive(0)
+                while frame is not None:
+                    if frame[0] == CONTROL:
+                        self.on_control(frame[1], frame[2])
+                    frame = self.inbox.receive(0)
                 if self.paused.is_set() or (exhausted is not None and exhausted()):
-                    time.sleep(0.01)
+                    time.sleep(0.005)
                     continue
                 start = time.perf_counter()
                 self.now = time.time()
@@ -296,3 +370,29 @@ class SourceThread(threading.Thread):
             self.failure = exc
             log.exception("source %s stopped: %s", self.executor, exc)
             self.stop.set()
+
+    def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
+        migration = self.migration
+        kind, mid = message.get("type"), str(message.get("mid"))
+        if kind == "prepare":
+            self.paused.set()
+            migration.participant.protocol = message.get("protocol", "ccr")
+            migration.participant.on_prepare(mid)
+            if migration.participant.protocol == "dcr":
+                self.router.send_control({"type": "prepare", "mid": mid, "protocol": "dcr"})
+            migration.ack(mid, "preparing")
+        elif kind == "commit":
+            position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
+            migration.checkpoint(mid, self.operator, position)
+            self.router.send_control({"type": "commit", "mid": mid})
+            migration.ack(mid, "committing")
+        elif kind == "init":
+            if migration.awaiting == mid:
+                merged = migration.merged_positions(mid)
+                if merged and callable(getattr(self.operator, "seek", None)):
+                    self.operator.seek(merged)
+                migration.awaiting = None
+            migration.ack(mid, "initializing")
+        elif kind in ("resume", "abort"):
+            migration.participant.on_abort()
+            self.paused.clear()

@@ -107,3 +107,47 @@ class Channel:
 
     def close(self, linger_ms: int = 2000) -> None:
         self.socket.close(linger_ms)
+
+
+class ControlClient:
+    """The controller's side of the control channel: one PUSH socket per executor inbox it talks to.
+
+    A send that cannot complete in `timeout_ms` (the inbox is gone or full) is dropped and reported False:
+    the migration protocol resends INIT and times phases out, so a lost control message never hangs it."""
+
+    SENDER = "controller"
+
+    def __init__(self, endpoints: dict[str, str], timeout_ms: int = 1000) -> None:
+        self.context: zmq.Context[Any] = zmq.Context.instance()
+        self.endpoints = dict(endpoints)
+        self.timeout_ms = timeout_ms
+        self.sockets: dict[str, Any] = {}
+
+    def update(self, endpoints: dict[str, str]) -> None:
+        """Switch to a new schedule's endpoints (sockets to endpoints that changed are reopened)."""
+        for executor, endpoint in endpoints.items():
+            if self.endpoints.get(executor) != endpoint and executor in self.sockets:
+                self.sockets.pop(executor).close(0)
+        self.endpoints = dict(endpoints)
+
+    def send(self, executor: str, message: dict[str, Any]) -> bool:
+        endpoint = self.endpoints.get(executor)
+        if endpoint is None:
+            return False
+        socket = self.sockets.get(executor)
+        if socket is None:
+            socket = self.context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(endpoint)
+            self.sockets[executor] = socket
+        try:
+            socket.send(_packb([CONTROL, self.SENDER, message]))
+            return True
+        except zmq.Again:
+            return False
+
+    def close(self) -> None:
+        for socket in self.sockets.values():
+            socket.close(0)
+        self.sockets.clear()

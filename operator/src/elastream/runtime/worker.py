@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +28,14 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
 from elastream.core.metrics import MetricSample
+from elastream.core.migration import ExecutorParticipant
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceThread, build_outputs
 from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, make_operator
+from elastream.runtime.participant import Migration
 from elastream.runtime.transport import Channel, Inbox
+from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import RedisUnavailable, Registry, connect
 
@@ -64,6 +67,7 @@ class Worker:
         self.channels: list[Channel] = []
         self.version = 0
         self.schedule: Schedule | None = None
+        self.awaiting: str | None = None
 
     # ---------------------------------------------------------------------------------------------- start-up
 
@@ -81,6 +85,7 @@ class Worker:
         self.client = connect(self.options.redis_url, self.options.redis_wait_s, self._retrying("connecting"))
         self.registry = Registry(self.client, self.topology.redis_prefix)
         self.metrics = MetricStream(self.client, self.topology.redis_prefix)
+        self.store = CheckpointStore(self.client, self.topology.redis_prefix)
 
     def wait_for(self, what: str | Callable[[], str], probe: Callable[[], Any], poll_s: float = 0.05) -> Any:
         """Call `probe()` until it returns something truthy, logging every 5 s what is awaited."""
@@ -127,8 +132,8 @@ class Worker:
             )
             operators[executor] = (make_operator(vertex, self._client_factory, self.topology.redis_prefix), context)
         for executor in mine:
-            if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
-                self.inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(executor))
+            self.inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(executor))
+        self.awaiting = self.migration_in_progress()
         self.registry.register_endpoints(self.version, {e: box.endpoint for e, box in self.inboxes.items()})
         self.registry.register_worker(
             self.node,
@@ -165,14 +170,42 @@ class Worker:
             operator, context = operators[executor]
             outputs = build_outputs(self.topology, vertex_name, executor, parallelism, endpoints, self._open_channel)
             router = Router(outputs, self.stop)
+            migration = self._migration_for(executor, parallelism)
             thread: ExecutorThread | SourceThread
+            inbox = self.inboxes[executor]
             if self.topology.vertices[vertex_name].kind == "source":
-                thread = SourceThread(executor, operator, context, router, self.stop)
-                thread.paused.set()  # until every node is ready
+                thread = SourceThread(executor, operator, context, router, self.stop, inbox, migration)
+                thread.paused.set()  # until every node is ready (and, during a migration, until RESUME)
             else:
                 is_sink = self.topology.vertices[vertex_name].kind == "sink"
-                thread = ExecutorThread(executor, operator, context, self.inboxes[executor], router, self.stop, is_sink)
+                thread = ExecutorThread(executor, operator, context, inbox, router, self.stop, is_sink, migration)
             self.threads.append(thread)
+
+    def migration_in_progress(self) -> str | None:
+        """The migration whose INIT this worker's executors must wait for: one that has passed COMMIT (its
+        state is in Redis and this worker runs the schedule it moves to)."""
+        mid = self.store.current()
+        if mid is None:
+            return None
+        phase = self.store.record(mid).get("phase")
+        if phase in ("rebalancing", "initializing"):
+            log.info("migration %s in progress: executors wait for INIT", mid)
+            return mid
+        return None
+
+    def _migration_for(self, executor: str, parallelism: Mapping[str, int]) -> Migration:
+        vertex = split_executor_id(executor)[0]
+        parents = self.topology.parents(vertex)
+        upstream = frozenset(f"{p}#{i}" for p in parents for i in range(parallelism[p]))
+        inputs = {p: (self.topology.stream(p, vertex).grouping, self.topology.stream(p, vertex).key) for p in parents}
+        return Migration(
+            executor=executor,
+            store=self.store,
+            participant=ExecutorParticipant(executor, upstream),
+            inputs=inputs,
+            max_parallelism=self.topology.vertices[vertex].max_parallelism,
+            awaiting=self.awaiting,
+        )
 
     def _port_for(self, executor: str) -> int:
         if not self.options.port or self.schedule is None:
@@ -210,9 +243,10 @@ class Worker:
         self.registry.mark_ready(self.version, self.node)
         log.info("node %s ready: %d executors (schedule version %d)", self.node, len(self.threads), self.version)
         schedule = self.schedule
-        if self.wait_for(
+        ready = self.wait_for(
             "every node to be ready", lambda: self.registry.ready_nodes(self.version) >= set(schedule.nodes)
-        ):
+        )
+        if ready and self.awaiting is None:  # during a migration the controller resumes the sources
             for thread in self.threads:
                 if isinstance(thread, SourceThread):
                     thread.paused.clear()

@@ -83,6 +83,8 @@ class LocalCluster:
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     schedule: Schedule | None = None
     version: int = 0
+    #: executor -> inbox endpoint of the running schedule (kept here so a Redis restart does not lose them)
+    endpoints: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.client = connect(self.redis_url, wait_s=10.0)
@@ -136,6 +138,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             self.check_alive()
             if self.registry.ready_nodes(self.version) >= set(nodes):
+                self.endpoints = self.registry.endpoints(self.version)
                 return
             time.sleep(0.05)
         missing = sorted(set(nodes) - self.registry.ready_nodes(self.version))

@@ -1,0 +1,277 @@
+"""Driving a migration from one schedule to another: the pure `MigrationCoordinator` decides, this carries it
+out over the control channel (ZeroMQ to the executors' inboxes), the Redis checkpoint store (record, acks)
+and the backend (which stops the old workers and starts the new ones).
+
+The record in Redis (`<prefix>mig:<id>`, phase preparing -> committing -> rebalancing -> initializing) lets a
+new controller finish a migration whose controller died: before COMMIT completed it aborts (executors
+replay their captured events, sources resume), after it goes forward (the state is in Redis). If the new
+schedule's workers never come up, the migration rolls back: the old schedule is started again and
+initialised from the same checkpoint, so nothing is lost either way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis
+
+from elastream.core.migration import (
+    Ack,
+    Action,
+    ActionKind,
+    MigrationCoordinator,
+    MigrationReport,
+    Phase,
+    Timeouts,
+)
+from elastream.core.migration import Protocol as MigrationProtocol
+from elastream.core.ports import Clock, EventSink, SystemClock
+from elastream.core.schedule import Schedule
+from elastream.core.topology import Topology, split_executor_id
+from elastream.runtime.transport import ControlClient
+from elastream.store.checkpoint import CheckpointStore
+
+log = logging.getLogger("elastream.migration")
+
+ACK_PHASES = {Phase.PREPARING: "preparing", Phase.COMMITTING: "committing", Phase.INITIALIZING: "initializing"}
+
+
+class MigrationError(Exception):
+    """A migration cannot start (another one is in progress) or cannot finish; the message says why."""
+
+
+class WorkerBackend(Protocol):
+    """What the driver needs from a backend (the local one; the Kubernetes one implements the same)."""
+
+    endpoints: dict[str, str]
+
+    def current_schedule(self) -> Schedule: ...
+    def apply(self, schedule: Schedule) -> None: ...
+    def check_alive(self) -> None: ...
+
+
+class _Quiet:
+    def emit(self, reason: str, message: str, warning: bool = False) -> None:
+        (log.warning if warning else log.info)("%s: %s", reason, message)
+
+
+@dataclass
+class MigrationDriver:
+    topology: Topology
+    backend: WorkerBackend
+    client: redis.Redis
+    protocol: MigrationProtocol = "ccr"
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    clock: Clock = field(default_factory=SystemClock)
+    events: EventSink = field(default_factory=_Quiet)
+    poll_s: float = 0.02
+    #: called before each action is carried out (fault tests kill a worker or the controller here)
+    before_action: Callable[[Action, MigrationCoordinator], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.store = CheckpointStore(self.client, self.topology.redis_prefix)
+
+    # ------------------------------------------------------------------------------------------ entry points
+
+    def migrate(self, new: Schedule) -> MigrationReport:
+        """Move the running topology to `new` with the driver's protocol; returns the report."""
+        old = self.backend.current_schedule()
+        mid = uuid.uuid4().hex[:12]
+        record = {
+            "id": mid,
+            "protocol": self.protocol,
+            "phase": Phase.PREPARING.value,
+            "old": json.dumps(old.to_dict()),
+            "new": json.dumps(new.to_dict()),
+            "startedAt": self.clock.now(),
+        }
+        if not self.store.begin(mid, record):
+            current = self.store.current()
+            raise MigrationError(
+                f"migration {current} of {self.topology.name} is in progress; wait for it to finish "
+                "(or let a restarted controller resume it)"
+            )
+        coordinator = MigrationCoordinator(
+            mid, self.protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
+        )
+        run = _Run(self, coordinator, old, new, ControlClient(self.backend.endpoints))
+        self.events.emit(
+            "MigrationStarted", f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes"
+        )
+        return run.go(coordinator.start(self.clock.now()))
+
+    def resume(self) -> MigrationReport | None:
+        """Finish (or abort) the migration a previous controller left in Redis; None when there is none."""
+        mid = self.store.current()
+        if mid is None:
+            return None
+        record = self.store.record(mid)
+        old = Schedule.from_dict(json.loads(record["old"]))
+        new = Schedule.from_dict(json.loads(record["new"]))
+        protocol: MigrationProtocol = record.get("protocol", "ccr")  # type: ignore[assignment]
+        coordinator = MigrationCoordinator(
+            mid, protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
+        )
+        run = _Run(self, coordinator, old, new, ControlClient(self.backend.endpoints))
+        now = self.clock.now()
+        coordinator.times.started_at = float(record.get("startedAt", now))
+        phase = record.get("phase", Phase.PREPARING.value)
+        self.events.emit("MigrationResumed", f"migration {mid} found in phase {phase}", warning=True)
+        if phase in (Phase.PREPARING.value, Phase.COMMITTING.value):
+            coordinator.phase = Phase.COMMITTING
+            return run.go(coordinator.on_failure("the controller restarted before COMMIT completed", now))
+        coordinator.phase = Phase.REBALANCING
+        coordinator.phase_started = now
+        if self.backend.current_schedule() != new:
+            return run.go([Action(ActionKind.APPLY_SCHEDULE, reason="resume")])
+        return run.go(coordinator.on_rebalanced(now))
+
+
+@dataclass
+class _Run:
+    driver: MigrationDriver
+    coordinator: MigrationCoordinator
+    old: Schedule
+    new: Schedule
+    control: ControlClient
+    target: Schedule | None = None
+    rolled_back: str | None = None
+
+    def go(self, actions: list[Action]) -> MigrationReport:
+        driver, coordinator = self.driver, self.coordinator
+        self.target = self.new
+        try:
+            while True:
+                queue = list(actions)
+                while queue:
+                    action = queue.pop(0)
+                    if driver.before_action is not None:
+                        driver.before_action(action, coordinator)
+                    queue.extend(self.do(action))
+                if coordinator.phase in (Phase.DONE, Phase.ABORTED):
+                    break
+                time.sleep(driver.poll_s)
+                actions = self.poll()
+        finally:
+            self.control.close()
+        return self.report()
+
+    def poll(self) -> list[Action]:
+        driver, coordinator = self.driver, self.coordinator
+        now = driver.clock.now()
+        actions: list[Action] = []
+        if coordinator.phase in (Phase.PREPARING, Phase.COMMITTING):
+            try:
+                driver.backend.check_alive()
+            except Exception as exc:
+                return coordinator.on_failure(f"a worker failed during {coordinator.phase.value}: {exc}", now)
+        ack_phase = ACK_PHASES.get(coordinator.phase)
+        if ack_phase is not None:
+            phase = coordinator.phase
+            for executor, info in driver.store.acks(coordinator.migration_id, ack_phase).items():
+                ack = Ack(
+                    coordinator.migration_id,
+                    phase,
+                    executor,
+                    captured=int(info.get("captured", 0)),
+                    state_bytes=int(info.get("state_bytes", 0)),
+                    replayed=int(info.get("replayed", 0)),
+                )
+                actions += coordinator.on_ack(ack, now)
+                if coordinator.phase != phase:
+                    break
+        return actions + coordinator.on_tick(now)
+
+    # ------------------------------------------------------------------------------------------- actions
+
+    def broadcast(self, executors: Any, message: dict[str, Any]) -> None:
+        for executor in executors:
+            self.control.send(executor, message)
+
+    def sources(self, schedule: Schedule) -> list[str]:
+        return [e for e in schedule.assignment if split_executor_id(e)[0] in self.driver.topology.sources]
+
+    def do(self, action: Action) -> list[Action]:
+        driver, coordinator = self.driver, self.coordinator
+        mid = coordinator.migration_id
+        kind = action.kind
+        if kind == ActionKind.BROADCAST_PREPARE:
+            message = {"type": "prepare", "mid": mid, "protocol": coordinator.protocol}
+            targets = self.sources(self.old) if coordinator.protocol == "dcr" else action.executors
+            self.broadcast(targets, message)
+        elif kind == ActionKind.START_COMMIT:
+            driver.store.update_record(mid, {"phase": Phase.COMMITTING.value})
+            self.broadcast(self.sources(self.old), {"type": "commit", "mid": mid})
+        elif kind == ActionKind.APPLY_SCHEDULE:
+            return self.apply()
+        elif kind == ActionKind.BROADCAST_INIT:
+            driver.store.update_record(mid, {"phase": Phase.INITIALIZING.value})
+            self.broadcast(action.executors, {"type": "init", "mid": mid})
+        elif kind == ActionKind.RESUME_SOURCES:
+            running = self.old if coordinator.phase == Phase.ABORTED else (self.target or self.new)
+            self.broadcast(self.sources(running), {"type": "resume", "mid": mid})
+        elif kind == ActionKind.ABORT:
+            self.broadcast(action.executors, {"type": "abort", "mid": mid})
+            driver.events.emit("MigrationAborted", f"migration {mid}: {action.reason}", warning=True)
+        elif kind == ActionKind.CLEANUP:
+            driver.store.delete_migration(mid)
+        return []
+
+    def apply(self) -> list[Action]:
+        """Stop the old workers and start the target schedule's; if they never come up, roll back."""
+        driver, coordinator = self.driver, self.coordinator
+        driver.store.update_record(coordinator.migration_id, {"phase": Phase.REBALANCING.value})
+        target = self.target or self.new
+        try:
+            driver.backend.apply(target)
+        except Exception as exc:
+            if self.rolled_back is not None:
+                raise MigrationError(
+                    f"migration {coordinator.migration_id}: the new schedule failed ({self.rolled_back}) and so "
+                    f"did the old one ({exc}); the state is kept in Redis for `resume`"
+                ) from None
+            self.rolled_back = f"the new schedule did not come up: {exc}"
+            driver.events.emit("MigrationRollingBack", self.rolled_back, warning=True)
+            self.target = self.old
+            coordinator.new_executors = coordinator.old_executors
+            driver.backend.apply(self.old)
+        self.control.update(driver.backend.endpoints)
+        return coordinator.on_rebalanced(driver.clock.now())
+
+    def report(self) -> MigrationReport:
+        coordinator = self.coordinator
+        if coordinator.phase == Phase.ABORTED:
+            outcome, reason = "aborted", coordinator.failure or ""
+        elif self.rolled_back is not None:
+            outcome, reason = "aborted", f"rolled back to the old schedule: {self.rolled_back}"
+        else:
+            outcome, reason = "succeeded", ""
+        to_nodes = len((self.target or self.new).nodes) if outcome == "succeeded" else len(self.old.nodes)
+        direction = "out" if len(self.new.nodes) > len(self.old.nodes) else "in"
+        report = MigrationReport(
+            migration_id=coordinator.migration_id,
+            protocol=coordinator.protocol,
+            direction=direction,
+            from_nodes=len(self.old.nodes),
+            to_nodes=to_nodes,
+            phases_ms=coordinator.times.durations_ms(),
+            captured_events=coordinator.captured,
+            lost=0,
+            replayed=coordinator.replayed,
+            outcome=outcome,  # type: ignore[arg-type]
+            reason=reason,
+        )
+        self.driver.events.emit(
+            "Migrated" if outcome == "succeeded" else "MigrationFailed",
+            f"{coordinator.protocol} migration {coordinator.migration_id} {outcome}: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in report.phases_ms.items() if v is not None)
+            + f", {report.captured_events} events captured{'; ' + reason if reason else ''}",
+            warning=outcome != "succeeded",
+        )
+        return report

@@ -1,0 +1,114 @@
+"""The executor's side of a migration (CCR, DCR): what an executor does with PREPARE, COMMIT, INIT, RESUME and
+ABORT, with its captured events, and with its state, on top of the pure `ExecutorParticipant`.
+
+Control messages are dicts ``{"type", "mid", "protocol"?}``. The controller sends PREPARE (CCR: to every
+executor; DCR: to the sources, which forward it in-band), COMMIT (to the sources, which forward it in-band),
+INIT (to every executor of the new schedule), RESUME (to the sources) and ABORT. Executors ack in Redis
+through the `CheckpointStore` (phases "preparing", "committing", "initializing").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from elastream.core.migration import ExecutorParticipant
+from elastream.core.schedule import key_group_of
+from elastream.core.topology import split_executor_id
+from elastream.store.checkpoint import ANY, CheckpointStore, ExecutorCheckpoint
+
+log = logging.getLogger("elastream.worker")
+
+
+def pack(value: Any) -> bytes:
+    return bytes(msgpack.packb(value, use_bin_type=True))
+
+
+def unpack(blob: bytes) -> Any:
+    return msgpack.unpackb(blob, raw=False, use_list=False, strict_map_key=False)
+
+
+@dataclass
+class Migration:
+    """One executor's migration bookkeeping."""
+
+    executor: str
+    store: CheckpointStore
+    participant: ExecutorParticipant
+    #: parent vertex -> (grouping, key field) of the stream into this executor's vertex
+    inputs: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
+    max_parallelism: int = 1
+    #: the migration whose INIT this executor waits for before it processes anything
+    awaiting: str | None = None
+    pending: dict[str, list[Any]] = field(default_factory=dict)
+    captured: int = 0
+
+    @property
+    def vertex(self) -> str:
+        return split_executor_id(self.executor)[0]
+
+    def ack(self, mid: str, phase: str, **info: int) -> None:
+        self.store.ack(mid, phase, self.executor, info)
+
+    def capture(self, sender: str, events: Any) -> None:
+        """Keep events that arrived after PREPARE, by the key group they belong to in this vertex (fields
+        inputs) or in the shared list (other groupings), in arrival order."""
+        from elastream.runtime.executor import grouping_key
+
+        grouping, key_field = self.inputs.get(split_executor_id(sender)[0], ("shuffle", None))
+        for event in events:
+            if grouping == "fields":
+                bucket = str(key_group_of(grouping_key(event, key_field), self.max_parallelism))
+            else:
+                bucket = ANY
+            self.pending.setdefault(bucket, []).append(event)
+        self.captured += len(events)
+
+    def checkpoint(self, mid: str, operator: Any, position: Any = None) -> int:
+        """Persist state (per key group), captured events and a source's position in one round trip."""
+        state: dict[int, bytes] = {}
+        snapshot = getattr(operator, "snapshot_state", None)
+        if callable(snapshot):
+            state = {int(g): pack(v) for g, v in snapshot().items()}
+        pending = {bucket: [pack(e) for e in events] for bucket, events in self.pending.items()}
+        self.store.save(
+            mid,
+            ExecutorCheckpoint(
+                self.executor,
+                self.vertex,
+                state=state,
+                pending=pending,
+                position=None if position is None else pack(position),
+            ),
+        )
+        return sum(len(b) for b in state.values())
+
+    def take_pending(self) -> list[Any]:
+        """The captured events in arrival order per bucket (after an ABORT they are replayed locally)."""
+        events = [e for bucket in self.pending.values() for e in bucket]
+        self.pending = {}
+        self.captured = 0
+        return events
+
+    def restore(self, mid: str, operator: Any, key_groups: range, index: int, parallelism: int) -> list[Any]:
+        """Load the state of the key groups this executor owns now; return the captured events routed to it."""
+        restore = getattr(operator, "restore_state", None)
+        if callable(restore):
+            blobs = self.store.load_state(mid, self.vertex, key_groups)
+            if blobs:
+                restore({g: unpack(b) for g, b in blobs.items()})
+        return [unpack(b) for b in self.store.load_pending(mid, self.vertex, key_groups, index, parallelism)]
+
+    def merged_positions(self, mid: str) -> dict[Any, Any]:
+        """Every old source executor's position of this vertex, merged (lanes are disjoint)."""
+        merged: dict[Any, Any] = {}
+        for executor, blob in self.store.load_positions(mid).items():
+            if split_executor_id(executor)[0] == self.vertex:
+                position = unpack(blob)
+                if isinstance(position, Mapping):
+                    merged.update(position)
+        return merged
