@@ -25,7 +25,8 @@ def free_port() -> int:
 class RedisServer:
     """A real redis-server process in a temporary directory (restartable, for fault tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra_args: str) -> None:
+        self.extra_args = list(extra_args)
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: run `make setup` (it installs it); integration tests need it")
@@ -52,6 +53,7 @@ class RedisServer:
                 "",
                 "--appendonly",
                 "no",
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

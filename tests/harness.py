@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,3 +68,50 @@ def sink_events(client: redis.Redis, topology: Topology, sink: str) -> list[dict
 
 def id_counts(events: list[dict[str, str]]) -> Counter[int]:
     return Counter(int(e["id"]) for e in events)
+
+
+def expected_copies(topology: Topology, ids: Iterable[int]) -> dict[str, Counter[int]]:
+    """How many copies of each source id every sink must receive: selectivity decisions are a function of the
+    id (`_passes`), so the exact multiset a correct run delivers can be computed without running anything."""
+    from elastream.runtime.operators import _passes
+
+    ids = list(ids)
+    copies: dict[str, Counter[int]] = {}
+    for v in topology.order:
+        vertex = topology.vertices[v]
+        if vertex.kind == "source":
+            copies[v] = Counter(ids)
+            continue
+        incoming: Counter[int] = Counter()
+        for parent in topology.parents(v):
+            incoming.update(copies[parent])
+        if vertex.kind == "logic" and vertex.config.get("builtin") in ("work", "filter"):
+            selectivity = float(vertex.config.get("selectivity", 1.0))
+            if vertex.config["builtin"] == "filter":
+                selectivity = min(selectivity, 1.0)
+            incoming = Counter({i: n * _passes(i, selectivity) for i, n in incoming.items()})
+            incoming = +incoming
+        copies[v] = incoming
+    return {s: copies[s] for s in topology.sinks}
+
+
+def with_audit(doc: dict[str, Any], limit: int) -> dict[str, Any]:
+    """A copy of an example manifest with finite sources and a redis-stream `audit` sink after every stateful
+    vertex (its running counts prove the state moved exactly), every other sink a redis-stream."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    spec = doc["spec"]
+    audits = []
+    for vertex in spec["vertices"]:
+        if "source" in vertex:
+            vertex["source"]["limit"] = limit
+        if "sink" in vertex:
+            vertex["sink"] = {"type": "redis-stream"}
+        if vertex.get("stateful"):
+            audits.append(vertex["name"])
+    for name in audits:
+        spec["vertices"].append({"name": f"audit-{name}", "sink": {"type": "redis-stream"}, "maxParallelism": 16})
+        spec["streams"].append({"from": name, "to": f"audit-{name}", "grouping": "shuffle"})
+    spec["slotsPerNode"] = spec.get("slotsPerNode", 4) + len(audits)
+    return doc

@@ -151,6 +151,9 @@ class _Run:
                 queue = list(actions)
                 while queue:
                     action = queue.pop(0)
+                    if action.kind == ActionKind.APPLY_SCHEDULE:
+                        # from here on the migration only goes forward: a new controller must finish it
+                        driver.store.update_record(coordinator.migration_id, {"phase": Phase.REBALANCING.value})
                     if driver.before_action is not None:
                         driver.before_action(action, coordinator)
                     queue.extend(self.do(action))
@@ -226,7 +229,6 @@ class _Run:
     def apply(self) -> list[Action]:
         """Stop the old workers and start the target schedule's; if they never come up, roll back."""
         driver, coordinator = self.driver, self.coordinator
-        driver.store.update_record(coordinator.migration_id, {"phase": Phase.REBALANCING.value})
         target = self.target or self.new
         try:
             driver.backend.apply(target)

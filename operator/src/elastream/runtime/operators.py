@@ -24,12 +24,15 @@ their read position part of a checkpoint.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
+
+import redis
 
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import Vertex
@@ -469,14 +472,29 @@ class RedisStreamSink:
     def flush(self) -> None:
         if not self.buffer:
             return
-        pipe = self.client.pipeline(transaction=False)
-        for event in self.buffer:
-            fields = {"id": event[0], "key": str(event[1]), "value": str(event[2]), "ts": event[3]}
-            if self.maxlen:
-                pipe.xadd(self.stream, fields, maxlen=int(self.maxlen), approximate=True)
-            else:
-                pipe.xadd(self.stream, fields)
-        pipe.execute()
+        delay = 0.2
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            for event in self.buffer:
+                fields = {"id": event[0], "key": str(event[1]), "value": str(event[2]), "ts": event[3]}
+                if self.maxlen:
+                    pipe.xadd(self.stream, fields, maxlen=int(self.maxlen), approximate=True)
+                else:
+                    pipe.xadd(self.stream, fields)
+            try:
+                pipe.execute()
+                break
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Redis is away (restarting): keep the batch and retry, the inputs back-pressure meanwhile
+                logging.getLogger("elastream.worker").warning(
+                    "sink %s: Redis unreachable (%s); retrying %d events in %.1f s",
+                    self.stream,
+                    exc,
+                    len(self.buffer),
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
         self.buffer = []
 
     def close(self) -> None:
