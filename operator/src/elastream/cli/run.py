@@ -8,14 +8,16 @@ Ctrl-C; every process is reaped on the way out.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from elastream.cli import CommandError
 from elastream.control.backends.local import EmbeddedRedis, LocalBackendError, LocalCluster
@@ -46,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     demo.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
     demo.set_defaults(func=cmd_demo)
+
+    scale = subparsers.add_parser("scale", help="ask a running `elastream run` to scale to --nodes N")
+    scale.add_argument("file", help="YAML file of the running StreamTopology")
+    scale.add_argument("--nodes", type=int, required=True, help="node count after scaling")
+    scale.add_argument("--redis", default=os.environ.get("ELASTREAM_REDIS_URL"), help="the run's Redis URL")
+    scale.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the outcome")
+    scale.set_defaults(func=cmd_scale)
 
     worker = subparsers.add_parser("worker", help="run one node's executors (started by a backend)")
     worker.add_argument("--topology", required=True, help="YAML file with the StreamTopology")
@@ -117,16 +126,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"({'embedded Redis' if not args.redis else url}; worker logs in {cluster.run_dir})",
             flush=True,
         )
+        print(f"scale it with: elastream scale {args.file} --redis {url} --nodes N", flush=True)
         try:
             with cluster:
                 cluster.start(schedule)
-                watch(cluster, topology, args.duration, args.interval)
+                watch(cluster, topology, args.duration, args.interval, on_tick=scale_requests(cluster, topology))
         except LocalBackendError as exc:
             raise CommandError(str(exc)) from None
     return 0
 
 
-def watch(cluster: LocalCluster, topology: Topology, duration: float | None, interval: float) -> list[float]:
+def watch(
+    cluster: LocalCluster,
+    topology: Topology,
+    duration: float | None,
+    interval: float,
+    on_tick: Callable[[], None] | None = None,
+) -> list[float]:
     """Print one line per interval: total sink throughput, then every vertex's processing rate. Returns the
     sink throughput of every interval."""
     stream = MetricStream(cluster.client, topology.redis_prefix)
@@ -139,6 +155,8 @@ def watch(cluster: LocalCluster, topology: Topology, duration: float | None, int
     try:
         while duration is None or time.monotonic() - started < duration:
             time.sleep(interval)
+            if on_tick is not None:
+                on_tick()
             cluster.check_alive()
             samples = stream.read_since(since)
             if samples:
@@ -185,7 +203,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         except RedisUnavailable as exc:
             raise CommandError(str(exc)) from None
         metrics = StreamMetricSource(cluster.client, topology, analyzer, interval)
-        controller = ScalingController(topology, cluster, metrics)
+        controller = ScalingController(topology, migrating_backend(cluster, topology), metrics)
         print(
             f"elastream demo {topology.name}: {topology.nodes} nodes -> {out_nodes} -> {in_nodes}, "
             f"{args.phase:.0f} s per phase, strategy {topology.scaling.strategy} (worker logs in {cluster.run_dir})",
@@ -200,6 +218,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 for label, nodes in (("scale-out", out_nodes), ("scale-in", in_nodes)):
                     warm.join()
                     record = controller.scale_to(nodes)
+                    print_report(record.to_status())
                     if metrics.last is not None:
                         print(
                             f"  analysis ({analyzer.engine_used}): "
@@ -226,3 +245,81 @@ def steady(throughputs: list[float]) -> float:
     """Mean throughput over the second half of a phase (the first half holds the restart transient)."""
     tail = throughputs[len(throughputs) // 2 :]
     return sum(tail) / len(tail) if tail else 0.0
+
+
+def migrating_backend(cluster: LocalCluster, topology: Topology) -> Any:
+    from elastream.control.migration import MigratingBackend, MigrationDriver
+    from elastream.control.scaling import PrintEvents
+
+    driver = MigrationDriver(topology, cluster, cluster.client, events=PrintEvents())
+    return MigratingBackend(cluster, driver, topology.scaling.migration)  # type: ignore[arg-type]
+
+
+def print_report(status: dict[str, Any]) -> None:
+    phases = status.get("phases") or {}
+    shown = ", ".join(f"{k} {v:.0f}" for k, v in phases.items() if v is not None)
+    print(
+        f"  {status.get('migration')}: {status.get('outcome')}"
+        + (f" ({shown})" if shown else "")
+        + (f", {status['capturedEvents']} events captured" if status.get("capturedEvents") is not None else "")
+        + (f"; {status['reason']}" if status.get("reason") else ""),
+        flush=True,
+    )
+
+
+def scale_request_key(topology: Topology) -> str:
+    return f"{topology.redis_prefix}scale-request"
+
+
+def last_scaling_key(topology: Topology) -> str:
+    return f"{topology.redis_prefix}last-scaling"
+
+
+def scale_requests(cluster: LocalCluster, topology: Topology) -> Callable[[], None]:
+    """A tick handler for `run`: carry out `elastream scale` requests found in Redis (analyse, plan, migrate)
+    and publish the outcome where `elastream scale` waits for it."""
+    from elastream.analysis import Analyzer
+    from elastream.control.metrics import StreamMetricSource
+    from elastream.control.scaling import ScalingController
+
+    metrics = StreamMetricSource(cluster.client, topology, Analyzer(engine="python"), cluster.interval_s)
+    controller = ScalingController(topology, migrating_backend(cluster, topology), metrics)
+
+    def tick() -> None:
+        raw = cluster.client.getdel(scale_request_key(topology))
+        if raw is None:
+            return
+        nodes = int(raw)
+        record = controller.scale_to(nodes)
+        print_report(record.to_status())
+        metrics.not_before = time.time() + 2 * cluster.interval_s
+        status = {**record.to_status(), "requestedNodes": nodes}
+        cluster.client.set(last_scaling_key(topology), json.dumps(status, default=str))
+
+    return tick
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from elastream.store.registry import connect
+
+    topology = load_manifest(args.file)
+    if args.nodes < 1:
+        raise CommandError(f"--nodes: {args.nodes} is below 1; ask for at least 1 node")
+    if not args.redis:
+        raise CommandError("--redis: no URL; pass the one `elastream run` printed (or set ELASTREAM_REDIS_URL)")
+    try:
+        client = connect(args.redis, wait_s=5.0)
+    except RedisUnavailable as exc:
+        raise CommandError(str(exc)) from None
+    client.delete(last_scaling_key(topology))
+    client.set(scale_request_key(topology), str(args.nodes))
+    print(f"asked {topology.name} to scale to {args.nodes} nodes; waiting for the outcome", flush=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        raw = client.get(last_scaling_key(topology))
+        if raw is not None:
+            status = json.loads(raw)
+            print(json.dumps(status, indent=2))
+            return 0 if status.get("outcome") in ("succeeded", "unchanged") else 1
+        time.sleep(0.5)
+    raise CommandError(f"no outcome after {args.timeout:.0f} s; is `elastream run {args.file}` running on that Redis?")

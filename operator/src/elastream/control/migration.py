@@ -277,3 +277,38 @@ class _Run:
             warning=outcome != "succeeded",
         )
         return report
+
+
+@dataclass
+class MigratingBackend:
+    """A `Backend` whose `apply` migrates with the topology's protocol: `ccr` and `dcr` through
+    `MigrationDriver`, `restart` as a plain stop-and-restart of the workers (Storm's rebalance: in-flight
+    events and operator state are dropped). `last_report` is the last migration's `to_status()`."""
+
+    cluster: Any
+    driver: MigrationDriver
+    protocol: MigrationProtocol = "ccr"
+    last_report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        return dict(self.cluster.endpoints)
+
+    def current_schedule(self) -> Schedule:
+        return self.cluster.current_schedule()  # type: ignore[no-any-return]
+
+    def check_alive(self) -> None:
+        self.cluster.check_alive()
+
+    def apply(self, schedule: Schedule) -> None:
+        if self.protocol == "restart":
+            started = time.monotonic()
+            self.cluster.apply(schedule)
+            elapsed_ms = (time.monotonic() - started) * 1000.0
+            self.last_report = {"migration": "restart", "phases": {"rebalanceMs": elapsed_ms}, "outcome": "succeeded"}
+            return
+        self.driver.protocol = self.protocol
+        report = self.driver.migrate(schedule)
+        self.last_report = report.to_status()
+        if report.outcome != "succeeded":
+            raise MigrationError(report.reason or f"migration {report.migration_id} {report.outcome}")

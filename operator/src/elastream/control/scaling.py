@@ -31,9 +31,12 @@ class ScalingRecord:
     outcome: str = "pending"  # succeeded | failed | unchanged
     reason: str = ""
     plan: dict[str, Any] = field(default_factory=dict)
+    #: the migration report (`MigrationReport.to_status()`): phases, captured events, lost, replayed
+    report: dict[str, Any] = field(default_factory=dict)
 
     def to_status(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        report = data["report"]
         return {
             "direction": data["direction"],
             "fromNodes": data["from_nodes"],
@@ -47,6 +50,10 @@ class ScalingRecord:
             "outcome": data["outcome"],
             "reason": data["reason"],
             "plan": data["plan"],
+            "phases": report.get("phases", {}),
+            "capturedEvents": report.get("capturedEvents"),
+            "lost": report.get("lost"),
+            "replayed": report.get("replayed"),
         }
 
 
@@ -111,7 +118,14 @@ class ScalingController:
             f"{len(plan.moves)} moves, "
             f"throughput {before:.0f}/s now, {predicted} predicted",
         )
-        self.backend.apply(plan.new_schedule)
+        try:
+            self.backend.apply(plan.new_schedule)
+        except Exception as exc:  # any backend failure is reported, the topology keeps running
+            record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
+            record.report = dict(getattr(self.backend, "last_report", None) or {})
+            self.events.emit("ScalingFailed", str(exc), warning=True)
+            return record
+        record.report = dict(getattr(self.backend, "last_report", None) or {})
         record.outcome, record.finished_at = "succeeded", self.clock.now()
         self.events.emit("Scaled", f"running on {plan.to_nodes} nodes ({record.finished_at - started:.1f} s)")
         return record

@@ -245,13 +245,15 @@ class ExecutorThread(threading.Thread):
             if migration.awaiting == mid and participant.on_init(mid):
                 context = self.context
                 events = migration.restore(mid, self.operator, context.key_groups, context.index, context.parallelism)
+                # initialised: state loaded, captured events in hand. Ack now (restore ends here, as in the
+                # paper); replaying them, before any newer input, is the catch-up that follows.
+                migration.ack(mid, "initializing", replayed=len(events))
                 for start in range(0, len(events), MAX_BATCH):
                     self.process_batch(events[start : start + MAX_BATCH])
                 migration.awaiting = None
                 held, self.held = self.held, []
                 for frame in held:
                     self.handle(frame)
-                migration.ack(mid, "initializing", replayed=len(events))
             elif migration.awaiting is None:
                 migration.ack(mid, "initializing")  # a resent INIT: already done, ack again
         elif kind == "abort":
