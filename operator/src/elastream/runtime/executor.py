@@ -19,7 +19,7 @@ from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context
 from elastream.runtime.participant import Migration
-from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, Inbox
+from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, ControlClient, Inbox
 
 log = logging.getLogger("elastream.worker")
 
@@ -211,7 +211,14 @@ class ExecutorThread(threading.Thread):
     def _take(self, frame: list[Any]) -> None:
         if frame[0] == DATA:
             self.counters.queue_len += len(frame[2])
-        self.ahead.append(frame)
+            self.ahead.append(frame)
+        elif frame[1] == ControlClient.SENDER:
+            # the controller's messages (PREPARE, INIT, RESUME, ABORT) are not aligned with any channel: they
+            # overtake the data read ahead, which a PREPARE then captures instead of processing. In-band
+            # messages from upstream executors (COMMIT, DCR's PREPARE) keep their place behind the data.
+            self.ahead.appendleft(frame)
+        else:
+            self.ahead.append(frame)
 
     def handle(self, frame: list[Any]) -> None:
         kind, sender, payload = frame
@@ -270,7 +277,10 @@ class ExecutorThread(threading.Thread):
         start = time.perf_counter()
         counters.received += len(events)
         process, emit = self.operator.process, self.emit
+        stop = self.stop
         for event in events:
+            if stop.is_set():  # shutting down: the rest of the batch is dropped, as a killed worker's would be
+                break
             self.current = event
             try:
                 process(event, emit)

@@ -1,0 +1,312 @@
+"""Migration benchmark: CCR vs DCR vs restart on the CCR paper's five DAGs, scale-out and scale-in.
+
+1. For every DAG, direction and protocol: the topology runs on real worker processes with finite sources,
+   migrates mid-stream to the plan Stela makes, and runs to the end. Reported: the paper's phase durations
+   (capture/drain, commit, rebalance, restore), captured events, and — from the sinks, against the exact
+   multiset a correct run delivers — events lost and events duplicated (replayed). `restart` is Storm's
+   rebalance without checkpoints: workers stop, in-flight events are dropped, sources start over.
+2. Restore time as the in-flight volume grows: a source flooding a vertex that sleeps, so its input channels
+   fill; the volume captured is whatever the channels held (reported as measured).
+3. A timeline of input (source) and output (sink) rate around a migration, like the paper's Fig. 7.
+
+Writes docs/benchmarks/migration.md and migration.png. `--quick`: two DAGs, shorter runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "operator", "src"))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
+from elastream.control.migration import MigratingBackend, MigrationDriver  # noqa: E402
+from elastream.core.planner import make_plan  # noqa: E402
+from elastream.core.schedule import initial_schedule  # noqa: E402
+from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
+from elastream.core.topology import Topology, load_manifest  # noqa: E402
+from elastream.store.metric_stream import MetricStream  # noqa: E402
+from harness import expected_copies, id_counts, sink_events, with_audit  # noqa: E402
+
+NODES = {"ccr-grid": 4, "ccr-traffic": 3}
+PROTOCOLS = ("ccr", "dcr", "restart")
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def write(directory: str, doc: dict[str, Any]) -> str:
+    path = os.path.join(directory, f"{doc['metadata']['name']}.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle)
+    return path
+
+
+def settle(cluster: LocalCluster, topology: Topology, timeout_s: float) -> None:
+    """Wait until no sink grows for 2 s (the sources are finite)."""
+    keys = [f"{topology.redis_prefix}sink:{s}" for s in topology.sinks]
+    last, stable_since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        total = sum(int(cluster.client.xlen(k)) for k in keys)
+        if total != last:
+            last, stable_since = total, time.monotonic()
+        elif time.monotonic() - stable_since > 2.0:
+            return
+        time.sleep(0.25)
+
+
+def one_run(directory: str, url: str, name: str, direction: str, protocol: str, seconds: float) -> dict[str, Any]:
+    with open(os.path.join(REPO, "examples", f"{name}.yaml"), encoding="utf-8") as handle:
+        doc = yaml.safe_load(handle)
+    rate = min(v["source"]["rate"] for v in doc["spec"]["vertices"] if "source" in v)
+    events = int(rate * seconds * 2)
+    doc = with_audit(doc, events)
+    doc["metadata"]["name"] = f"{name}-{direction}-{protocol}"
+    doc["spec"]["nodes"] = NODES.get(name, 2) + (1 if direction == "in" else 0)
+    path = write(directory, doc)
+    topology = load_manifest(path)
+    with LocalCluster(topology, path, url, interval_s=0.5) as cluster:
+        cluster.start(initial_schedule(topology))
+        old = cluster.current_schedule()
+        target = len(old.nodes) + (1 if direction == "out" else -1)
+        snapshot = snapshot_from_simulation(topology, old, simulate(topology, old))
+        new = make_plan(topology, old, snapshot, target, "stela").new_schedule
+        time.sleep(seconds)
+        migration_at = time.time()
+        backend = MigratingBackend(cluster, MigrationDriver(topology, cluster, cluster.client), protocol)
+        backend.apply(new)
+        settle(cluster, topology, timeout_s=6 * seconds)
+        lost = duplicated = 0
+        for sink, expected in expected_copies(topology, range(events)).items():
+            got = id_counts(sink_events(cluster.client, topology, sink))
+            lost += sum((expected - got).values())
+            duplicated += sum((got - expected).values())
+        timeline = rates_around(cluster, topology, migration_at)
+    report = backend.last_report
+    phases = report.get("phases", {})
+    row = {
+        "dag": name,
+        "direction": direction,
+        "protocol": protocol,
+        "captureMs": phases.get("captureMs"),
+        "commitMs": phases.get("commitMs"),
+        "rebalanceMs": phases.get("rebalanceMs"),
+        "restoreMs": phases.get("restoreMs"),
+        "captured": report.get("capturedEvents", 0) or 0,
+        "lost": lost,
+        "duplicated": duplicated,
+        "timeline": timeline,
+    }
+    total = sum(v or 0 for k, v in row.items() if k.endswith("Ms"))
+    log(
+        f"  {name:<12} {direction:<3} {protocol:<8} total {total:7.0f} ms, restore {row['restoreMs'] or 0:6.0f} ms, "
+        f"captured {row['captured']:6d}, lost {lost:5d}, duplicated {duplicated:5d}"
+    )
+    return row
+
+
+def rates_around(cluster: LocalCluster, topology: Topology, at: float) -> dict[str, list[tuple[float, float]]]:
+    """Source (input) and sink (output) rates per metric interval, time relative to the migration request."""
+    samples = MetricStream(cluster.client, topology.redis_prefix).read_since(None)
+    series: dict[str, Counter[float]] = {"input": Counter(), "output": Counter()}
+    previous: dict[tuple[str, float], Any] = {}
+    for s in sorted(samples, key=lambda s: s.ts):
+        kind = "input" if s.vertex in topology.sources else "output" if s.vertex in topology.sinks else None
+        if kind is None or s.vertex.startswith("audit-"):
+            continue
+        key = (s.executor, s.started_at)
+        old = previous.get(key)
+        previous[key] = s
+        if old is not None and s.ts > old.ts:
+            bucket = round((s.ts - at) * 2) / 2
+            series[kind][bucket] += (s.processed - old.processed) / (s.ts - old.ts)
+    return {k: sorted(v.items()) for k, v in series.items()}
+
+
+def inflight_rows(directory: str, url: str, volumes: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for volume in volumes:
+        doc = {
+            "apiVersion": "elastream.dev/v1alpha1",
+            "kind": "StreamTopology",
+            "metadata": {"name": f"inflight-{volume}"},
+            "spec": {
+                "nodes": 2,
+                "slotsPerNode": 10,
+                "vertices": [
+                    {
+                        "name": "src",
+                        "parallelism": 8,
+                        "maxParallelism": 8,
+                        "source": {"type": "synthetic", "limit": volume},
+                    },
+                    {
+                        "name": "slow",
+                        "parallelism": 8,
+                        "maxParallelism": 8,
+                        "logic": {"builtin": "work", "costMs": 5},
+                    },
+                    {"name": "out", "parallelism": 1, "sink": {"type": "null"}},
+                ],
+                "streams": [{"from": "src", "to": "slow"}, {"from": "slow", "to": "out"}],
+            },
+        }
+        path = write(directory, doc)
+        topology = load_manifest(path)
+        with LocalCluster(topology, path, url, interval_s=0.5) as cluster:
+            cluster.start(initial_schedule(topology))
+            time.sleep(1.5)  # the sources emit everything they can into the channels
+            new = copy.deepcopy(cluster.current_schedule())
+            nodes = list(new.nodes)
+            moved = {e: nodes[(nodes.index(n) + 1) % len(nodes)] for e, n in new.assignment.items()}
+            from elastream.core.schedule import Schedule
+
+            target = Schedule(moved, new.nodes, new.slots_per_node)
+            driver = MigrationDriver(topology, cluster, cluster.client, "ccr")
+            report = driver.migrate(target)
+        row = {
+            "volume": volume,
+            "captured": report.captured_events,
+            "commitMs": report.phases_ms.get("commitMs"),
+            "restoreMs": report.phases_ms.get("restoreMs"),
+            "rebalanceMs": report.phases_ms.get("rebalanceMs"),
+        }
+        log(
+            f"  offered {volume:>7,}: captured {row['captured']:>7,}, commit {fmt(row['commitMs'])} ms, "
+            f"restore {fmt(row['restoreMs'])} ms, {report.outcome}"
+        )
+        rows.append(row)
+    return rows
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def report(out: str, runs: list[dict[str, Any]], inflight: list[dict[str, Any]], took: float) -> None:
+    lines = [
+        "# Migration benchmark",
+        "",
+        f"Produced by `make bench` (`python bench/migration.py`) in {took:.0f} s on a shared 2-core machine, one",
+        "run per row. Each run migrates mid-stream (sources at the example's rate, finite) to the plan Stela",
+        "makes, then runs to the end; lost and duplicated events are counted at the sinks against the exact",
+        "multiset a correct run delivers. Phase times in ms. `restart` is a stop-and-restart without",
+        "checkpoints (Storm's rebalance): its only phase is the restart itself, and sources start over.",
+        "",
+        "| DAG | scale | protocol | capture/drain | commit | rebalance | restore | captured | lost | duplicated |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['dag']} | {r['direction']} | {r['protocol']} | {fmt(r['captureMs'])} | {fmt(r['commitMs'])} | "
+            f"{fmt(r['rebalanceMs'])} | {fmt(r['restoreMs'])} | {r['captured']:,} | {r['lost']:,} | "
+            f"{r['duplicated']:,} |"
+        )
+    lines += [
+        "",
+        "## Ratios (the paper: CCR restores Grid scale-in in 15 s against 41 s for DCR and 91 s for the default)",
+        "",
+        "Time to a running new schedule = capture + commit + rebalance + restore.",
+        "",
+        "| DAG | scale | CCR / DCR | CCR / restart |",
+        "|---|---|---:|---:|",
+    ]
+    by = {(r["dag"], r["direction"], r["protocol"]): r for r in runs}
+
+    def total(r: dict[str, Any]) -> float:
+        return sum(r[k] or 0.0 for k in ("captureMs", "commitMs", "rebalanceMs", "restoreMs"))
+
+    for dag, direction in sorted({(r["dag"], r["direction"]) for r in runs}):
+        ccr, dcr, rst = (by.get((dag, direction, p)) for p in PROTOCOLS)
+        if ccr and dcr and rst:
+            lines.append(f"| {dag} | {direction} | {total(ccr) / total(dcr):.2f} | {total(ccr) / total(rst):.2f} |")
+    lines += [
+        "",
+        "## Restore time as the in-flight volume grows",
+        "",
+        "A source (8 executors) floods a vertex that sleeps 5 ms per event, so everything it emits waits in the",
+        "channels; then every executor moves to another node with CCR. `captured` is what the channels held.",
+        "",
+        "| offered | captured | commit (ms) | rebalance (ms) | restore (ms) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in inflight:
+        lines.append(
+            f"| {r['volume']:,} | {r['captured']:,} | {fmt(r['commitMs'])} | {fmt(r['rebalanceMs'])} | "
+            f"{fmt(r['restoreMs'])} |"
+        )
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "migration.md"), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    plot(out, runs)
+
+
+def plot(out: str, runs: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dag = "ccr-grid" if any(r["dag"] == "ccr-grid" for r in runs) else runs[0]["dag"]
+    chosen = [r for r in runs if r["dag"] == dag and r["direction"] == "in"]
+    fig, axes = plt.subplots(1, len(chosen), figsize=(5 * len(chosen), 3.5), sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], chosen, strict=True):
+        for kind, style in (("input", "-"), ("output", "--")):
+            points = r["timeline"][kind]
+            ax.plot([t for t, _ in points], [v for _, v in points], style, label=f"{kind} rate")
+        ax.axvline(0, color="grey", linewidth=0.8)
+        ax.set_title(f"{dag} scale-in, {r['protocol']}")
+        ax.set_xlabel("seconds since the migration request")
+    axes[0][0].set_ylabel("events/s")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "migration.png"), dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
+    args = parser.parse_args(argv)
+    dags = (
+        ["ccr-linear", "ccr-grid"]
+        if args.quick
+        else ["ccr-linear", "ccr-diamond", "ccr-star", "ccr-grid", "ccr-traffic"]
+    )
+    seconds = 3.0 if args.quick else 4.0
+    started = time.monotonic()
+    directory = tempfile.mkdtemp(prefix="elastream-bench-")
+    redis = EmbeddedRedis(directory)
+    runs: list[dict[str, Any]] = []
+    try:
+        log(f"[1/2] {len(dags)} DAGs x out/in x {', '.join(PROTOCOLS)}")
+        for name in dags:
+            for direction in ("out", "in"):
+                for protocol in PROTOCOLS:
+                    runs.append(one_run(directory, redis.url, name, direction, protocol, seconds))
+        log("[2/2] restore time vs in-flight volume")
+        inflight = inflight_rows(
+            directory, redis.url, [100, 1_000, 10_000] if args.quick else [100, 1_000, 10_000, 100_000]
+        )
+    finally:
+        redis.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    report(args.out, runs, inflight, time.monotonic() - started)
+    log(f"wrote {args.out}/migration.md and migration.png in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
