@@ -34,8 +34,8 @@ from elastream.core.migration import Protocol as MigrationProtocol
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology, split_executor_id
-from elastream.runtime.transport import ControlClient
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.control import ControlChannel
 
 log = logging.getLogger("elastream.migration")
 
@@ -48,8 +48,6 @@ class MigrationError(Exception):
 
 class WorkerBackend(Protocol):
     """What the driver needs from a backend (the local one; the Kubernetes one implements the same)."""
-
-    endpoints: dict[str, str]
 
     def current_schedule(self) -> Schedule: ...
     def apply(self, schedule: Schedule) -> None: ...
@@ -77,6 +75,9 @@ class MigrationDriver:
     def __post_init__(self) -> None:
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
 
+    def _control(self) -> ControlChannel:
+        return ControlChannel(self.client, self.topology.redis_prefix, self.backend.current_schedule())
+
     # ------------------------------------------------------------------------------------------ entry points
 
     def migrate(self, new: Schedule) -> MigrationReport:
@@ -100,7 +101,13 @@ class MigrationDriver:
         coordinator = MigrationCoordinator(
             mid, self.protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
         )
-        run = _Run(self, coordinator, old, new, ControlClient(self.backend.endpoints))
+        run = _Run(
+            self,
+            coordinator,
+            old,
+            new,
+            self._control(),
+        )
         self.events.emit(
             "MigrationStarted", f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes"
         )
@@ -118,7 +125,13 @@ class MigrationDriver:
         coordinator = MigrationCoordinator(
             mid, protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
         )
-        run = _Run(self, coordinator, old, new, ControlClient(self.backend.endpoints))
+        run = _Run(
+            self,
+            coordinator,
+            old,
+            new,
+            self._control(),
+        )
         now = self.clock.now()
         coordinator.times.started_at = float(record.get("startedAt", now))
         phase = record.get("phase", Phase.PREPARING.value)
@@ -139,30 +152,33 @@ class _Run:
     coordinator: MigrationCoordinator
     old: Schedule
     new: Schedule
-    control: ControlClient
+    control: ControlChannel
     target: Schedule | None = None
     rolled_back: str | None = None
 
     def go(self, actions: list[Action]) -> MigrationReport:
         driver, coordinator = self.driver, self.coordinator
         self.target = self.new
-        try:
-            while True:
-                queue = list(actions)
-                while queue:
-                    action = queue.pop(0)
-                    if action.kind == ActionKind.APPLY_SCHEDULE:
-                        # from here on the migration only goes forward: a new controller must finish it
-                        driver.store.update_record(coordinator.migration_id, {"phase": Phase.REBALANCING.value})
-                    if driver.before_action is not None:
-                        driver.before_action(action, coordinator)
-                    queue.extend(self.do(action))
-                if coordinator.phase in (Phase.DONE, Phase.ABORTED):
-                    break
-                time.sleep(driver.poll_s)
-                actions = self.poll()
-        finally:
-            self.control.close()
+        while True:
+            queue = list(actions)
+            while queue:
+                action = queue.pop(0)
+                if action.kind == ActionKind.APPLY_SCHEDULE:
+                    # from here on the migration only goes forward: a new controller must finish it
+                    driver.store.update_record(coordinator.migration_id, {"phase": Phase.REBALANCING.value})
+                if driver.before_action is not None:
+                    driver.before_action(action, coordinator)
+                queue.extend(self.do(action))
+            if coordinator.phase in (Phase.DONE, Phase.ABORTED):
+                break
+            time.sleep(driver.poll_s)
+            actions = self.poll()
+        if coordinator.phase == Phase.ABORTED:
+            recover = getattr(driver.backend, "recover", None)
+            if callable(recover):
+                restarted = recover()  # the old schedule goes on with every node, dead ones restarted empty
+                if restarted:
+                    driver.events.emit("WorkersRestarted", f"restarted {', '.join(restarted)} after the abort", True)
         return self.report()
 
     def poll(self) -> list[Action]:
@@ -194,8 +210,7 @@ class _Run:
     # ------------------------------------------------------------------------------------------- actions
 
     def broadcast(self, executors: Any, message: dict[str, Any]) -> None:
-        for executor in executors:
-            self.control.send(executor, message)
+        self.control.send_many(executors, message)
 
     def sources(self, schedule: Schedule) -> list[str]:
         return [e for e in schedule.assignment if split_executor_id(e)[0] in self.driver.topology.sources]
@@ -243,7 +258,7 @@ class _Run:
             self.target = self.old
             coordinator.new_executors = coordinator.old_executors
             driver.backend.apply(self.old)
-        self.control.update(driver.backend.endpoints)
+        self.control.update(driver.backend.current_schedule())
         return coordinator.on_rebalanced(driver.clock.now())
 
     def report(self) -> MigrationReport:
@@ -290,12 +305,11 @@ class MigratingBackend:
     protocol: MigrationProtocol = "ccr"
     last_report: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def endpoints(self) -> dict[str, str]:
-        return dict(self.cluster.endpoints)
-
     def current_schedule(self) -> Schedule:
         return self.cluster.current_schedule()  # type: ignore[no-any-return]
+
+    def recover(self) -> list[str]:
+        return list(getattr(self.cluster, "recover", list)())
 
     def check_alive(self) -> None:
         self.cluster.check_alive()

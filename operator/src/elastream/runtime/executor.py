@@ -8,6 +8,7 @@ all (broadcast) and global (executor 0). `Counters` are what the worker publishe
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -19,10 +20,12 @@ from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context
 from elastream.runtime.participant import Migration
-from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, ControlClient, Inbox
+from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, Inbox
 
 log = logging.getLogger("elastream.worker")
 
+#: the sender name of the controller's messages
+CONTROLLER = "controller"
 #: frames an executor takes off its socket ahead of processing (their events are its visible queue length)
 READ_AHEAD = 8
 
@@ -153,6 +156,8 @@ class ExecutorThread(threading.Thread):
         super().__init__(name=executor, daemon=True)
         self.migration = migration
         self.held: list[list[Any]] = []  # DATA that arrived before the INIT this executor waits for
+        #: the controller's messages, handed over by the worker's control thread; they go before any input
+        self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.executor = executor
         self.operator = operator
         self.context = context
@@ -193,6 +198,8 @@ class ExecutorThread(threading.Thread):
             self.stop.set()
 
     def _next_frame(self) -> list[Any] | None:
+        if not self.control.empty():
+            return [CONTROL, CONTROLLER, self.control.get_nowait()]
         if not self.ahead:
             frame = self.inbox.receive(100)
             if frame is None:
@@ -212,12 +219,9 @@ class ExecutorThread(threading.Thread):
         if frame[0] == DATA:
             self.counters.queue_len += len(frame[2])
             self.ahead.append(frame)
-        elif frame[1] == ControlClient.SENDER:
-            # the controller's messages (PREPARE, INIT, RESUME, ABORT) are not aligned with any channel: they
-            # overtake the data read ahead, which a PREPARE then captures instead of processing. In-band
-            # messages from upstream executors (COMMIT, DCR's PREPARE) keep their place behind the data.
-            self.ahead.appendleft(frame)
         else:
+            # in-band messages from upstream executors (COMMIT, DCR's PREPARE) keep their place behind the
+            # data; the controller's own messages arrive through `control` and go before everything
             self.ahead.append(frame)
 
     def handle(self, frame: list[Any]) -> None:
@@ -232,11 +236,12 @@ class ExecutorThread(threading.Thread):
             self.counters.received += len(payload)
             migration.capture(sender, payload)
         else:
-            self.process_batch(payload)
+            self.process_batch(payload, sender)
 
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration, participant = self.migration, self.migration.participant
         kind, mid = message.get("type"), str(message.get("mid"))
+        log.debug("executor %s: %s of migration %s from %s", self.executor, kind, mid, sender)
         if kind == "prepare":
             participant.protocol = message.get("protocol", "ccr")
             if participant.on_prepare(mid, sender if participant.protocol == "dcr" else None):
@@ -272,20 +277,31 @@ class ExecutorThread(threading.Thread):
                 "executor %s: migration %s aborted; replayed %d captured events", self.executor, mid, len(events)
             )
 
-    def process_batch(self, events: Sequence[Any]) -> None:
+    def process_batch(self, events: Sequence[Any], sender: str | None = None) -> None:
+        """Process a batch. With a `sender` (live input, not a replay) a controller message arriving
+        mid-batch interrupts it: the rest of the batch goes back to the front of the queue, behind that
+        message, so a PREPARE captures it instead of waiting for a long batch to finish."""
         counters = self.counters
         start = time.perf_counter()
-        counters.received += len(events)
         process, emit = self.operator.process, self.emit
-        stop = self.stop
+        stop, control = self.stop, self.control
+        done = 0
         for event in events:
             if stop.is_set():  # shutting down: the rest of the batch is dropped, as a killed worker's would be
+                break
+            if sender is not None and not control.empty():
+                rest = list(events[done:])
+                self.ahead.appendleft([DATA, sender, rest])
+                counters.queue_len += len(rest)
                 break
             self.current = event
             try:
                 process(event, emit)
             except Exception as exc:
                 self._report(exc, event)
+            done += 1
+        events = events[:done]
+        counters.received += len(events)
         counters.processed += len(events)
         if self.is_sink:
             now = time.time()
@@ -330,12 +346,11 @@ class SourceThread(threading.Thread):
         context: Context,
         router: Router,
         stop: threading.Event,
-        inbox: Inbox,
         migration: Migration,
     ) -> None:
         super().__init__(name=executor, daemon=True)
-        self.inbox = inbox
         self.migration = migration
+        self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.executor = executor
         self.operator = operator
         self.context = context
@@ -356,11 +371,8 @@ class SourceThread(threading.Thread):
             self.operator.open(self.context)
             exhausted = getattr(self.operator, "exhausted", None)
             while not self.stop.is_set():
-                frame = self.inbox.receive(0)
-                while frame is not None:
-                    if frame[0] == CONTROL:
-                        self.on_control(frame[1], frame[2])
-                    frame = self.inbox.receive(0)
+                while not self.control.empty():
+                    self.on_control(CONTROLLER, self.control.get_nowait())
                 if self.paused.is_set() or (exhausted is not None and exhausted()):
                     time.sleep(0.005)
                     continue

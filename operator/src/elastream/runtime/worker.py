@@ -36,6 +36,7 @@ from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, mak
 from elastream.runtime.participant import Migration
 from elastream.runtime.transport import Channel, Inbox
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.control import control_key, pop_control
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import RedisUnavailable, Registry, connect
 
@@ -132,7 +133,8 @@ class Worker:
             )
             operators[executor] = (make_operator(vertex, self._client_factory, self.topology.redis_prefix), context)
         for executor in mine:
-            self.inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(executor))
+            if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
+                self.inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(executor))
         self.awaiting = self.migration_in_progress()
         self.registry.register_endpoints(self.version, {e: box.endpoint for e, box in self.inboxes.items()})
         self.registry.register_worker(
@@ -172,12 +174,12 @@ class Worker:
             router = Router(outputs, self.stop)
             migration = self._migration_for(executor, parallelism)
             thread: ExecutorThread | SourceThread
-            inbox = self.inboxes[executor]
             if self.topology.vertices[vertex_name].kind == "source":
-                thread = SourceThread(executor, operator, context, router, self.stop, inbox, migration)
+                thread = SourceThread(executor, operator, context, router, self.stop, migration)
                 thread.paused.set()  # until every node is ready (and, during a migration, until RESUME)
             else:
                 is_sink = self.topology.vertices[vertex_name].kind == "sink"
+                inbox = self.inboxes[executor]
                 thread = ExecutorThread(executor, operator, context, inbox, router, self.stop, is_sink, migration)
             self.threads.append(thread)
 
@@ -240,6 +242,8 @@ class Worker:
             start_http_server(self.options.metrics_port, addr=self.options.host, registry=registry)
         for thread in self.threads:
             thread.start()
+        self.client.delete(control_key(self.topology.redis_prefix, self.node))  # a previous worker's leftovers
+        threading.Thread(target=self.dispatch_control, name="control", daemon=True).start()
         self.registry.mark_ready(self.version, self.node)
         log.info("node %s ready: %d executors (schedule version %d)", self.node, len(self.threads), self.version)
         schedule = self.schedule
@@ -257,6 +261,27 @@ class Worker:
         failed = [t for t in self.threads if t.failure is not None]
         self.shutdown()
         return 1 if failed else 0
+
+    def dispatch_control(self) -> None:
+        """Hand the controller's messages for this node to the executors they name (ahead of their input)."""
+        by_executor = {thread.executor: thread for thread in self.threads}
+        client = redis.Redis.from_url(self.options.redis_url, socket_timeout=10.0)
+        while not self.stop.is_set():
+            try:
+                item = pop_control(client, self.topology.redis_prefix, self.node, timeout_s=0.5)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("control channel: Redis unreachable (%s); retrying", exc)
+                self.stop.wait(1.0)
+                continue
+            if item is None:
+                continue
+            executor, message = item
+            thread = by_executor.get(executor)
+            if thread is None:
+                log.warning("control message %s for %s, which is not on this node; dropped", message, executor)
+                continue
+            thread.control.put(message)
+        client.close()
 
     def publish_metrics(self) -> None:
         try:

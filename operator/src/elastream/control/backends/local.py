@@ -89,6 +89,9 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.client = connect(self.redis_url, wait_s=10.0)
         self.registry = Registry(self.client, self.topology.redis_prefix)
+        # Every node binds its executors' inboxes at base_port+1, +2, ... of its own loopback address, so a
+        # worker restarted under the same schedule gets the same endpoints and its peers reconnect to it.
+        self.base_port = _free_port_block(self.topology.slots_per_node + 1)
 
     # Backend protocol
     def apply(self, schedule: Schedule) -> None:
@@ -122,7 +125,7 @@ class LocalCluster:
             "--redis",
             self.redis_url,
             "--bind",
-            node_host(node),
+            f"{node_host(node)}:{self.base_port}",
             "--interval",
             str(self.interval_s),
             "--metrics-port",
@@ -153,6 +156,17 @@ class LocalCluster:
                     f"worker {worker.node} exited with code {code}: {worker.log_tail(3)} (log: {worker.log_path})"
                 )
 
+    def recover(self) -> list[str]:
+        """Restart every worker that died, under the running schedule (same endpoints). Their executors
+        start from nothing: what the dead processes held is lost. Returns the restarted nodes."""
+        dead = [n for n, w in self.workers.items() if w.process.poll() is not None]
+        for node in dead:
+            log.warning("restarting worker %s (exit code %s)", node, self.workers[node].process.returncode)
+            self.workers[node] = self._spawn(node)
+        if dead:
+            self.wait_ready(list(self.current_schedule().nodes))
+        return dead
+
     def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
         """Kill one worker (fault tests)."""
         worker = self.workers.pop(node)
@@ -182,3 +196,28 @@ class LocalCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _free_port_block(size: int) -> int:
+    """A port p such that p..p+size are free on 127.0.0.2 now (the OS picks p; the block is checked)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.2", 0))
+            base = int(probe.getsockname()[1])
+        if base + size >= 65535:
+            continue
+        try:
+            held = []
+            for offset in range(1, size + 1):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.2", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    return 0  # ephemeral ports: a restarted worker gets new endpoints
