@@ -160,3 +160,14 @@ def test_exactly_once_check() -> None:
     sent = [("s#0", i) for i in range(5)]
     assert missing_and_duplicates(sent, sent) == (0, 0)
     assert missing_and_duplicates(sent, [*sent[:4], sent[0]]) == (1, 1)
+
+
+def test_recovery_times_follow_the_output_rate_back_to_its_level() -> None:
+    from elastream.core.migration import recovery_times
+
+    timeline = [(-2.0, 100.0), (-1.0, 100.0), (0.0, 0.0), (1.0, 20.0), (2.0, 180.0), (3.0, 120.0)]
+    timeline += [(4.0, 105.0), (5.0, 98.0), (6.0, 101.0)]
+    catch_up, stable = recovery_times(timeline)
+    assert catch_up == 2.0  # first back to >= 90
+    assert stable == 4.0  # 105, 98, 101 stay within ±10 %
+    assert recovery_times([(0.0, 5.0)]) == (None, None)  # no reference before the migration

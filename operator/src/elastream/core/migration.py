@@ -384,3 +384,28 @@ def missing_and_duplicates(sent: Iterable[tuple[str, int]], received: Sequence[t
             duplicates += 1
         seen.add(event)
     return len(sent_set - seen), duplicates
+
+
+def recovery_times(
+    output: Sequence[tuple[float, float]], migrated_at: float = 0.0, tolerance: float = 0.1, hold: int = 3
+) -> tuple[float | None, float | None]:
+    """Catch-up and stabilization time (seconds after `migrated_at`) from an output-rate timeline of
+    (time, rate) points, as the CCR paper measures them: the reference is the mean rate before the
+    migration; catch-up ends at the first point after it whose rate is back to at least (1 - tolerance) x
+    reference; stabilization ends where the rate enters the ±tolerance band and stays there for `hold`
+    points. None when the timeline has no such point (or no reference)."""
+    before = [rate for t, rate in output if t < migrated_at]
+    after = [(t, rate) for t, rate in output if t >= migrated_at]
+    if not before or not after:
+        return None, None
+    reference = sum(before) / len(before)
+    if reference <= 0.0:
+        return None, None
+    catch_up = next((t - migrated_at for t, rate in after if rate >= (1.0 - tolerance) * reference), None)
+    stable: float | None = None
+    for i in range(len(after) - hold + 1):
+        window = after[i : i + hold]
+        if all(abs(rate - reference) <= tolerance * reference for _, rate in window):
+            stable = window[0][0] - migrated_at
+            break
+    return catch_up, stable
