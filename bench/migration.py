@@ -242,6 +242,19 @@ def report(out: str, runs: list[dict[str, Any]], inflight: list[dict[str, Any]],
         ccr, dcr, rst = (by.get((dag, direction, p)) for p in PROTOCOLS)
         if ccr and dcr and rst:
             lines.append(f"| {dag} | {direction} | {total(ccr) / total(dcr):.2f} | {total(ccr) / total(rst):.2f} |")
+    restarts = [r["duplicated"] for r in runs if r["protocol"] == "restart"]
+    exact = all(r["lost"] == 0 and r["duplicated"] == 0 for r in runs if r["protocol"] != "restart")
+    lines += [
+        "",
+        "Reading the ratios: here the rebalance itself (stopping and starting every worker process, about",
+        "1-2 s) dominates every protocol, and CCR adds its capture and commit (tens to a hundred ms) on top,",
+        "so CCR is not faster than a plain restart in time to a running schedule. What it buys is",
+        f"correctness: CCR and DCR were {'exactly-once in every run' if exact else 'NOT exactly-once in some run'}, "
+        f"while restart duplicated {min(restarts, default=0):,}-{max(restarts, default=0):,} events per run and",
+        "dropped its operators' state. The paper's 6x for Grid comes from Storm's sequential INITs with 30 s",
+        "timeouts and replays, which this runtime does not have; CCR vs DCR differ by the drain, which is",
+        "long only where a slow vertex holds a backlog (star: DCR drains 0.5-2 s, CCR captures in ~0.1 s).",
+    ]
     lines += [
         "",
         "## Restore time as the in-flight volume grows",

@@ -13,6 +13,7 @@ import yaml
 
 from elastream.control.migration import MigrationDriver
 from elastream.core.planner import make_plan
+from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, with_audit, write_manifest
 from tests_paths import EXAMPLES
@@ -72,3 +73,38 @@ def test_migration_is_exactly_once(name: str, direction: str, protocol: str, tmp
             assert report.captured_events == 0  # DCR drains instead of capturing
         check_exactly_once(cluster, topology)
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None  # cleaned up
+
+
+def test_a_redis_stream_source_resumes_from_its_position_after_a_migration(tmp_path, redis_url: str) -> None:
+    import time
+
+    import redis as redis_client
+
+    from helpers import edge, manifest, work
+
+    client = redis_client.Redis.from_url(redis_url)
+    pipe = client.pipeline()
+    for i in range(3000):
+        pipe.xadd("orders", {"key": f"c{i % 7}", "value": str(i)})
+    pipe.execute()
+    doc = manifest(
+        [
+            {"name": "orders", "parallelism": 1, "source": {"type": "redis-stream", "stream": "orders"}},
+            work("w", 1, costMs=1.0),
+            {"name": "out", "sink": {"type": "redis-stream"}},
+        ],
+        [edge("orders", "w"), edge("w", "out")],
+        name="from-redis-migrating",
+        nodes=1,
+        slotsPerNode=3,
+    )
+    with running(write_manifest(str(tmp_path), doc), redis_url) as (cluster, topology):
+        time.sleep(1.0)  # the slow vertex holds the source back mid-stream
+        old = cluster.current_schedule()
+        moved = {**old.assignment, "orders#0": "node-1", "w#0": "node-1"}
+        new = Schedule(moved, ("node-0", "node-1"), old.slots_per_node)
+        report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(new)
+        assert report.outcome == "succeeded", report.reason
+        assert wait_for_sink(cluster, topology, "out", 3000, timeout_s=60) == 3000
+        values = sorted(int(e["value"]) for e in sink_events(cluster.client, topology, "out"))
+    assert values == list(range(3000))

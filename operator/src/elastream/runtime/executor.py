@@ -24,6 +24,9 @@ from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, Inbox
 
 log = logging.getLogger("elastream.worker")
 
+#: how long an idle executor waits on its inbox before it looks at its control queue again (the latency of
+#: a PREPARE or INIT to an idle executor)
+IDLE_POLL_MS = 20
 #: the sender name of the controller's messages
 CONTROLLER = "controller"
 #: frames an executor takes off its socket ahead of processing (their events are its visible queue length)
@@ -201,7 +204,7 @@ class ExecutorThread(threading.Thread):
         if not self.control.empty():
             return [CONTROL, CONTROLLER, self.control.get_nowait()]
         if not self.ahead:
-            frame = self.inbox.receive(100)
+            frame = self.inbox.receive(IDLE_POLL_MS)
             if frame is None:
                 return None
             self._take(frame)

@@ -402,10 +402,14 @@ class RedisStreamSource:
         return self.read
 
     def position(self) -> Any:
-        return [self.last_id, self.read]
+        """{executor index: [last entry id read, entries read]}: a mapping, so that a migration's merged
+        positions hand each executor its own (exact across a rescale only while the parallelism stays)."""
+        return {self.index: [self.last_id, self.read]}
 
     def seek(self, position: Any) -> None:
-        self.last_id, self.read = str(position[0]), int(position[1])
+        mine = position.get(self.index) if isinstance(position, Mapping) else position
+        if mine is not None:
+            self.last_id, self.read = str(mine[0]), int(mine[1])
 
     def close(self) -> None:
         self.client.close()
