@@ -36,7 +36,9 @@ lint: setup ## ruff, mypy (strict on elastream.core) and import-linter contracts
 
 bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 	$(PY) bench/planners.py
+	$(PY) bench/runtime.py
 	$(PY) bench/analysis.py
+	$(PY) bench/migration.py
 
 demo: setup ## the main job: run examples/demo.yaml on local worker processes, scale it out and in, print throughput
 	$(PY) -m elastream demo examples/demo.yaml
