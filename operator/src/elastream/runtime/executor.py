@@ -219,13 +219,11 @@ class ExecutorThread(threading.Thread):
         return frame
 
     def _take(self, frame: list[Any]) -> None:
+        # In-band messages from upstream executors (COMMIT, DCR's PREPARE) keep their place behind the data
+        # they follow; the controller's own messages arrive through `control` and go before everything.
         if frame[0] == DATA:
             self.counters.queue_len += len(frame[2])
-            self.ahead.append(frame)
-        else:
-            # in-band messages from upstream executors (COMMIT, DCR's PREPARE) keep their place behind the
-            # data; the controller's own messages arrive through `control` and go before everything
-            self.ahead.append(frame)
+        self.ahead.append(frame)
 
     def handle(self, frame: list[Any]) -> None:
         kind, sender, payload = frame
