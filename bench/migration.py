@@ -133,7 +133,13 @@ def rates_around(cluster: LocalCluster, topology: Topology, at: float) -> dict[s
         if old is not None and s.ts > old.ts:
             bucket = round((s.ts - at) * 2) / 2
             series[kind][bucket] += (s.processed - old.processed) / (s.ts - old.ts)
-    return {k: sorted(v.items()) for k, v in series.items()}
+    # buckets without a sample (workers stopped or starting) are rates of zero, not gaps to draw across
+    times = [t for v in series.values() for t in v]
+    if not times:
+        return {k: [] for k in series}
+    first, last = min(times), max(times)
+    buckets = [first + 0.5 * i for i in range(int((last - first) / 0.5) + 1)]
+    return {k: [(t, v.get(t, 0.0)) for t in buckets] for k, v in series.items()}
 
 
 def inflight_rows(directory: str, url: str, volumes: list[int]) -> list[dict[str, Any]]:

@@ -34,6 +34,10 @@ ORDER_COLUMNS = ("ts", "processed", "emitted", "received", "busy_s", "queue_len"
 EXECUTOR_KEY = ("ts", "started_at", "processed", "emitted", "received", "busy_s", "queue_len", "node")
 
 
+#: inputs up to this many rows (the hot window of a controller) run with one shuffle partition
+SMALL_INPUT_ROWS = 200_000
+
+
 def analyze_with_spark(
     spark: SparkSession,
     topology: Topology,
@@ -45,7 +49,6 @@ def analyze_with_spark(
     """Analyse the newest window of `samples` (a DataFrame with the sample columns, or samples) with Spark."""
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
 
     check_window_args(window, interval_s, congestion_rate)
     names = list(topology.order)
@@ -60,6 +63,31 @@ def analyze_with_spark(
         frame = samples_frame(spark, rows) if rows else None
     if end is None or frame is None:
         return analysis_from_totals(topology, {}, {}, 0.0, 0.0, window, interval_s, congestion_rate)
+    small = not isinstance(samples, DataFrame) and len(rows) <= SMALL_INPUT_ROWS
+    previous = spark.conf.get("spark.sql.shuffle.partitions") or "200"
+    if small:
+        # a controller's hot window (thousands of rows): one partition per shuffle saves a task per
+        # partition and stage, the bulk of a warm analysis's latency
+        spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        return _analyze_frame(spark, topology, frame, float(end), window, interval_s, congestion_rate)
+    finally:
+        if small:
+            spark.conf.set("spark.sql.shuffle.partitions", previous)
+
+
+def _analyze_frame(
+    spark: SparkSession,
+    topology: Topology,
+    frame: DataFrame,
+    end: float,
+    window: int,
+    interval_s: float,
+    congestion_rate: float,
+) -> Analysis:
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
     end = float(end)
     start = window_start(end, window, interval_s)
     center = trend_center(window)
