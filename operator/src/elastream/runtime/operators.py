@@ -28,6 +28,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -452,11 +453,38 @@ class LogSink(NullSink):
             print(f"{self.name}: id={event[0]} key={event[1]!r} value={event[2]!r}", flush=True)
 
 
+#: Appends a batch to a stream unless the batch's token is already recorded, then records it, atomically.
+#: KEYS: stream, the writer's token key. ARGV: token, MAXLEN (0: none), token TTL (s), then id/key/value/ts
+#: of each event.
+_XADD_BATCH_ONCE = """
+if redis.call('GET', KEYS[2]) == ARGV[1] then return 0 end
+local maxlen = tonumber(ARGV[2])
+local n = 0
+for i = 4, #ARGV, 4 do
+  if maxlen > 0 then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*',
+               'id', ARGV[i], 'key', ARGV[i + 1], 'value', ARGV[i + 2], 'ts', ARGV[i + 3])
+  else
+    redis.call('XADD', KEYS[1], '*', 'id', ARGV[i], 'key', ARGV[i + 1], 'value', ARGV[i + 2], 'ts', ARGV[i + 3])
+  end
+  n = n + 1
+end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', tonumber(ARGV[3]))
+return n
+"""
+
+
 class RedisStreamSink:
     """`sink: {type: redis-stream, stream: NAME}` — appends events (fields id, key, value, ts) to a Redis
-    stream, one pipelined round trip per batch; default stream `<prefix>sink:<vertex>`."""
+    stream, one round trip per batch; default stream `<prefix>sink:<vertex>`.
+
+    A batch is written by one Lua script that also records the batch's token under a key of this executor,
+    so it lands all or nothing, and a retry after a lost reply (Redis stopped after applying it) finds the
+    token and writes nothing: a restart of Redis neither loses nor duplicates sink output."""
 
     batched = True
+    #: how long a writer's last token is remembered (a retry comes within seconds)
+    TOKEN_TTL_S = 3600
 
     def __init__(self, client_factory: Callable[[], Any], default_stream: str) -> None:
         self.client_factory = client_factory
@@ -465,9 +493,11 @@ class RedisStreamSink:
     def open(self, context: Context) -> None:
         self.client = self.client_factory()
         self.stream = str(context.config.get("stream", self.default_stream))
-        self.maxlen = context.config.get("maxLen")
+        self.maxlen = int(context.config.get("maxLen") or 0)
         self.cost = Cost(context.config, context.node_cpu)
         self.buffer: list[Any] = []
+        self.token_key = f"{self.stream}:writer:{context.vertex}#{context.index}"
+        self.script = self.client.register_script(_XADD_BATCH_ONCE)
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
@@ -476,17 +506,14 @@ class RedisStreamSink:
     def flush(self) -> None:
         if not self.buffer:
             return
+        token = uuid.uuid4().hex  # the same token on every retry of this batch
+        args: list[Any] = [token, self.maxlen, self.TOKEN_TTL_S]
+        for event in self.buffer:
+            args += [event[0], str(event[1]), str(event[2]), repr(event[3])]
         delay = 0.2
         while True:
-            pipe = self.client.pipeline(transaction=False)
-            for event in self.buffer:
-                fields = {"id": event[0], "key": str(event[1]), "value": str(event[2]), "ts": event[3]}
-                if self.maxlen:
-                    pipe.xadd(self.stream, fields, maxlen=int(self.maxlen), approximate=True)
-                else:
-                    pipe.xadd(self.stream, fields)
             try:
-                pipe.execute()
+                self.script(keys=[self.stream, self.token_key], args=args)
                 break
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # Redis is away (restarting): keep the batch and retry, the inputs back-pressure meanwhile
