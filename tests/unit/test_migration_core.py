@@ -7,6 +7,8 @@ import pytest
 from elastream.core.migration import (
     Ack,
     ActionKind,
+    CheckpointPhase,
+    CheckpointRound,
     ExecutorParticipant,
     MigrationCoordinator,
     Mode,
@@ -14,6 +16,7 @@ from elastream.core.migration import (
     Timeouts,
     affected_executors,
     missing_and_duplicates,
+    replayed_events,
     state_moves,
     upstream_executors,
 )
@@ -171,3 +174,57 @@ def test_recovery_times_follow_the_output_rate_back_to_its_level() -> None:
     assert catch_up == 2.0  # first back to >= 90
     assert stable == 4.0  # 105, 98, 101 stay within ±10 %
     assert recovery_times([(0.0, 5.0)]) == (None, None)  # no reference before the migration
+
+
+def test_restart_skips_capture_and_commit_and_restores_on_init() -> None:
+    c = MigrationCoordinator("m1", "restart", OLD, NEW)
+    assert kinds(c.start(0.0)) == [ActionKind.APPLY_SCHEDULE]
+    assert c.phase is Phase.REBALANCING
+    assert kinds(c.on_rebalanced(2.0)) == [ActionKind.BROADCAST_INIT]
+    assert kinds(ack_all(c, NEW, Phase.INITIALIZING, 2.5)) == [ActionKind.RESUME_SOURCES, ActionKind.CLEANUP]
+    assert c.times.durations_ms() == pytest.approx(
+        {"captureMs": 0.0, "commitMs": 0.0, "rebalanceMs": 2000.0, "restoreMs": 500.0}
+    )
+
+
+def test_checkpoint_round_completes_on_every_ack_once() -> None:
+    r = CheckpointRound("ckpt-1", OLD, started_at=10.0, timeout_s=5.0)
+    assert r.on_ack("s#0", 100, 10.1) is CheckpointPhase.RUNNING
+    assert r.on_ack("s#0", 100, 10.1) is CheckpointPhase.RUNNING  # a duplicate counts once
+    assert r.on_ack("x#9", 100, 10.1) is CheckpointPhase.RUNNING  # not part of the round
+    r.on_ack("a#0", 10, 10.2)
+    assert r.on_ack("a#1", 10, 10.4) is CheckpointPhase.COMPLETED
+    assert r.state_bytes == 120 and r.duration_ms == pytest.approx(400.0)
+    assert r.on_tick(100.0) is CheckpointPhase.COMPLETED  # a completed round never times out
+
+
+def test_checkpoint_round_times_out_naming_the_missing_and_fails_on_a_dead_worker() -> None:
+    r = CheckpointRound("ckpt-2", OLD, started_at=0.0, timeout_s=5.0)
+    r.on_ack("s#0", 0, 1.0)
+    assert r.on_tick(4.0) is CheckpointPhase.RUNNING
+    assert r.on_tick(5.5) is CheckpointPhase.FAILED
+    assert r.failure == "checkpoint ckpt-2 timed out after 5 s waiting for a#0, a#1"
+    dead = CheckpointRound("ckpt-3", OLD, started_at=0.0)
+    assert dead.on_failure("worker node-1 exited with code -9") is CheckpointPhase.FAILED
+    assert dead.on_ack("s#0", 0, 1.0) is CheckpointPhase.FAILED and "node-1" in (dead.failure or "")
+
+
+def test_replayed_events_per_lane_from_latest_back_to_the_checkpoint() -> None:
+    # synthetic positions: {lane: events emitted in it}; lanes moved between executors merge by maximum
+    checkpointed = [{0: 10, 1: 12}, {2: 7}]
+    latest = [{0: 15, 1: 12}, {2: 9}, {2: 8}]  # a stale entry of lane 2 from an older executor
+    assert replayed_events(checkpointed, latest) == 5 + 0 + 2
+    assert replayed_events([], latest) == 15 + 12 + 9  # no checkpoint: everything is emitted again
+    # redis-stream positions: {executor index: [last entry id, entries read]}
+    assert replayed_events([{0: ["5-0", 40]}], [{0: ["9-0", 64]}]) == 24
+    assert replayed_events([{0: 3}], [None, "opaque"]) == 0  # positions without counts count nothing
+
+
+def test_checkpoint_interval_is_validated() -> None:
+    doc = manifest([src("s"), sink("k")], [edge("s", "k")])
+    assert parse_manifest(doc).scaling.checkpoint_interval_s == 10
+    doc["spec"]["scaling"] = {"checkpointIntervalSeconds": 0}
+    assert parse_manifest(doc).scaling.checkpoint_interval_s == 0
+    doc["spec"]["scaling"] = {"checkpointIntervalSeconds": -1}
+    with pytest.raises(Exception, match=r"spec.scaling.checkpointIntervalSeconds: -1 is below 0"):
+        parse_manifest(doc)

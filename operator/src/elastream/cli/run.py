@@ -130,7 +130,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             with cluster:
                 cluster.start(schedule)
-                watch(cluster, topology, args.duration, args.interval, on_tick=scale_requests(cluster, topology))
+                checkpointer = periodic_checkpoints(cluster, topology)
+                try:
+                    watch(cluster, topology, args.duration, args.interval, on_tick=scale_requests(cluster, topology))
+                finally:
+                    checkpointer.stop()
         except LocalBackendError as exc:
             raise CommandError(str(exc)) from None
     return 0
@@ -212,6 +216,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             with cluster:
                 cluster.start(initial_schedule(topology))
+                checkpointer = periodic_checkpoints(cluster, topology)
                 metrics.not_before = time.time() + 2 * interval  # skip the start-up transient
                 seen = watch(cluster, topology, args.phase, interval)
                 rows.append(("start", topology.nodes, steady(seen), None))
@@ -232,6 +237,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     metrics.not_before = time.time() + 2 * interval
                     seen = watch(cluster, topology, args.phase, interval)
                     rows.append((label, nodes, steady(seen), record.predicted_throughput))
+                checkpointer.stop()
         except LocalBackendError as exc:
             raise CommandError(str(exc)) from None
     print("\nphase       nodes   measured/s   predicted/s")
@@ -245,6 +251,15 @@ def steady(throughputs: list[float]) -> float:
     """Mean throughput over the second half of a phase (the first half holds the restart transient)."""
     tail = throughputs[len(throughputs) // 2 :]
     return sum(tail) / len(tail) if tail else 0.0
+
+
+def periodic_checkpoints(cluster: LocalCluster, topology: Topology) -> Any:
+    """Start taking a checkpoint every `spec.scaling.checkpointIntervalSeconds` (what `restart` restores
+    and what a dead worker's topology rolls back to)."""
+    from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+
+    driver = CheckpointDriver(topology, cluster, cluster.client)
+    return Checkpointer(driver, float(topology.scaling.checkpoint_interval_s)).start()
 
 
 def migrating_backend(cluster: LocalCluster, topology: Topology) -> Any:

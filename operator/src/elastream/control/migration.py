@@ -7,6 +7,11 @@ new controller finish a migration whose controller died: before COMMIT completed
 replay their captured events, sources resume), after it goes forward (the state is in Redis). If the new
 schedule's workers never come up, the migration rolls back: the old schedule is started again and
 initialised from the same checkpoint, so nothing is lost either way.
+
+`restart` stops every worker and starts the new schedule from the last periodic checkpoint
+(`control.checkpoints`); the sources replay what they emitted after it and the report counts those events.
+A worker that dies before COMMIT completes aborts a CCR or DCR migration; the topology then rolls back to
+the last periodic checkpoint the same way, so what the dead process held is replayed, not lost.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import redis
@@ -29,11 +34,13 @@ from elastream.core.migration import (
     MigrationReport,
     Phase,
     Timeouts,
+    replayed_events,
 )
 from elastream.core.migration import Protocol as MigrationProtocol
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology, split_executor_id
+from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import ControlChannel
 
@@ -52,6 +59,7 @@ class WorkerBackend(Protocol):
     def current_schedule(self) -> Schedule: ...
     def apply(self, schedule: Schedule) -> None: ...
     def check_alive(self) -> None: ...
+    def stop_workers(self) -> None: ...
 
 
 class _Quiet:
@@ -92,7 +100,15 @@ class MigrationDriver:
             "new": json.dumps(new.to_dict()),
             "startedAt": self.clock.now(),
         }
-        if not self.store.begin(mid, record):
+        if self.protocol == "restart":
+            latest = self.store.latest_checkpoint()
+            record["restoreFrom"] = latest["id"] if latest else ""
+        deadline = self.clock.now() + self.timeouts.prepare_s
+        while not self.store.begin(mid, record):
+            current = self.store.current()
+            if current is not None and current.startswith("ckpt-") and self.clock.now() < deadline:
+                self.clock.sleep(self.poll_s)  # a periodic checkpoint is being taken: it takes a moment
+                continue
             current = self.store.current()
             raise MigrationError(
                 f"migration {current} of {self.topology.name} is in progress; wait for it to finish "
@@ -101,13 +117,7 @@ class MigrationDriver:
         coordinator = MigrationCoordinator(
             mid, self.protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
         )
-        run = _Run(
-            self,
-            coordinator,
-            old,
-            new,
-            self._control(),
-        )
+        run = _Run(self, coordinator, old, new, self._control(), restore_from=str(record.get("restoreFrom", "")))
         self.events.emit(
             "MigrationStarted", f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes"
         )
@@ -118,6 +128,13 @@ class MigrationDriver:
         mid = self.store.current()
         if mid is None:
             return None
+        if mid.startswith("ckpt-"):
+            # a periodic checkpoint whose controller died: abandon it, the previous one stays the latest
+            self._control().send_many(
+                self.backend.current_schedule().assignment, {"type": "checkpoint-abort", "mid": mid}
+            )
+            self.store.delete_migration(mid)
+            return None
         record = self.store.record(mid)
         old = Schedule.from_dict(json.loads(record["old"]))
         new = Schedule.from_dict(json.loads(record["new"]))
@@ -125,13 +142,7 @@ class MigrationDriver:
         coordinator = MigrationCoordinator(
             mid, protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
         )
-        run = _Run(
-            self,
-            coordinator,
-            old,
-            new,
-            self._control(),
-        )
+        run = _Run(self, coordinator, old, new, self._control(), restore_from=record.get("restoreFrom", ""))
         now = self.clock.now()
         coordinator.times.started_at = float(record.get("startedAt", now))
         phase = record.get("phase", Phase.PREPARING.value)
@@ -153,8 +164,14 @@ class _Run:
     old: Schedule
     new: Schedule
     control: ControlChannel
+    #: `restart`: the periodic checkpoint the new schedule starts from ("" when there is none yet)
+    restore_from: str = ""
     target: Schedule | None = None
     rolled_back: str | None = None
+    #: `restart`: events the sources emit again (from their latest positions back to the checkpoint's)
+    replayed: int = 0
+    #: after an abort that lost a worker: the restart that rolled the topology back to the last checkpoint
+    rollback: MigrationReport | None = None
 
     def go(self, actions: list[Action]) -> MigrationReport:
         driver, coordinator = self.driver, self.coordinator
@@ -174,12 +191,32 @@ class _Run:
             time.sleep(driver.poll_s)
             actions = self.poll()
         if coordinator.phase == Phase.ABORTED:
-            recover = getattr(driver.backend, "recover", None)
-            if callable(recover):
-                restarted = recover()  # the old schedule goes on with every node, dead ones restarted empty
-                if restarted:
-                    driver.events.emit("WorkersRestarted", f"restarted {', '.join(restarted)} after the abort", True)
+            self.recover_after_abort()
         return self.report()
+
+    def recover_after_abort(self) -> None:
+        """The old schedule goes on. If a worker died, what it held is only in the last periodic checkpoint:
+        roll every worker back to it (sources replay, nothing is lost); without one, restart the dead
+        workers empty and say what was lost."""
+        driver = self.driver
+        try:
+            driver.backend.check_alive()
+            return
+        except Exception as exc:
+            dead = str(exc)
+        if driver.store.latest_checkpoint() is not None:
+            restart = replace(driver, protocol="restart", before_action=None)
+            self.rollback = restart.migrate(self.old)
+            return
+        recover = getattr(driver.backend, "recover", None)
+        if callable(recover):
+            restarted = recover()
+            driver.events.emit(
+                "WorkersRestarted",
+                f"restarted {', '.join(restarted)} empty after the abort ({dead}); no periodic checkpoint to "
+                "roll back to, so the events and state the dead workers held are lost",
+                True,
+            )
 
     def poll(self) -> list[Action]:
         driver, coordinator = self.driver, self.coordinator
@@ -230,7 +267,10 @@ class _Run:
             return self.apply()
         elif kind == ActionKind.BROADCAST_INIT:
             driver.store.update_record(mid, {"phase": Phase.INITIALIZING.value})
-            self.broadcast(action.executors, {"type": "init", "mid": mid})
+            message = {"type": "init", "mid": mid}
+            if self.restore_from:
+                message["from"] = self.restore_from
+            self.broadcast(action.executors, message)
         elif kind == ActionKind.RESUME_SOURCES:
             running = self.old if coordinator.phase == Phase.ABORTED else (self.target or self.new)
             self.broadcast(self.sources(running), {"type": "resume", "mid": mid})
@@ -245,6 +285,8 @@ class _Run:
         """Stop the old workers and start the target schedule's; if they never come up, roll back."""
         driver, coordinator = self.driver, self.coordinator
         target = self.target or self.new
+        if coordinator.protocol == "restart":
+            self.replayed = self.stop_for_restart()
         try:
             driver.backend.apply(target)
         except Exception as exc:
@@ -261,14 +303,34 @@ class _Run:
         self.control.update(driver.backend.current_schedule())
         return coordinator.on_rebalanced(driver.clock.now())
 
+    def stop_for_restart(self) -> int:
+        """Stop every worker, then count what the sources will replay: from the positions they reached
+        (published every interval and at shutdown) back to the checkpoint's, or to nothing without one."""
+        store = self.driver.store
+        self.driver.backend.stop_workers()
+        latest = [unpack(blob) for blob in store.source_positions().values()]
+        saved = store.load_positions(self.restore_from) if self.restore_from else {}
+        checkpointed = [unpack(blob) for blob in saved.values()]
+        store.clear_source_positions()  # the new sources publish theirs from the checkpoint on
+        return replayed_events(checkpointed, latest)
+
     def report(self) -> MigrationReport:
         coordinator = self.coordinator
         if coordinator.phase == Phase.ABORTED:
             outcome, reason = "aborted", coordinator.failure or ""
+            if self.rollback is not None:
+                rollback = self.rollback
+                reason += (
+                    f"; rolled back to checkpoint {rollback.restored_from}: {rollback.replayed} events replayed"
+                    if self.rollback.outcome == "succeeded"
+                    else f"; the rollback to the last checkpoint failed too: {rollback.reason}"
+                )
         elif self.rolled_back is not None:
             outcome, reason = "aborted", f"rolled back to the old schedule: {self.rolled_back}"
         else:
             outcome, reason = "succeeded", ""
+        if coordinator.protocol == "restart" and not self.restore_from and outcome == "succeeded":
+            reason = "no periodic checkpoint yet: state started empty and the sources from their beginning"
         to_nodes = len((self.target or self.new).nodes) if outcome == "succeeded" else len(self.old.nodes)
         direction = "out" if len(self.new.nodes) > len(self.old.nodes) else "in"
         report = MigrationReport(
@@ -280,9 +342,10 @@ class _Run:
             phases_ms=coordinator.times.durations_ms(),
             captured_events=coordinator.captured,
             lost=0,
-            replayed=coordinator.replayed,
+            replayed=self.replayed if coordinator.protocol == "restart" else coordinator.replayed,
             outcome=outcome,  # type: ignore[arg-type]
             reason=reason,
+            restored_from=self.restore_from or None,
         )
         self.driver.events.emit(
             "Migrated" if outcome == "succeeded" else "MigrationFailed",
@@ -297,8 +360,8 @@ class _Run:
 @dataclass
 class MigratingBackend:
     """A `Backend` whose `apply` migrates with the topology's protocol: `ccr` and `dcr` through
-    `MigrationDriver`, `restart` as a plain stop-and-restart of the workers (Storm's rebalance: in-flight
-    events and operator state are dropped). `last_report` is the last migration's `to_status()`."""
+    `MigrationDriver` (`restart` too: from the last periodic checkpoint). `last_report` is the last
+    migration's `to_status()`."""
 
     cluster: Any
     driver: MigrationDriver
@@ -314,13 +377,10 @@ class MigratingBackend:
     def check_alive(self) -> None:
         self.cluster.check_alive()
 
+    def stop_workers(self) -> None:
+        self.cluster.stop_workers()
+
     def apply(self, schedule: Schedule) -> None:
-        if self.protocol == "restart":
-            started = time.monotonic()
-            self.cluster.apply(schedule)
-            elapsed_ms = (time.monotonic() - started) * 1000.0
-            self.last_report = {"migration": "restart", "phases": {"rebalanceMs": elapsed_ms}, "outcome": "succeeded"}
-            return
         self.driver.protocol = self.protocol
         report = self.driver.migrate(schedule)
         self.last_report = report.to_status()

@@ -18,6 +18,14 @@ re-applied);  6. sources resume, record closed. Failure before step 4 aborts (ex
 pending lists, sources resume); from step 4 on the migration only goes forward.
 DCR differs in step 2-3: PREPARE travels in-band behind the data (so queues drain through processing),
 nothing is captured, and COMMIT persists state only.
+`restart` skips steps 2-3: the backend stops every worker and starts the new schedule, whose executors are
+initialised from the last periodic checkpoint (state per key group, source positions); the sources replay
+what they emitted after it, so sinks see those events twice and the report counts them.
+
+Periodic checkpoints (`CheckpointRound`) are aligned barriers, as in Flink: the sources persist their
+position and send BARRIER in-band; an executor that has BARRIER from one upstream channel holds that
+channel's later input until BARRIER has come from every upstream executor, then persists its state,
+forwards BARRIER and acks. The sources never pause.
 """
 
 from __future__ import annotations
@@ -127,6 +135,11 @@ class MigrationCoordinator:
     def start(self, now: float) -> list[Action]:
         self.times.started_at = now
         self.phase_started = now
+        if self.protocol == "restart":
+            # nothing to capture: stop everything and start the new schedule from the last checkpoint
+            self.times.prepare_done = self.times.commit_done = now
+            self.phase = Phase.REBALANCING
+            return [Action(ActionKind.APPLY_SCHEDULE)]
         self.phase = Phase.PREPARING
         everyone = tuple(sorted(self.old_executors))
         if self.protocol == "dcr":
@@ -356,6 +369,8 @@ class MigrationReport:
     reason: str = ""
     catch_up_ms: float | None = None
     stabilization_ms: float | None = None
+    #: `restart`: the periodic checkpoint the new schedule started from
+    restored_from: str | None = None
 
     def to_status(self) -> dict[str, object]:
         return {
@@ -371,6 +386,7 @@ class MigrationReport:
             "reason": self.reason,
             "catchUpMs": self.catch_up_ms,
             "stabilizationMs": self.stabilization_ms,
+            "restoredFrom": self.restored_from,
         }
 
 
@@ -409,3 +425,85 @@ def recovery_times(
             stable = window[0][0] - migrated_at
             break
     return catch_up, stable
+
+
+# ---- periodic checkpoints ----------------------------------------------------------------------------------
+
+
+class CheckpointPhase(enum.Enum):
+    RUNNING = "running"  # BARRIER sweeping the dataflow; waiting for every executor's ack
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass
+class CheckpointRound:
+    """The controller's side of one periodic checkpoint: BARRIER to the sources, then every executor's ack.
+    A round that does not complete in `timeout_s` fails; the caller tells the executors to stop aligning
+    (they release what they held) and deletes its keys: the previous checkpoint stays the latest."""
+
+    checkpoint_id: str
+    executors: frozenset[str]
+    started_at: float
+    timeout_s: float = 30.0
+    phase: CheckpointPhase = CheckpointPhase.RUNNING
+    acked: set[str] = field(default_factory=set)
+    state_bytes: int = 0
+    failure: str | None = None
+    completed_at: float | None = None
+
+    def on_ack(self, executor: str, state_bytes: int, now: float) -> CheckpointPhase:
+        if self.phase == CheckpointPhase.RUNNING and executor in self.executors and executor not in self.acked:
+            self.acked.add(executor)
+            self.state_bytes += state_bytes
+            if self.acked == set(self.executors):
+                self.phase = CheckpointPhase.COMPLETED
+                self.completed_at = now
+        return self.phase
+
+    def on_tick(self, now: float) -> CheckpointPhase:
+        if self.phase == CheckpointPhase.RUNNING and now - self.started_at > self.timeout_s:
+            missing = sorted(self.executors - self.acked)
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            self.failure = f"checkpoint {self.checkpoint_id} timed out after {self.timeout_s:g} s waiting for {shown}"
+            self.phase = CheckpointPhase.FAILED
+        return self.phase
+
+    def on_failure(self, reason: str) -> CheckpointPhase:
+        if self.phase == CheckpointPhase.RUNNING:
+            self.failure = f"checkpoint {self.checkpoint_id} failed: {reason}"
+            self.phase = CheckpointPhase.FAILED
+        return self.phase
+
+    @property
+    def duration_ms(self) -> float | None:
+        return None if self.completed_at is None else (self.completed_at - self.started_at) * 1000.0
+
+
+def _position_counts(position: object) -> dict[object, int]:
+    """A source position as {lane: events read in it}. Positions are mappings from a lane (a synthetic
+    source's lane, a redis-stream executor's index) to a count, or to ``[entry id, count]``."""
+    counts: dict[object, int] = {}
+    if isinstance(position, Mapping):
+        for lane, value in position.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                counts[str(lane)] = int(value)
+            elif isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) == 2:
+                counts[str(lane)] = int(value[1])
+    return counts
+
+
+def replayed_events(checkpointed: Iterable[object], latest: Iterable[object]) -> int:
+    """How many events the sources emit again when they go back from their `latest` positions to the
+    `checkpointed` ones: per lane, the furthest position reached minus the checkpointed one (a lane's
+    position only grows between checkpoints, and a rescale hands whole lanes to other executors, so
+    positions are merged per lane by their maximum)."""
+    at_checkpoint: dict[object, int] = {}
+    for position in checkpointed:
+        for lane, count in _position_counts(position).items():
+            at_checkpoint[lane] = max(at_checkpoint.get(lane, 0), count)
+    reached: dict[object, int] = {}
+    for position in latest:
+        for lane, count in _position_counts(position).items():
+            reached[lane] = max(reached.get(lane, 0), count)
+    return sum(max(0, count - at_checkpoint.get(lane, 0)) for lane, count in reached.items())

@@ -96,6 +96,9 @@ class ScalingSpec:
     migration: str = "ccr"
     congestion_rate: float = 1.2
     window: int = 20
+    #: seconds between periodic checkpoints (aligned barriers; what `restart` and a failed worker roll back
+    #: to); 0 disables them
+    checkpoint_interval_s: int = 10
     auto_enabled: bool = False
     min_nodes: int = 1
     max_nodes: int = 20
@@ -445,6 +448,9 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
         problems.append(f"spec.scaling.congestionRate: {rate!r} must be a number ≥ 1.0 (the paper uses 1.2)")
         rate = 1.2
     window = _int_field(raw, "window", "spec.scaling.window", problems, default=20, minimum=2) or 20
+    checkpoint_interval = _int_field(
+        raw, "checkpointIntervalSeconds", "spec.scaling.checkpointIntervalSeconds", problems, default=10, minimum=0
+    )
     auto = raw.get("auto") or {}
     if not isinstance(auto, Mapping):
         problems.append("spec.scaling.auto: is not a mapping; write {enabled: true, minNodes: 1, maxNodes: 10}")
@@ -461,6 +467,7 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
         migration=str(migration),
         congestion_rate=float(rate),
         window=window,
+        checkpoint_interval_s=10 if checkpoint_interval is None else checkpoint_interval,
         auto_enabled=bool(auto.get("enabled", False)),
         min_nodes=min_nodes,
         max_nodes=max_nodes,

@@ -159,6 +159,11 @@ class ExecutorThread(threading.Thread):
         super().__init__(name=executor, daemon=True)
         self.migration = migration
         self.held: list[list[Any]] = []  # DATA that arrived before the INIT this executor waits for
+        #: the periodic checkpoint being aligned: its id, the upstream executors whose BARRIER has come, and
+        #: the frames of those channels held back until BARRIER has come from all
+        self.barrier: str | None = None
+        self.barriers_seen: set[str] = set()
+        self.aligning_held: list[list[Any]] = []
         #: the controller's messages, handed over by the worker's control thread; they go before any input
         self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.executor = executor
@@ -231,7 +236,9 @@ class ExecutorThread(threading.Thread):
             self.on_control(sender, payload)
             return
         migration = self.migration
-        if migration.awaiting is not None:
+        if self.barrier is not None and sender in self.barriers_seen:
+            self.aligning_held.append(frame)  # this channel is past the barrier: hold it until aligned
+        elif migration.awaiting is not None:
             self.held.append(frame)
         elif migration.participant.captures():
             self.counters.received += len(payload)
@@ -254,10 +261,18 @@ class ExecutorThread(threading.Thread):
                 state_bytes = migration.checkpoint(mid, self.operator)
                 self.router.send_control({"type": "commit", "mid": mid})
                 migration.ack(mid, "committing", captured=migration.captured, state_bytes=state_bytes)
+        elif kind == "barrier":
+            self.on_barrier(sender, mid)
+        elif kind == "checkpoint-abort":
+            if self.barrier == mid:
+                self.release_aligned()
         elif kind == "init":
             if migration.awaiting == mid and participant.on_init(mid):
                 context = self.context
-                events = migration.restore(mid, self.operator, context.key_groups, context.index, context.parallelism)
+                source = str(message.get("from") or mid)  # `restart`: the periodic checkpoint to restore
+                events = migration.restore(
+                    source, self.operator, context.key_groups, context.index, context.parallelism
+                )
                 # initialised: state loaded, captured events in hand. Ack now (restore ends here, as in the
                 # paper); replaying them, before any newer input, is the catch-up that follows.
                 migration.ack(mid, "initializing", replayed=len(events))
@@ -277,6 +292,28 @@ class ExecutorThread(threading.Thread):
             log.warning(
                 "executor %s: migration %s aborted; replayed %d captured events", self.executor, mid, len(events)
             )
+
+    def on_barrier(self, sender: str, checkpoint_id: str) -> None:
+        """BARRIER of a periodic checkpoint from one upstream channel. Once it has come from every upstream
+        executor, everything before it is processed and nothing after it is: persist the state, forward
+        BARRIER, ack, then go on with the input held meanwhile."""
+        if self.barrier != checkpoint_id:
+            if self.barrier is not None:  # a newer round: the old one was abandoned
+                self.release_aligned()
+            self.barrier, self.barriers_seen = checkpoint_id, set()
+        self.barriers_seen.add(sender)
+        if not self.barriers_seen >= self.migration.participant.upstream:
+            return
+        state_bytes = self.migration.checkpoint(checkpoint_id, self.operator)
+        self.router.send_control({"type": "barrier", "mid": checkpoint_id})
+        self.migration.ack(checkpoint_id, "checkpointing", state_bytes=state_bytes)
+        self.release_aligned()
+
+    def release_aligned(self) -> None:
+        self.barrier, self.barriers_seen = None, set()
+        held, self.aligning_held = self.aligning_held, []
+        for frame in held:
+            self.handle(frame)
 
     def process_batch(self, events: Sequence[Any], sender: str | None = None) -> None:
         """Process a batch. With a `sender` (live input, not a replay) a controller message arriving
@@ -411,9 +448,15 @@ class SourceThread(threading.Thread):
             migration.checkpoint(mid, self.operator, position)
             self.router.send_control({"type": "commit", "mid": mid})
             migration.ack(mid, "committing")
+        elif kind == "checkpoint":
+            # the position of everything emitted so far, then BARRIER behind it on every channel
+            position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
+            state_bytes = migration.checkpoint(mid, self.operator, position)
+            self.router.send_control({"type": "barrier", "mid": mid})
+            migration.ack(mid, "checkpointing", state_bytes=state_bytes)
         elif kind == "init":
             if migration.awaiting == mid:
-                merged = migration.merged_positions(mid)
+                merged = migration.merged_positions(str(message.get("from") or mid))
                 if merged and callable(getattr(self.operator, "seek", None)):
                     self.operator.seek(merged)
                 migration.awaiting = None

@@ -33,7 +33,7 @@ from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceThread, build_outputs
 from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, make_operator
-from elastream.runtime.participant import Migration
+from elastream.runtime.participant import Migration, pack
 from elastream.runtime.transport import Channel, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
@@ -286,8 +286,19 @@ class Worker:
     def publish_metrics(self) -> None:
         try:
             self.metrics.publish(self.samples())
+            self.store.publish_positions(self.source_positions())
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("metrics not published: Redis unreachable (%s); counters are cumulative, nothing is lost", exc)
+
+    def source_positions(self) -> dict[str, bytes]:
+        """The read position of each running source (`restart` counts what the sources will replay from
+        them); a source still waiting for INIT has none yet."""
+        positions: dict[str, bytes] = {}
+        for thread in self.threads:
+            position = getattr(thread.operator, "position", None)
+            if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
+                positions[thread.executor] = pack(position())
+        return positions
 
     def samples(self) -> Iterable[MetricSample]:
         now = time.time()

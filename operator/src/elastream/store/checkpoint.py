@@ -4,6 +4,8 @@ and acks, under the topology's prefix.
 Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
 
     P mig:current                the id of the migration in progress (absent when none)
+    P ckpt:latest                hash: id, completedAt, schedule (JSON) of the last complete periodic checkpoint
+    P positions                  hash: source executor -> its latest read position (published every interval)
     M                            hash: id, protocol, phase, old/new schedule (JSON), started_at, reason
     M :state:<vertex>            hash: key group -> state bytes (msgpack by the caller)
     M :pending:<vertex>:<kg>     list: captured events of one key group, in arrival order
@@ -12,7 +14,9 @@ Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
     M :acks:<phase>              hash: executor -> ack info (JSON)
 
 Writes are pipelined (one round trip per executor's checkpoint), every key gets a TTL so an abandoned
-migration's keys expire, and `delete_migration` removes them when the migration is done. Values are bytes:
+migration's keys expire, and `delete_migration` removes them when the migration is done. A periodic
+checkpoint `ckpt-<n>` is stored like a migration `M` (state, position, acks; no pending events), so INIT
+restores from either the same way. Values are bytes:
 the store does not interpret events or state.
 """
 
@@ -61,6 +65,16 @@ class CheckpointStore:
             return False
         self.update_record(migration_id, record)
         return True
+
+    def claim(self, checkpoint_id: str, ttl_s: int) -> bool:
+        """Claim the topology for a periodic checkpoint (no record; a short TTL in case its controller dies)."""
+        return bool(self.client.set(self.current_key, checkpoint_id, nx=True, ex=ttl_s))
+
+    def release(self, owner_id: str) -> None:
+        """Release the claim if `owner_id` holds it."""
+        current = self.client.get(self.current_key)
+        if current is not None and _text(current) == owner_id:
+            self.client.delete(self.current_key)
 
     def current(self) -> str | None:
         value = self.client.get(self.current_key)
@@ -141,6 +155,46 @@ class CheckpointStore:
         for key in self.client.scan_iter(match=f"{self._m(migration_id)}:pending:*", count=500):
             total += int(self.client.llen(key))
         return total
+
+    # ---- periodic checkpoints ------------------------------------------------------------------------------
+    @property
+    def latest_key(self) -> str:
+        return f"{self.prefix}ckpt:latest"
+
+    def next_checkpoint_id(self) -> str:
+        return f"ckpt-{int(self.client.incr(f'{self.prefix}ckpt:seq'))}"
+
+    def complete_checkpoint(self, checkpoint_id: str, info: Mapping[str, Any]) -> str | None:
+        """Make `checkpoint_id` the latest and delete the one it replaces (returned)."""
+        previous = self.latest_checkpoint()
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self.latest_key)
+        pipe.hset(self.latest_key, mapping={"id": checkpoint_id, **{k: json.dumps(v) for k, v in info.items()}})
+        pipe.execute()
+        old = previous.get("id") if previous else None
+        if old and old != checkpoint_id:
+            self.delete_migration(old)
+        return old
+
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """{"id", and the info given at completion (decoded)} of the last complete checkpoint, or None."""
+        raw = self.client.hgetall(self.latest_key)
+        if not raw:
+            return None
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        return {k: (v if k == "id" else json.loads(v)) for k, v in fields.items()}
+
+    def publish_positions(self, positions: Mapping[str, bytes]) -> None:
+        if positions:
+            mapping: dict[Any, Any] = dict(positions)
+            self.client.hset(f"{self.prefix}positions", mapping=mapping)
+
+    def source_positions(self) -> dict[str, bytes]:
+        raw = self.client.hgetall(f"{self.prefix}positions")
+        return {_text(k): _bytes(v) for k, v in raw.items()}
+
+    def clear_source_positions(self) -> None:
+        self.client.delete(f"{self.prefix}positions")
 
     # ---- acks -------------------------------------------------------------------------------------------
     def ack(self, migration_id: str, phase: str, executor: str, info: Mapping[str, Any] | None = None) -> None:

@@ -1,0 +1,132 @@
+"""Periodic checkpoints: what `restart` restores and what a failed worker rolls back to.
+
+`CheckpointDriver.take()` runs one round of aligned barriers (the pure `CheckpointRound` decides): it claims
+the topology like a migration does (so checkpoints and migrations never overlap), tells every source to
+checkpoint, waits for every executor's ack, then makes the round the latest checkpoint in Redis and deletes
+the one before. A round that times out or loses a worker is abandoned: the executors are told to stop
+aligning, its keys go, and the previous checkpoint stays the latest. `Checkpointer` runs `take()` every
+`spec.scaling.checkpointIntervalSeconds` on a thread of the controller process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis
+
+from elastream.core.migration import CheckpointPhase, CheckpointRound
+from elastream.core.ports import Clock, SystemClock
+from elastream.core.schedule import Schedule
+from elastream.core.topology import Topology, split_executor_id
+from elastream.store.checkpoint import CheckpointStore
+from elastream.store.control import ControlChannel
+
+log = logging.getLogger("elastream.checkpoint")
+
+#: a checkpoint's claim on the topology expires by itself if its controller dies
+CLAIM_TTL_S = 120
+
+
+class RunningBackend(Protocol):
+    def current_schedule(self) -> Schedule: ...
+    def check_alive(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    checkpoint_id: str | None
+    outcome: str  # completed | failed | skipped
+    duration_ms: float | None = None
+    state_bytes: int = 0
+    reason: str = ""
+
+
+@dataclass
+class CheckpointDriver:
+    topology: Topology
+    backend: RunningBackend
+    client: redis.Redis
+    timeout_s: float = 30.0
+    clock: Clock = field(default_factory=SystemClock)
+    poll_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.store = CheckpointStore(self.client, self.topology.redis_prefix)
+
+    def take(self) -> CheckpointResult:
+        """One checkpoint round; never raises for a failed round (the result says why)."""
+        schedule = self.backend.current_schedule()
+        checkpoint_id = self.store.next_checkpoint_id()
+        if not self.store.claim(checkpoint_id, CLAIM_TTL_S):
+            return CheckpointResult(None, "skipped", reason=f"migration {self.store.current()} in progress")
+        control = ControlChannel(self.client, self.topology.redis_prefix, schedule)
+        round_ = CheckpointRound(checkpoint_id, frozenset(schedule.assignment), self.clock.now(), self.timeout_s)
+        try:
+            sources = [e for e in schedule.assignment if split_executor_id(e)[0] in self.topology.sources]
+            control.send_many(sources, {"type": "checkpoint", "mid": checkpoint_id})
+            while round_.phase == CheckpointPhase.RUNNING:
+                self.clock.sleep(self.poll_s)
+                now = self.clock.now()
+                try:
+                    self.backend.check_alive()
+                except Exception as exc:
+                    round_.on_failure(str(exc))
+                    break
+                for executor, info in self.store.acks(checkpoint_id, "checkpointing").items():
+                    round_.on_ack(executor, int(info.get("state_bytes", 0)), now)
+                round_.on_tick(now)
+        except redis.RedisError as exc:
+            round_.on_failure(f"Redis: {exc}")
+        if round_.phase == CheckpointPhase.COMPLETED:
+            replaced = self.store.complete_checkpoint(
+                checkpoint_id, {"completedAt": round_.completed_at, "schedule": schedule.to_dict()}
+            )
+            self.store.release(checkpoint_id)
+            log.debug("checkpoint %s completed in %.0f ms (replaced %s)", checkpoint_id, round_.duration_ms, replaced)
+            return CheckpointResult(checkpoint_id, "completed", round_.duration_ms, round_.state_bytes)
+        reason = round_.failure or "failed"
+        log.warning("%s; the previous checkpoint stays the latest", reason)
+        try:
+            control.send_many(schedule.assignment, {"type": "checkpoint-abort", "mid": checkpoint_id})
+            self.store.delete_migration(checkpoint_id)
+        except redis.RedisError:
+            pass  # its keys expire; the claim too
+        return CheckpointResult(checkpoint_id, "failed", reason=reason)
+
+
+@dataclass
+class Checkpointer:
+    """Takes a checkpoint every `interval_s` until stopped (a migration in progress skips a round; one that
+    starts during a round waits for it: both claim the topology in Redis)."""
+
+    driver: CheckpointDriver
+    interval_s: float
+    last: CheckpointResult | None = None
+    completed: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
+
+    def start(self) -> Checkpointer:
+        if self.interval_s > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.driver.timeout_s + 5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.last = self.driver.take()
+            except Exception as exc:  # the controller goes on; the next round tries again
+                log.warning("checkpoint not taken: %s", exc)
+                continue
+            if self.last.outcome == "completed":
+                self.completed += 1
