@@ -59,7 +59,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker = subparsers.add_parser("worker", help="run one node's executors (started by a backend)")
     worker.add_argument("--topology", required=True, help="YAML file with the StreamTopology")
     worker.add_argument("--node", required=True, help="this node's name, e.g. node-0")
-    worker.add_argument("--redis", required=True, help="Redis URL (redis://, rediss:// or unix://)")
+    worker.add_argument(
+        "--redis",
+        default=os.environ.get("ELASTREAM_REDIS_URL"),
+        help="Redis URL: redis://[:PASSWORD@]HOST:PORT/DB, rediss://… (TLS), unix://PATH (default: "
+        "$ELASTREAM_REDIS_URL, which keeps a password out of the process list)",
+    )
     worker.add_argument("--bind", default="127.0.0.1", help="HOST[:PORT] for the executors' inboxes")
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     worker.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds")
@@ -70,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def cmd_worker(args: argparse.Namespace) -> int:
     from elastream.runtime.worker import Worker, WorkerOptions, configure_logging
 
+    if not args.redis:
+        raise CommandError("--redis: no URL; pass one or set ELASTREAM_REDIS_URL")
     topology = load_manifest(args.topology)
     host, _, port = args.bind.partition(":")
     configure_logging(args.node)

@@ -122,8 +122,6 @@ class LocalCluster:
             self.manifest_path,
             "--node",
             node,
-            "--redis",
-            self.redis_url,
             "--bind",
             f"{node_host(node)}:{self.base_port}",
             "--interval",
@@ -131,7 +129,8 @@ class LocalCluster:
             "--metrics-port",
             str(self.metrics_port),
         ]
-        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        # the URL (it may hold a password) goes through the environment, not the process list
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1", "ELASTREAM_REDIS_URL": self.redis_url}
         with open(log_path, "ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return WorkerProcess(node, process, log_path)
