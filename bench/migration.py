@@ -23,7 +23,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 from typing import Any
 
 import yaml
@@ -35,7 +34,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer  # noqa: E402
 from elastream.control.migration import MigratingBackend, MigrationDriver  # noqa: E402
-from elastream.core.migration import recovery_times  # noqa: E402
+from elastream.core.migration import rate_timeline, recovery_times  # noqa: E402
 from elastream.core.planner import make_plan  # noqa: E402
 from elastream.core.schedule import initial_schedule  # noqa: E402
 from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
@@ -127,27 +126,10 @@ def one_run(directory: str, url: str, name: str, direction: str, protocol: str, 
 
 
 def rates_around(cluster: LocalCluster, topology: Topology, at: float) -> dict[str, list[tuple[float, float]]]:
-    """Source (input) and sink (output) rates per metric interval, time relative to the migration request."""
+    """Source (input) and sink (output, the audit sinks left out) rates per 0.5 s, relative to the request."""
     samples = MetricStream(cluster.client, topology.redis_prefix).read_since(None)
-    series: dict[str, Counter[float]] = {"input": Counter(), "output": Counter()}
-    previous: dict[tuple[str, float], Any] = {}
-    for s in sorted(samples, key=lambda s: s.ts):
-        kind = "input" if s.vertex in topology.sources else "output" if s.vertex in topology.sinks else None
-        if kind is None or s.vertex.startswith("audit-"):
-            continue
-        key = (s.executor, s.started_at)
-        old = previous.get(key)
-        previous[key] = s
-        if old is not None and s.ts > old.ts:
-            bucket = round((s.ts - at) * 2) / 2
-            series[kind][bucket] += (s.processed - old.processed) / (s.ts - old.ts)
-    # buckets without a sample (workers stopped or starting) are rates of zero, not gaps to draw across
-    times = [t for v in series.values() for t in v]
-    if not times:
-        return {k: [] for k in series}
-    first, last = min(times), max(times)
-    buckets = [first + 0.5 * i for i in range(int((last - first) / 0.5) + 1)]
-    return {k: [(t, v.get(t, 0.0)) for t in buckets] for k, v in series.items()}
+    sinks = [s for s in topology.sinks if not s.startswith("audit-")]
+    return rate_timeline(samples, topology.sources, sinks, at=at, bucket_s=0.5)
 
 
 def inflight_rows(directory: str, url: str, volumes: list[int]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from test_migration_faults import plan_for
 
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
+from elastream.control.recovery import RecoveryFollowUp
 from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
@@ -126,3 +127,30 @@ def test_a_worker_killed_during_capture_rolls_back_to_the_last_checkpoint(tmp_pa
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
         check_nothing_lost(cluster, topology)  # what the killed worker held came back through the replay
         assert int(cluster.client.xlen(sink_key(topology, "sink"))) > 0
+
+
+def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, redis_url: str) -> None:
+    doc = load("ccr-linear")
+    doc["spec"]["vertices"][0]["source"]["rate"] = 200  # unbounded, well below capacity: a steady output
+    path = write_manifest(str(tmp_path), doc)
+    with running(path, redis_url) as (cluster, topology):
+        time.sleep(4.0)  # a reference rate before the request
+        migrated_at = time.time()
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(new)
+        assert report.outcome == "succeeded", report.reason
+        follow = RecoveryFollowUp(cluster.client, topology, bucket_s=0.5, timeout_s=40.0)
+        done: list[dict] = []
+        status = report.to_status()
+        follow.follow(status, migrated_at, done.append)
+        assert status["recovery"] == "measuring"
+        deadline = time.monotonic() + 60.0
+        while not done and time.monotonic() < deadline:
+            follow.tick()
+            time.sleep(0.5)
+        assert done and done[0] is status
+        assert status["catchUpMs"] is not None and status["catchUpMs"] >= 0.0
+        if status["recovery"] == "measured":
+            assert status["stabilizationMs"] is not None
+        else:
+            assert status["recovery"] == "not stable within 40 s" and status["stabilizationMs"] is None

@@ -16,6 +16,8 @@ from elastream.core.migration import (
     Timeouts,
     affected_executors,
     missing_and_duplicates,
+    rate_timeline,
+    recovery_times,
     replayed_events,
     state_moves,
     upstream_executors,
@@ -228,3 +230,24 @@ def test_checkpoint_interval_is_validated() -> None:
     doc["spec"]["scaling"] = {"checkpointIntervalSeconds": -1}
     with pytest.raises(Exception, match=r"spec.scaling.checkpointIntervalSeconds: -1 is below 0"):
         parse_manifest(doc)
+
+
+def _sample(ts: float, vertex: str, processed: int, started_at: float = 0.0, executor: str | None = None):
+    from elastream.core.metrics import MetricSample
+
+    return MetricSample(ts, "node-0", vertex, executor or f"{vertex}#0", started_at, processed, processed, 0, 0.0, 0)
+
+
+def test_rate_timeline_buckets_rates_per_incarnation_and_fills_gaps_with_zero() -> None:
+    samples = [_sample(t, "src", 100 * t) for t in range(0, 5)]  # 100/s
+    samples += [_sample(t, "out", 50 * t) for t in range(0, 3)]  # 50/s, then the worker stops...
+    samples += [_sample(t, "out", 80 * (t - 4), started_at=4.0) for t in range(4, 7)]  # ...restarts at 80/s
+    samples += [_sample(t, "mid", 999 * t) for t in range(0, 7)]  # neither source nor sink
+    timeline = rate_timeline(samples, ["src"], ["out"], at=2.0, bucket_s=1.0)
+    # both series share one time axis: after the source's last sample its buckets are zero
+    assert timeline["input"] == [(-1.0, 100.0), (0.0, 100.0), (1.0, 100.0), (2.0, 100.0), (3.0, 0.0), (4.0, 0.0)]
+    assert timeline["output"] == [(-1.0, 50.0), (0.0, 50.0), (1.0, 0.0), (2.0, 0.0), (3.0, 80.0), (4.0, 80.0)]
+    # the reference is the output before the request (50/s): still there at +0 s, never within ±10 % of it for
+    # two buckets in a row afterwards (0/s, then 80/s)
+    assert recovery_times(timeline["output"], tolerance=0.1, hold=2) == (0.0, None)
+    assert recovery_times([(-1.0, 50.0), (0.0, 10.0), (1.0, 48.0), (2.0, 50.0)], hold=2) == (1.0, 1.0)

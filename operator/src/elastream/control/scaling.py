@@ -54,6 +54,9 @@ class ScalingRecord:
             "capturedEvents": report.get("capturedEvents"),
             "lost": report.get("lost"),
             "replayed": report.get("replayed"),
+            "restoredFrom": report.get("restoredFrom"),
+            "catchUpMs": report.get("catchUpMs"),
+            "stabilizationMs": report.get("stabilizationMs"),
         }
 
 

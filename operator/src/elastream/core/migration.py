@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from elastream.core.metrics import MetricSample
 from elastream.core.schedule import Schedule, key_group_owner, key_group_ranges
 from elastream.core.topology import Topology, executor_id, split_executor_id
 
@@ -400,6 +401,41 @@ def missing_and_duplicates(sent: Iterable[tuple[str, int]], received: Sequence[t
             duplicates += 1
         seen.add(event)
     return len(sent_set - seen), duplicates
+
+
+def rate_timeline(
+    samples: Iterable[MetricSample],
+    sources: Iterable[str],
+    sinks: Iterable[str],
+    at: float = 0.0,
+    bucket_s: float = 0.5,
+) -> dict[str, list[tuple[float, float]]]:
+    """Input (the sources' processing rate) and output (the sinks') per `bucket_s`, times relative to `at`:
+    the curves of the CCR paper's Fig. 7 and what `recovery_times` reads. Rates come from consecutive
+    samples of one executor incarnation; buckets without a sample (workers stopped or starting) are rates
+    of zero, not gaps to draw across."""
+    source_set, sink_set = set(sources), set(sinks)
+    series: dict[str, dict[float, float]] = {"input": {}, "output": {}}
+    previous: dict[tuple[str, float], MetricSample] = {}
+    for sample in sorted(samples, key=lambda s: s.ts):
+        kind = "input" if sample.vertex in source_set else "output" if sample.vertex in sink_set else None
+        if kind is None:
+            continue
+        key = (sample.executor, sample.started_at)
+        old = previous.get(key)
+        previous[key] = sample
+        if old is not None and sample.ts > old.ts:
+            bucket = round((sample.ts - at) / bucket_s) * bucket_s
+            rate = (sample.processed - old.processed) / (sample.ts - old.ts)
+            series[kind][bucket] = series[kind].get(bucket, 0.0) + rate
+    times = [t for rates in series.values() for t in rates]
+    if not times:
+        return {kind: [] for kind in series}
+    first, last = min(times), max(times)
+    buckets = [first + bucket_s * i for i in range(round((last - first) / bucket_s) + 1)]
+    return {
+        kind: [(t, rates.get(round(t / bucket_s) * bucket_s, 0.0)) for t in buckets] for kind, rates in series.items()
+    }
 
 
 def recovery_times(
