@@ -147,3 +147,104 @@ def test_unknown_builtin_and_bad_module_are_named() -> None:
     )
     with pytest.raises(TopologyError, match=r"logic.module: 'no-colon' is not 'package.module:Class'"):
         parse_manifest(doc)
+
+
+def chain() -> dict:
+    """spout -> parse -> enrich -> out, each vertex the only way to the next (mistakes would cascade)."""
+    return manifest(
+        [src("spout", 2, rate=100), work("parse", 2, costMs=1), work("enrich"), sink("out")],
+        [edge("spout", "parse"), edge("parse", "enrich", "fields", key="user"), edge("enrich", "out")],
+    )
+
+
+def _vertices(d: dict) -> list:
+    return d["spec"]["vertices"]
+
+
+def _streams(d: dict) -> list:
+    return d["spec"]["streams"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: _vertices(d)[1].__setitem__("parallelism", 0), "spec.vertices[1].parallelism: 0 is below 1"),
+        (lambda d: _vertices(d)[0].__setitem__("parallelism", 0), "spec.vertices[0].parallelism: 0 is below 1"),
+        (lambda d: _vertices(d)[3].__setitem__("parallelism", "two"), "spec.vertices[3].parallelism: 'two'"),
+        (
+            lambda d: _vertices(d)[2].update(parallelism=9, maxParallelism=4),
+            "spec.vertices[2].parallelism: 9 exceeds maxParallelism 4",
+        ),
+        (lambda d: _vertices(d)[2]["logic"].__setitem__("costMs", -1), "spec.vertices[2].logic.costMs: -1"),
+        (lambda d: _vertices(d)[1].__setitem__("logic", "work"), "spec.vertices[1].logic: is not a mapping"),
+        (lambda d: _vertices(d)[1]["logic"].__setitem__("builtin", "wrk"), "spec.vertices[1].logic.builtin: 'wrk'"),
+        (lambda d: _vertices(d)[2].__setitem__("stateful", "yes"), "spec.vertices[2].stateful: 'yes'"),
+        (lambda d: _vertices(d)[3].__setitem__("logic", {"builtin": "work"}), "spec.vertices[3]: vertex 'out' has"),
+        (lambda d: _vertices(d)[0].__setitem__("logic", {"builtin": "work"}), "spec.vertices[0]: vertex 'spout' has"),
+        (lambda d: _vertices(d)[3].pop("sink"), "spec.vertices[3]: vertex 'out' has none"),
+        (lambda d: _vertices(d)[2].pop("name"), "spec.vertices[2].name: is missing"),
+        (
+            lambda d: (
+                _vertices(d)[1].__setitem__("name", "Parse"),
+                _streams(d)[0].__setitem__("to", "Parse"),
+                _streams(d)[1].__setitem__("from", "Parse"),
+            ),
+            "spec.vertices[1].name: 'Parse' is not a valid name",
+        ),
+        (lambda d: _streams(d)[1].__setitem__("grouping", "hash"), "spec.streams[1].grouping: unknown grouping"),
+        (lambda d: _streams(d)[1].pop("key"), "spec.streams[1].key: fields grouping needs a key"),
+        (lambda d: _streams(d)[2].pop("from"), "spec.streams[2].from: is missing; set it to one of: spout"),
+        (lambda d: _streams(d)[2].__setitem__("to", "otu"), "spec.streams[2].to: unknown vertex 'otu'"),
+        (lambda d: _streams(d)[0].__setitem__("from", "sput"), "spec.streams[0].from: unknown vertex 'sput'"),
+        (lambda d: _streams(d).__setitem__(1, ["parse", "enrich"]), "spec.streams[1]: is not a mapping"),
+        (
+            lambda d: d["spec"].__setitem__("resources", {"limits": ["cpu", "2"]}),
+            "spec.resources.limits: ['cpu', '2'] is not a mapping",
+        ),
+        (lambda d: d.__setitem__("metadata", ["t"]), "metadata: is not a mapping"),
+        (lambda d: d["spec"].pop("vertices"), "spec.vertices: is missing or empty"),
+    ],
+)
+def test_one_mistake_is_one_problem(mutate, expected: str) -> None:
+    """A vertex with a field error stays as a placeholder and a stream with a bad grouping stays as an edge,
+    so nothing downstream reports "unknown vertex", "unreachable", "no outgoing stream" or "no source"."""
+    doc = chain()
+    mutate(doc)
+    found = problems(doc)
+    assert len(found) == 1, found
+    assert found[0].startswith(expected), found
+
+
+def test_structural_problems_use_the_manifest_index_after_a_duplicate() -> None:
+    doc = chain()
+    _vertices(doc).insert(1, work("spout"))  # spec.vertices[1] is a duplicate and is dropped
+    _vertices(doc).append(work("lonely"))  # spec.vertices[5], the 5th vertex that is kept
+    assert problems(doc) == [
+        "spec.vertices[1].name: duplicate vertex 'spout' (also spec.vertices[0]); give every vertex a unique name",
+        "spec.vertices[5]: vertex 'lonely' is unreachable from every source; add a stream into it or remove it",
+    ]
+
+
+def test_two_mistakes_are_two_problems() -> None:
+    doc = chain()
+    _vertices(doc)[1]["parallelism"] = 0
+    _streams(doc)[2]["grouping"] = "hash"
+    found = problems(doc)
+    assert [p.split(":")[0] for p in found] == ["spec.vertices[1].parallelism", "spec.streams[2].grouping"]
+
+
+def test_a_real_structural_problem_is_still_found_next_to_a_placeholder() -> None:
+    doc = chain()
+    _vertices(doc)[2]["parallelism"] = 0
+    _vertices(doc).append(sink("orphan"))
+    found = problems(doc)
+    assert [p.split(":")[0] for p in found] == ["spec.vertices[2].parallelism", "spec.vertices[4]"]
+    assert "'orphan' is unreachable" in found[1]
+
+
+def test_non_utf8_manifest_is_one_problem(tmp_path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("metadata: {name: caf\xe9}\n".encode("latin-1"))
+    with pytest.raises(TopologyError, match=r"is not UTF-8 .*; save the manifest as UTF-8") as info:
+        load_manifest(str(path))
+    assert len(info.value.problems) == 1

@@ -184,6 +184,10 @@ def load_manifest(path: str) -> Topology:
             documents = [d for d in yaml.safe_load_all(handle) if d is not None]
     except OSError as exc:
         raise TopologyError([f"{path}: cannot read ({exc.strerror}); check the path"]) from None
+    except UnicodeDecodeError as exc:
+        raise TopologyError(
+            [f"{path}: byte {exc.start} is not UTF-8 ({exc.reason}); save the manifest as UTF-8"]
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -195,7 +199,15 @@ def load_manifest(path: str) -> Topology:
 
 
 def parse_manifest(document: Mapping[str, Any]) -> Topology:
-    """Validate a StreamTopology document (as a dict) and build the model. Raises `TopologyError`."""
+    """Validate a StreamTopology document (as a dict) and build the model. Raises `TopologyError`.
+
+    One mistake gives one problem line. A vertex whose own fields are wrong (parallelism: 0, a bad cost)
+    stays in the graph as a placeholder, and a stream with a bad grouping or a missing key stays as an
+    edge, so the streams and structure checks around them see the DAG the user meant and add nothing.
+    A stream whose end names no vertex is left out; its missing edge could be the one that makes some
+    vertex reachable (or gives a source its outgoing stream), so those two checks stay quiet while a
+    stream end is unresolved, and come back once it is fixed. Vertices are named by their manifest
+    index (spec.vertices[i]) everywhere."""
     problems: list[str] = []
     if not isinstance(document, Mapping):
         raise TopologyError(["manifest: is not a mapping; write a StreamTopology YAML document"])
@@ -204,34 +216,40 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     if document.get("kind") not in (None, KIND):
         problems.append(f"kind: {document.get('kind')!r} is not {KIND}; set kind: {KIND}")
     metadata = document.get("metadata") or {}
-    name = str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
-    namespace = str(metadata.get("namespace", "default")) if isinstance(metadata, Mapping) else "default"
-    if not _NAME_RE.match(name):
-        problems.append(f"metadata.name: {name!r} is not a DNS-1123 label; use lower-case letters, digits and '-'")
+    name, namespace = "", "default"
+    if not isinstance(metadata, Mapping):
+        problems.append("metadata: is not a mapping; write metadata: {name: my-topology}")
+    else:
+        name = str(metadata.get("name", ""))
+        namespace = str(metadata.get("namespace", "default"))
+        if not _NAME_RE.match(name):
+            problems.append(f"metadata.name: {name!r} is not a DNS-1123 label; use lower-case letters, digits and '-'")
     spec = document.get("spec")
     if not isinstance(spec, Mapping):
         raise TopologyError([*problems, "spec: is missing; add spec.vertices and spec.streams"])
 
     nodes = _int_field(spec, "nodes", "spec.nodes", problems, default=1, minimum=1)
     slots = _int_field(spec, "slotsPerNode", "spec.slotsPerNode", problems, default=DEFAULT_SLOTS_PER_NODE, minimum=1)
-    vertices = _parse_vertices(spec.get("vertices"), problems)
-    streams = _parse_streams(spec.get("streams"), vertices, problems)
+    entries, nameless = _parse_vertices(spec.get("vertices"), problems)
+    streams, unresolved = _parse_streams(spec.get("streams"), entries, nameless, problems)
     scaling = _parse_scaling(spec.get("scaling"), problems)
     node_cpu = _parse_node_cpu(spec.get("resources"), problems)
 
     graph: nx.DiGraph = nx.DiGraph()
-    for vertex in vertices.values():
-        graph.add_node(vertex.name)
+    for vertex_name in entries:
+        graph.add_node(vertex_name)
     for stream in streams:
         graph.add_edge(stream.src, stream.dst, stream=stream)
     order: tuple[str, ...] = ()
-    if vertices:
-        problems.extend(_structure_problems(graph, vertices))
+    if entries:
+        problems.extend(_structure_problems(graph, entries, unresolved))
         if nx.is_directed_acyclic_graph(graph):
-            position = {name: i for i, name in enumerate(vertices)}
+            position = {n: i for i, n in enumerate(entries)}
             order = tuple(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
-    total = sum(v.parallelism for v in vertices.values())
-    if nodes is not None and slots is not None and vertices and total > nodes * slots:
+    # Executors of the vertices whose parallelism is known: a lower bound when some are not, so a slot
+    # shortage reported here is real.
+    total = sum(e.parallelism for e in entries.values() if e.parallelism is not None)
+    if nodes is not None and slots is not None and entries and total > nodes * slots:
         need_slots = -(-total // nodes)
         need_nodes = -(-total // slots)
         problems.append(
@@ -241,6 +259,7 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     if problems:
         raise TopologyError(problems)
     assert nodes is not None and slots is not None
+    vertices = {n: e.vertex for n, e in entries.items() if e.vertex is not None}
     return Topology(
         name=name,
         namespace=namespace,
@@ -283,124 +302,193 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _parse_vertices(raw: Any, problems: list[str]) -> dict[str, Vertex]:
+@dataclass(frozen=True)
+class _Entry:
+    """A named vertex of the manifest as validation sees it: where it is written, what kind it is (None
+    when that is the mistake) and the `Vertex`, or None when one of its own fields is wrong (a
+    placeholder: it stays in the graph so nothing around it reports the same mistake again)."""
+
+    index: int
+    kind: VertexKind | None
+    parallelism: int | None
+    vertex: Vertex | None
+
+
+def _parse_vertices(raw: Any, problems: list[str]) -> tuple[dict[str, _Entry], int]:
+    """The named vertices (placeholders included) and how many entries have no usable name."""
     if not isinstance(raw, list) or not raw:
         problems.append("spec.vertices: is missing or empty; list the vertices of the DAG")
-        return {}
-    vertices: dict[str, Vertex] = {}
+        return {}, 0
+    entries: dict[str, _Entry] = {}
+    nameless = 0
     for i, item in enumerate(raw):
         path = f"spec.vertices[{i}]"
         if not isinstance(item, Mapping):
             problems.append(f"{path}: is not a mapping; write {{name: ..., logic: ...}}")
+            nameless += 1
             continue
         name = item.get("name")
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            problems.append(f"{path}.name: {name!r} is not a valid name; use lower-case letters, digits, '-'")
+        if name is None:
+            problems.append(f"{path}.name: is missing; give the vertex a name (lower-case letters, digits, '-')")
+            nameless += 1
             continue
-        if name in vertices:
-            problems.append(f"{path}.name: duplicate vertex {name!r}; give every vertex a unique name")
+        if not isinstance(name, str):
+            problems.append(f"{path}.name: {name!r} is not a string; use lower-case letters, digits, '-'")
+            nameless += 1
             continue
-        blocks = [k for k in ("source", "logic", "sink") if k in item]
-        if len(blocks) != 1:
-            problems.append(f"{path}: vertex {name!r} has {blocks or 'none'} of source/logic/sink; give it exactly one")
-            continue
-        kind = cast(VertexKind, blocks[0])
-        config = item[kind]
-        if not isinstance(config, Mapping):
-            problems.append(f"{path}.{kind}: is not a mapping; write e.g. {{builtin: work, costMs: 1}}")
-            continue
-        if kind == "logic" and not ({"builtin", "module"} & set(config)):
-            problems.append(f"{path}.logic: names no code; set logic.builtin or logic.module (module:Class)")
-        if kind in ("source", "sink") and "type" not in config and "module" not in config:
-            problems.append(f"{path}.{kind}: has no type; set {kind}.type (e.g. synthetic, redis-stream)")
-        known = {"source": SOURCE_TYPES, "logic": LOGIC_BUILTINS, "sink": SINK_TYPES}[kind]
-        name_key = "builtin" if kind == "logic" else "type"
-        if name_key in config and config[name_key] not in known:
+        if name in entries:
+            first = entries[name].index
             problems.append(
-                f"{path}.{kind}.{name_key}: {config[name_key]!r} is unknown; use one of: {', '.join(known)} "
-                f"or {kind}.module: package.module:Class"
+                f"{path}.name: duplicate vertex {name!r} (also spec.vertices[{first}]); give every vertex a unique name"
             )
-        module = config.get("module")
-        if module is not None and (not isinstance(module, str) or not re.match(r"^[\w.]+:[\w]+$", module)):
-            problems.append(f"{path}.{kind}.module: {module!r} is not 'package.module:Class'; fix it")
-        if config.get("mode", "sleep") not in COST_MODES:
-            problems.append(f"{path}.{kind}.mode: {config['mode']!r} is unknown; use one of: {', '.join(COST_MODES)}")
-        for number_key, minimum in (("costMs", 0.0), ("selectivity", 0.0), ("rate", 0.0)):
-            if number_key in config and (not _number(config[number_key]) or config[number_key] < minimum):
-                problems.append(
-                    f"{path}.{kind}.{number_key}: {config[number_key]!r} is not a number ≥ {minimum:g}; fix it"
-                )
+            continue
         before = len(problems)
+        if not _NAME_RE.match(name):
+            problems.append(f"{path}.name: {name!r} is not a valid name; use lower-case letters, digits, '-'")
+        kind, config = _vertex_block(item, name, path, problems)
         max_par = _int_field(
-            item,
-            "maxParallelism",
-            f"{path}.maxParallelism",
-            problems,
-            default=DEFAULT_MAX_PARALLELISM,
-            minimum=1,
+            item, "maxParallelism", f"{path}.maxParallelism", problems, default=DEFAULT_MAX_PARALLELISM, minimum=1
         )
         par = _int_field(item, "parallelism", f"{path}.parallelism", problems, default=1, minimum=1)
-        if len(problems) > before or par is None or max_par is None:
-            continue
-        if par > max_par:
+        if par is not None and max_par is not None and par > max_par:
             problems.append(
                 f"{path}.parallelism: {par} exceeds maxParallelism {max_par}; "
                 f"lower parallelism or raise maxParallelism to ≥ {par}"
             )
-            continue
+            par = None
         stateful = item.get("stateful", False)
         if not isinstance(stateful, bool):
             problems.append(f"{path}.stateful: {stateful!r} is not true/false; fix it")
-            continue
-        vertices[name] = Vertex(name, kind, par, max_par, stateful, dict(config))
-    return vertices
+        vertex: Vertex | None = None
+        if len(problems) == before:
+            assert kind is not None and config is not None and par is not None and max_par is not None
+            vertex = Vertex(name, kind, par, max_par, stateful, dict(config))
+        entries[name] = _Entry(i, kind, par, vertex)
+    return entries, nameless
 
 
-def _parse_streams(raw: Any, vertices: Mapping[str, Vertex], problems: list[str]) -> list[Stream]:
+def _vertex_block(
+    item: Mapping[str, Any], name: str, path: str, problems: list[str]
+) -> tuple[VertexKind | None, Mapping[str, Any] | None]:
+    """The vertex's kind and its source/logic/sink block, checked; (kind or None, block or None)."""
+    blocks = [k for k in ("source", "logic", "sink") if k in item]
+    if len(blocks) != 1:
+        problems.append(f"{path}: vertex {name!r} has {blocks or 'none'} of source/logic/sink; give it exactly one")
+        return None, None
+    kind = cast(VertexKind, blocks[0])
+    config = item[kind]
+    if not isinstance(config, Mapping):
+        problems.append(f"{path}.{kind}: is not a mapping; write e.g. {{builtin: work, costMs: 1}}")
+        return kind, None
+    if kind == "logic" and not ({"builtin", "module"} & set(config)):
+        problems.append(f"{path}.logic: names no code; set logic.builtin or logic.module (module:Class)")
+    if kind in ("source", "sink") and "type" not in config and "module" not in config:
+        problems.append(f"{path}.{kind}: has no type; set {kind}.type (e.g. synthetic, redis-stream)")
+    known = {"source": SOURCE_TYPES, "logic": LOGIC_BUILTINS, "sink": SINK_TYPES}[kind]
+    name_key = "builtin" if kind == "logic" else "type"
+    if name_key in config and config[name_key] not in known:
+        problems.append(
+            f"{path}.{kind}.{name_key}: {config[name_key]!r} is unknown; use one of: {', '.join(known)} "
+            f"or {kind}.module: package.module:Class"
+        )
+    module = config.get("module")
+    if module is not None and (not isinstance(module, str) or not re.match(r"^[\w.]+:[\w]+$", module)):
+        problems.append(f"{path}.{kind}.module: {module!r} is not 'package.module:Class'; fix it")
+    if config.get("mode", "sleep") not in COST_MODES:
+        problems.append(f"{path}.{kind}.mode: {config['mode']!r} is unknown; use one of: {', '.join(COST_MODES)}")
+    for number_key, minimum in (("costMs", 0.0), ("selectivity", 0.0), ("rate", 0.0)):
+        if number_key in config and (not _number(config[number_key]) or config[number_key] < minimum):
+            problems.append(f"{path}.{kind}.{number_key}: {config[number_key]!r} is not a number ≥ {minimum:g}; fix it")
+    return kind, config
+
+
+@dataclass
+class _Unresolved:
+    """Stream ends that named no vertex: the edges they stand for are missing from the graph."""
+
+    #: some stream's `to` is unknown: an edge into some vertex is missing
+    into_unknown: bool = False
+    #: some stream's `from` is unknown: an edge out of some vertex is missing
+    from_unknown: bool = False
+    #: known vertices with a stream out of them to an unknown vertex / into them from one
+    has_out: set[str] = field(default_factory=set)
+    has_in: set[str] = field(default_factory=set)
+
+
+def _parse_streams(
+    raw: Any, entries: Mapping[str, _Entry], nameless: int, problems: list[str]
+) -> tuple[list[Stream], _Unresolved]:
+    """Streams as edges (a bad grouping or missing key still makes one) and the ends that named no vertex.
+    While some vertex entries have no name, names no vertex has are taken to be theirs and not reported
+    again, as long as there are no more distinct such names than nameless entries."""
+    unresolved = _Unresolved()
     if raw is None:
         raw = []
     if not isinstance(raw, list):
         problems.append("spec.streams: is not a list; list the edges as {from, to, grouping}")
-        return []
+        unresolved.into_unknown = unresolved.from_unknown = True
+        return [], unresolved
     streams: list[Stream] = []
-    seen: set[tuple[str, str]] = set()
-    known = ", ".join(vertices) or "none"
+    seen: dict[tuple[str, str], int] = {}
+    known = ", ".join(entries) or "none"
+    strays = {
+        end
+        for item in raw
+        if isinstance(item, Mapping)
+        for end in (item.get("from"), item.get("to"))
+        if isinstance(end, str) and end not in entries
+    }
+    quiet = strays if 0 < len(strays) <= nameless else set()
     for i, item in enumerate(raw):
         path = f"spec.streams[{i}]"
         if not isinstance(item, Mapping):
             problems.append(f"{path}: is not a mapping; write {{from: a, to: b, grouping: shuffle}}")
+            unresolved.into_unknown = unresolved.from_unknown = True
             continue
         src, dst = item.get("from"), item.get("to")
-        bad = False
+        ends_known = True
         for end, value in (("from", src), ("to", dst)):
-            if value not in vertices:
-                problems.append(f"{path}.{end}: unknown vertex {value!r}; use one of: {known}")
-                bad = True
+            if not entries:
+                pass  # spec.vertices is missing or empty, which is reported once
+            elif value is None:
+                problems.append(f"{path}.{end}: is missing; set it to one of: {known}")
+            elif not isinstance(value, str) or value not in entries:
+                if not (isinstance(value, str) and value in quiet):
+                    problems.append(f"{path}.{end}: unknown vertex {value!r}; use one of: {known}")
+            else:
+                continue
+            ends_known = False
         grouping = item.get("grouping", "shuffle")
         if grouping not in GROUPINGS:
             problems.append(f"{path}.grouping: unknown grouping {grouping!r}; use one of: {', '.join(GROUPINGS)}")
-            bad = True
+            grouping = "shuffle"  # a placeholder edge: the structure checks still see the stream
         key = item.get("key")
         if grouping == "fields" and not (isinstance(key, str) and key):
             problems.append(f"{path}.key: fields grouping needs a key; set key to the field to partition by")
-            bad = True
-        if bad:
+        if not ends_known:
+            if isinstance(src, str) and src in entries:
+                unresolved.has_out.add(src)
+            else:
+                unresolved.from_unknown = True
+            if isinstance(dst, str) and dst in entries:
+                unresolved.has_in.add(dst)
+            else:
+                unresolved.into_unknown = True
             continue
         assert isinstance(src, str) and isinstance(dst, str)
         if src == dst:
             problems.append(f"{path}: stream from {src!r} to itself makes a cycle; remove it")
             continue
         if (src, dst) in seen:
-            problems.append(f"{path}: duplicate stream {src} -> {dst}; keep one")
+            problems.append(f"{path}: duplicate stream {src} -> {dst} (also spec.streams[{seen[src, dst]}]); keep one")
             continue
-        seen.add((src, dst))
+        seen[src, dst] = i
         streams.append(Stream(src, dst, cast(Grouping, grouping), key if grouping == "fields" else None))
-    return streams
+    return streams, unresolved
 
 
-def _structure_problems(graph: nx.DiGraph, vertices: Mapping[str, Vertex]) -> list[str]:
+def _structure_problems(graph: nx.DiGraph, entries: Mapping[str, _Entry], unresolved: _Unresolved) -> list[str]:
     problems: list[str] = []
-    index = {name: i for i, name in enumerate(vertices)}
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
@@ -411,22 +499,28 @@ def _structure_problems(graph: nx.DiGraph, vertices: Mapping[str, Vertex]) -> li
             f"spec.streams: cycle {' -> '.join(names)}; a topology must be a DAG, remove one of these streams"
         )
         return problems
-    for name, vertex in vertices.items():
-        path = f"spec.vertices[{index[name]}]"
-        has_in, has_out = graph.in_degree(name) > 0, graph.out_degree(name) > 0
-        if vertex.kind == "source" and has_in:
+    for name, entry in entries.items():
+        path = f"spec.vertices[{entry.index}]"
+        kind = entry.kind
+        has_in = graph.in_degree(name) > 0 or name in unresolved.has_in
+        has_out = graph.out_degree(name) > 0 or name in unresolved.has_out
+        if kind == "source" and has_in:
             problems.append(f"{path}: source {name!r} has incoming streams; remove them or make it logic")
-        if vertex.kind == "sink" and has_out:
+        if kind == "sink" and has_out:
             problems.append(f"{path}: sink {name!r} has outgoing streams; remove them or make it logic")
-        if vertex.kind != "source" and not has_in:
+        if kind in ("logic", "sink") and not has_in and not unresolved.into_unknown:
             problems.append(
                 f"{path}: vertex {name!r} is unreachable from every source; add a stream into it or remove it"
             )
-        if vertex.kind == "source" and not has_out:
+        if kind == "source" and not has_out and not unresolved.from_unknown:
             problems.append(f"{path}: source {name!r} has no outgoing stream; connect it to a vertex")
-    if not any(v.kind == "source" for v in vertices.values()):
+    kinds = [e.kind for e in entries.values()]
+    if "source" not in kinds and None not in kinds:
         problems.append("spec.vertices: no source; add a vertex with a source: block")
-    if not any(v.kind != "source" and graph.out_degree(n) == 0 for n, v in vertices.items()):
+    sinks = [
+        n for n, e in entries.items() if e.kind != "source" and graph.out_degree(n) == 0 and n not in unresolved.has_out
+    ]
+    if not sinks and not unresolved.into_unknown:
         problems.append("spec.vertices: no sink; add a vertex with no outgoing stream (e.g. a sink: block)")
     return problems
 
@@ -492,8 +586,13 @@ def _parse_node_cpu(raw: Any, problems: list[str]) -> float | None:
     if not isinstance(raw, Mapping):
         problems.append("spec.resources: is not a mapping; write {limits: {cpu: '1'}}")
         return None
-    limits = raw.get("limits") or {}
-    cpu = limits.get("cpu") if isinstance(limits, Mapping) else None
+    limits = raw.get("limits")
+    if limits is None:
+        return None
+    if not isinstance(limits, Mapping):
+        problems.append(f"spec.resources.limits: {limits!r} is not a mapping; write limits: {{cpu: '2'}}")
+        return None
+    cpu = limits.get("cpu")
     if cpu is None:
         return None
     try:
