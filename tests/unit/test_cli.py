@@ -110,3 +110,53 @@ def test_bad_input_is_one_line_and_exit_1(files, tmp_path, argv, message) -> Non
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ") and message in proc.stderr
     assert all(line.startswith("error: ") for line in proc.stderr.splitlines())
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "elastream", *args], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"placement": ["node-0"]}', "placement is not a mapping of node -> [executors]"),
+        ('{"placement": {"node-0": "spout#0"}}', "placement.node-0 is not a list of executor ids"),
+        ('{"placement": {"node-0": [1, 2]}}', "placement.node-0 is not a list of executor ids"),
+        ('{"placement": {"node-0": ["spout"]}}', "placement.node-0: executor id 'spout' is not of the form"),
+        ('{"placement": {"node-0": ["ghost#0"]}}', "executor ghost#0 belongs to no vertex of demo"),
+        ('{"placement": {"node-0": ["spout#0"]}, "slotsPerNode": "8"}', "slotsPerNode '8' is not an integer"),
+        ('{"placement": {"node-0": ["spout#0"]}, "nodes": "node-0"}', "nodes 'node-0' is not a list"),
+        ('{"placement": {"node-0": ["spout#0"]}}', "schedule has no executor of vertex parse"),
+        ('{"schedule": 3}', "is not a schedule"),
+        ("[1, 2]", "is not a schedule"),
+    ],
+)
+def test_a_malformed_schedule_file_is_one_line(files, tmp_path, content: str, message: str) -> None:
+    topo, _ = files
+    path = tmp_path / "schedule.json"
+    path.write_text(content)
+    proc = _run("simulate", str(topo), "--schedule", str(path))
+    assert proc.returncode == 1, proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert message in proc.stderr
+
+
+def test_non_utf8_files_are_one_line(files, tmp_path) -> None:
+    topo, _ = files
+    manifest_path = tmp_path / "latin1.yaml"
+    manifest_path.write_bytes(topo.read_bytes().replace(b"name: demo", b"name: d\xe9mo"))
+    snap_path = tmp_path / "latin1.json"
+    snap_path.write_bytes(b'{"vertices": {"caf\xe9": 1}}')
+    for argv in (["validate", str(manifest_path)], ["etp", str(topo), "--metrics", str(snap_path)]):
+        proc = _run(*argv)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and "is not UTF-8" in proc.stderr, proc.stderr
+
+
+def test_plan_to_the_same_node_count_is_direction_none(files, capsys) -> None:
+    topo, snap = files
+    data = run_json(capsys, "plan", str(topo), "--metrics", str(snap), "--nodes", "2")
+    assert data["direction"] == "none"
+    assert data["moves"] == [] and data["new_executors"] == [] and data["added_nodes"] == []

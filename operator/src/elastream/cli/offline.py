@@ -59,6 +59,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_snapshot(path: str) -> MetricSnapshot:
+    try:
+        return MetricSnapshot.load(path)
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{path}: byte {exc.start} is not UTF-8 ({exc.reason}); save it as UTF-8") from None
+
+
 def _congestion_rate(args: argparse.Namespace, topology: Topology) -> float:
     rate = args.congestion_rate if args.congestion_rate is not None else topology.scaling.congestion_rate
     if rate < 1.0:
@@ -68,7 +75,7 @@ def _congestion_rate(args: argparse.Namespace, topology: Topology) -> float:
 
 def cmd_etp(args: argparse.Namespace) -> int:
     topology = load_manifest(args.file)
-    snapshot = MetricSnapshot.load(args.metrics)
+    snapshot = _load_snapshot(args.metrics)
     table = etp_table(topology, snapshot, _congestion_rate(args, topology))
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
@@ -108,7 +115,7 @@ def current_schedule(topology: Topology, snapshot: MetricSnapshot) -> Schedule:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     topology = load_manifest(args.file)
-    snapshot = MetricSnapshot.load(args.metrics)
+    snapshot = _load_snapshot(args.metrics)
     snapshot.check_against(topology)
     schedule = current_schedule(topology, snapshot)
     strategy = args.strategy or topology.scaling.strategy
@@ -154,17 +161,24 @@ def describe_step(step: dict[str, Any] | Any) -> str:
     if step.get("target") is None:
         return f"step {step['iteration']}: {step.get('reason', 'no target')}"
     etp = ", ".join(f"{v}={e:.3f}" for v, e in step.get("etp", {}).items())
-    return f"step {step['iteration']}: ETP {{{etp}}} -> {step['target']} on {step['node']}" + (
-        f" ({step['reason']})" if "reason" in step and "source" in step["reason"] else ""
+    skipped = ", ".join(step.get("skipped", {}))
+    return (
+        f"step {step['iteration']}: ETP {{{etp}}} -> {step['target']} on {step['node']}"
+        + (f" ({step['reason']})" if "reason" in step and "source" in step["reason"] else "")
+        + (f" (skipped {skipped}: fed only through global)" if skipped else "")
     )
 
 
 def _load_schedule(path: str, topology: Topology) -> Schedule:
+    """A schedule file: `{placement: {node: [executors]}, slotsPerNode, nodes}`, a bare placement, or
+    `elastream plan --json` output (its `schedule`). Every shape error is one line naming the field."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except OSError as exc:
         raise CommandError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{path}: byte {exc.start} is not UTF-8 ({exc.reason}); save it as UTF-8") from None
     except json.JSONDecodeError as exc:
         raise CommandError(f"{path}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
     if isinstance(data, dict) and "schedule" in data:
@@ -173,14 +187,34 @@ def _load_schedule(path: str, topology: Topology) -> Schedule:
         raise CommandError(f"{path}: is not a schedule; give {{placement: {{node: [executors]}}}}")
     if "placement" not in data:
         data = {"placement": data}
-    data.setdefault("slotsPerNode", topology.slots_per_node)
-    return Schedule.from_dict(data)
+    placement = data["placement"]
+    if not isinstance(placement, dict) or not placement:
+        raise CommandError(f'{path}: placement is not a mapping of node -> [executors]; write {{"node-0": ["v#0"]}}')
+    for node, executors in placement.items():
+        if not isinstance(executors, list) or not all(isinstance(e, str) for e in executors):
+            raise CommandError(f'{path}: placement.{node} is not a list of executor ids; write ["<vertex>#<i>", ...]')
+        for executor in executors:
+            try:
+                vertex, _ = split_executor_id(executor)
+            except ValueError as exc:
+                raise CommandError(f"{path}: placement.{node}: {exc}") from None
+            if vertex not in topology.vertices:
+                raise CommandError(
+                    f"{path}: placement.{node}: executor {executor} belongs to no vertex of {topology.name}"
+                )
+    slots = data.get("slotsPerNode", topology.slots_per_node)
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise CommandError(f"{path}: slotsPerNode {slots!r} is not an integer ≥ 1; fix it or leave it out")
+    nodes = data.get("nodes")
+    if nodes is not None and (not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)):
+        raise CommandError(f"{path}: nodes {nodes!r} is not a list of node names; fix it or leave it out")
+    return Schedule.from_dict({"placement": placement, "slotsPerNode": slots, "nodes": nodes})
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     topology = load_manifest(args.file)
     schedule = _load_schedule(args.schedule, topology) if args.schedule else initial_schedule(topology)
-    snapshot = MetricSnapshot.load(args.metrics) if args.metrics else None
+    snapshot = _load_snapshot(args.metrics) if args.metrics else None
     try:
         result = simulate(topology, schedule, SimulationModel.from_topology(topology, snapshot))
     except ValueError as exc:
