@@ -390,11 +390,19 @@ def optimal_scale_in(
     return best
 
 
-def move_off_nodes(schedule: Schedule, removed: Sequence[str], receivers: Sequence[str]) -> Schedule:
+def move_off_nodes(
+    schedule: Schedule,
+    removed: Sequence[str],
+    receivers: Sequence[str],
+    weight: Mapping[str, float] | None = None,
+) -> Schedule:
     """Remove `removed` and deal their executors round-robin onto `receivers` in the given order, skipping
-    full nodes. Raises ValueError when the receivers' free slots cannot hold them."""
+    full nodes; with `weight` (executor -> load) the heaviest executors are dealt first, so they land on
+    the first receivers. Raises ValueError when the receivers' free slots cannot hold them."""
     remaining = [n for n in schedule.nodes if n not in set(removed)]
     moving = [e for n in removed for e in schedule.executors_on(n)]
+    if weight is not None:
+        moving.sort(key=lambda e: -weight.get(e, 0.0))
     free = {n: schedule.free_slots(n) for n in receivers}
     if sum(free.values()) < len(moving):
         total = len(schedule)

@@ -15,10 +15,25 @@ children's input rates recomputed (section II-E). Choices the paper leaves open:
   and every vertex downstream is re-projected as min(its new input, its true rate), so a child with
   headroom absorbs the extra input instead of looking congested. Without true rates the paper's rule
   stands: children's processing rates are left as measured.
+- The (k+1)/k projection assumes a new executor takes a 1/(k+1) share of the input, which holds for
+  `shuffle` and (keys spread over key groups) `fields`. A vertex fed only through `global` streams sends
+  everything to executor 0, so another executor gains nothing: such a vertex is never a target (the step
+  lists it under `skipped`). A vertex fed through `all` gets a full copy of the stream in every executor:
+  a new executor adds as much input as processing, so the vertex stays as congested as it was and its
+  extra output is duplicates; the projection overstates it and Stela, like the paper, does not know.
+  Mixed inputs are projected as if every stream were shuffled.
 
-Scale-in removes one node at a time: the one with the lowest ETPSum (ties: the highest node number, like a
-StatefulSet scaling down), its executors dealt round-robin onto the remaining nodes in increasing ETPSum
-order (skipping full nodes), ETPSums recomputed after every removal.
+Scale-in removes one node at a time: the one with the lowest ETPSum, its executors dealt round-robin onto
+the remaining nodes in increasing ETPSum order (skipping full nodes), ETPSums recomputed after every
+removal. Where the paper is silent:
+
+- ETPSum ties (common: every node of a round-robin schedule often hosts the same mix) go to node load, the
+  sum of its executors' busy fractions (processing rate / true processing rate; each executor counts 1
+  when the snapshot has no true rates): the least loaded node is removed, and among receivers with equal
+  ETPSum the least loaded comes first. Remaining ties: the highest node number is removed first (like a
+  StatefulSet scaling down).
+- The removed node's executors are dealt heaviest first, so the busiest ones go to the first receivers
+  rather than all landing where the order of their names puts them.
 """
 
 from __future__ import annotations
@@ -30,7 +45,7 @@ from elastream.core.planner.etp import congested_vertices, etp_map, etp_sums
 from elastream.core.planner.plan import PlanningError
 from elastream.core.schedule import Schedule, fresh_node_names, node_index
 from elastream.core.simulate import move_off_nodes, new_slot_count
-from elastream.core.topology import Topology, executor_id
+from elastream.core.topology import Topology, executor_id, split_executor_id
 
 
 def stela_scale_out(
@@ -50,12 +65,14 @@ def stela_scale_out(
     free = dict.fromkeys(new_nodes, schedule.slots_per_node)
     assignment = dict(schedule.assignment)
     steps: list[dict[str, Any]] = []
+    global_only = fed_only_by_global(topology)
     cursor = 0
     for iteration in range(slots):
         congested = congested_vertices(topology, inputs, processing, congestion_rate, capacity)
         etp = etp_map(topology, processing, congested)
         growable = [v for v in topology.order if parallelism[v] < topology.vertices[v].max_parallelism]
-        candidates = [v for v in growable if v in congested]
+        candidates = [v for v in growable if v in congested and v not in global_only]
+        skipped = sorted(congested & global_only, key=topology.position.__getitem__)
         reason = "highest ETP among congested vertices"
         if not candidates:
             candidates = [v for v in growable if v in topology.sources]
@@ -98,7 +115,19 @@ def stela_scale_out(
                 "projected_throughput": sum(processing[s] for s in topology.sinks),
             }
         )
+        if skipped:
+            steps[-1]["skipped"] = {v: "fed only through global: another executor would get no input" for v in skipped}
     return Schedule(assignment, (*schedule.nodes, *new_nodes), schedule.slots_per_node), steps
+
+
+def fed_only_by_global(topology: Topology) -> frozenset[str]:
+    """Vertices whose every input stream is `global`: all their input goes to executor 0."""
+    return frozenset(
+        v
+        for v in topology.order
+        if topology.graph.in_degree(v) > 0
+        and all(topology.stream(p, v).grouping == "global" for p in topology.parents(v))
+    )
 
 
 def _propagate(
@@ -125,6 +154,17 @@ def _propagate(
             frontier.update(topology.children(child))
 
 
+def executor_load(topology: Topology, rates: Rates) -> dict[str, float]:
+    """Per vertex, how busy one of its executors is: its processing rate over its true processing rate (the
+    busy fraction, in threads), where the snapshot has true rates; without any, every executor counts 1."""
+    if not rates.capacity:
+        return dict.fromkeys(topology.order, 1.0)
+    return {
+        v: min(1.0, rates.processing[v] / rates.capacity[v]) if rates.capacity.get(v, 0.0) > 0 else 0.0
+        for v in topology.order
+    }
+
+
 def stela_scale_in(
     topology: Topology,
     schedule: Schedule,
@@ -134,15 +174,18 @@ def stela_scale_in(
 ) -> tuple[Schedule, list[dict[str, Any]]]:
     congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate, rates.capacity)
     etp = etp_map(topology, rates.processing, congested)
+    busy = executor_load(topology, rates)
     steps: list[dict[str, Any]] = []
     current = schedule
     iteration = 0
     while len(current.nodes) > target_nodes:
         sums = etp_sums(etp, current.placement())
-        ranked = sorted(current.nodes, key=lambda n: (sums[n], -node_index(n), n))
+        load = {n: sum(busy[split_executor_id(e)[0]] for e in current.executors_on(n)) for n in current.nodes}
+        ranked = sorted(current.nodes, key=lambda n: (round(sums[n], 9), round(load[n], 9), -node_index(n), n))
         victim, receivers = ranked[0], ranked[1:]
+        weight = {e: busy[split_executor_id(e)[0]] for e in current.executors_on(victim)}
         try:
-            current = move_off_nodes(current, [victim], receivers)
+            current = move_off_nodes(current, [victim], receivers, weight)
         except ValueError as exc:
             raise PlanningError(str(exc)) from None
         steps.append(
@@ -150,6 +193,7 @@ def stela_scale_in(
                 "iteration": iteration,
                 "removed": victim,
                 "etp_sum": {n: round(sums[n], 6) for n in ranked},
+                "load": {n: round(load[n], 3) for n in ranked},
                 "receivers": receivers,
             }
         )
