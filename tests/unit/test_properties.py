@@ -9,9 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastream.core.planner import PlanningError, etp_table, make_plan
+from elastream.core.planner.etp import etp_map
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.topology import parse_manifest
 from elastream.core.workloads import random_topology
+from helpers import edge, manifest, sink, src, work
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -74,3 +77,50 @@ def test_plans_respect_slots_and_node_counts(seed: int, size: int, target: int, 
     # every vertex keeps at least its executors (nothing is dropped by scale-in)
     for vertex, k in schedule.parallelism().items():
         assert plan.parallelism[vertex] >= k
+
+
+@st.composite
+def diamond_ladders(draw: st.DrawFn) -> dict:
+    """A ladder of diamonds: s -> (2-3 branches) -> join -> (branches) -> join ... -> out, some joins also
+    feeding a side sink. Every rung doubles (or triples) the paths to everything below it, which is where
+    summing over paths (Algorithm 1 as printed) exceeds 1."""
+    rungs = draw(st.integers(1, 10))
+    vertices = [src("s", draw(st.integers(1, 3)), rate=float(draw(st.sampled_from([500, 1000, 4000]))))]
+    streams = []
+    upstream = "s"
+    for r in range(rungs):
+        join = f"j{r}"
+        for b in range(draw(st.integers(2, 3))):
+            branch = f"r{r}b{b}"
+            vertices.append(work(branch, draw(st.integers(1, 3)), costMs=draw(st.floats(0.05, 4.0))))
+            streams += [
+                edge(upstream, branch, draw(st.sampled_from(["shuffle", "shuffle", "all", "global"]))),
+                edge(branch, join),
+            ]
+        vertices.append(work(join, draw(st.integers(1, 3)), costMs=draw(st.floats(0.05, 2.0))))
+        if draw(st.booleans()):
+            vertices.append(sink(f"x{r}", 1, costMs=draw(st.floats(0.01, 1.0))))
+            streams.append(edge(join, f"x{r}"))
+        upstream = join
+    vertices.append(sink("out", 1, costMs=draw(st.floats(0.01, 1.0))))
+    streams.append(edge(upstream, "out"))
+    return manifest(vertices, streams, nodes=2, slotsPerNode=64, resources={"limits": {"cpu": "2"}})
+
+
+@SETTINGS
+@given(doc=diamond_ladders(), rate=st.floats(1.0, 3.0), data=st.data())
+def test_etp_is_a_fraction_even_on_ladders_of_diamonds(doc: dict, rate: float, data: st.DataObject) -> None:
+    topology = parse_manifest(doc)
+    schedule = initial_schedule(topology)
+    snap = snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
+    table = etp_table(topology, snap, rate)
+    for row in table.vertices.values():
+        assert 0.0 <= row.etp <= 1.0 + 1e-12
+    # any congested set, any sink rates: still a fraction, and with nothing congested the source reaches
+    # every sink exactly once (ETP 1) although it has 2^rungs paths to `out`
+    rates = {v: data.draw(st.floats(0.0, 1e4)) for v in topology.order}
+    congested = frozenset(data.draw(st.sets(st.sampled_from(topology.order))))
+    for value in etp_map(topology, rates, congested).values():
+        assert 0.0 <= value <= 1.0 + 1e-12
+    if sum(rates[s] for s in topology.sinks) > 0:
+        assert etp_map(topology, rates, frozenset())["s"] == pytest.approx(1.0)
