@@ -248,3 +248,15 @@ def test_non_utf8_manifest_is_one_problem(tmp_path) -> None:
     with pytest.raises(TopologyError, match=r"is not UTF-8 .*; save the manifest as UTF-8") as info:
         load_manifest(str(path))
     assert len(info.value.problems) == 1
+
+
+def test_slot_shortage_next_to_an_unknown_parallelism_is_a_lower_bound() -> None:
+    doc = chain()
+    doc["spec"].update(nodes=1, slotsPerNode=3)
+    _vertices(doc)[2]["parallelism"] = 0  # enrich: its executors are unknown
+    found = problems(doc)
+    assert found[0].startswith("spec.vertices[2].parallelism")
+    assert found[1] == (
+        "spec.slotsPerNode: 1 nodes × 3 slots = 3 slots for at least 5 executors; "
+        "raise spec.slotsPerNode to at least 5 or spec.nodes to at least 2"
+    )

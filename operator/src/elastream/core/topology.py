@@ -16,6 +16,8 @@ from typing import Any, Literal, cast
 import networkx as nx
 import yaml
 
+from elastream.core.rates import rate_config_problems
+
 API_VERSION = "elastream.dev/v1alpha1"
 KIND = "StreamTopology"
 GROUPINGS = ("shuffle", "fields", "all", "global")
@@ -249,12 +251,13 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     # Executors of the vertices whose parallelism is known: a lower bound when some are not, so a slot
     # shortage reported here is real.
     total = sum(e.parallelism for e in entries.values() if e.parallelism is not None)
+    at_least = "at least " if any(e.parallelism is None for e in entries.values()) else ""
     if nodes is not None and slots is not None and entries and total > nodes * slots:
         need_slots = -(-total // nodes)
         need_nodes = -(-total // slots)
         problems.append(
-            f"spec.slotsPerNode: {nodes} nodes × {slots} slots = {nodes * slots} slots for {total} executors; "
-            f"raise spec.slotsPerNode to {need_slots} or spec.nodes to {need_nodes}"
+            f"spec.slotsPerNode: {nodes} nodes × {slots} slots = {nodes * slots} slots for {at_least}{total} "
+            f"executors; raise spec.slotsPerNode to {at_least}{need_slots} or spec.nodes to {at_least}{need_nodes}"
         )
     if problems:
         raise TopologyError(problems)
@@ -399,6 +402,8 @@ def _vertex_block(
     for number_key, minimum in (("costMs", 0.0), ("selectivity", 0.0), ("rate", 0.0)):
         if number_key in config and (not _number(config[number_key]) or config[number_key] < minimum):
             problems.append(f"{path}.{kind}.{number_key}: {config[number_key]!r} is not a number ≥ {minimum:g}; fix it")
+    if kind == "source" and config.get("type") == "synthetic":
+        problems.extend(rate_config_problems(config, f"{path}.source"))
     return kind, config
 
 
