@@ -1,0 +1,145 @@
+"""Rate profiles of synthetic sources: constant, `steps`, a `csv` of rates, or a named preset.
+
+The presets reproduce the shape of AUTOSCALE's input streams (Kotto Kombi, Lumineau, Lamarre; the paper's
+Fig. 7 and Fig. 8, ../shared/seeds/004_*.txt), scaled to the source's `rate` (the high rate):
+
+- ``autoscale-3-step``: a low constant rate, a progressive increase to the high rate, a long plateau there,
+  a marked decrease back to the low rate, which holds: low (25 %) 2 steps, ramp over 2 steps, high 3
+  steps, fall within half a step, low 2 steps.
+- ``autoscale-5-step``: sudden jumps without transitions: low (20 %), very high (100 %), lower (40 %),
+  very high again, low; one step each.
+
+A step lasts `stepSeconds` (60 by default). Like the paper's streams they carry small irregular
+fluctuations, `fluctuation` (5 % by default, 0 for none) of the rate, changing every second and the same on
+every run. Profiles repeat after their last step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: preset name -> segments (share of the high rate at the start, at the end, length in steps); a segment
+#: whose two shares differ is a ramp
+PRESETS: Mapping[str, tuple[tuple[float, float, float], ...]] = {
+    "autoscale-3-step": (
+        (0.25, 0.25, 2.0),
+        (0.25, 1.0, 2.0),
+        (1.0, 1.0, 3.0),
+        (1.0, 0.25, 0.5),
+        (0.25, 0.25, 2.0),
+    ),
+    "autoscale-5-step": (
+        (0.2, 0.2, 1.0),
+        (1.0, 1.0, 1.0),
+        (0.4, 0.4, 1.0),
+        (1.0, 1.0, 1.0),
+        (0.2, 0.2, 1.0),
+    ),
+}
+DEFAULT_STEP_SECONDS = 60.0
+DEFAULT_FLUCTUATION = 0.05
+#: keys of a synthetic source's block that choose its rate over time (at most one of them)
+PROFILE_KEYS = ("steps", "csv", "profile")
+
+
+def _jitter(second: int) -> float:
+    """A deterministic value in [-1, 1) for one second of a profile."""
+    return ((second * 2654435761 + 12345) & 0xFFFF) / 32768.0 - 1.0
+
+
+def preset_steps(
+    name: str, rate: float, step_seconds: float = DEFAULT_STEP_SECONDS, fluctuation: float = DEFAULT_FLUCTUATION
+) -> list[tuple[float, float]]:
+    """The preset as (rate, seconds) pieces: a piece per second of ramps and of fluctuating plateaus."""
+    pieces: list[tuple[float, float]] = []
+    second = 0
+    for start, end, steps in PRESETS[name]:
+        length = steps * step_seconds
+        if start == end and fluctuation == 0.0:
+            pieces.append((start * rate, length))
+            second += math.ceil(length)
+            continue
+        whole, elapsed = math.ceil(length), 0.0
+        for i in range(whole):
+            duration = min(1.0, length - elapsed)
+            share = start + (end - start) * (i + 0.5) / whole
+            pieces.append((max(0.0, share * rate * (1.0 + fluctuation * _jitter(second))), duration))
+            elapsed += duration
+            second += 1
+    return pieces
+
+
+def parse_rates(lines: Iterable[str]) -> list[float]:
+    """Rates from a CSV's lines (the first column; blank lines and lines starting with # skipped).
+    Raises ValueError naming the line of a bad value."""
+    rates = []
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        cell = text.split(",")[0].strip()
+        try:
+            value = float(cell)
+        except ValueError:
+            raise ValueError(f"line {number}: {cell!r} is not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"line {number}: {cell!r} is not a rate ≥ 0")
+        rates.append(value)
+    if not rates:
+        raise ValueError("holds no rate (one number per line, one line per second)")
+    return rates
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
+    """Problems with a synthetic source's `steps`, `csv` or `profile` (`path` names the block, e.g.
+    ``spec.vertices[0].source``), one line each, naming the field and the fix. A CSV's content is checked
+    where the file is read (its path is relative to the manifest)."""
+    chosen = [k for k in PROFILE_KEYS if k in config]
+    if len(chosen) > 1:
+        return [f"{path}: has {' and '.join(chosen)}; give at most one of steps, csv, profile"]
+    problems: list[str] = []
+    if "steps" in config:
+        steps = config["steps"]
+        if not isinstance(steps, list) or not steps:
+            return [f"{path}.steps: {steps!r} is not a list of steps; write steps: [{{rate: 100, seconds: 10}}, ...]"]
+        for i, step in enumerate(steps):
+            where = f"{path}.steps[{i}]"
+            if not isinstance(step, Mapping):
+                problems.append(f"{where}: {step!r} is not a mapping; write {{rate: 100, seconds: 10}}")
+                continue
+            for key, minimum, bound in (("rate", 0.0, "≥ 0"), ("seconds", 0.0, "> 0")):
+                value = step.get(key)
+                if value is None:
+                    problems.append(f"{where}.{key}: is missing; add {key}: a number {bound}")
+                elif not _is_number(value) or value < minimum or (key == "seconds" and value == 0):
+                    problems.append(f"{where}.{key}: {value!r} is not a number {bound}; fix it")
+            unknown = sorted(set(step) - {"rate", "seconds"})
+            if unknown:
+                problems.append(f"{where}: unknown field {', '.join(map(str, unknown))}; a step has rate and seconds")
+    if "csv" in config:
+        csv = config["csv"]
+        if not isinstance(csv, str) or not csv.strip():
+            problems.append(
+                f"{path}.csv: {csv!r} is not a file path; write csv: rates.csv (one rate per line, one line per "
+                "second, relative to the manifest's directory)"
+            )
+    if "profile" in config:
+        name = config["profile"]
+        if name not in PRESETS:
+            problems.append(f"{path}.profile: {name!r} is unknown; use one of: {', '.join(PRESETS)}")
+        rate = config.get("rate")
+        if rate is None or not _is_number(rate) or rate <= 0:
+            problems.append(f"{path}.rate: {rate!r} is not a number > 0; a profile scales to rate (its high rate)")
+        step = config.get("stepSeconds", DEFAULT_STEP_SECONDS)
+        if not _is_number(step) or step <= 0:
+            problems.append(f"{path}.stepSeconds: {step!r} is not a number > 0; fix it")
+        fluctuation = config.get("fluctuation", DEFAULT_FLUCTUATION)
+        if not _is_number(fluctuation) or not 0 <= fluctuation < 1:
+            problems.append(f"{path}.fluctuation: {fluctuation!r} is not a number in [0, 1); fix it")
+    return problems
