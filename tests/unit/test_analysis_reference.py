@@ -147,6 +147,40 @@ def test_input_trend_is_least_squares_slope(topo):
     assert one.snapshot.vertices["a"].input_trend == 0.0
 
 
+def test_back_pressured_source_trend_follows_its_offered_events(topo):
+    # the source is offered 100, 110, 120, 130 events per interval over (6, 10] but back-pressure holds it
+    # to 100/s: its input rate is the offered rate and so is its trend (+10 tuples/s per s), not the flat
+    # processed series (whose slope is 0)
+    offered = [0, 100, 210, 330, 460]
+    samples = [
+        MetricSample(
+            6.0 + i,
+            "n1",
+            "a",
+            "a#0",
+            0.0,
+            received=r,
+            processed=100 * i,
+            emitted=100 * i,
+            busy_s=0.0,
+            queue_len=r - 100 * i,
+        )
+        for i, r in enumerate(offered)
+    ]
+    result = analyze_samples(topo, samples, window=4)
+    a = result.snapshot.vertices["a"]
+    assert a.processing_rate == 100.0
+    assert a.input_rate == 460 / 4
+    assert a.input_trend == pytest.approx(10.0)
+    assert a.input_trend > 0.0
+    assert result.snapshot.vertices["b"].input_trend == 0.0  # b sees a's flat emit series
+    # a source that reports fewer offered than processed events keeps up: its processed series counts
+    keeps_up = [
+        MetricSample(6.0 + i, "n1", "a", "a#0", 0.0, 0, c, c, 0.0, 0) for i, c in enumerate([0, 10, 30, 60, 100])
+    ]
+    assert analyze_samples(topo, keeps_up, window=4).snapshot.vertices["a"].input_trend == pytest.approx(10.0)
+
+
 def test_congestion_and_etp_match_the_planner(topo):
     samples = steady("a#0", range(1, 11), 300) + steady("b#0", range(1, 11), 100) + steady("b#1", range(1, 11), 100)
     samples += steady("c#0", range(1, 11), 200, node="n2")

@@ -137,6 +137,7 @@ def _analyze_frame(
         F.sum("dr").alias("dr"),
         F.sum(F.col("w") * F.col("dp")).alias("wp"),
         F.sum(F.col("w") * F.col("de")).alias("we"),
+        F.sum(F.col("w") * F.col("dr")).alias("wr"),
         F.count(F.lit(1)).alias("n"),
         F.max("key").alias("last"),
         F.min("key").alias("first"),
@@ -148,6 +149,7 @@ def _analyze_frame(
         F.sum("dr").alias("received"),
         F.sum("wp").alias("processed_trend"),
         F.sum("we").alias("emitted_trend"),
+        F.sum("wr").alias("received_trend"),
         F.sum("n").alias("samples"),
         F.count(F.lit(1)).alias("executors"),
         F.sum("first.queue_len").alias("queue_first"),
@@ -167,6 +169,7 @@ def _analyze_frame(
             queue_last=int(row["queue_last"]),
             processed_trend=float(row["processed_trend"]),
             emitted_trend=float(row["emitted_trend"]),
+            received_trend=float(row["received_trend"]),
             samples=int(row["samples"]),
         )
         for item in row["placement"]:

@@ -266,6 +266,8 @@ class WindowTotals:
     queue_last: int = 0
     processed_trend: float = 0.0
     emitted_trend: float = 0.0
+    #: sum((k - c) * received delta): a source's offered series, for its input trend
+    received_trend: float = 0.0
     samples: int = 0
 
 
@@ -376,7 +378,9 @@ def analyze_samples(
       the window is cut into `window` intervals, interval k = (start + k·I, start + (k+1)·I], and each
       sample's delta from its previous sample (or from its baseline) counts in the interval of its `ts`
       (deltas telescope to the window counts). Input is linear in the parents' emit series, so the slope is
-      taken per vertex of the emitted and processed series and combined like the rates. window = 1 gives 0.
+      taken per vertex of the emitted and processed series and combined like the rates; a source's is the
+      slope of its received (offered) series, the one its input rate comes from (its processed series when
+      it received fewer than it processed). window = 1 gives 0.
 
     Then congestion (input / processing > congestion_rate) and ETP by the planner's functions, and ETPSum per
     node from the placement. Edge cases: no sample of the topology → every rate and growth 0, no executors,
@@ -400,6 +404,7 @@ def analyze_samples(
     received: dict[str, int] = {}
     p_trend: dict[str, float] = {}
     e_trend: dict[str, float] = {}
+    r_trend: dict[str, float] = {}
     count: dict[str, int] = {}
     first: dict[tuple[str, str], MetricSample] = {}
     last: dict[tuple[str, str], MetricSample] = {}
@@ -423,6 +428,7 @@ def analyze_samples(
                 received[v] = received.get(v, 0) + dr
                 p_trend[v] = p_trend.get(v, 0.0) + weight * dp
                 e_trend[v] = e_trend.get(v, 0.0) + weight * de
+                r_trend[v] = r_trend.get(v, 0.0) + weight * dr
                 count[v] = count.get(v, 0) + 1
                 key = (v, s.executor)
                 if key not in last or _executor_key(s) > _executor_key(last[key]):
@@ -450,6 +456,7 @@ def analyze_samples(
             queue_last=q_last[v],
             processed_trend=p_trend[v],
             emitted_trend=e_trend[v],
+            received_trend=r_trend[v],
             samples=count[v],
         )
         for v in count
@@ -492,10 +499,17 @@ def analysis_from_totals(
         scale = interval_s * interval_s * spread
         p_slope = {v: tot[v].processed_trend / scale for v in topology.order}
         e_slope = {v: tot[v].emitted_trend / scale for v in topology.order}
+        r_slope = {v: tot[v].received_trend / scale for v in topology.sources}
     else:
         p_slope = dict.fromkeys(topology.order, 0.0)
         e_slope = dict.fromkeys(topology.order, 0.0)
-    trends = derive_input_rates(topology, e_slope, {}, p_slope)
+        r_slope = dict.fromkeys(topology.sources, 0.0)
+    # a source's trend follows the series its input rate comes from: offered (received) events, unless it
+    # reports fewer offered than processed (then it is taken to keep up, as for the rate)
+    offered_trend: dict[str, float | None] = {
+        v: r_slope[v] if tot[v].received >= tot[v].processed else p_slope[v] for v in topology.sources
+    }
+    trends = derive_input_rates(topology, e_slope, offered_trend, p_slope)
     vertices: dict[str, VertexMetrics] = {}
     for v in topology.order:
         t = tot[v]
