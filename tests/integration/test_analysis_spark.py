@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import socket
 import subprocess
 import sys
 import warnings
@@ -18,7 +20,7 @@ import pytest
 import redis
 import yaml
 
-from elastream.analysis import Analyzer, SparkUnavailable
+from elastream.analysis import WARM_WINDOW, Analyzer, SparkUnavailable, synthetic_window
 from elastream.analysis import session as spark_session
 from elastream.analysis.job import analyze_with_spark
 from elastream.analysis.sources import (
@@ -346,3 +348,135 @@ def test_cli_falls_back_to_python_with_one_warning_line(tmp_path):
     ]
     expected = analyze_samples(topology, samples, window=5).to_dict(topology)
     assert json.loads(proc.stdout) == json.loads(json.dumps(expected))
+
+
+def test_warm_up_runs_a_first_analysis_on_spark(spark):
+    rnd = random.Random(31)
+    topology, _ = random_topology(rnd, n=6)
+    analyzer = Analyzer(spark=spark)
+    result = analyzer.warm_up(topology)
+    assert result is not None and analyzer.engine_used == "spark" and analyzer.warm_analysis is result
+    window = synthetic_window(topology)
+    assert window and {s.vertex for s in window} == set(topology.order)
+    expected = analyze_samples(topology, window, window=WARM_WINDOW)
+    assert_agree(result, expected)
+    assert result.samples_used > 0 and all(m.processing_rate > 0 for m in result.snapshot.vertices.values())
+    assert Analyzer(spark=spark).warm_up() is not None  # a built-in topology when none is given
+    assert Analyzer("python").warm_up(topology) is None
+
+
+def test_spark_error_reason_is_the_deepest_java_cause(spark):
+    with pytest.raises(Exception) as caught:
+        spark.range(3).selectExpr("raise_error('kaput at the bottom')").collect()
+    assert "An error occurred while calling" in str(caught.value).splitlines()[0]  # what py4j says first
+    assert spark_session.spark_error_reason(caught.value) == "java.lang.RuntimeException: kaput at the bottom"
+    wrapped = SparkUnavailable("outer")
+    wrapped.__cause__ = caught.value
+    assert spark_session.spark_error_reason(wrapped) == "java.lang.RuntimeException: kaput at the bottom"
+    assert spark_session.spark_error_reason(ValueError("plain\nsecond line")) == "plain"
+
+
+def test_master_urls_are_checked_before_spark_starts():
+    assert spark_session.master_addresses("local[*]") == []
+    assert spark_session.master_addresses("spark://a:7078,b") == [("a", 7078), ("b", 7077)]
+    assert spark_session.master_addresses("k8s://https://api.example:6443") == [("api.example", 6443)]
+    for bad in ("foo://x", "spark://", "spark://h:port"):
+        with pytest.raises(SparkUnavailable, match="is not a Spark master URL; use local"):
+            spark_session.master_addresses(bad)
+    with pytest.raises(
+        SparkUnavailable, match=r"cannot reach the Spark master spark://127.0.0.1:1 \(127.0.0.1:1: conn"
+    ):
+        spark_session.probe_master("spark://127.0.0.1:1")
+
+
+def _analyze_subprocess(tmp_path, env_extra: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict]:
+    rnd = random.Random(8)
+    topology, doc = random_topology(rnd, n=5)
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    samples = random_samples(rnd, topology, 20, 1.0)
+    write_parquet_local(samples, str(tmp_path / "arch"))
+    env = {**os.environ, **env_extra}
+    argv = ["analyze", "--parquet", str(tmp_path / "arch"), "--topology", str(path), "--window", "5", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, timeout=120, env=env
+    )
+    expected = json.loads(json.dumps(analyze_samples(topology, samples, window=5).to_dict(topology)))
+    return proc, expected
+
+
+def test_unreachable_master_falls_back_without_starting_spark(tmp_path):
+    proc, expected = _analyze_subprocess(tmp_path, {spark_session.MASTER_ENV: "spark://127.0.0.1:1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "warning: Spark unavailable, falling back to the Python reference analysis: cannot reach the Spark master "
+        "spark://127.0.0.1:1 (127.0.0.1:1: connection refused); start it, fix ELASTREAM_SPARK_MASTER, or unset it "
+        "to analyse on local[*]"
+    ]
+    assert json.loads(proc.stdout) == expected
+
+
+def test_silent_master_start_is_capped_by_the_start_timeout(tmp_path):
+    # a master that accepts connections and never answers: Spark itself would retry for over a minute
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        master = f"spark://127.0.0.1:{silent.getsockname()[1]}"
+        env = {spark_session.MASTER_ENV: master, spark_session.START_TIMEOUT_ENV: "3"}
+        proc, expected = _analyze_subprocess(tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warning == [
+        "warning: Spark unavailable, falling back to the Python reference analysis: Spark did not start within 3 s "
+        f"with master {master} (no executors, or the master does not answer); check the cluster, or raise "
+        "ELASTREAM_SPARK_START_TIMEOUT"
+    ]
+    assert json.loads(proc.stdout) == expected
+
+
+FAIL_DURING_ANALYSIS = """
+import json, os, sys, warnings
+from pyspark import SparkContext
+from elastream.analysis import Analyzer, synthetic_window
+from elastream.core.metrics import analyze_samples
+from elastream.core.topology import parse_manifest
+
+doc = json.loads(sys.argv[1])
+topology = parse_manifest(doc)
+analyzer = Analyzer()
+assert analyzer.warm_up(topology) is not None and analyzer.engine_used == "spark"
+SparkContext._gateway.proc.kill()  # the JVM dies after start-up (OOM killer, crash)
+SparkContext._gateway.proc.wait()
+samples = synthetic_window(topology, 8)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    result = analyzer.analyze(topology, samples, window=8)
+out = {
+    "engine": analyzer.engine_used,
+    "reason": analyzer.fallback_reason,
+    "warnings": [str(w.message) for w in caught],
+    "same": result == analyze_samples(topology, samples, window=8),
+}
+print("RESULT " + json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+def test_spark_failing_during_an_analysis_falls_back_to_the_reference(tmp_path):
+    _, doc = random_topology(random.Random(9), n=4)
+    proc = subprocess.run(
+        [sys.executable, "-c", FAIL_DURING_ANALYSIS, json.dumps(doc)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, spark_session.MASTER_ENV: "local[1]"},
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[0][len("RESULT ") :])
+    assert out["engine"] == "python" and out["same"] is True
+    assert out["reason"].startswith("Spark failed during the analysis: ")
+    assert "An error occurred while calling" not in out["reason"]
+    assert len(out["warnings"]) == 1
+    assert out["warnings"][0].startswith(out["reason"])
+    assert out["warnings"][0].endswith("falling back to the Python reference analysis for this window")
