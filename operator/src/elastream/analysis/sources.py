@@ -52,22 +52,39 @@ class SampleStream(Protocol):
     def read_since(self, since_ts: float | None = None, count: int | None = None) -> list[MetricSample]: ...
 
 
-def read_hot_window(stream: SampleStream, window: int, interval_s: float) -> list[MetricSample]:
+def read_hot_window(
+    stream: SampleStream, window: int, interval_s: float, not_before: float | None = None
+) -> list[MetricSample]:
     """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows.
 
     The stream is ordered by arrival, so the newest entry gives the window end; the read starts a window
-    before the window start so that each incarnation's baseline (its last sample before the window) is there.
+    before the window start so that each incarnation's baseline (its last sample before the window) is there
+    even when the samples around the window start are missing.
+
+    `not_before` (a controller's cut-off: when the current schedule started running) limits the *window*,
+    not the baselines: with it, no sample newer than the cut-off gives [] (nothing ran since), else analyse
+    `hot_window_intervals(...)` intervals. Samples before the cut-off stay as baselines of incarnations that
+    report after it; those that stopped before it have no sample in the window and count for nothing.
     """
     check_window_args(window, interval_s, 1.0)
     newest = stream.read_last(64)
     if not newest:
         return []
     end = max(s.ts for s in newest)
+    if not_before is not None and end < not_before:
+        return []
     since = end - (1.0 + HISTORY_WINDOWS) * window * interval_s
     samples = [s for s in stream.read_since(since - CLOCK_SKEW_S) if s.ts >= since]
     if not samples:  # stream ids and sample clocks disagree: read everything the stream holds
         samples = [s for s in stream.read_since(None) if s.ts >= since]
     return samples
+
+
+def hot_window_intervals(samples: Sequence[MetricSample], window: int, interval_s: float, not_before: float) -> int:
+    """The whole intervals (1 to `window`) between `not_before` and the newest sample: the window of a
+    `read_hot_window(..., not_before)` read, which must not reach back before the cut-off."""
+    end = max((s.ts for s in samples), default=not_before)
+    return max(1, min(window, int((end - not_before) / interval_s)))
 
 
 def spark_schema() -> StructType:

@@ -1,8 +1,10 @@
 """`elastream analyze`: the newest window of metric samples -> snapshot, congestion, ETP and ETPSum.
 
 Samples come from the topology's Redis metric stream (`--redis`) or a Parquet archive (`--parquet`, a local
-path or any Hadoop URI). The analysis runs on Spark (`ELASTREAM_SPARK_MASTER`, default local[*]) and falls
-back to the Python reference, with a warning, when Spark cannot start; `--engine python` skips Spark.
+path or any Hadoop URI). `--topology` is a manifest file or the name (NAME or NAMESPACE/NAME) of a topology
+`elastream run` started, whose manifest it keeps in Redis. The analysis runs on Spark
+(`ELASTREAM_SPARK_MASTER`, default local[*]) and falls back to the Python reference, with a warning, when
+Spark cannot start or fails on a window; `--engine python` skips Spark.
 """
 
 from __future__ import annotations
@@ -10,19 +12,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
-from elastream.analysis import Analyzer
+from elastream.analysis import Analyzer, SparkUnavailable
+from elastream.analysis.session import spark_error_reason
 from elastream.cli import CommandError
 from elastream.core.metrics import Analysis, MetricSample, check_window_args
-from elastream.core.topology import Topology, load_manifest
+from elastream.core.topology import Topology, load_manifest, parse_manifest
+
+if TYPE_CHECKING:
+    import redis
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     analyze = subparsers.add_parser("analyze", help="analyse the newest window of metric samples (Spark)")
     analyze.add_argument("--redis", metavar="URL", help="Redis holding the metric stream, e.g. redis://host:6379/0")
-    analyze.add_argument("--topology", required=True, metavar="FILE", help="YAML file with one StreamTopology")
+    analyze.add_argument(
+        "--topology",
+        required=True,
+        metavar="FILE|NAME",
+        help="YAML file with one StreamTopology, or the name of one `elastream run` runs on --redis",
+    )
     analyze.add_argument("--window", type=int, default=None, help="intervals per window (default spec.scaling.window)")
     analyze.add_argument("--interval", type=float, default=1.0, metavar="S", help="sample interval in s (1.0)")
     analyze.add_argument("--congestion-rate", type=float, default=None, help="default: spec.scaling.congestionRate")
@@ -32,28 +45,64 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     analyze.set_defaults(func=cmd_analyze)
 
 
+def _redis_client(url: str) -> redis.Redis:
+    import redis
+
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    except ValueError as exc:
+        raise CommandError(f"--redis: {url!r} is not a Redis URL ({exc}); use redis://host:6379/0") from None
+
+
+def _unreachable(url: str, exc: Exception) -> CommandError:
+    return CommandError(f"cannot reach Redis at {url}: {str(exc).rstrip('.')}; check --redis and that Redis is up")
+
+
+def resolve_topology(spec: str, url: str | None) -> Topology:
+    """`--topology`: a manifest file, else a name whose manifest `elastream run` stored in Redis."""
+    if os.path.exists(spec) or spec.endswith((".yaml", ".yml", ".json")):
+        return load_manifest(spec)
+    if not url:
+        raise CommandError(
+            f"--topology: {spec} is not a file; give the manifest file, or --redis URL to look up the topology "
+            f"{spec} that `elastream run` runs there"
+        )
+    import redis
+
+    from elastream.store.registry import manifest_key, stored_manifest
+
+    client = _redis_client(url)
+    try:
+        document = stored_manifest(client, spec)
+    except redis.RedisError as exc:
+        raise _unreachable(url, exc) from None
+    finally:
+        client.close()
+    if document is None:
+        raise CommandError(
+            f"--topology: no topology {spec} in Redis at {url} (no key {manifest_key(spec)}); pass its manifest "
+            f"file, or start it there with `elastream run FILE --redis {url}` (NAMESPACE/NAME outside default)"
+        )
+    return parse_manifest(document)
+
+
 def _read_redis(url: str, topology: Topology, window: int, interval_s: float) -> list[MetricSample]:
     import redis
 
     from elastream.analysis.sources import read_hot_window
     from elastream.store.metric_stream import MetricStream
 
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
-    except ValueError as exc:
-        raise CommandError(f"--redis: {url!r} is not a Redis URL ({exc}); use redis://host:6379/0") from None
+    client = _redis_client(url)
     try:
         return read_hot_window(MetricStream(client, topology.redis_prefix), window, interval_s)
     except redis.RedisError as exc:
-        raise CommandError(
-            f"cannot reach Redis at {url}: {str(exc).rstrip('.')}; check --redis and that Redis is up"
-        ) from None
+        raise _unreachable(url, exc) from None
     finally:
         client.close()
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    topology = load_manifest(args.topology)
+    topology = resolve_topology(args.topology, args.redis)
     window = args.window if args.window is not None else topology.scaling.window
     rate = args.congestion_rate if args.congestion_rate is not None else topology.scaling.congestion_rate
     try:
@@ -102,11 +151,12 @@ def _analyze_parquet(
         samples = read_parquet_local(path)
     except CommandError:
         raise
+    except SparkUnavailable as exc:  # Spark started but failed on the archive
+        raise CommandError(str(exc)) from None
     except Exception as exc:
         if "PATH_NOT_FOUND" in str(exc) or isinstance(exc, FileNotFoundError):
             raise CommandError(f"--parquet: {path} does not exist; check the path") from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CommandError(f"--parquet: cannot read {path}: {first}") from None
+        raise CommandError(f"--parquet: cannot read {path}: {spark_error_reason(exc)}") from None
     return analyzer.analyze(topology, samples, window=window, interval_s=interval_s, congestion_rate=rate)
 
 

@@ -5,6 +5,7 @@ Keys under the topology's prefix (`elastream:{namespace}/{name}:`):
 - `endpoints:<version>`   hash executor -> ``tcp://host:port`` of its inbox, written by each worker
 - `ready:<version>`       set of nodes whose executors are all running
 - `workers`               hash node -> JSON ``{"pid", "host", "metricsPort", "version", "startedAt"}``
+- `manifest`              JSON of the running StreamTopology (`store_manifest`), so tools can name it
 Versioned keys expire after a day, so abandoned schedules do not pile up.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import redis
 
 from elastream.core.schedule import Schedule
+from elastream.core.topology import API_VERSION, KIND, Topology
 
 log = logging.getLogger("elastream.store")
 
@@ -104,6 +106,32 @@ class Registry:
     def workers(self) -> dict[str, dict[str, Any]]:
         raw = self.client.hgetall(f"{self.prefix}workers")
         return {_text(k): json.loads(v) for k, v in raw.items()}
+
+
+def manifest_key(name: str) -> str:
+    """The key of a stored manifest: `name` is NAME (namespace default) or NAMESPACE/NAME."""
+    namespace, _, short = name.rpartition("/")
+    return f"elastream:{namespace or 'default'}/{short}:manifest"
+
+
+def store_manifest(client: redis.Redis, topology: Topology) -> None:
+    """Keep the topology's manifest (with its current node count) under its prefix, as JSON."""
+    document = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": topology.name, "namespace": topology.namespace},
+        "spec": {**topology.spec, "nodes": topology.nodes},
+    }
+    client.set(f"{topology.redis_prefix}manifest", json.dumps(document, default=str))
+
+
+def stored_manifest(client: redis.Redis, name: str) -> dict[str, Any] | None:
+    """The manifest `store_manifest` kept for NAME or NAMESPACE/NAME, None when there is none."""
+    raw = client.get(manifest_key(name))
+    if raw is None:
+        return None
+    document: dict[str, Any] = json.loads(raw)
+    return document
 
 
 def _text(value: bytes | str) -> str:
