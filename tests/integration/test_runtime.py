@@ -161,6 +161,9 @@ def test_metrics_reach_redis_and_prometheus(tmp_path, redis_url: str) -> None:
     assert last["w#0"].processed > 0 and last["w#0"].busy_s > 0
     assert 0 < last["out#0"].latency_ms < 5000
     assert 'elastream_executor_processed_total{executor="w#0",node="' in body
+    # the last interval's mean latency, as a gauge (end-to-end at the sink)
+    gauges = [line for line in body.splitlines() if line.startswith('elastream_executor_latency_ms{executor="w#0"')]
+    assert len(gauges) == 1 and float(gauges[0].rsplit(" ", 1)[1]) > 0, body
 
 
 def test_a_raising_user_operator_is_reported_not_fatal(tmp_path, redis_url: str) -> None:
@@ -287,7 +290,7 @@ def test_run_command_prints_live_throughput_and_reaps_its_processes(tmp_path, re
     rates = [float(row[1]) for row in rows if row[0].endswith("s") and row[0][:-1].isdigit()]
     assert len(rates) >= 4
     assert 700 < max(rates) < 1300  # the sink sees the source's 1,000 events/s
-    leftover = subprocess.run(["pgrep", "-f", f"--topology {path}"], capture_output=True, text=True, check=False)
+    leftover = subprocess.run(["pgrep", "-f", "--", f"--topology {path}"], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == ""
     client = redis.Redis.from_url(redis_url)
     assert client.exists(f"{load_manifest(path).redis_prefix}metrics")

@@ -4,6 +4,10 @@ A module in `COMMAND_MODULES` exposes `register(subparsers)`, which adds its par
 `func=handler` on each; a handler returns the process exit code. Expected failures (bad manifest, bad
 snapshot, unreachable service) raise `CommandError` (or a domain error listed in `USER_ERRORS`) and are
 printed as one `error:` line per problem, exit code 1, never a traceback.
+
+SIGTERM is handled like Ctrl-C: the first SIGTERM or SIGINT raises KeyboardInterrupt in the main thread, so
+every `with` block unwinds (workers stopped and reaped, an embedded Redis shut down), and later ones are
+ignored until that cleanup is done. The exit code is 128 + the signal number.
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 from elastream import __version__
 
@@ -41,12 +48,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Signals:
+    """Turns the first SIGTERM/SIGINT into KeyboardInterrupt and shields the cleanup from later ones."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.handle)
+            signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum: int, _frame: Any) -> None:
+        if self.received is not None:
+            print(f"{signal.Signals(signum).name}: already stopping, please wait", file=sys.stderr, flush=True)
+            return
+        self.received = signum
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    signals = _Signals()
+    signals.install()
     try:
         return int(args.func(args) or 0)
     except _user_errors() as exc:
@@ -54,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        signum = signals.received or signal.SIGINT
+        print(f"interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + int(signum)
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly, as other Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

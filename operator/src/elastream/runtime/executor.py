@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastream.core.migration import Mode
 from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context
@@ -46,12 +47,18 @@ class Counters:
     errors: int = 0
     latency_sum_s: float = 0.0
     latency_count: int = 0
+    #: the mean latency of the last published interval (ms), what Prometheus serves
+    latency_ms: float = 0.0
+    #: when an error of each hook was last logged (monotonic)
+    last_error_log: dict[str, float] = field(default_factory=dict)
 
     def take_latency_ms(self) -> float:
-        """Mean latency since the last call, in ms (end-to-end at sinks, per event elsewhere)."""
+        """Mean latency since the last call, in ms (end-to-end at sinks, per event elsewhere); also kept as
+        `latency_ms`."""
         count, total = self.latency_count, self.latency_sum_s
         self.latency_count, self.latency_sum_s = 0, 0.0
-        return 1000.0 * total / count if count else 0.0
+        self.latency_ms = 1000.0 * total / count if count else 0.0
+        return self.latency_ms
 
 
 def grouping_key(event: Any, field: str | None) -> Any:
@@ -88,7 +95,8 @@ class OutputStream:
 
 
 class Router:
-    """Buffers emitted events per downstream executor and sends them in frames of up to `MAX_BATCH`."""
+    """Buffers emitted events per downstream executor and sends them in frames of up to the channel's
+    `frame_limit` (`MAX_BATCH` at most, half the channel's credit window)."""
 
     def __init__(self, outputs: Sequence[OutputStream], stop: threading.Event) -> None:
         self.outputs = list(outputs)
@@ -100,8 +108,9 @@ class Router:
             for index in output.targets(event):
                 buffer = output.buffers[index]
                 buffer.append(event)
-                if len(buffer) >= MAX_BATCH:
-                    self.blocked_s += output.channels[index].send_events(buffer, self.stop)
+                channel = output.channels[index]
+                if len(buffer) >= channel.frame_limit:
+                    self.blocked_s += channel.send_events(buffer, self.stop)
                     output.buffers[index] = []
 
     def flush(self) -> None:
@@ -117,6 +126,21 @@ class Router:
         for output in self.outputs:
             for channel in output.channels:
                 self.blocked_s += channel.send_control(message, self.stop)
+
+    def budget(self, at_most: int) -> int:
+        """How many new events a source should generate now: what its channels can take without blocking
+        (at least 1, at most `at_most`). Events are stamped when generated, so generating more than the
+        channels take would only make them wait, stamped, in the router's buffers."""
+        budget = at_most
+        for output in self.outputs:
+            if output.grouping == "global":
+                free = output.channels[0].free_credit()
+            else:
+                free = sum(channel.free_credit() for channel in output.channels)
+                if output.grouping == "all":
+                    free //= max(1, len(output.channels))
+            budget = min(budget, free)
+        return max(1, budget)
 
     def channels(self) -> list[Channel]:
         return [c for output in self.outputs for c in output.channels]
@@ -178,6 +202,8 @@ class ExecutorThread(threading.Thread):
         self.ahead: deque[list[Any]] = deque()
         self._last_error_log = 0.0
         self.failure: BaseException | None = None
+        self.timer = getattr(operator, "timer", None)
+        _bind_errors(operator, self.counters, context, executor)
 
     def emit(self, value: Any, key: Any = SAME, event_id: int | None = None, ts: float | None = None) -> None:
         current = self.current
@@ -198,12 +224,33 @@ class ExecutorThread(threading.Thread):
                 frame = self._next_frame()
                 if frame is not None:
                     self.handle(frame)
+                elif self.timer is not None and self._timer_allowed():
+                    self.on_timer()
             self.router.flush()
             self.operator.close()
         except BaseException as exc:
             self.failure = exc
             log.exception("executor %s stopped: %s", self.executor, exc)
             self.stop.set()
+
+    def _timer_allowed(self) -> bool:
+        """Timers fire only in normal processing: not during a migration (from PREPARE: what they would emit
+        is in the state that moves, and must be emitted once, by the new executor), nor while waiting for
+        INIT or aligning a checkpoint barrier (the state being saved must not change meanwhile)."""
+        migration = self.migration
+        return migration.awaiting is None and migration.participant.mode is Mode.RUNNING and self.barrier is None
+
+    def on_timer(self) -> None:
+        """Let an idle operator emit what is due by time (a window closing), then send it."""
+        counters = self.counters
+        start = time.perf_counter()
+        self.current = (0, None, None, time.time())
+        try:
+            self.timer(self.emit)  # type: ignore[misc]
+        except Exception as exc:
+            report_error(counters, self.context, self.executor, "timer()", exc)
+        self.router.flush()
+        counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
 
     def _next_frame(self) -> list[Any] | None:
         if not self.control.empty():
@@ -219,6 +266,9 @@ class ExecutorThread(threading.Thread):
                 break
             self._take(frame)
         frame = self.ahead.popleft()
+        if len(frame) > 3:  # taken for processing: its credit goes back to the sender
+            self.inbox.ack(frame[3])
+            frame = frame[:3]
         if frame[0] == DATA:
             self.counters.queue_len -= len(frame[2])
         return frame
@@ -371,6 +421,30 @@ class ExecutorThread(threading.Thread):
             )
 
 
+def report_error(counters: Counters, context: Context, executor: str, hook: str, exc: BaseException) -> None:
+    """An exception in an operator hook other than `process`: counted in `errors`, logged with the vertex
+    name (at most every 5 s per executor and hook); the executor goes on."""
+    counters.errors += 1
+    now = time.monotonic()
+    if now - counters.last_error_log.get(hook, -1e9) >= 5.0:
+        counters.last_error_log[hook] = now
+        log.error(
+            "vertex %s: executor %s: %s raised %s: %s (%d errors so far; the executor goes on)",
+            context.vertex,
+            executor,
+            hook,
+            type(exc).__name__,
+            exc,
+            counters.errors,
+        )
+
+
+def _bind_errors(operator: Any, counters: Counters, context: Context, executor: str) -> None:
+    bind = getattr(operator, "bind_errors", None)
+    if callable(bind):
+        bind(lambda hook, exc: report_error(counters, context, executor, hook, exc))
+
+
 class SourceThread(threading.Thread):
     """Runs a source operator: polls it for due events, stamps them and routes them.
 
@@ -398,6 +472,7 @@ class SourceThread(threading.Thread):
         self.counters = Counters()
         self.failure: BaseException | None = None
         self.now = 0.0
+        _bind_errors(operator, self.counters, context, executor)
 
     def emit_new(self, event_id: int, key: Any, value: Any) -> None:
         self.counters.emitted += 1
@@ -417,7 +492,7 @@ class SourceThread(threading.Thread):
                 start = time.perf_counter()
                 self.now = time.time()
                 before = counters.emitted
-                due = self.operator.poll(self.now, self.emit_new, MAX_BATCH)
+                due = self.operator.poll(self.now, self.emit_new, self.router.budget(MAX_BATCH))
                 self.router.flush()
                 emitted = counters.emitted - before
                 counters.processed += emitted

@@ -23,9 +23,12 @@ their read position part of a checkpoint.
 
 from __future__ import annotations
 
+import bisect
 import importlib
+import itertools
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -35,6 +38,7 @@ from typing import Any, NamedTuple, Protocol
 
 import redis
 
+from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, parse_rates, preset_steps
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import Vertex
 
@@ -174,18 +178,27 @@ class Filter(Work):
 
 
 class Count:
-    """`builtin: count` — stateful keyed counter: emits (key, running count) for every event.
+    """`builtin: count` — stateful keyed counter: emits the running count of the event's key for every event.
 
-    State is kept per key group, so a rescale moves exactly the groups an executor gains or loses."""
+    With `key: FIELD` it counts by ``value[FIELD]`` when the value is a mapping holding it (else by the
+    event key), as a fields grouping on FIELD routes, so a `count` fed by ``grouping: fields, key: FIELD``
+    sees every event of a key. State is kept per key group, so a rescale moves exactly the groups an
+    executor gains or loses."""
 
     def open(self, context: Context) -> None:
         self.context = context
         self.cost = Cost(context.config, context.node_cpu)
+        field = context.config.get("key")
+        self.field = None if field is None else str(field)
         self.groups: dict[int, dict[Any, int]] = {}
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
         key = event[1]
+        if self.field is not None:
+            value = event[2]
+            if isinstance(value, Mapping) and self.field in value:
+                key = value[self.field]
         group = self.groups.setdefault(key_group_of(key, self.context.max_parallelism), {})
         count = group.get(key, 0) + 1
         group[key] = count
@@ -233,6 +246,15 @@ class Window:
             agg[1] += value
             agg[2] = event[0]
 
+    def timer(self, emit: Emit) -> None:
+        """Called by an idle executor (every ~20 ms): close the window when its time is up, so the last
+        window of a burst is emitted without waiting for a later event. Not called on close(): a migration
+        stops executors mid-window and the open window moves with the state."""
+        now = time.time()
+        if self.groups and now >= self.window_end:
+            self.flush(emit)
+            self.window_end = (now // self.size_s + 1) * self.size_s
+
     def flush(self, emit: Emit) -> None:
         for group in self.groups.values():
             for key, (count, total, last_id, ts) in group.items():
@@ -255,8 +277,9 @@ class Window:
 
 
 class RateProfile:
-    """Offered rate over time: `rate` (constant), `steps` ([{rate, seconds}], repeated; AUTOSCALE's 3-step
-    and 5-step streams), or `csv` (one rate per line, one line per second, repeated). `due(t)` is the
+    """Offered rate over time: `rate` (constant), `steps` ([{rate, seconds}], repeated), `csv` (one rate
+    per line, one line per second, repeated) or `profile` (a preset of `elastream.core.rates`, e.g.
+    AUTOSCALE's ``autoscale-3-step`` and ``autoscale-5-step`` streams, scaled to `rate`). `due(t)` is the
     number of events offered in the first t seconds (the integral of the rate)."""
 
     def __init__(self, config: Mapping[str, Any], share: float) -> None:
@@ -264,9 +287,14 @@ class RateProfile:
         if "steps" in config:
             steps = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
         elif "csv" in config:
-            with open(str(config["csv"]), encoding="utf-8") as handle:
-                rates = [float(line.split(",")[0]) for line in handle if line.strip() and not line.startswith("#")]
-            steps = [(r, 1.0) for r in rates]
+            steps = [(r, 1.0) for r in read_rate_file(str(config["csv"]))]
+        elif "profile" in config:
+            steps = preset_steps(
+                str(config["profile"]),
+                float(config["rate"]),
+                float(config.get("stepSeconds", DEFAULT_STEP_SECONDS)),
+                float(config.get("fluctuation", DEFAULT_FLUCTUATION)),
+            )
         else:
             rate = config.get("rate")
             steps = [(math.inf if rate is None else float(rate), 1.0)]
@@ -274,27 +302,47 @@ class RateProfile:
         self.period = sum(d for _, d in self.steps)
         self.per_period = sum(r * d for r, d in self.steps)
         self.unbounded = any(math.isinf(r) for r, _ in self.steps)
+        #: start time and events offered before each step, for a bisection instead of a walk
+        self.starts = list(itertools.accumulate((d for _, d in self.steps), initial=0.0))[:-1]
+        self.before = list(itertools.accumulate((r * d for r, d in self.steps), initial=0.0))[:-1]
+
+    def _step(self, t: float) -> int:
+        return max(0, min(len(self.steps) - 1, bisect.bisect_right(self.starts, t) - 1))
 
     def rate_at(self, t: float) -> float:
-        t %= self.period
-        for rate, duration in self.steps:
-            if t < duration:
-                return rate
-            t -= duration
-        return self.steps[-1][0]
+        return self.steps[self._step(t % self.period)][0]
 
     def due(self, t: float) -> float:
         if self.unbounded:
             return math.inf
         periods, rest = divmod(t, self.period)
-        total = periods * self.per_period
-        for rate, duration in self.steps:
-            part = min(rest, duration)
-            total += rate * part
-            rest -= part
-            if rest <= 0:
-                break
-        return total
+        i = self._step(rest)
+        rate, duration = self.steps[i]
+        return periods * self.per_period + self.before[i] + rate * min(rest - self.starts[i], duration)
+
+
+def read_rate_file(path: str) -> list[float]:
+    """The rates of a `csv:` file; OSError or ValueError (naming the line) when it cannot be used."""
+    with open(path, encoding="utf-8") as handle:
+        return parse_rates(handle)
+
+
+def resolve_rate_file(vertex: Vertex, manifest_dir: str) -> Mapping[str, Any]:
+    """The vertex's config with a relative `csv:` path made absolute against the manifest's directory,
+    checked readable: `OperatorLoadError` names the field and the file otherwise."""
+    config = vertex.config
+    if vertex.kind != "source" or not isinstance(config.get("csv"), str):
+        return config
+    path = os.path.join(manifest_dir, os.path.expanduser(str(config["csv"])))
+    try:
+        read_rate_file(path)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise OperatorLoadError(
+            f"spec.vertices[{vertex.name}].source.csv: {path}: {reason}; fix the file or the path (relative "
+            "paths start at the manifest's directory)"
+        ) from None
+    return {**config, "csv": path}
 
 
 class SourceOperator(Protocol):
@@ -385,11 +433,31 @@ class RedisStreamSource:
         self.client = self.client_factory()
         self.stream = str(context.config.get("stream", f"{context.vertex}:in"))
         self.index, self.stride = context.index, context.parallelism
+        self.name = f"{context.vertex}#{context.index}"
         self.last_id = "0-0"
         self.read = 0
+        self.retry_at = self.backoff_s = self.last_warning = 0.0
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        entries = self.client.xread({self.stream: self.last_id}, count=budget, block=10) or []
+        if now < self.retry_at:
+            return self.read
+        try:
+            entries = self.client.xread({self.stream: self.last_id}, count=budget, block=10) or []
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Redis is away (restarting): nothing is lost, the position stays; try again with backoff
+            self.backoff_s = min(5.0, max(0.2, 2 * self.backoff_s))
+            self.retry_at = now + self.backoff_s
+            if now - self.last_warning >= 5.0:
+                self.last_warning = now
+                logging.getLogger("elastream.worker").warning(
+                    "source %s: cannot read stream %s: Redis unreachable (%s); retrying in %.1f s",
+                    self.name,
+                    self.stream,
+                    exc,
+                    self.backoff_s,
+                )
+            return self.read
+        self.backoff_s = 0.0
         for _, items in entries:
             for entry_id, fields in items:
                 self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -570,9 +638,7 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
     config = vertex.config
     if "module" in config:
         instance = load_class(vertex)()
-        if vertex.kind == "logic":
-            return UserOperator(instance)
-        return instance
+        return UserSource(instance) if vertex.kind == "source" else UserOperator(instance)
     if vertex.kind == "source":
         return Synthetic() if config["type"] == "synthetic" else RedisStreamSource(client_factory)
     if vertex.kind == "sink":
@@ -583,27 +649,88 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
     return LOGIC_BUILTINS[str(config["builtin"])]()
 
 
-class UserOperator:
-    """Adapts a user class to the executor: events arrive as `Event` named tuples; missing hooks are no-ops."""
+#: how an executor hears of an exception in a user hook: report(hook name, exception)
+ErrorReport = Callable[[str, BaseException], None]
+
+
+def _log_report(hook: str, exc: BaseException) -> None:
+    logging.getLogger("elastream.worker").error("user operator: %s raised %s: %s", hook, type(exc).__name__, exc)
+
+
+class _UserCode:
+    """What user sources and operators share: optional hooks, and exceptions in them reported through
+    `report` (the executor's: log line with the vertex name + errors metric) instead of killing the worker."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.stateful = callable(getattr(inner, "snapshot_state", None))
+        self.report: ErrorReport = _log_report
+
+    def bind_errors(self, report: ErrorReport) -> None:
+        self.report = report
+
+    def _call(self, hook: str, *args: Any) -> Any:
+        method = getattr(self.inner, hook, None)
+        if not callable(method):
+            return None
+        try:
+            return method(*args)
+        except Exception as exc:
+            self.report(f"{hook}()", exc)
+            return None
 
     def open(self, context: Context) -> None:
-        if callable(getattr(self.inner, "open", None)):
-            self.inner.open(context)
+        self._call("open", context)
+
+    def close(self) -> None:
+        self._call("close")
+
+
+class UserOperator(_UserCode):
+    """Adapts a user logic or sink class to the executor: events arrive as `Event` named tuples; missing
+    hooks are no-ops. An exception in `process` propagates (the executor skips and reports that event); in
+    `open`, `close`, `snapshot_state` or `restore_state` it is reported and the executor goes on (a failed
+    snapshot checkpoints no state for this executor)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.stateful = callable(getattr(inner, "snapshot_state", None))
 
     def process(self, event: Any, emit: Emit) -> None:
         self.inner.process(Event._make(event), emit)
 
     def snapshot_state(self) -> dict[int, Any]:
-        return dict(self.inner.snapshot_state()) if self.stateful else {}
+        if not self.stateful:
+            return {}
+        state = self._call("snapshot_state")
+        return dict(state) if isinstance(state, Mapping) else {}
 
     def restore_state(self, state: Mapping[int, Any]) -> None:
-        if callable(getattr(self.inner, "restore_state", None)):
-            self.inner.restore_state(state)
+        self._call("restore_state", state)
 
-    def close(self) -> None:
-        if callable(getattr(self.inner, "close", None)):
-            self.inner.close()
+
+class UserSource(_UserCode):
+    """Adapts a user source class: `poll(now, emit_new, budget)` (an exception is reported and the source
+    tries again at its next tick, backing off to 1 s while it keeps failing); `position`, `seek` and
+    `exhausted` are passed through when the class has them."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.retry_at = 0.0
+        self.backoff_s = 0.0
+        self.due = 0
+        for hook in ("position", "seek", "exhausted"):
+            if callable(getattr(inner, hook, None)):
+                setattr(self, hook, getattr(inner, hook))
+
+    def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
+        if now < self.retry_at:
+            return self.due
+        try:
+            self.due = int(self.inner.poll(now, emit_new, budget) or 0)
+        except Exception as exc:
+            self.report("poll()", exc)
+            self.backoff_s = min(1.0, max(0.05, 2 * self.backoff_s))
+            self.retry_at = now + self.backoff_s
+        else:
+            self.backoff_s = 0.0
+        return self.due

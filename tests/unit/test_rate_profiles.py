@@ -1,0 +1,98 @@
+"""A synthetic source's `steps`, `csv` and `profile`: validated in the manifest (one line naming the field),
+CSV paths resolved against the manifest's directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from elastream.core.topology import TopologyError, load_manifest, parse_manifest
+from elastream.runtime.operators import OperatorLoadError, RateProfile, resolve_rate_file
+from helpers import edge, manifest, sink
+
+
+def with_source(**config: object) -> dict:
+    return manifest([{"name": "src", "source": {"type": "synthetic", **config}}, sink("out")], [edge("src", "out")])
+
+
+def problems(**config: object) -> list[str]:
+    with pytest.raises(TopologyError) as info:
+        parse_manifest(with_source(**config))
+    return info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"steps": "fast"}, "spec.vertices[0].source.steps: 'fast' is not a list of steps"),
+        ({"steps": []}, "spec.vertices[0].source.steps: [] is not a list of steps"),
+        ({"steps": [{"rate": 10}]}, "spec.vertices[0].source.steps[0].seconds: is missing"),
+        ({"steps": [{"rate": 10, "seconds": 0}]}, "spec.vertices[0].source.steps[0].seconds: 0 is not a number > 0"),
+        ({"steps": [{"rate": -1, "seconds": 1}]}, "spec.vertices[0].source.steps[0].rate: -1 is not a number ≥ 0"),
+        ({"steps": [5]}, "spec.vertices[0].source.steps[0]: 5 is not a mapping"),
+        ({"steps": [{"rate": 1, "seconds": 1, "ramp": 2}]}, "spec.vertices[0].source.steps[0]: unknown field ramp"),
+        ({"csv": 3}, "spec.vertices[0].source.csv: 3 is not a file path"),
+        ({"csv": "r.csv", "steps": [{"rate": 1, "seconds": 1}]}, "has steps and csv; give at most one"),
+        ({"profile": "autoscale-7-step", "rate": 10}, "source.profile: 'autoscale-7-step' is unknown"),
+        ({"profile": "autoscale-3-step"}, "spec.vertices[0].source.rate: None is not a number > 0"),
+        ({"profile": "autoscale-3-step", "rate": 9, "stepSeconds": "1m"}, "source.stepSeconds: '1m' is not a number"),
+    ],
+)
+def test_bad_rate_configs_are_one_line_naming_the_field(config: dict, expected: str) -> None:
+    found = problems(**config)
+    assert len(found) == 1, found
+    assert expected in found[0]
+
+
+def test_valid_rate_configs_pass() -> None:
+    parse_manifest(with_source(steps=[{"rate": 100, "seconds": 2}, {"rate": 0, "seconds": 1}]))
+    parse_manifest(with_source(csv="rates.csv"))
+    parse_manifest(with_source(profile="autoscale-5-step", rate=500, stepSeconds=5, fluctuation=0))
+
+
+def test_a_relative_csv_is_read_from_the_manifest_directory(tmp_path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "rates.csv").write_text("# rate per second\n100\n300\n")
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(with_source(csv="profiles/rates.csv")))
+    topology = load_manifest(str(path))
+    config = resolve_rate_file(topology.vertices["src"], str(tmp_path))
+    assert config["csv"] == str(tmp_path / "profiles" / "rates.csv")
+    assert RateProfile(config, 1.0).due(2.0) == pytest.approx(400)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "No such file or directory"),
+        ("10\nlots\n", "line 2: 'lots' is not a number"),
+        ("# none\n", "holds no rate"),
+    ],
+)
+def test_a_bad_csv_fails_with_the_field_and_the_file(tmp_path, content: str | None, reason: str) -> None:
+    if content is not None:
+        (tmp_path / "rates.csv").write_text(content)
+    topology = parse_manifest(with_source(csv="rates.csv"))
+    with pytest.raises(OperatorLoadError) as info:
+        resolve_rate_file(topology.vertices["src"], str(tmp_path))
+    message = str(info.value)
+    assert message.startswith(f"spec.vertices[src].source.csv: {tmp_path}/rates.csv: {reason}")
+
+
+def test_validate_reports_a_bad_step_in_one_line(tmp_path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(with_source(csv="missing.csv")))
+    result = subprocess.run(
+        [sys.executable, "-m", "elastream", "validate", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr  # the manifest itself is fine; the file is checked at start
+    path.write_text(yaml.safe_dump(with_source(steps=[{"rate": 10, "seconds": -1}])))
+    result = subprocess.run(
+        [sys.executable, "-m", "elastream", "validate", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "error: spec.vertices[0].source.steps[0].seconds: -1 is not a number > 0; fix it" in result.stderr
