@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +35,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
     run.add_argument("--redis", default=os.environ.get("ELASTREAM_REDIS_URL"), help="default: an embedded Redis")
     run.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds (default 1)")
+    run.add_argument(
+        "--engine", choices=("spark", "python"), default="spark", help="metric analysis engine for scaling (spark)"
+    )
+    run.add_argument(
+        "--archive",
+        metavar="PATH",
+        default=os.environ.get("ELASTREAM_METRICS_ARCHIVE") or None,
+        help="append the metric samples to this Parquet archive (a directory or a Hadoop URI; "
+        "default $ELASTREAM_METRICS_ARCHIVE, else none)",
+    )
+    run.add_argument(
+        "--archive-every", type=float, default=10.0, metavar="S", help="seconds between archive appends (10)"
+    )
     run.set_defaults(func=cmd_run)
 
     demo = subparsers.add_parser("demo", help="run a topology locally, scale it out and in, report throughput")
@@ -119,32 +131,59 @@ def redis_for(url: str | None) -> Iterator[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from elastream.analysis import Analyzer
+    from elastream.store.registry import store_manifest
+
     topology = load_manifest(args.file)
     if args.nodes is not None:
         topology = topology.with_nodes(args.nodes)
     check_operators(topology)
+    if args.archive_every <= 0:
+        raise CommandError(f"--archive-every: {args.archive_every} is not a positive number of seconds; use e.g. 10")
     schedule = initial_schedule(topology)
+    analyzer = Analyzer(engine=args.engine)
+    # Spark starts and runs a first analysis while the workers come up, not at the first scaling request
+    analyzer.start_warm_up(topology, report=lambda line: print(line, flush=True))
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(topology, os.path.abspath(args.file), url, interval_s=args.interval)
         except RedisUnavailable as exc:
             raise CommandError(str(exc)) from None
+        store_manifest(cluster.client, topology)  # `elastream analyze --topology NAME` finds it there
         print(
             f"elastream run {topology.name}: {len(schedule)} executors on {len(schedule.nodes)} nodes "
             f"({'embedded Redis' if not args.redis else url}; worker logs in {cluster.run_dir})",
             flush=True,
         )
         print(f"scale it with: elastream scale {args.file} --redis {url} --nodes N", flush=True)
+        archiver = None
+        if args.archive:  # its own connection: it makes a last pass after the cluster closed its client
+            from elastream.control.metrics import MetricArchiver
+            from elastream.store.registry import connect
+
+            try:
+                archive_client = connect(url, wait_s=10.0)
+            except RedisUnavailable as exc:
+                raise CommandError(str(exc)) from None
+            archiver = MetricArchiver(archive_client, topology, args.archive, analyzer, every_s=args.archive_every)
+            archiver.start()
+            print(f"archiving metric samples to {args.archive} every {args.archive_every:g} s", flush=True)
         try:
             with cluster:
                 cluster.start(schedule)
                 checkpointer = periodic_checkpoints(cluster, topology)
                 try:
-                    watch(cluster, topology, args.duration, args.interval, on_tick=scale_requests(cluster, topology))
+                    ticks = scale_requests(cluster, topology, analyzer)
+                    watch(cluster, topology, args.duration, args.interval, on_tick=ticks)
                 finally:
                     checkpointer.stop()
         except LocalBackendError as exc:
             raise CommandError(str(exc)) from None
+        finally:
+            if archiver is not None:  # after the workers stopped: their last samples are archived too
+                total = archiver.stop()
+                archiver.client.close()
+                print(f"archived {total} metric samples to {args.archive}", flush=True)
     return 0
 
 
@@ -206,8 +245,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
     interval = 1.0
     analyzer = Analyzer(engine=args.engine)
-    warm = threading.Thread(target=analyzer.spark, name="spark-warm-up", daemon=True)
-    warm.start()  # the analysis session starts while the topology warms up, not at the first scaling
+    # the analysis session starts, and runs a first analysis, while the topology warms up
+    warm = analyzer.start_warm_up(topology)
     rows: list[tuple[str, int, float, float | None]] = []
     with redis_for(args.redis) as url:
         try:
@@ -298,14 +337,15 @@ def last_scaling_key(topology: Topology) -> str:
     return f"{topology.redis_prefix}last-scaling"
 
 
-def scale_requests(cluster: LocalCluster, topology: Topology) -> Callable[[], None]:
-    """A tick handler for `run`: carry out `elastream scale` requests found in Redis (analyse, plan, migrate)
-    and publish the outcome where `elastream scale` waits for it."""
+def scale_requests(cluster: LocalCluster, topology: Topology, analyzer: Any = None) -> Callable[[], None]:
+    """A tick handler for `run`: carry out `elastream scale` requests found in Redis (analyse with `analyzer`,
+    the run's warm one; plan, migrate) and publish the outcome where `elastream scale` waits for it."""
     from elastream.analysis import Analyzer
     from elastream.control.metrics import StreamMetricSource
     from elastream.control.scaling import ScalingController
 
-    metrics = StreamMetricSource(cluster.client, topology, Analyzer(engine="python"), cluster.interval_s)
+    analyzer = analyzer if analyzer is not None else Analyzer()
+    metrics = StreamMetricSource(cluster.client, topology, analyzer, cluster.interval_s)
     controller = ScalingController(topology, migrating_backend(cluster, topology), metrics)
 
     def tick() -> None:
@@ -315,8 +355,9 @@ def scale_requests(cluster: LocalCluster, topology: Topology) -> Callable[[], No
         nodes = int(raw)
         record = controller.scale_to(nodes)
         print_report(record.to_status())
+        print(f"  analysis engine: {analyzer.engine_used or '-'}", flush=True)
         metrics.not_before = time.time() + 2 * cluster.interval_s
-        status = {**record.to_status(), "requestedNodes": nodes}
+        status = {**record.to_status(), "requestedNodes": nodes, "analysisEngine": analyzer.engine_used}
         cluster.client.set(last_scaling_key(topology), json.dumps(status, default=str))
 
     return tick
