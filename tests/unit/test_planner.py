@@ -312,3 +312,20 @@ def test_stela_scale_in_of_the_demo_is_not_worse_than_random_removal() -> None:
         for seed in range(20)
     ]
     assert ours >= statistics.fmean(randoms) - 1e-6
+
+
+def test_a_costless_sink_is_not_mistaken_for_congested_after_a_projection() -> None:
+    # The source is congested; once it is projected to its full input, the sink (no costMs: unbounded) gets
+    # more input. Its simulated snapshot reports a huge true rate (as a rarely busy executor would), so the
+    # projection passes through it instead of calling it congested and giving it a slot.
+    topology = parse_manifest(
+        manifest(
+            [src("s", 1, rate=400, costMs=4.0), work("a", 1, costMs=1.0), sink("z")],
+            [edge("s", "a"), edge("a", "z")],
+            nodes=2,
+        )
+    )
+    schedule, snap = simulated(topology)
+    assert snap.vertices["z"].true_processing_rate is not None
+    plan = make_plan(topology, schedule, snap, 3)
+    assert {vertex for vertex in plan.parallelism if plan.parallelism[vertex] > 1} == {"s"}

@@ -275,16 +275,29 @@ def _fair_shares(
     return shares
 
 
+#: the true processing rate reported for a vertex without a cost that processes something: a real executor
+#: that is almost never busy reports processed / busy seconds, a huge number, not "unknown"
+UNBOUNDED_RATE = 1e9
+
+
 def snapshot_from_simulation(topology: Topology, schedule: Schedule, result: SimulationResult) -> MetricSnapshot:
     """The metric snapshot a running deployment would report at the simulated steady state, including each
-    vertex's true processing rate (what its executors could do with their current CPU shares)."""
+    vertex's true processing rate (what its executors could do with their current CPU shares; for a vertex
+    without a cost, `UNBOUNDED_RATE`, so a planner sees its headroom instead of not knowing it)."""
+
+    def true_rate(v: str, flow: VertexFlow) -> float | None:
+        capacity = result.capacity.get(v)
+        if capacity is None and flow.processing_rate > 0:
+            return UNBOUNDED_RATE
+        return capacity
+
     vertices = {
         v: VertexMetrics(
             processing_rate=f.processing_rate,
             emit_rate=f.emit_rate,
             executors=f.executors,
             input_rate=f.input_rate if topology.graph.in_degree(v) == 0 else None,
-            true_processing_rate=result.capacity.get(v),
+            true_processing_rate=true_rate(v, f),
         )
         for v, f in result.vertices.items()
     }
