@@ -21,6 +21,7 @@ from typing import Any
 from elastream.cli import CommandError
 from elastream.control.backends.local import EmbeddedRedis, LocalBackendError, LocalCluster
 from elastream.control.monitor import LiveRates
+from elastream.control.recovery import RecoveryFollowUp, measure_recovery
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
@@ -247,7 +248,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     analyzer = Analyzer(engine=args.engine)
     # the analysis session starts, and runs a first analysis, while the topology warms up
     warm = analyzer.start_warm_up(topology)
-    rows: list[tuple[str, int, float, float | None]] = []
+    rows: list[tuple[str, int, float, float | None, float | None, float | None]] = []
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(topology, path, url, interval_s=interval)
@@ -266,7 +267,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 checkpointer = periodic_checkpoints(cluster, topology)
                 metrics.not_before = time.time() + 2 * interval  # skip the start-up transient
                 seen = watch(cluster, topology, args.phase, interval)
-                rows.append(("start", topology.nodes, steady(seen), None))
+                rows.append(("start", topology.nodes, steady(seen), None, None, None))
                 for label, nodes in (("scale-out", out_nodes), ("scale-in", in_nodes)):
                     warm.join()
                     record = controller.scale_to(nodes)
@@ -283,15 +284,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
                         raise CommandError(record.reason or "scaling failed")
                     metrics.not_before = time.time() + 2 * interval
                     seen = watch(cluster, topology, args.phase, interval)
-                    rows.append((label, nodes, steady(seen), record.predicted_throughput))
+                    catch_up, stable = measure_recovery(cluster.client, topology, record.started_at, bucket_s=interval)
+                    print(
+                        f"  recovery after the {label}: catch-up {_seconds(catch_up)}, "
+                        f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",
+                        flush=True,
+                    )
+                    rows.append((label, nodes, steady(seen), record.predicted_throughput, catch_up, stable))
                 checkpointer.stop()
         except LocalBackendError as exc:
             raise CommandError(str(exc)) from None
-    print("\nphase       nodes   measured/s   predicted/s")
-    for label, nodes, measured, predicted in rows:
+    print("\nphase       nodes   measured/s   predicted/s   catch-up   stabilization")
+    for label, nodes, measured, predicted, catch_up, stable in rows:
         shown = "-" if predicted is None else f"{predicted:.0f}"
-        print(f"{label:<10} {nodes:>6} {measured:>12.0f} {shown:>13}")
+        print(f"{label:<10} {nodes:>6} {measured:>12.0f} {shown:>13} {_seconds(catch_up):>10} {_seconds(stable):>15}")
     return 0
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 def steady(throughputs: list[float]) -> float:
@@ -347,8 +358,21 @@ def scale_requests(cluster: LocalCluster, topology: Topology, analyzer: Any = No
     analyzer = analyzer if analyzer is not None else Analyzer()
     metrics = StreamMetricSource(cluster.client, topology, analyzer, cluster.interval_s)
     controller = ScalingController(topology, migrating_backend(cluster, topology), metrics)
+    recovery = RecoveryFollowUp(cluster.client, topology, bucket_s=cluster.interval_s)
+
+    def publish(status: dict[str, Any]) -> None:
+        cluster.client.set(last_scaling_key(topology), json.dumps(status, default=str))
+
+    def recovered(status: dict[str, Any]) -> None:
+        print(
+            f"  recovery: catch-up {_seconds(_ms_to_s(status['catchUpMs']))}, "
+            f"stabilization {_seconds(_ms_to_s(status['stabilizationMs']))} ({status['recovery']})",
+            flush=True,
+        )
+        publish(status)
 
     def tick() -> None:
+        recovery.tick()
         raw = cluster.client.getdel(scale_request_key(topology))
         if raw is None:
             return
@@ -358,9 +382,15 @@ def scale_requests(cluster: LocalCluster, topology: Topology, analyzer: Any = No
         print(f"  analysis engine: {analyzer.engine_used or '-'}", flush=True)
         metrics.not_before = time.time() + 2 * cluster.interval_s
         status = {**record.to_status(), "requestedNodes": nodes, "analysisEngine": analyzer.engine_used}
-        cluster.client.set(last_scaling_key(topology), json.dumps(status, default=str))
+        if record.outcome == "succeeded":
+            recovery.follow(status, record.started_at, recovered)  # catch-up and stabilization, on later ticks
+        publish(status)
 
     return tick
+
+
+def _ms_to_s(value: float | None) -> float | None:
+    return None if value is None else value / 1000.0
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -379,10 +409,17 @@ def cmd_scale(args: argparse.Namespace) -> int:
     client.set(scale_request_key(topology), str(args.nodes))
     print(f"asked {topology.name} to scale to {args.nodes} nodes; waiting for the outcome", flush=True)
     deadline = time.monotonic() + args.timeout
+    announced = False
     while time.monotonic() < deadline:
         raw = client.get(last_scaling_key(topology))
         if raw is not None:
             status = json.loads(raw)
+            if status.get("recovery") == "measuring":  # migrated; the run measures catch-up and stabilization
+                if not announced:
+                    print(f"{status.get('outcome')}; measuring catch-up and stabilization", flush=True)
+                    announced = True
+                time.sleep(0.5)
+                continue
             print(json.dumps(status, indent=2))
             return 0 if status.get("outcome") in ("succeeded", "unchanged") else 1
         time.sleep(0.5)

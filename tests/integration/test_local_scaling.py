@@ -1,0 +1,101 @@
+"""Local mode end to end, as a user runs it: `elastream scale` against a running `elastream run`, and the
+scripted `elastream demo` (start, scale out, scale in, summary), both as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from elastream.core.topology import load_manifest
+from harness import write_manifest
+from helpers import edge, manifest, src, work
+from tests_paths import EXAMPLES
+
+pytestmark = pytest.mark.integration
+ELASTREAM = (sys.executable, "-m", "elastream")
+
+
+def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_path, redis_url: str) -> None:
+    doc = manifest(
+        [
+            src("src", 1, rate=300, keys=32),
+            work("w", 1, costMs=2.0),
+            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+            {"name": "out", "sink": {"type": "null"}},
+        ],
+        [edge("src", "w"), {"from": "w", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
+        name="scaled-by-cli",
+        nodes=2,
+        slotsPerNode=3,
+    )
+    path = write_manifest(str(tmp_path), doc)
+    log_path = os.path.join(str(tmp_path), "run.log")
+    with open(log_path, "w", encoding="utf-8") as log:
+        run = subprocess.Popen(
+            [*ELASTREAM, "run", path, "--redis", redis_url, "--engine", "python", "--duration", "120"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        client = redis.Redis.from_url(redis_url)
+        prefix = load_manifest(path).redis_prefix
+        deadline = time.monotonic() + 60
+        while not client.exists(f"{prefix}metrics") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(4.0)  # a metric window and a reference rate before the request
+        scale = subprocess.run(
+            [*ELASTREAM, "scale", path, "--redis", redis_url, "--nodes", "3", "--timeout", "150"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert scale.returncode == 0, scale.stdout + scale.stderr
+        assert "measuring catch-up and stabilization" in scale.stdout
+        status = json.loads(scale.stdout[scale.stdout.index("{") :])
+        assert status["outcome"] == "succeeded" and status["toNodes"] == 3 and status["migration"] == "ccr"
+        assert set(status["phases"]) == {"captureMs", "commitMs", "rebalanceMs", "restoreMs"}
+        assert status["recovery"] != "measuring" and status["catchUpMs"] is not None
+        assert status["plan"]["to_nodes"] == 3
+    finally:
+        run.send_signal(signal.SIGINT)
+        run.wait(60)
+    with open(log_path, encoding="utf-8") as handle:
+        output = handle.read()
+    assert "ScalingPlanned: scale out 2 -> 3 nodes" in output
+    assert "recovery: catch-up" in output
+
+
+def test_demo_scales_out_and_in_and_prints_a_summary(tmp_path, redis_url: str) -> None:
+    result = subprocess.run(
+        [
+            *ELASTREAM,
+            "demo",
+            os.path.join(EXAMPLES, "demo.yaml"),
+            "--phase",
+            "6",
+            "--engine",
+            "python",
+            "--redis",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    out = result.stdout
+    assert "ScalingPlanned: scale out 4 -> 5 nodes with stela" in out
+    assert "ScalingPlanned: scale in 5 -> 3 nodes with stela" in out
+    assert out.count("ccr: succeeded") == 2
+    summary = out[out.index("phase       nodes") :].splitlines()
+    assert [line.split()[:2] for line in summary[1:4]] == [["start", "4"], ["scale-out", "5"], ["scale-in", "3"]]
+    assert all(float(line.split()[2]) > 0 for line in summary[1:4])  # measured throughput in every phase
+    assert "recovery after the scale-out: catch-up" in out
