@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import zmq
+
 from elastream.core.migration import Mode
 from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
@@ -128,19 +130,31 @@ class Router:
                 self.blocked_s += channel.send_control(message, self.stop)
 
     def budget(self, at_most: int) -> int:
-        """How many new events a source should generate now: what its channels can take without blocking
-        (at least 1, at most `at_most`). Events are stamped when generated, so generating more than the
-        channels take would only make them wait, stamped, in the router's buffers."""
+        """How many new events a source should generate now: what its channels can take without blocking,
+        at most `at_most`; 0 while less than a quarter of their windows is free (then `await_credit`), so
+        batches stay large when the receivers keep up. Events are stamped when generated: generating more
+        than the channels take would only make them wait, stamped, in the router's buffers."""
         budget = at_most
         for output in self.outputs:
-            if output.grouping == "global":
-                free = output.channels[0].free_credit()
-            else:
-                free = sum(channel.free_credit() for channel in output.channels)
-                if output.grouping == "all":
-                    free //= max(1, len(output.channels))
+            channels = output.channels[:1] if output.grouping == "global" else output.channels
+            free = sum(channel.free_credit() for channel in channels)
+            window = sum(channel.window for channel in channels)
+            if output.grouping == "all":
+                free //= max(1, len(channels))
+                window //= max(1, len(channels))
+            if free < min(at_most, window) // 4:
+                return 0
             budget = min(budget, free)
         return max(1, budget)
+
+    def await_credit(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for credit to come back on any channel (counted as blocked, not busy)."""
+        start = time.perf_counter()
+        poller = zmq.Poller()
+        for channel in self.channels():
+            poller.register(channel.socket, zmq.POLLIN)
+        poller.poll(int(timeout_s * 1000))
+        self.blocked_s += time.perf_counter() - start
 
     def channels(self) -> list[Channel]:
         return [c for output in self.outputs for c in output.channels]
@@ -490,9 +504,14 @@ class SourceThread(threading.Thread):
                     time.sleep(0.005)
                     continue
                 start = time.perf_counter()
+                budget = self.router.budget(MAX_BATCH)
+                if budget == 0:  # the channels are (nearly) full: back-pressure reaches the source here
+                    self.router.await_credit(0.01)
+                    counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
+                    continue
                 self.now = time.time()
                 before = counters.emitted
-                due = self.operator.poll(self.now, self.emit_new, self.router.budget(MAX_BATCH))
+                due = self.operator.poll(self.now, self.emit_new, budget)
                 self.router.flush()
                 emitted = counters.emitted - before
                 counters.processed += emitted

@@ -46,6 +46,8 @@ INITIAL_WINDOW = 256
 WINDOW_SECONDS = 0.2
 #: how often the window is re-sized from the measured drain rate
 WINDOW_UPDATE_S = 0.5
+#: a sender with credit to spare takes the acks that have arrived at most this often
+ACK_TAKE_S = 0.05
 #: a sender blocked on one channel logs which one every this many seconds
 BLOCKED_LOG_S = 5.0
 #: ZeroMQ reconnects to a lost peer after 100 ms, backing off to this at most
@@ -64,8 +66,7 @@ def decode(frame: bytes | memoryview) -> list[Any]:
     return msgpack.unpackb(frame, raw=False, use_list=False, strict_map_key=False)  # type: ignore[no-any-return]
 
 
-def _seq_bytes(seq: int) -> bytes:
-    return seq.to_bytes(8, "little")
+_SEQ_BYTES = 8
 
 
 class Inbox:
@@ -91,13 +92,14 @@ class Inbox:
         if timeout_ms and not self.socket.poll(timeout_ms, zmq.POLLIN):
             return None
         try:
-            parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            parts = self.socket.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return None
-        if len(parts) != 3:
+        if len(parts) != 2 or len(parts[1]) <= _SEQ_BYTES:
             return None  # not a channel of ours
-        kind, sender, payload = decode(parts[2].buffer)
-        return [kind, sender, payload, (parts[0].bytes, parts[1].bytes)]
+        message = parts[1]
+        kind, sender, payload = decode(memoryview(message)[_SEQ_BYTES:])
+        return [kind, sender, payload, (parts[0], message[:_SEQ_BYTES])]
 
     def ack(self, token: tuple[bytes, bytes]) -> None:
         """Return the credit of a frame taken for processing (its sender's cumulative count)."""
@@ -130,27 +132,37 @@ class Channel:
         self.window = INITIAL_WINDOW
         self._window_started = time.monotonic()
         self._window_acked = 0
+        self._next_take = 0.0
 
     @property
-    def frame_limit(self) -> int:
-        """Events per DATA frame at most: half the window, so two frames can be in flight."""
-        return max(1, min(MAX_BATCH, self.window // 2))
+    def window(self) -> int:
+        return self._window
+
+    @window.setter
+    def window(self, events: int) -> None:
+        self._window = events
+        #: events per DATA frame at most: half the window, so two frames can be in flight (a plain
+        #: attribute: the router reads it for every event)
+        self.frame_limit = max(1, min(MAX_BATCH, events // 2))
 
     @property
     def in_flight(self) -> int:
         return self.sent - self.acked
 
     def free_credit(self) -> int:
-        """Events this channel can take now without blocking."""
-        self._take_acks()
+        """Events this channel can take now without blocking (as far as the acks taken so far tell; when
+        that is none, the acks that have arrived are taken first)."""
+        if self.in_flight >= self.window or time.monotonic() >= self._next_take:
+            self._take_acks()
         return max(0, self.window - self.in_flight)
 
     def send_events(self, events: list[Any], stop: threading.Event) -> float:
         """Send one DATA frame; blocks while the channel has no credit for it (back-pressure) unless `stop`
         is set. Returns the seconds spent blocked, which executors do not count as busy."""
         blocked = 0.0
-        self._take_acks()
         n = len(events)
+        if self.in_flight + n > self.window or time.monotonic() >= self._next_take:
+            self._take_acks()  # looking costs ~50 µs: only when short of credit, else every ACK_TAKE_S
         if self.in_flight > 0 and self.in_flight + n > self.window:
             blocked = self._wait_for_credit(n, stop)
             if stop.is_set():
@@ -162,6 +174,7 @@ class Channel:
         return self._send(_packb([CONTROL, self.sender, message]), stop)
 
     def _take_acks(self) -> None:
+        self._next_take = time.monotonic() + ACK_TAKE_S
         socket = self.socket
         while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
@@ -217,9 +230,9 @@ class Channel:
             pass
 
     def _send(self, frame: bytes, stop: threading.Event) -> float:
-        parts = [_seq_bytes(self.sent), frame]
+        message = self.sent.to_bytes(_SEQ_BYTES, "little") + frame  # the ack to return: our count so far
         try:
-            self.socket.send_multipart(parts, zmq.NOBLOCK, copy=False)
+            self.socket.send(message, zmq.NOBLOCK)
             return 0.0
         except zmq.Again:
             pass
@@ -228,7 +241,7 @@ class Channel:
         while not stop.is_set():
             if self.socket.poll(100, zmq.POLLOUT):
                 try:
-                    self.socket.send_multipart(parts, zmq.NOBLOCK, copy=False)
+                    self.socket.send(message, zmq.NOBLOCK)
                     break
                 except zmq.Again:
                     continue
