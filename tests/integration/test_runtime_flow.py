@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -102,6 +103,7 @@ def test_a_signal_to_run_stops_it_and_leaves_no_process_behind(tmp_path, sig: si
 
 
 USEROPS = '''
+import ast
 import os
 
 
@@ -328,3 +330,34 @@ def test_workers_die_with_a_killed_run(tmp_path, redis_url: str) -> None:
     while time.monotonic() < deadline and _pids(f"--topology {path}"):
         time.sleep(0.2)
     assert _pids(f"--topology {path}") == set()
+
+
+def test_window_emits_the_last_window_without_a_later_event(tmp_path, redis_url: str) -> None:
+    # a finite source: after its last event nothing else arrives, so only the idle timer can close the
+    # windows that are open then; every event must be counted in exactly one emitted window
+    doc = manifest(
+        [
+            src("src", 1, rate=2000, limit=1000, keys=10),
+            {"name": "win", "parallelism": 2, "logic": {"builtin": "window", "sizeMs": 300}},
+            rsink("out"),
+        ],
+        [edge("src", "win", "fields", key="key"), edge("win", "out")],
+        name="windows",
+        nodes=2,
+        slotsPerNode=2,
+    )
+    with running(write_manifest(str(tmp_path), doc), redis_url) as (cluster, topology):
+        deadline = time.monotonic() + 30
+        counted = 0
+        while time.monotonic() < deadline and counted < 1000:
+            time.sleep(0.3)
+            counted = sum(ast.literal_eval(e["value"])[0] for e in sink_events(cluster.client, topology, "out"))
+        time.sleep(1.0)  # nothing more may come
+        events = sink_events(cluster.client, topology, "out")
+    per_key: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for event in events:
+        count, total = ast.literal_eval(event["value"])
+        per_key[event["key"]][0] += count
+        per_key[event["key"]][1] += total
+    # key k holds the values k, k+10, ..., k+990: 100 of them, summing to 100 k + 49,500
+    assert dict(per_key) == {str(k): [100, 100 * k + 49_500] for k in range(10)}
