@@ -22,7 +22,7 @@ import yaml
 
 from elastream.analysis import WARM_WINDOW, Analyzer, SparkUnavailable, synthetic_window
 from elastream.analysis import session as spark_session
-from elastream.analysis.job import analyze_with_spark
+from elastream.analysis.job import SMALL_INPUT_CONF, analysis_sql, analyze_with_spark
 from elastream.analysis.sources import (
     append_parquet,
     read_hot_window,
@@ -480,3 +480,37 @@ def test_spark_failing_during_an_analysis_falls_back_to_the_reference(tmp_path):
     assert len(out["warnings"]) == 1
     assert out["warnings"][0].startswith(out["reason"])
     assert out["warnings"][0].endswith("falling back to the Python reference analysis for this window")
+
+
+def test_a_hot_window_runs_in_one_task_without_a_shuffle_and_leaves_the_session_conf_alone(spark):
+    rnd = random.Random(17)
+    topology, _ = random_topology(rnd, n=6)
+    samples = random_samples(rnd, topology, 30, 1.0)
+    before = {key: spark.conf.get(key, None) for key in SMALL_INPUT_CONF}
+    assert_agree(analyze_with_spark(spark, topology, samples, 10), analyze_samples(topology, samples, window=10))
+    assert {key: spark.conf.get(key, None) for key in SMALL_INPUT_CONF} == before
+    samples_frame(spark, samples).createOrReplaceTempView("plan_check")
+    try:
+        plans = {
+            small: spark.sql(analysis_sql("plan_check", 1_700_000_010.0, 10, 1.0, small))
+            ._jdf.queryExecution()
+            .executedPlan()
+            .toString()
+            for small in (True, False)
+        }
+    finally:
+        spark.catalog.dropTempView("plan_check")
+    assert "Exchange" not in plans[True] and "Coalesce 1" in plans[True]
+    assert "Exchange hashpartitioning(vertex" in plans[False]
+
+
+def test_start_timeout_defaults_and_setting(monkeypatch):
+    monkeypatch.delenv(spark_session.START_TIMEOUT_ENV, raising=False)
+    assert spark_session.start_timeout_s("local[*]") == 300.0
+    assert spark_session.start_timeout_s("spark://master:7077") == 60.0
+    monkeypatch.setenv(spark_session.START_TIMEOUT_ENV, "7.5")
+    assert spark_session.start_timeout_s("local[*]") == 7.5
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv(spark_session.START_TIMEOUT_ENV, bad)
+        with pytest.raises(SparkUnavailable, match=r"ELASTREAM_SPARK_START_TIMEOUT: .* is not a positive number"):
+            spark_session.start_timeout_s()

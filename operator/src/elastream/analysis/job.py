@@ -1,4 +1,4 @@
-"""The Spark analysis job: the same window semantics as `core.metrics.analyze_samples`, as DataFrame work.
+"""The Spark analysis job: the same window semantics as `core.metrics.analyze_samples`, as one SQL statement.
 
 Per incarnation (executor, started_at) a window function orders the samples and takes each one's delta
 from its predecessor (or from zero / itself for the first, as the reference does); the deltas in the
@@ -10,6 +10,7 @@ function the reference ends in, so the two engines agree to rounding in the busy
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from elastream.core.metrics import (
 from elastream.core.topology import Topology
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 #: the order of an incarnation's samples (as `core.metrics.sample_order_key`)
 ORDER_COLUMNS = ("ts", "processed", "emitted", "received", "busy_s", "queue_len")
@@ -34,8 +35,12 @@ ORDER_COLUMNS = ("ts", "processed", "emitted", "received", "busy_s", "queue_len"
 EXECUTOR_KEY = ("ts", "started_at", "processed", "emitted", "received", "busy_s", "queue_len", "node")
 
 
-#: inputs up to this many rows (the hot window of a controller) run with one shuffle partition
+#: inputs up to this many rows (the hot window of a controller) run in one partition, without a shuffle,
+#: and with SMALL_INPUT_CONF
 SMALL_INPUT_ROWS = 200_000
+#: for a hot window, interpreted expressions: compiling generated code (Janino) for a few thousand rows
+#: costs more than it saves (measured: about a fifth of a warm analysis); set for the query, then restored
+SMALL_INPUT_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 def analyze_with_spark(
@@ -64,16 +69,76 @@ def analyze_with_spark(
     if end is None or frame is None:
         return analysis_from_totals(topology, {}, {}, 0.0, 0.0, window, interval_s, congestion_rate)
     small = not isinstance(samples, DataFrame) and len(rows) <= SMALL_INPUT_ROWS
-    previous = spark.conf.get("spark.sql.shuffle.partitions") or "200"
-    if small:
-        # a controller's hot window (thousands of rows): one partition per shuffle saves a task per
-        # partition and stage, the bulk of a warm analysis's latency
-        spark.conf.set("spark.sql.shuffle.partitions", "1")
-    try:
-        return _analyze_frame(spark, topology, frame, float(end), window, interval_s, congestion_rate)
-    finally:
-        if small:
-            spark.conf.set("spark.sql.shuffle.partitions", previous)
+    return _analyze_frame(spark, topology, frame, float(end), window, interval_s, congestion_rate, small)
+
+
+def _double(value: float) -> str:
+    """A Spark SQL double literal that parses back to exactly `value` (repr round-trips; D makes it double)."""
+    return f"{float(value)!r}D"
+
+
+#: The job as one SQL statement over the samples (a temporary view): one round trip to build and analyse
+#: the plan, where the DataFrame API took a py4j call per column expression (most of a warm hot-window
+#: analysis). {hint} places the rows: one partition for a hot window (no shuffle at all: window, both
+#: aggregations and the collect run in one task), else one shuffle by (vertex, executor), which serves the
+#: window and the per-executor aggregation; only the small per-executor table is shuffled again, by vertex.
+ANALYSIS_SQL = """
+WITH placed AS (
+  SELECT {hint} * FROM {view}
+),
+lagged AS (
+  SELECT ts, node, vertex, executor, started_at, received, processed, emitted, busy_s, queue_len,
+    LAG(STRUCT(processed, emitted, busy_s, received)) OVER (
+      PARTITION BY vertex, executor, started_at ORDER BY {order}) AS prev
+  FROM placed
+),
+deltas AS (
+  SELECT vertex, executor,
+    {dp} AS dp, {de} AS de, {db} AS db, {dr} AS dr,
+    CAST(LEAST(GREATEST(CEIL((ts - {start}) / {interval}) - 1, 0), {last_k}) AS DOUBLE) - {center} AS w,
+    STRUCT({key}) AS key
+  FROM lagged
+  WHERE ts > {start}
+),
+per_executor AS (
+  SELECT vertex, executor, SUM(dp) AS dp, SUM(de) AS de, SUM(db) AS db, SUM(dr) AS dr,
+    SUM(w * dp) AS wp, SUM(w * de) AS we, SUM(w * dr) AS wr, COUNT(1) AS n, MAX(key) AS last, MIN(key) AS first
+  FROM deltas
+  GROUP BY vertex, executor
+)
+SELECT vertex, SUM(dp) AS processed, SUM(de) AS emitted, SUM(db) AS busy_s, SUM(dr) AS received,
+  SUM(wp) AS processed_trend, SUM(we) AS emitted_trend, SUM(wr) AS received_trend, SUM(n) AS samples,
+  COUNT(1) AS executors, SUM(first.queue_len) AS queue_first, SUM(last.queue_len) AS queue_last,
+  COLLECT_LIST(STRUCT(executor, last.node AS node)) AS placement
+FROM per_executor
+GROUP BY vertex
+"""
+
+
+def analysis_sql(view: str, start: float, window: int, interval_s: float, small: bool) -> str:
+    """The statement `_analyze_frame` runs (the window's parameters as exact literals)."""
+
+    def delta(name: str, zero: str) -> str:
+        # from the previous sample; the first: from zero if the incarnation started in the window, else none
+        return (
+            f"CASE WHEN prev IS NOT NULL THEN {name} - prev.{name} "
+            f"WHEN started_at >= {_double(start)} THEN {name} ELSE {zero} END"
+        )
+
+    return ANALYSIS_SQL.format(
+        hint="/*+ COALESCE(1) */" if small else "/*+ REPARTITION(vertex, executor) */",
+        order=", ".join(ORDER_COLUMNS),
+        view=view,
+        dp=delta("processed", "0"),
+        de=delta("emitted", "0"),
+        db=delta("busy_s", "0.0D"),
+        dr=delta("received", "0"),
+        start=_double(start),
+        interval=_double(interval_s),
+        last_k=window - 1,
+        center=_double(trend_center(window)),
+        key=", ".join(EXECUTOR_KEY),
+    )
 
 
 def _analyze_frame(
@@ -84,81 +149,28 @@ def _analyze_frame(
     window: int,
     interval_s: float,
     congestion_rate: float,
+    small: bool = False,
 ) -> Analysis:
-    from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
-
     end = float(end)
     start = window_start(end, window, interval_s)
-    center = trend_center(window)
-
-    # One shuffle by (vertex, executor) serves the window and the per-executor aggregation; only the small
-    # per-executor table is shuffled again, by vertex.
-    incarnation = Window.partitionBy("vertex", "executor", "started_at").orderBy(*ORDER_COLUMNS)
-    lagged = (
-        frame.repartition("vertex", "executor")
-        .select(
-            "ts",
-            "node",
-            "vertex",
-            "executor",
-            "started_at",
-            "received",
-            "processed",
-            "emitted",
-            "busy_s",
-            "queue_len",
-            F.lag(F.struct("processed", "emitted", "busy_s", "received")).over(incarnation).alias("prev"),
-        )
-        .where(F.col("ts") > F.lit(start))
-    )
-    has_prev = F.col("prev").isNotNull()
-    from_zero = F.col("started_at") >= F.lit(start)
-
-    def delta(name: str, zero: float) -> Column:
-        return F.when(has_prev, F.col(name) - F.col(f"prev.{name}")).when(from_zero, F.col(name)).otherwise(F.lit(zero))
-
-    k = F.ceil((F.col("ts") - F.lit(start)) / F.lit(interval_s)) - F.lit(1)
-    k = F.least(F.greatest(k, F.lit(0)), F.lit(window - 1))
-    deltas = lagged.select(
-        "vertex",
-        "executor",
-        delta("processed", 0).alias("dp"),
-        delta("emitted", 0).alias("de"),
-        delta("busy_s", 0.0).alias("db"),
-        delta("received", 0).alias("dr"),
-        (k.cast("double") - F.lit(center)).alias("w"),
-        F.struct(*EXECUTOR_KEY).alias("key"),
-    )
-    per_executor = deltas.groupBy("vertex", "executor").agg(
-        F.sum("dp").alias("dp"),
-        F.sum("de").alias("de"),
-        F.sum("db").alias("db"),
-        F.sum("dr").alias("dr"),
-        F.sum(F.col("w") * F.col("dp")).alias("wp"),
-        F.sum(F.col("w") * F.col("de")).alias("we"),
-        F.sum(F.col("w") * F.col("dr")).alias("wr"),
-        F.count(F.lit(1)).alias("n"),
-        F.max("key").alias("last"),
-        F.min("key").alias("first"),
-    )
-    per_vertex = per_executor.groupBy("vertex").agg(
-        F.sum("dp").alias("processed"),
-        F.sum("de").alias("emitted"),
-        F.sum("db").alias("busy_s"),
-        F.sum("dr").alias("received"),
-        F.sum("wp").alias("processed_trend"),
-        F.sum("we").alias("emitted_trend"),
-        F.sum("wr").alias("received_trend"),
-        F.sum("n").alias("samples"),
-        F.count(F.lit(1)).alias("executors"),
-        F.sum("first.queue_len").alias("queue_first"),
-        F.sum("last.queue_len").alias("queue_last"),
-        F.collect_list(F.struct(F.col("executor"), F.col("last.node").alias("node"))).alias("placement"),
-    )
+    view = f"elastream_samples_{uuid.uuid4().hex}"
+    frame.createOrReplaceTempView(view)
+    conf = SMALL_INPUT_CONF if small else {}
+    previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in conf}
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        rows = spark.sql(analysis_sql(view, start, window, interval_s, small)).collect()
+    finally:
+        for key, old in previous.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
+        spark.catalog.dropTempView(view)
     totals: dict[str, WindowTotals] = {}
     placement: dict[str, str] = {}
-    for row in per_vertex.collect():
+    for row in rows:
         totals[row["vertex"]] = WindowTotals(
             processed=int(row["processed"]),
             emitted=int(row["emitted"]),
