@@ -150,9 +150,9 @@ class Channel:
         return self.sent - self.acked
 
     def free_credit(self) -> int:
-        """Events this channel can take now without blocking (as far as the acks taken so far tell; when
-        that is none, the acks that have arrived are taken first)."""
-        if self.in_flight >= self.window or time.monotonic() >= self._next_take:
+        """Events this channel can take now without blocking (the acks that have arrived are taken first
+        when less than half the window looks free, so a caller waiting for credit sees it)."""
+        if 2 * self.in_flight >= self.window or time.monotonic() >= self._next_take:
             self._take_acks()
         return max(0, self.window - self.in_flight)
 
