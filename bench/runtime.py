@@ -4,7 +4,8 @@
    1 and 2 worker processes: events/s at the sink, CPU seconds used per event (the per-event overhead over
    all three vertices) and events/s per core.
 2. End-to-end latency percentiles at a moderate rate (source stamp -> Redis stream entry at the sink).
-3. Post-scale throughput of the Stela micro-benchmarks (star, linear, diamond; scale-out by one node as in
+3. Back-pressure: a source offered 8x what a vertex manages, the source's rate and the sink's latency.
+4. Post-scale throughput of the Stela micro-benchmarks (star, linear, diamond; scale-out by one node as in
    the paper's Table I) under the schedules Stela and round-robin plan, measured on real processes, next to
    the fluid simulator's prediction for the same schedule (costs are sleep-based with an emulated 2-core
    CPU per node, so 5-7 nodes fit on this machine).
@@ -142,6 +143,58 @@ def latency(directory: str, url: str, seconds: float, rate: float) -> dict[str, 
     return result
 
 
+def congested(directory: str, url: str, seconds: float) -> dict[str, float]:
+    """A source offered 4,000 events/s into a vertex that manages 500 (2 executors x 4 ms): back-pressure
+    must bring the source down to the bottleneck's rate, and the sink's latency shows how much waits
+    between them (the credit windows bound it in events)."""
+    doc = {
+        "apiVersion": "elastream.dev/v1alpha1",
+        "kind": "StreamTopology",
+        "metadata": {"name": "congested"},
+        "spec": {
+            "nodes": 2,
+            "slotsPerNode": 3,
+            "vertices": [
+                {"name": "src", "parallelism": 2, "source": {"type": "synthetic", "rate": 4000, "keys": 100}},
+                {"name": "slow", "parallelism": 2, "logic": {"builtin": "work", "costMs": 4.0}},
+                {"name": "out", "sink": {"type": "null"}},
+            ],
+            "streams": [{"from": "src", "to": "slow"}, {"from": "slow", "to": "out"}],
+        },
+    }
+    path = write(directory, doc)
+    topology = load_manifest(path)
+    with LocalCluster(topology, path, url) as cluster:
+        cluster.start(initial_schedule(topology))
+        time.sleep(seconds)
+        samples = MetricStream(cluster.client, topology.redis_prefix).read_since(None)
+    end = max(s.ts for s in samples)
+    since = end - seconds / 2  # the second half: past the start-up transient
+
+    def rate(vertex: str) -> float:
+        total = 0.0
+        for executor in {s.executor for s in samples if s.vertex == vertex}:
+            mine = [s for s in samples if s.executor == executor and s.ts >= since]
+            if len(mine) >= 2:
+                total += (mine[-1].processed - mine[0].processed) / (mine[-1].ts - mine[0].ts)
+        return total
+
+    latencies = sorted(s.latency_ms for s in samples if s.vertex == "out" and s.ts >= since and s.latency_ms > 0)
+    result = {
+        "seconds": seconds,
+        "offered": 4000.0,
+        "source": rate("src"),
+        "bottleneck": rate("slow"),
+        "latency_median_ms": statistics.median(latencies) if latencies else float("nan"),
+        "latency_max_ms": latencies[-1] if latencies else float("nan"),
+    }
+    log(
+        f"  congested: source {result['source']:,.0f}/s, bottleneck {result['bottleneck']:,.0f}/s, sink latency "
+        f"median {result['latency_median_ms']:,.0f} ms, max {result['latency_max_ms']:,.0f} ms"
+    )
+    return result
+
+
 def post_scale(url: str, seconds: float) -> list[dict[str, Any]]:
     rows = []
     for name, after in (("star", 5), ("linear", 7), ("diamond", 7)):
@@ -173,8 +226,18 @@ def post_scale(url: str, seconds: float) -> list[dict[str, Any]]:
     return rows
 
 
+#: the same congested run before back-pressure counted events (frame-counted queues: 8 frames of up to 512
+#: events per side of each channel), measured with this benchmark's `congested` on the commit before credits
+BEFORE_CREDITS = {"source": 466.0, "bottleneck": 508.0, "latency_median_ms": 14457.0, "latency_max_ms": 20680.0}
+
+
 def report(
-    out: str, raw: list[dict[str, float]], lat: dict[str, float], scale: list[dict[str, Any]], took: float
+    out: str,
+    raw: list[dict[str, float]],
+    lat: dict[str, float],
+    cong: dict[str, float],
+    scale: list[dict[str, Any]],
+    took: float,
 ) -> None:
     lines = [
         "# Runtime benchmark",
@@ -211,6 +274,24 @@ def report(
             "|---:|---:|---:|",
             f"| {lat['p50']:.1f} | {lat['p95']:.1f} | {lat['p99']:.1f} |",
         ]
+    if cong:
+        before = BEFORE_CREDITS
+        lines += [
+            "",
+            "## Back-pressure: sink latency under congestion",
+            "",
+            f"src (2 executors, offered {cong['offered']:,.0f} events/s) -> slow (2 executors x 4 ms: 500 events/s)",
+            f"-> null sink on 2 processes for {cong['seconds']:.0f} s; rates and the sink's latency (metric samples)",
+            "over the second half. Back-pressure is counted in events: each channel holds at most a credit window",
+            "of about 0.2 s of what its receiver drains, and a source generates only what its channels can take.",
+            "",
+            "| queues | source events/s | bottleneck events/s | sink latency median (ms) | max (ms) |",
+            "|---|---:|---:|---:|---:|",
+            f"| frames (before: 8 frames of up to 512 events per side) | {before['source']:,.0f} | "
+            f"{before['bottleneck']:,.0f} | {before['latency_median_ms']:,.0f} | {before['latency_max_ms']:,.0f} |",
+            f"| credits in events (now) | {cong['source']:,.0f} | {cong['bottleneck']:,.0f} | "
+            f"{cong['latency_median_ms']:,.0f} | {cong['latency_max_ms']:,.0f} |",
+        ]
     lines += [
         "",
         "## Post-scale throughput on real processes vs the fluid simulator",
@@ -237,6 +318,28 @@ def report(
     ratios = [r["measured"] / r["predicted"] for r in scale if r["predicted"]]
     if ratios:
         lines += ["", f"Median measured / predicted over all runs: {statistics.median(ratios):.2f}."]
+    lines += [
+        "",
+        "Why measured falls below predicted, most on the diamond. Shuffle deals a sender's tuples in equal",
+        "shares over a vertex's executors, and one full channel blocks the sender: a sender goes no faster",
+        "than k times its slowest receiver, the faster receivers idle meanwhile. Executors on a node whose",
+        "emulated cores are oversubscribed are the slow ones, so the slowest executor on the most CPU-limited",
+        "node sets its vertex's rate (in the linear Stela run every `transform` executor processes the same",
+        "~300/s, the rate of the three sharing the new node's 2 cores, while those on other nodes idle a",
+        "third of the time). And a source feeding several branches emits each tuple to all of them, so the",
+        "slowest branch paces the others: the diamond's sink sees 4 x bolt-d's capacity (4 executors x 3 ms:",
+        "about 1,300/s, so about 5,000/s), where the fluid simulator lets bolt-a and bolt-b run at the full",
+        "3,000/s. The simulator pools a vertex's capacity and treats branches independently, so it sees",
+        "neither coupling and over-predicts: the diamond's Stela schedule (0.72 in the first run of this",
+        "benchmark) most, as it spreads bolt-c and bolt-d over unequally loaded nodes.",
+        "",
+        "Before back-pressure was counted in events, channels held up to 16 frames of 512 events, so a",
+        "10-second measurement after a 4-second warm-up was still inside the transient: the slow executors'",
+        "queues were filling (tens of thousands of events per vertex, minutes of latency by the time they",
+        "were full) while the fast ones ran at full speed, which inflated the measured throughput (median",
+        "ratio 0.90 then). With credit windows of about 0.2 s the steady state comes within a second or two,",
+        "and this table shows it.",
+    ]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "runtime.md"), "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
@@ -272,16 +375,18 @@ def main(argv: list[str] | None = None) -> int:
     directory = tempfile.mkdtemp(prefix="elastream-bench-")
     redis = EmbeddedRedis(directory)
     try:
-        log("[1/3] raw throughput, 1 and 2 worker processes")
+        log("[1/4] raw throughput, 1 and 2 worker processes")
         raw = raw_throughput(directory, redis.url, seconds)
-        log("[2/3] end-to-end latency")
+        log("[2/4] end-to-end latency")
         lat = latency(directory, redis.url, seconds, rate=5000.0)
-        log("[3/3] post-scale throughput: stela vs round-robin, measured vs predicted")
+        log("[3/4] back-pressure: sink latency under congestion")
+        cong = congested(directory, redis.url, 3 * seconds)
+        log("[4/4] post-scale throughput: stela vs round-robin, measured vs predicted")
         scale = post_scale(redis.url, seconds)
     finally:
         redis.stop()
         shutil.rmtree(directory, ignore_errors=True)
-    report(args.out, raw, lat, scale, time.monotonic() - started)
+    report(args.out, raw, lat, cong, scale, time.monotonic() - started)
     log(f"wrote {args.out}/runtime.md and runtime.png in {time.monotonic() - started:.0f} s")
     return 0
 
