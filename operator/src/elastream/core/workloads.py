@@ -7,9 +7,15 @@ go through the same parser and validation as real manifests.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from elastream.core.topology import Topology, parse_manifest
+
+#: the default mix: half shuffle, then fields, all and global
+MIXED_GROUPINGS = ("shuffle", "shuffle", "shuffle", "fields", "all", "global")
+#: groupings that split a stream over executors (no copies, no single receiver)
+PARTITIONED_GROUPINGS = ("shuffle", "shuffle", "shuffle", "fields")
 
 
 def random_manifest(
@@ -22,10 +28,13 @@ def random_manifest(
     node_cpu: float | None = 2.0,
     fanout: float = 1.6,
     name: str = "random",
+    groupings: Sequence[str] = MIXED_GROUPINGS,
 ) -> dict[str, Any]:
     """A layered DAG of `vertices` ≥ 3 vertices: 1-3 sources, a few layers, every vertex reachable and
     reaching a sink, diamonds and merges included; per-vertex costs drawn so that roughly a third of
-    the vertices are congested at the sources' rates."""
+    the vertices are congested at the sources' rates. Each stream's grouping is drawn from `groupings`
+    (repeats weight it): by default half shuffle and the rest fields, all and global; `PARTITIONED_GROUPINGS`
+    keeps to shuffle and fields, where Stela's (k+1)/k projection holds."""
     if vertices < 3:
         raise ValueError("a random topology needs at least 3 vertices")
     n_sources = min(max(1, vertices // 8), 3)
@@ -51,10 +60,9 @@ def random_manifest(
         for v in layers[depth]:
             if v not in has_child:
                 edges.add((v, rng.choice(layers[depth + 1])))
-    groupings = ["shuffle", "shuffle", "shuffle", "fields", "all", "global"]
     index = {v: i for i, v in enumerate(names)}
     for a, b in sorted(edges, key=lambda e: (index[e[0]], index[e[1]])):
-        grouping = rng.choice(groupings)
+        grouping = rng.choice(list(groupings))
         stream: dict[str, Any] = {"from": a, "to": b, "grouping": grouping}
         if grouping == "fields":
             stream["key"] = "key"
