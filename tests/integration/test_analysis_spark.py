@@ -20,7 +20,7 @@ import pytest
 import redis
 import yaml
 
-from elastream.analysis import WARM_WINDOW, Analyzer, SparkUnavailable, synthetic_window
+from elastream.analysis import WARM_RUNS, WARM_WINDOW, Analyzer, SparkUnavailable, synthetic_window
 from elastream.analysis import session as spark_session
 from elastream.analysis.job import SMALL_INPUT_CONF, analysis_sql, analyze_with_spark
 from elastream.analysis.sources import (
@@ -356,7 +356,7 @@ def test_warm_up_runs_a_first_analysis_on_spark(spark):
     analyzer = Analyzer(spark=spark)
     result = analyzer.warm_up(topology)
     assert result is not None and analyzer.engine_used == "spark" and analyzer.warm_analysis is result
-    window = synthetic_window(topology)
+    window = synthetic_window(topology, WARM_WINDOW, WARM_RUNS - 1)
     assert window and {s.vertex for s in window} == set(topology.order)
     expected = analyze_samples(topology, window, window=WARM_WINDOW)
     assert_agree(result, expected)
