@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from elastream.cli import CommandError
@@ -92,20 +93,23 @@ def cmd_etp(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_executors(topology: Topology, executors: Iterable[str], where: str) -> None:
+    """Every executor id is `<vertex>#<i>` of a vertex of the topology; else one line naming `where`."""
+    for executor in executors:
+        try:
+            vertex, _ = split_executor_id(executor)
+        except ValueError as exc:
+            raise CommandError(f"{where}: {exc}") from None
+        if vertex not in topology.vertices:
+            raise CommandError(f"{where}: executor {executor} belongs to no vertex of {topology.name}")
+
+
 def current_schedule(topology: Topology, snapshot: MetricSnapshot) -> Schedule:
     """The schedule the snapshot was taken under (its placement), or the initial one when it has none."""
     if not snapshot.placement:
         return initial_schedule(topology)
     for node, executors in snapshot.placement.items():
-        for executor in executors:
-            try:
-                vertex, _ = split_executor_id(executor)
-            except ValueError as exc:
-                raise CommandError(f"snapshot.placement.{node}: {exc}") from None
-            if vertex not in topology.vertices:
-                raise CommandError(
-                    f"snapshot.placement.{node}: executor {executor} belongs to no vertex of {topology.name}"
-                )
+        check_executors(topology, executors, f"snapshot.placement.{node}")
     schedule = Schedule.from_placement(snapshot.placement, topology.slots_per_node)
     missing = [v for v in topology.order if v not in schedule.parallelism()]
     if missing:
@@ -193,15 +197,7 @@ def _load_schedule(path: str, topology: Topology) -> Schedule:
     for node, executors in placement.items():
         if not isinstance(executors, list) or not all(isinstance(e, str) for e in executors):
             raise CommandError(f'{path}: placement.{node} is not a list of executor ids; write ["<vertex>#<i>", ...]')
-        for executor in executors:
-            try:
-                vertex, _ = split_executor_id(executor)
-            except ValueError as exc:
-                raise CommandError(f"{path}: placement.{node}: {exc}") from None
-            if vertex not in topology.vertices:
-                raise CommandError(
-                    f"{path}: placement.{node}: executor {executor} belongs to no vertex of {topology.name}"
-                )
+        check_executors(topology, executors, f"{path}: placement.{node}")
     slots = data.get("slotsPerNode", topology.slots_per_node)
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise CommandError(f"{path}: slotsPerNode {slots!r} is not an integer ≥ 1; fix it or leave it out")

@@ -10,8 +10,10 @@ aligning, its keys go, and the previous checkpoint stays the latest. `Checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,12 +91,18 @@ class CheckpointDriver:
             return CheckpointResult(checkpoint_id, "completed", round_.duration_ms, round_.state_bytes)
         reason = round_.failure or "failed"
         log.warning("%s; the previous checkpoint stays the latest", reason)
-        try:
-            control.send_many(schedule.assignment, {"type": "checkpoint-abort", "mid": checkpoint_id})
-            self.store.delete_migration(checkpoint_id)
-        except redis.RedisError:
-            pass  # its keys expire; the claim too
+        with contextlib.suppress(redis.RedisError):  # if Redis is away its keys expire, the claim too
+            abandon_checkpoint(control, self.store, schedule.assignment, checkpoint_id)
         return CheckpointResult(checkpoint_id, "failed", reason=reason)
+
+
+def abandon_checkpoint(
+    control: ControlChannel, store: CheckpointStore, executors: Iterable[str], checkpoint_id: str
+) -> None:
+    """Give up a round: executors stop aligning (they release what they held), its keys and claim go; the
+    previous checkpoint stays the latest."""
+    control.send_many(executors, {"type": "checkpoint-abort", "mid": checkpoint_id})
+    store.delete_migration(checkpoint_id)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import redis
 
+from elastream.control.checkpoints import abandon_checkpoint
 from elastream.core.migration import (
     Ack,
     Action,
@@ -130,10 +131,7 @@ class MigrationDriver:
             return None
         if mid.startswith("ckpt-"):
             # a periodic checkpoint whose controller died: abandon it, the previous one stays the latest
-            self._control().send_many(
-                self.backend.current_schedule().assignment, {"type": "checkpoint-abort", "mid": mid}
-            )
-            self.store.delete_migration(mid)
+            abandon_checkpoint(self._control(), self.store, self.backend.current_schedule().assignment, mid)
             return None
         record = self.store.record(mid)
         old = Schedule.from_dict(json.loads(record["old"]))
