@@ -296,7 +296,8 @@ def test_run_command_prints_live_throughput_and_reaps_its_processes(tmp_path, re
     assert client.exists(f"{load_manifest(path).redis_prefix}metrics")
 
 
-def test_apply_restarts_the_workers_on_a_new_schedule(tmp_path, redis_url: str) -> None:
+def test_stop_and_start_runs_a_new_schedule_on_new_processes(tmp_path, redis_url: str) -> None:
+    """What `restart` does (Storm's rebalance): every worker stops, the new schedule starts on new processes."""
     from elastream.core.planner import make_plan
     from elastream.core.simulate import simulate, snapshot_from_simulation
 
@@ -313,8 +314,9 @@ def test_apply_restarts_the_workers_on_a_new_schedule(tmp_path, redis_url: str) 
         old_pids = {w.process.pid for w in cluster.workers.values()}
         snapshot = snapshot_from_simulation(topology, before, simulate(topology, before))
         new_schedule = make_plan(topology, before, snapshot, 3, "round-robin").new_schedule
-        cluster.apply(new_schedule)
-        assert cluster.version == first_version + 1
+        cluster.stop_workers()
+        cluster.start(new_schedule)
+        assert cluster.version > first_version
         assert set(cluster.workers) == {"node-0", "node-1", "node-2"}
         assert old_pids.isdisjoint(w.process.pid for w in cluster.workers.values())
         assert cluster.registry.ready_nodes(cluster.version) == {"node-0", "node-1", "node-2"}

@@ -19,13 +19,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from elastream.cli import CommandError
-from elastream.control.backends.local import EmbeddedRedis, LocalBackendError, LocalCluster
-from elastream.control.monitor import LiveRates
-from elastream.control.recovery import RecoveryFollowUp, measure_recovery
-from elastream.core.schedule import initial_schedule
+from elastream.control.backends.local import EmbeddedRedis, LocalCluster
+from elastream.control.controller import TopologyController
+from elastream.control.scaling import ScalingRecord
+from elastream.core.ports import BackendError
 from elastream.core.topology import Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
-from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import RedisUnavailable
 
 
@@ -82,6 +81,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     worker.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds")
     worker.add_argument("--redis-wait", type=float, default=300.0, help="seconds to retry Redis before giving up")
+    worker.add_argument(
+        "--schedule-version",
+        type=int,
+        default=0,
+        help="start for this staged schedule version and idle until switched to it (a node a migration adds)",
+    )
     worker.set_defaults(func=cmd_worker)
 
 
@@ -102,6 +107,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         redis_wait_s=args.redis_wait,
         manifest_dir=os.path.dirname(os.path.abspath(args.topology)),
+        schedule_version=args.schedule_version,
     )
     return Worker(topology, options).run()
 
@@ -133,7 +139,8 @@ def redis_for(url: str | None) -> Iterator[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from elastream.analysis import Analyzer
-    from elastream.store.registry import store_manifest
+    from elastream.control.controller import local_controller
+    from elastream.store.registry import connect, store_manifest
 
     topology = load_manifest(args.file)
     if args.nodes is not None:
@@ -141,79 +148,74 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_operators(topology)
     if args.archive_every <= 0:
         raise CommandError(f"--archive-every: {args.archive_every} is not a positive number of seconds; use e.g. 10")
-    schedule = initial_schedule(topology)
     analyzer = Analyzer(engine=args.engine)
     # Spark starts and runs a first analysis while the workers come up, not at the first scaling request
     analyzer.start_warm_up(topology, report=lambda line: print(line, flush=True))
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(topology, os.path.abspath(args.file), url, interval_s=args.interval)
+            # the archive has its own connection: it makes a last pass after the cluster closed its client
+            archive_client = connect(url, wait_s=10.0) if args.archive else None
         except RedisUnavailable as exc:
             raise CommandError(str(exc)) from None
         store_manifest(cluster.client, topology)  # `elastream analyze --topology NAME` finds it there
+        controller = local_controller(
+            topology,
+            cluster,
+            analyzer,
+            archive=args.archive,
+            archive_every_s=args.archive_every,
+            archive_client=archive_client,
+        )
         print(
-            f"elastream run {topology.name}: {len(schedule)} executors on {len(schedule.nodes)} nodes "
+            f"elastream run {topology.name}: {topology.nodes} nodes "
             f"({'embedded Redis' if not args.redis else url}; worker logs in {cluster.run_dir})",
             flush=True,
         )
         print(f"scale it with: elastream scale {args.file} --redis {url} --nodes N", flush=True)
-        archiver = None
-        if args.archive:  # its own connection: it makes a last pass after the cluster closed its client
-            from elastream.control.metrics import MetricArchiver
-            from elastream.store.registry import connect
-
-            try:
-                archive_client = connect(url, wait_s=10.0)
-            except RedisUnavailable as exc:
-                raise CommandError(str(exc)) from None
-            archiver = MetricArchiver(archive_client, topology, args.archive, analyzer, every_s=args.archive_every)
-            archiver.start()
+        if args.archive:
             print(f"archiving metric samples to {args.archive} every {args.archive_every:g} s", flush=True)
         try:
-            with cluster:
-                cluster.start(schedule)
-                checkpointer = periodic_checkpoints(cluster, topology)
-                try:
-                    ticks = scale_requests(cluster, topology, analyzer)
-                    watch(cluster, topology, args.duration, args.interval, on_tick=ticks)
-                finally:
-                    checkpointer.stop()
-        except LocalBackendError as exc:
+            with cluster, controller:
+                controller.start()
+                watch(controller, args.duration, on_tick=lambda record: _print_scaling(analyzer, record))
+        except BackendError as exc:
             raise CommandError(str(exc)) from None
         finally:
-            if archiver is not None:  # after the workers stopped: their last samples are archived too
-                total = archiver.stop()
-                archiver.client.close()
-                print(f"archived {total} metric samples to {args.archive}", flush=True)
+            if controller.archiver is not None:
+                archive_client.close()  # type: ignore[union-attr]
+                print(
+                    f"archived {getattr(controller.archiver, 'archived', 0)} metric samples to {args.archive}",
+                    flush=True,
+                )
     return 0
 
 
+def _print_scaling(analyzer: Any, record: ScalingRecord | None) -> None:
+    if record is not None:
+        print_report(record.to_status())
+        print(f"  analysis engine: {analyzer.engine_used or '-'}", flush=True)
+
+
 def watch(
-    cluster: LocalCluster,
-    topology: Topology,
+    controller: TopologyController,
     duration: float | None,
-    interval: float,
-    on_tick: Callable[[], None] | None = None,
+    on_tick: Callable[[ScalingRecord | None], None] | None = None,
 ) -> list[float]:
-    """Print one line per interval: total sink throughput, then every vertex's processing rate. Returns the
-    sink throughput of every interval."""
-    stream = MetricStream(cluster.client, topology.redis_prefix)
-    live = LiveRates(topology, stale_s=3 * interval)
+    """Tick the controller once per interval and print one line: total sink throughput, mean sink latency,
+    then every vertex's processing rate. Returns the sink throughput of every interval."""
+    topology, interval = controller.topology, controller.interval_s
     started = time.monotonic()
-    since = time.time()
     throughputs: list[float] = []
     names = "  ".join(f"{v:>{max(8, len(v))}}" for v in topology.order)
     print(f"{'time':>6}  {'sinks/s':>9}  {'lat ms':>7}  {names}", flush=True)
     try:
         while duration is None or time.monotonic() - started < duration:
             time.sleep(interval)
+            record = controller.tick()
             if on_tick is not None:
-                on_tick()
-            cluster.check_alive()
-            samples = stream.read_since(since)
-            if samples:
-                since = max(s.ts for s in samples) + 0.001
-                live.add(samples)
+                on_tick(record)
+            live = controller.live
             rates = live.rates()
             throughputs.append(live.throughput())
             cells = "  ".join(f"{rates[v]:>{max(8, len(v))}.1f}" for v in topology.order)
@@ -236,68 +238,67 @@ def default_demo_manifest() -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start, warm up, scale out, scale in, and report measured against predicted throughput."""
     from elastream.analysis import Analyzer
-    from elastream.control.metrics import StreamMetricSource
-    from elastream.control.scaling import ScalingController
+    from elastream.control.controller import local_controller
+    from elastream.control.recovery import measure_recovery
 
     path = args.file or default_demo_manifest()
     topology = load_manifest(path)
     check_operators(topology)
     out_nodes = args.out or topology.nodes + 1
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
-    interval = 1.0
     analyzer = Analyzer(engine=args.engine)
     # the analysis session starts, and runs a first analysis, while the topology warms up
     warm = analyzer.start_warm_up(topology)
-    rows: list[tuple[str, int, float, float | None, float | None, float | None]] = []
+    rows: list[tuple[str, int, float, float | None, float | None, float | None, float | None]] = []
     with redis_for(args.redis) as url:
         try:
-            cluster = LocalCluster(topology, path, url, interval_s=interval)
+            cluster = LocalCluster(topology, path, url, interval_s=1.0)
         except RedisUnavailable as exc:
             raise CommandError(str(exc)) from None
-        metrics = StreamMetricSource(cluster.client, topology, analyzer, interval)
-        controller = ScalingController(topology, migrating_backend(cluster, topology), metrics)
+        controller = local_controller(topology, cluster, analyzer)
         print(
             f"elastream demo {topology.name}: {topology.nodes} nodes -> {out_nodes} -> {in_nodes}, "
-            f"{args.phase:.0f} s per phase, strategy {topology.scaling.strategy} (worker logs in {cluster.run_dir})",
+            f"{args.phase:.0f} s per phase, strategy {topology.scaling.strategy}, migration "
+            f"{topology.scaling.migration} (worker logs in {cluster.run_dir})",
             flush=True,
         )
         try:
-            with cluster:
-                cluster.start(initial_schedule(topology))
-                checkpointer = periodic_checkpoints(cluster, topology)
-                metrics.not_before = time.time() + 2 * interval  # skip the start-up transient
-                seen = watch(cluster, topology, args.phase, interval)
-                rows.append(("start", topology.nodes, steady(seen), None, None, None))
+            with cluster, controller:
+                controller.start()
+                seen = watch(controller, args.phase)
+                rows.append(("start", topology.nodes, steady(seen), None, None, None, None))
                 for label, nodes in (("scale-out", out_nodes), ("scale-in", in_nodes)):
                     warm.join()
                     record = controller.scale_to(nodes)
                     print_report(record.to_status())
-                    if metrics.last is not None:
+                    last = getattr(controller.metrics, "last", None)
+                    if last is not None:
                         print(
                             f"  analysis ({analyzer.engine_used}): "
-                            + ", ".join(
-                                f"{v}{' (congested)' if metrics.last.congested[v] else ''}" for v in topology.order
-                            ),
+                            + ", ".join(f"{v}{' (congested)' if last.congested[v] else ''}" for v in topology.order),
                             flush=True,
                         )
                     if record.outcome == "failed":
                         raise CommandError(record.reason or "scaling failed")
-                    metrics.not_before = time.time() + 2 * interval
-                    seen = watch(cluster, topology, args.phase, interval)
-                    catch_up, stable = measure_recovery(cluster.client, topology, record.started_at, bucket_s=interval)
+                    seen = watch(controller, args.phase)
+                    catch_up, stable = measure_recovery(controller.feed, topology, record.started_at)
                     print(
                         f"  recovery after the {label}: catch-up {_seconds(catch_up)}, "
                         f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",
                         flush=True,
                     )
-                    rows.append((label, nodes, steady(seen), record.predicted_throughput, catch_up, stable))
-                checkpointer.stop()
-        except LocalBackendError as exc:
+                    pause = record.report.get("pauseMs")
+                    rows.append((label, nodes, steady(seen), record.predicted_throughput, pause, catch_up, stable))
+        except BackendError as exc:
             raise CommandError(str(exc)) from None
-    print("\nphase       nodes   measured/s   predicted/s   catch-up   stabilization")
-    for label, nodes, measured, predicted, catch_up, stable in rows:
+    print("\nphase       nodes   measured/s   predicted/s   pause   catch-up   stabilization")
+    for label, nodes, measured, predicted, pause, catch_up, stable in rows:
         shown = "-" if predicted is None else f"{predicted:.0f}"
-        print(f"{label:<10} {nodes:>6} {measured:>12.0f} {shown:>13} {_seconds(catch_up):>10} {_seconds(stable):>15}")
+        paused = "-" if pause is None else f"{pause:.0f} ms"
+        print(
+            f"{label:<10} {nodes:>6} {measured:>12.0f} {shown:>13} {paused:>7} {_seconds(catch_up):>10} "
+            f"{_seconds(stable):>15}"
+        )
     return 0
 
 
@@ -309,23 +310,6 @@ def steady(throughputs: list[float]) -> float:
     """Mean throughput over the second half of a phase (the first half holds the restart transient)."""
     tail = throughputs[len(throughputs) // 2 :]
     return sum(tail) / len(tail) if tail else 0.0
-
-
-def periodic_checkpoints(cluster: LocalCluster, topology: Topology) -> Any:
-    """Start taking a checkpoint every `spec.scaling.checkpointIntervalSeconds` (what `restart` restores
-    and what a dead worker's topology rolls back to)."""
-    from elastream.control.checkpoints import CheckpointDriver, Checkpointer
-
-    driver = CheckpointDriver(topology, cluster, cluster.client)
-    return Checkpointer(driver, float(topology.scaling.checkpoint_interval_s)).start()
-
-
-def migrating_backend(cluster: LocalCluster, topology: Topology) -> Any:
-    from elastream.control.migration import MigratingBackend, MigrationDriver
-    from elastream.control.scaling import PrintEvents
-
-    driver = MigrationDriver(topology, cluster, cluster.client, events=PrintEvents())
-    return MigratingBackend(cluster, driver, topology.scaling.migration)  # type: ignore[arg-type]
 
 
 def print_report(status: dict[str, Any]) -> None:
@@ -340,60 +324,8 @@ def print_report(status: dict[str, Any]) -> None:
     )
 
 
-def scale_request_key(topology: Topology) -> str:
-    return f"{topology.redis_prefix}scale-request"
-
-
-def last_scaling_key(topology: Topology) -> str:
-    return f"{topology.redis_prefix}last-scaling"
-
-
-def scale_requests(cluster: LocalCluster, topology: Topology, analyzer: Any = None) -> Callable[[], None]:
-    """A tick handler for `run`: carry out `elastream scale` requests found in Redis (analyse with `analyzer`,
-    the run's warm one; plan, migrate) and publish the outcome where `elastream scale` waits for it."""
-    from elastream.analysis import Analyzer
-    from elastream.control.metrics import StreamMetricSource
-    from elastream.control.scaling import ScalingController
-
-    analyzer = analyzer if analyzer is not None else Analyzer()
-    metrics = StreamMetricSource(cluster.client, topology, analyzer, cluster.interval_s)
-    controller = ScalingController(topology, migrating_backend(cluster, topology), metrics)
-    recovery = RecoveryFollowUp(cluster.client, topology, bucket_s=cluster.interval_s)
-
-    def publish(status: dict[str, Any]) -> None:
-        cluster.client.set(last_scaling_key(topology), json.dumps(status, default=str))
-
-    def recovered(status: dict[str, Any]) -> None:
-        print(
-            f"  recovery: catch-up {_seconds(_ms_to_s(status['catchUpMs']))}, "
-            f"stabilization {_seconds(_ms_to_s(status['stabilizationMs']))} ({status['recovery']})",
-            flush=True,
-        )
-        publish(status)
-
-    def tick() -> None:
-        recovery.tick()
-        raw = cluster.client.getdel(scale_request_key(topology))
-        if raw is None:
-            return
-        nodes = int(raw)
-        record = controller.scale_to(nodes)
-        print_report(record.to_status())
-        print(f"  analysis engine: {analyzer.engine_used or '-'}", flush=True)
-        metrics.not_before = time.time() + 2 * cluster.interval_s
-        status = {**record.to_status(), "requestedNodes": nodes, "analysisEngine": analyzer.engine_used}
-        if record.outcome == "succeeded":
-            recovery.follow(status, record.started_at, recovered)  # catch-up and stabilization, on later ticks
-        publish(status)
-
-    return tick
-
-
-def _ms_to_s(value: float | None) -> float | None:
-    return None if value is None else value / 1000.0
-
-
 def cmd_scale(args: argparse.Namespace) -> int:
+    from elastream.control.controller import scale_request_key, status_key
     from elastream.store.registry import connect
 
     topology = load_manifest(args.file)
@@ -405,13 +337,13 @@ def cmd_scale(args: argparse.Namespace) -> int:
         client = connect(args.redis, wait_s=5.0)
     except RedisUnavailable as exc:
         raise CommandError(str(exc)) from None
-    client.delete(last_scaling_key(topology))
+    client.delete(status_key(topology, "lastScaling"))
     client.set(scale_request_key(topology), str(args.nodes))
     print(f"asked {topology.name} to scale to {args.nodes} nodes; waiting for the outcome", flush=True)
     deadline = time.monotonic() + args.timeout
     announced = False
     while time.monotonic() < deadline:
-        raw = client.get(last_scaling_key(topology))
+        raw = client.get(status_key(topology, "lastScaling"))
         if raw is not None:
             status = json.loads(raw)
             if status.get("recovery") == "measuring":  # migrated; the run measures catch-up and stabilization

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import redis
 
-from elastream.core.migration import CheckpointPhase, CheckpointRound
+from elastream.core.migration import CheckpointPhase, CheckpointRound, ControlType
 from elastream.core.ports import Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology, split_executor_id
@@ -68,7 +68,7 @@ class CheckpointDriver:
         round_ = CheckpointRound(checkpoint_id, frozenset(schedule.assignment), self.clock.now(), self.timeout_s)
         try:
             sources = [e for e in schedule.assignment if split_executor_id(e)[0] in self.topology.sources]
-            control.send_many(sources, {"type": "checkpoint", "mid": checkpoint_id})
+            control.send_many(sources, {"type": ControlType.CHECKPOINT, "mid": checkpoint_id})
             while round_.phase == CheckpointPhase.RUNNING:
                 self.clock.sleep(self.poll_s)
                 now = self.clock.now()
@@ -101,7 +101,7 @@ def abandon_checkpoint(
 ) -> None:
     """Give up a round: executors stop aligning (they release what they held), its keys and claim go; the
     previous checkpoint stays the latest."""
-    control.send_many(executors, {"type": "checkpoint-abort", "mid": checkpoint_id})
+    control.send_many(executors, {"type": ControlType.CHECKPOINT_ABORT, "mid": checkpoint_id})
     store.delete_migration(checkpoint_id)
 
 

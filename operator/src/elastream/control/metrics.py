@@ -29,6 +29,7 @@ from elastream.analysis import Analyzer
 from elastream.analysis.sources import append_parquet, hot_window_intervals, read_hot_window, write_parquet_local
 from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
 from elastream.core.topology import Topology
+from elastream.store.codec import decode_sample, optional_text
 from elastream.store.metric_stream import MetricStream, metric_stream_key
 
 log = logging.getLogger("elastream.control")
@@ -105,17 +106,17 @@ class MetricArchiver:
         with self._lock:
             key = metric_stream_key(self.topology.redis_prefix)
             cursor_key = archive_cursor_key(self.topology, self.path)
-            cursor = _text(self.client.get(cursor_key))
+            cursor = optional_text(self.client.get(cursor_key))
             written = 0
             while True:
                 start = "-" if cursor is None else _next_id(cursor)
                 entries = self.client.xrange(key, min=start, max="+", count=self.batch) or []
                 if not entries:
                     break
-                samples = [_decode(fields) for _, fields in entries if fields]
+                samples = [decode_sample(fields) for _, fields in entries if fields]
                 if samples:
                     self._write(samples)
-                cursor = _text(entries[-1][0])
+                cursor = optional_text(entries[-1][0])
                 assert cursor is not None
                 self.client.set(cursor_key, cursor)
                 written += len(samples)
@@ -159,15 +160,7 @@ class MetricArchiver:
         return self.archived
 
 
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _next_id(entry_id: str) -> str:
     """The smallest stream id after `entry_id` (XRANGE's start is inclusive)."""
     ms, _, seq = entry_id.partition("-")
     return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _decode(fields: dict[bytes | str, bytes | str]) -> MetricSample:
-    return MetricSample.from_dict({str(_text(k)): _text(v) for k, v in fields.items()})

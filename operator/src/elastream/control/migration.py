@@ -1,17 +1,25 @@
 """Driving a migration from one schedule to another: the pure `MigrationCoordinator` decides, this carries it
-out over the control channel (ZeroMQ to the executors' inboxes), the Redis checkpoint store (record, acks)
-and the backend (which stops the old workers and starts the new ones).
+out over the control channel (Redis lists to the workers), the Redis checkpoint store (record, acks) and the
+`Backend`.
+
+CCR and DCR never restart a worker that stays: before anything is paused the backend `prepare`s the new
+schedule (nodes it adds start and become ready, idle; staying workers bind their new executors' inboxes);
+after COMMIT it `apply`s it in place (each worker stops the executors it loses and starts the ones it gains,
+waiting for INIT; removed nodes exit). A new schedule that cannot be prepared fails the migration before
+PREPARE, with nothing paused.
 
 The record in Redis (`<prefix>mig:<id>`, phase preparing -> committing -> rebalancing -> initializing) lets a
 new controller finish a migration whose controller died: before COMMIT completed it aborts (executors
 replay their captured events, sources resume), after it goes forward (the state is in Redis). If the new
-schedule's workers never come up, the migration rolls back: the old schedule is started again and
-initialised from the same checkpoint, so nothing is lost either way.
+schedule cannot be applied after COMMIT, the old one is applied again and initialised from the same
+state, so nothing is lost either way.
 
-`restart` stops every worker and starts the new schedule from the last periodic checkpoint
-(`control.checkpoints`); the sources replay what they emitted after it and the report counts those events.
-A worker that dies before COMMIT completes aborts a CCR or DCR migration; the topology then rolls back to
-the last periodic checkpoint the same way, so what the dead process held is replayed, not lost.
+`restart` (Storm's and Flink's default, the baseline) stops every worker and starts the new schedule from
+the last periodic checkpoint (`control.checkpoints`); the sources replay what they emitted after it and the
+report counts those events. `rollback` is the same restore done in place, for recovery: the surviving
+workers reload the schedule from the checkpoint without a process restart and dead ones are started again.
+A worker that dies before COMMIT completes aborts a CCR or DCR migration and the topology rolls back to the
+last periodic checkpoint, so what the dead process held is replayed, not lost.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 
@@ -31,6 +39,7 @@ from elastream.core.migration import (
     Ack,
     Action,
     ActionKind,
+    ControlType,
     MigrationCoordinator,
     MigrationReport,
     Phase,
@@ -38,7 +47,7 @@ from elastream.core.migration import (
     replayed_events,
 )
 from elastream.core.migration import Protocol as MigrationProtocol
-from elastream.core.ports import Clock, EventSink, SystemClock
+from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.participant import unpack
@@ -50,17 +59,8 @@ log = logging.getLogger("elastream.migration")
 ACK_PHASES = {Phase.PREPARING: "preparing", Phase.COMMITTING: "committing", Phase.INITIALIZING: "initializing"}
 
 
-class MigrationError(Exception):
+class MigrationError(BackendError):
     """A migration cannot start (another one is in progress) or cannot finish; the message says why."""
-
-
-class WorkerBackend(Protocol):
-    """What the driver needs from a backend (the local one; the Kubernetes one implements the same)."""
-
-    def current_schedule(self) -> Schedule: ...
-    def apply(self, schedule: Schedule) -> None: ...
-    def check_alive(self) -> None: ...
-    def stop_workers(self) -> None: ...
 
 
 class _Quiet:
@@ -71,13 +71,16 @@ class _Quiet:
 @dataclass
 class MigrationDriver:
     topology: Topology
-    backend: WorkerBackend
+    backend: Backend
     client: redis.Redis
     protocol: MigrationProtocol = "ccr"
+    #: `restart` only: reload surviving workers in place instead of stopping them (recovery from a failure)
+    in_place: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
     clock: Clock = field(default_factory=SystemClock)
     events: EventSink = field(default_factory=_Quiet)
-    poll_s: float = 0.02
+    #: how often acks are read while a migration runs (its phases wait on them: this is pause time)
+    poll_s: float = 0.005
     #: called before each action is carried out (fault tests kill a worker or the controller here)
     before_action: Callable[[Action, MigrationCoordinator], None] | None = None
 
@@ -93,6 +96,15 @@ class MigrationDriver:
         """Move the running topology to `new` with the driver's protocol; returns the report."""
         old = self.backend.current_schedule()
         mid = uuid.uuid4().hex[:12]
+        prepare_ms = None
+        if self.protocol != "restart":
+            # added nodes start and every worker binds its new inboxes now, while everything still runs
+            started = self.clock.now()
+            try:
+                self.backend.prepare(new)
+            except BackendError as exc:
+                return self._not_started(mid, old, new, f"the new schedule could not be prepared: {exc}")
+            prepare_ms = (self.clock.now() - started) * 1000.0
         record = {
             "id": mid,
             "protocol": self.protocol,
@@ -111,6 +123,7 @@ class MigrationDriver:
                 self.clock.sleep(self.poll_s)  # a periodic checkpoint is being taken: it takes a moment
                 continue
             current = self.store.current()
+            self.backend.discard(new)
             raise MigrationError(
                 f"migration {current} of {self.topology.name} is in progress; wait for it to finish "
                 "(or let a restarted controller resume it)"
@@ -119,10 +132,39 @@ class MigrationDriver:
             mid, self.protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
         )
         run = _Run(self, coordinator, old, new, self._control(), restore_from=str(record.get("restoreFrom", "")))
+        run.prepare_ms = prepare_ms
         self.events.emit(
             "MigrationStarted", f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes"
         )
         return run.go(coordinator.start(self.clock.now()))
+
+    def _not_started(self, mid: str, old: Schedule, new: Schedule, reason: str) -> MigrationReport:
+        self.events.emit("MigrationFailed", f"{self.protocol} migration {mid} not started: {reason}", warning=True)
+        return MigrationReport(
+            migration_id=mid,
+            protocol=self.protocol,
+            direction="out" if len(new.nodes) > len(old.nodes) else "in",
+            from_nodes=len(old.nodes),
+            to_nodes=len(old.nodes),
+            phases_ms={"captureMs": None, "commitMs": None, "rebalanceMs": None, "restoreMs": None},
+            captured_events=0,
+            lost=0,
+            replayed=0,
+            outcome="failed",
+            reason=reason + "; nothing was paused, the old schedule runs on",
+        )
+
+    def interrupted_target(self) -> Schedule | None:
+        mid = self.store.current()
+        if mid is None or mid.startswith("ckpt-"):
+            return None
+        record = self.store.record(mid)
+        if record.get("phase") in (Phase.REBALANCING.value, Phase.INITIALIZING.value) and record.get("new"):
+            return Schedule.from_dict(json.loads(record["new"]))
+        return None
+
+    def recover(self, failed: dict[str, str]) -> MigrationReport | None:
+        return recover_from_failure(self, failed)
 
     def resume(self) -> MigrationReport | None:
         """Finish (or abort) the migration a previous controller left in Redis; None when there is none."""
@@ -170,6 +212,9 @@ class _Run:
     replayed: int = 0
     #: after an abort that lost a worker: the restart that rolled the topology back to the last checkpoint
     rollback: MigrationReport | None = None
+    prepare_ms: float | None = None
+    #: when RESUME went to the sources (the end of the pause)
+    resumed_at: float | None = None
 
     def go(self, actions: list[Action]) -> MigrationReport:
         driver, coordinator = self.driver, self.coordinator
@@ -189,32 +234,11 @@ class _Run:
             time.sleep(driver.poll_s)
             actions = self.poll()
         if coordinator.phase == Phase.ABORTED:
-            self.recover_after_abort()
+            driver.backend.discard(self.new)
+            failed = driver.backend.failed_nodes()
+            if failed:
+                self.rollback = recover_from_failure(driver, failed)
         return self.report()
-
-    def recover_after_abort(self) -> None:
-        """The old schedule goes on. If a worker died, what it held is only in the last periodic checkpoint:
-        roll every worker back to it (sources replay, nothing is lost); without one, restart the dead
-        workers empty and say what was lost."""
-        driver = self.driver
-        try:
-            driver.backend.check_alive()
-            return
-        except Exception as exc:
-            dead = str(exc)
-        if driver.store.latest_checkpoint() is not None:
-            restart = replace(driver, protocol="restart", before_action=None)
-            self.rollback = restart.migrate(self.old)
-            return
-        recover = getattr(driver.backend, "recover", None)
-        if callable(recover):
-            restarted = recover()
-            driver.events.emit(
-                "WorkersRestarted",
-                f"restarted {', '.join(restarted)} empty after the abort ({dead}); no periodic checkpoint to "
-                "roll back to, so the events and state the dead workers held are lost",
-                True,
-            )
 
     def poll(self) -> list[Action]:
         driver, coordinator = self.driver, self.coordinator
@@ -223,7 +247,7 @@ class _Run:
         if coordinator.phase in (Phase.PREPARING, Phase.COMMITTING):
             try:
                 driver.backend.check_alive()
-            except Exception as exc:
+            except BackendError as exc:
                 return coordinator.on_failure(f"a worker failed during {coordinator.phase.value}: {exc}", now)
         ack_phase = ACK_PHASES.get(coordinator.phase)
         if ack_phase is not None:
@@ -255,57 +279,70 @@ class _Run:
         mid = coordinator.migration_id
         kind = action.kind
         if kind == ActionKind.BROADCAST_PREPARE:
-            message = {"type": "prepare", "mid": mid, "protocol": coordinator.protocol}
+            message = {"type": ControlType.PREPARE, "mid": mid, "protocol": coordinator.protocol}
             targets = self.sources(self.old) if coordinator.protocol == "dcr" else action.executors
             self.broadcast(targets, message)
         elif kind == ActionKind.START_COMMIT:
             driver.store.update_record(mid, {"phase": Phase.COMMITTING.value})
-            self.broadcast(self.sources(self.old), {"type": "commit", "mid": mid})
+            self.broadcast(self.sources(self.old), {"type": ControlType.COMMIT, "mid": mid})
         elif kind == ActionKind.APPLY_SCHEDULE:
             return self.apply()
         elif kind == ActionKind.BROADCAST_INIT:
             driver.store.update_record(mid, {"phase": Phase.INITIALIZING.value})
-            message = {"type": "init", "mid": mid}
+            message = {"type": ControlType.INIT, "mid": mid}
             if self.restore_from:
                 message["from"] = self.restore_from
             self.broadcast(action.executors, message)
         elif kind == ActionKind.RESUME_SOURCES:
             running = self.old if coordinator.phase == Phase.ABORTED else (self.target or self.new)
-            self.broadcast(self.sources(running), {"type": "resume", "mid": mid})
+            self.broadcast(self.sources(running), {"type": ControlType.RESUME, "mid": mid})
+            self.resumed_at = driver.clock.now()
         elif kind == ActionKind.ABORT:
-            self.broadcast(action.executors, {"type": "abort", "mid": mid})
+            self.broadcast(action.executors, {"type": ControlType.ABORT, "mid": mid})
             driver.events.emit("MigrationAborted", f"migration {mid}: {action.reason}", warning=True)
         elif kind == ActionKind.CLEANUP:
-            driver.store.delete_migration(mid)
+            if coordinator.phase == Phase.DONE and coordinator.protocol != "restart":
+                # its state, captured events and positions are a consistent cut: the latest checkpoint now,
+                # committed with the exactly-once sinks' output staged at COMMIT
+                info = {"completedAt": driver.clock.now(), "schedule": (self.target or self.new).to_dict()}
+                driver.store.complete_checkpoint(mid, info)
+                driver.store.release(mid)
+            else:
+                driver.store.delete_migration(mid)
         return []
 
     def apply(self) -> list[Action]:
-        """Stop the old workers and start the target schedule's; if they never come up, roll back."""
+        """Switch to the target schedule in place (`restart`: stop every worker first); if it cannot be
+        applied, apply the old one again: either way every executor is initialised from the state in Redis."""
         driver, coordinator = self.driver, self.coordinator
         target = self.target or self.new
-        if coordinator.protocol == "restart":
-            self.replayed = self.stop_for_restart()
+        mid = coordinator.migration_id
+        if coordinator.protocol == "restart" and not driver.in_place:
+            driver.backend.stop_workers()
         try:
-            driver.backend.apply(target)
-        except Exception as exc:
+            driver.backend.apply(target, mid)
+        except BackendError as exc:
             if self.rolled_back is not None:
                 raise MigrationError(
-                    f"migration {coordinator.migration_id}: the new schedule failed ({self.rolled_back}) and so "
-                    f"did the old one ({exc}); the state is kept in Redis for `resume`"
+                    f"migration {mid}: the new schedule failed ({self.rolled_back}) and so did the old one "
+                    f"({exc}); the state is kept in Redis for `resume`"
                 ) from None
             self.rolled_back = f"the new schedule did not come up: {exc}"
             driver.events.emit("MigrationRollingBack", self.rolled_back, warning=True)
             self.target = self.old
             coordinator.new_executors = coordinator.old_executors
-            driver.backend.apply(self.old)
+            driver.backend.apply(self.old, mid)
+        if coordinator.protocol == "restart":
+            self.replayed = self.count_replay()
+            # every executor restarts from the checkpoint: what sinks staged after it is replayed, not committed
+            driver.store.discard_transactions()
         self.control.update(driver.backend.current_schedule())
         return coordinator.on_rebalanced(driver.clock.now())
 
-    def stop_for_restart(self) -> int:
-        """Stop every worker, then count what the sources will replay: from the positions they reached
-        (published every interval and at shutdown) back to the checkpoint's, or to nothing without one."""
+    def count_replay(self) -> int:
+        """What the sources will replay: from the positions they reached (published every interval and by
+        each worker as it stops its executors) back to the checkpoint's, or to nothing without one."""
         store = self.driver.store
-        self.driver.backend.stop_workers()
         latest = [unpack(blob) for blob in store.source_positions().values()]
         saved = store.load_positions(self.restore_from) if self.restore_from else {}
         checkpointed = [unpack(blob) for blob in saved.values()]
@@ -344,6 +381,10 @@ class _Run:
             outcome=outcome,  # type: ignore[arg-type]
             reason=reason,
             restored_from=self.restore_from or None,
+            pause_ms=None
+            if self.resumed_at is None or coordinator.times.started_at is None
+            else (self.resumed_at - coordinator.times.started_at) * 1000.0,
+            prepare_ms=self.prepare_ms,
         )
         self.driver.events.emit(
             "Migrated" if outcome == "succeeded" else "MigrationFailed",
@@ -355,32 +396,20 @@ class _Run:
         return report
 
 
-@dataclass
-class MigratingBackend:
-    """A `Backend` whose `apply` migrates with the topology's protocol: `ccr` and `dcr` through
-    `MigrationDriver` (`restart` too: from the last periodic checkpoint). `last_report` is the last
-    migration's `to_status()`."""
-
-    cluster: Any
-    driver: MigrationDriver
-    protocol: MigrationProtocol = "ccr"
-    last_report: dict[str, Any] = field(default_factory=dict)
-
-    def current_schedule(self) -> Schedule:
-        return self.cluster.current_schedule()  # type: ignore[no-any-return]
-
-    def recover(self) -> list[str]:
-        return list(getattr(self.cluster, "recover", list)())
-
-    def check_alive(self) -> None:
-        self.cluster.check_alive()
-
-    def stop_workers(self) -> None:
-        self.cluster.stop_workers()
-
-    def apply(self, schedule: Schedule) -> None:
-        self.driver.protocol = self.protocol
-        report = self.driver.migrate(schedule)
-        self.last_report = report.to_status()
-        if report.outcome != "succeeded":
-            raise MigrationError(report.reason or f"migration {report.migration_id} {report.outcome}")
+def recover_from_failure(driver: MigrationDriver, failed: dict[str, str]) -> MigrationReport | None:
+    """Workers died (`failed`: node -> why). With a periodic checkpoint, roll the whole topology back to it
+    in place: dead nodes start again, survivors reload their executors from it, sources replay what came
+    after it (counted as `replayed`), so nothing is lost. Without one, restart the dead workers empty and
+    say what was lost (returns None)."""
+    if driver.store.latest_checkpoint() is not None:
+        rollback = replace(driver, protocol="restart", in_place=True, before_action=None)
+        return rollback.migrate(driver.backend.current_schedule())
+    nodes = sorted(failed)
+    driver.backend.restart_nodes(nodes)
+    driver.events.emit(
+        "WorkersRestarted",
+        f"restarted {', '.join(nodes)} empty ({'; '.join(failed.values())}); no periodic checkpoint to roll back "
+        "to, so the events and state the dead workers held are lost",
+        True,
+    )
+    return None

@@ -14,29 +14,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from elastream.core.migration import rate_timeline, recovery_times
+from elastream.core.ports import SampleFeed
 from elastream.core.topology import Topology
-from elastream.store.metric_stream import MetricStream
 
 
 def measure_recovery(
-    client: redis.Redis,
+    feed: SampleFeed,
     topology: Topology,
     migrated_at: float,
     before_s: float = 10.0,
     bucket_s: float = 1.0,
 ) -> tuple[float | None, float | None]:
     """(catch-up, stabilization) in seconds after `migrated_at`, or None where not reached yet."""
-    samples = MetricStream(client, topology.redis_prefix).read_since(migrated_at - before_s)
+    samples = feed.read_since(migrated_at - before_s)
     timeline = rate_timeline(samples, topology.sources, topology.sinks, at=migrated_at, bucket_s=bucket_s)
     return recovery_times(timeline["output"])
 
 
 @dataclass
 class RecoveryFollowUp:
-    client: redis.Redis
+    feed: SampleFeed
     topology: Topology
     bucket_s: float = 1.0
     timeout_s: float = 60.0
@@ -51,7 +49,7 @@ class RecoveryFollowUp:
     def tick(self) -> None:
         still = []
         for status, migrated_at, on_done in self.pending:
-            catch_up, stable = measure_recovery(self.client, self.topology, migrated_at, bucket_s=self.bucket_s)
+            catch_up, stable = measure_recovery(self.feed, self.topology, migrated_at, bucket_s=self.bucket_s)
             timed_out = self.now() - migrated_at > self.timeout_s
             if stable is None and not timed_out:
                 still.append((status, migrated_at, on_done))

@@ -36,10 +36,31 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from elastream.core.metrics import MetricSample
-from elastream.core.schedule import Schedule, key_group_owner, key_group_ranges
+from elastream.core.schedule import Schedule, key_group_owner
 from elastream.core.topology import Topology, executor_id, split_executor_id
 
 Protocol = Literal["ccr", "dcr", "restart"]
+
+
+class ControlType(enum.StrEnum):
+    """The `type` of a control message. The controller sends PREPARE, COMMIT (to sources), INIT, RESUME, ABORT,
+    CHECKPOINT (to sources), CHECKPOINT_ABORT to executors and STAGE, SWITCH, UNSTAGE to nodes; executors
+    forward COMMIT, BARRIER and DCR's PREPARE in-band. A `StrEnum`, so a message's JSON text compares equal."""
+
+    PREPARE = "prepare"
+    COMMIT = "commit"
+    INIT = "init"
+    RESUME = "resume"
+    ABORT = "abort"
+    CHECKPOINT = "checkpoint"
+    BARRIER = "barrier"
+    CHECKPOINT_ABORT = "checkpoint-abort"
+    #: a node binds the inboxes of a staged schedule version (before a migration pauses anything)
+    STAGE = "stage"
+    #: a node loads a schedule version in place (after COMMIT): stops the executors it loses, starts the new
+    SWITCH = "switch"
+    #: a node drops a staged version (the migration did not start or was aborted)
+    UNSTAGE = "unstage"
 
 
 class Phase(enum.Enum):
@@ -329,10 +350,6 @@ def state_moves(topology: Topology, old: Schedule, new: Schedule) -> list[StateM
     return moves
 
 
-def owned_key_groups(max_parallelism: int, parallelism: int, index: int) -> range:
-    return key_group_ranges(max_parallelism, parallelism)[index]
-
-
 def affected_executors(old: Schedule, new: Schedule) -> frozenset[str]:
     """Executors that start, stop or move: the ones a migration must checkpoint and initialise."""
     changed = {e for e in old.assignment if new.assignment.get(e) != old.assignment[e]}
@@ -372,6 +389,10 @@ class MigrationReport:
     stabilization_ms: float | None = None
     #: `restart`: the periodic checkpoint the new schedule started from
     restored_from: str | None = None
+    #: PREPARE sent (or, for `restart`, the workers told to stop) -> every source resumed
+    pause_ms: float | None = None
+    #: readying the new schedule before anything was paused (added nodes started, inboxes bound)
+    prepare_ms: float | None = None
 
     def to_status(self) -> dict[str, object]:
         return {
@@ -388,6 +409,8 @@ class MigrationReport:
             "catchUpMs": self.catch_up_ms,
             "stabilizationMs": self.stabilization_ms,
             "restoredFrom": self.restored_from,
+            "pauseMs": self.pause_ms,
+            "prepareMs": self.prepare_ms,
         }
 
 

@@ -1,7 +1,12 @@
 """Protocols the adapters implement, so orchestration is written once and tested with in-memory fakes.
 
 - `MetricSource`: the analysed metrics of a running topology (Spark analysis, the pure reference, a fake).
-- `Backend`: runs worker nodes under a schedule (local processes, Kubernetes pods, a fake).
+- `Backend`: runs worker nodes under a schedule (local processes, Kubernetes pods, a fake); raises
+  `BackendError` (the one error type the controller catches from it).
+- `Migrator`: moves a running topology to another schedule (CCR, DCR, restart) and recovers it from failures.
+- `ScaleRequests` / `StatusSink`: where a controller's requests come from and where its status goes (Redis
+  keys in local mode, the custom resource on Kubernetes).
+- `SampleFeed`: the raw metric samples (the live view and the recovery measurement read them).
 - `Clock`: time, replaceable in tests.
 - `EventSink`: where decisions and migrations are reported (stdout, Kubernetes events, a list in tests).
 """
@@ -9,26 +14,121 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from elastream.core.metrics import MetricSnapshot
+from elastream.core.metrics import MetricSample, MetricSnapshot
+from elastream.core.migration import MigrationReport
 from elastream.core.schedule import Schedule
 
 
 @runtime_checkable
 class MetricSource(Protocol):
+    #: samples before this time (the current schedule's start) are not analysed
+    not_before: float
+
     def snapshot(self, window: int) -> MetricSnapshot:
         """Analyse the last `window` metric intervals into a snapshot."""
         ...
 
 
 @runtime_checkable
-class Backend(Protocol):
-    def apply(self, schedule: Schedule) -> None:
-        """Run the topology under `schedule` (start, stop or restart what differs)."""
+class SampleFeed(Protocol):
+    def read_since(self, since_ts: float | None = None) -> list[MetricSample]:
+        """Samples whose `ts` is at or after `since_ts`, oldest first."""
         ...
 
-    def current_schedule(self) -> Schedule: ...
+
+@runtime_checkable
+class Migrator(Protocol):
+    def migrate(self, schedule: Schedule) -> MigrationReport:
+        """Move the running topology to `schedule` with the topology's protocol."""
+        ...
+
+    def interrupted_target(self) -> Schedule | None:
+        """The schedule an interrupted migration past COMMIT moves to (start it, then `resume`), or None."""
+        ...
+
+    def resume(self) -> MigrationReport | None:
+        """Finish or abort a migration a previous controller left; None when there is none."""
+        ...
+
+    def recover(self, failed: dict[str, str]) -> MigrationReport | None:
+        """Workers died (node -> why): roll back to the last checkpoint, or restart them empty (None)."""
+        ...
+
+
+@runtime_checkable
+class ScaleRequests(Protocol):
+    def take(self) -> int | None:
+        """The node count asked for since the last call, or None."""
+        ...
+
+
+@runtime_checkable
+class StatusSink(Protocol):
+    def publish(self, field: str, status: dict[str, Any]) -> None:
+        """Record `status` as the topology's `field` (lastScaling, lastRecovery)."""
+        ...
+
+
+@runtime_checkable
+class Background(Protocol):
+    """A periodic task the controller owns (checkpoints, the metric archive)."""
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+
+class BackendError(Exception):
+    """A worker node did not start, died, or a schedule could not be applied; the message names the nodes
+    and why (a quote of the worker's log where there is one)."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Worker nodes under a schedule. Migrations (`control.migration`) drive it: `prepare` before anything is
+    paused, `apply` after COMMIT, `discard` when a prepared schedule is not used."""
+
+    def current_schedule(self) -> Schedule:
+        """The schedule the workers run (raises `BackendError` before the first `start`)."""
+        ...
+
+    def start(self, schedule: Schedule) -> None:
+        """Start every node of `schedule` from scratch and wait until all are ready."""
+        ...
+
+    def prepare(self, schedule: Schedule) -> None:
+        """Ready the next schedule without disturbing the running one: nodes it adds are started and ready
+        (idle, endpoints registered), nodes that stay bind the inboxes of their new executors."""
+        ...
+
+    def discard(self, schedule: Schedule) -> None:
+        """Undo `prepare(schedule)`: the added nodes stop, the staying ones drop what they bound."""
+        ...
+
+    def apply(self, schedule: Schedule, migration_id: str) -> None:
+        """Switch to `schedule` in place: a running worker that stays loads it (stops the executors it
+        loses, starts the ones it gains, waiting for INIT of `migration_id`), a node without a running
+        worker is started, a node the schedule drops stops. Returns when every node of it is ready."""
+        ...
+
+    def failed_nodes(self) -> dict[str, str]:
+        """Nodes of the running schedule whose worker died, with why; empty when all are alive."""
+        ...
+
+    def check_alive(self) -> None:
+        """Raise `BackendError` naming a dead worker, if any."""
+        ...
+
+    def restart_nodes(self, nodes: Sequence[str]) -> None:
+        """Start the workers of `nodes` again under the running schedule (their executors start empty)."""
+        ...
+
+    def stop_workers(self) -> None:
+        """Stop every worker (the `restart` protocol, shutdown)."""
+        ...
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from elastream.core.migration import Mode
+from elastream.core.migration import ControlType, Mode
 from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context
@@ -314,23 +314,24 @@ class ExecutorThread(threading.Thread):
         migration, participant = self.migration, self.migration.participant
         kind, mid = message.get("type"), str(message.get("mid"))
         log.debug("executor %s: %s of migration %s from %s", self.executor, kind, mid, sender)
-        if kind == "prepare":
+        if kind == ControlType.PREPARE:
             participant.protocol = message.get("protocol", "ccr")
             if participant.on_prepare(mid, sender if participant.protocol == "dcr" else None):
                 if participant.protocol == "dcr":
-                    self.router.send_control({"type": "prepare", "mid": mid, "protocol": "dcr"})
+                    self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
                 migration.ack(mid, "preparing")
-        elif kind == "commit":
+        elif kind == ControlType.COMMIT:
             if participant.on_commit(sender):
                 state_bytes = migration.checkpoint(mid, self.operator)
-                self.router.send_control({"type": "commit", "mid": mid})
+                self.router.send_control({"type": ControlType.COMMIT, "mid": mid})
                 migration.ack(mid, "committing", captured=migration.captured, state_bytes=state_bytes)
-        elif kind == "barrier":
+        elif kind == ControlType.BARRIER:
             self.on_barrier(sender, mid)
-        elif kind == "checkpoint-abort":
+        elif kind == ControlType.CHECKPOINT_ABORT:
+            migration.abort(mid, self.operator)  # nothing is captured during a checkpoint: only the sink's part
             if self.barrier == mid:
                 self.release_aligned()
-        elif kind == "init":
+        elif kind == ControlType.INIT:
             if migration.awaiting == mid and participant.on_init(mid):
                 context = self.context
                 source = str(message.get("from") or mid)  # `restart`: the periodic checkpoint to restore
@@ -348,9 +349,9 @@ class ExecutorThread(threading.Thread):
                     self.handle(frame)
             elif migration.awaiting is None:
                 migration.ack(mid, "initializing")  # a resent INIT: already done, ack again
-        elif kind == "abort":
+        elif kind == ControlType.ABORT:
             participant.on_abort()
-            events = migration.take_pending()
+            events = migration.abort(mid, self.operator)
             for start in range(0, len(events), MAX_BATCH):
                 self.process_batch(events[start : start + MAX_BATCH])
             log.warning(
@@ -369,7 +370,7 @@ class ExecutorThread(threading.Thread):
         if not self.barriers_seen >= self.migration.participant.upstream:
             return
         state_bytes = self.migration.checkpoint(checkpoint_id, self.operator)
-        self.router.send_control({"type": "barrier", "mid": checkpoint_id})
+        self.router.send_control({"type": ControlType.BARRIER, "mid": checkpoint_id})
         self.migration.ack(checkpoint_id, "checkpointing", state_bytes=state_bytes)
         self.release_aligned()
 
@@ -530,31 +531,31 @@ class SourceThread(threading.Thread):
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration = self.migration
         kind, mid = message.get("type"), str(message.get("mid"))
-        if kind == "prepare":
+        if kind == ControlType.PREPARE:
             self.paused.set()
             migration.participant.protocol = message.get("protocol", "ccr")
             migration.participant.on_prepare(mid)
             if migration.participant.protocol == "dcr":
-                self.router.send_control({"type": "prepare", "mid": mid, "protocol": "dcr"})
+                self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
             migration.ack(mid, "preparing")
-        elif kind == "commit":
+        elif kind == ControlType.COMMIT:
             position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
             migration.checkpoint(mid, self.operator, position)
-            self.router.send_control({"type": "commit", "mid": mid})
+            self.router.send_control({"type": ControlType.COMMIT, "mid": mid})
             migration.ack(mid, "committing")
-        elif kind == "checkpoint":
+        elif kind == ControlType.CHECKPOINT:
             # the position of everything emitted so far, then BARRIER behind it on every channel
             position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
             state_bytes = migration.checkpoint(mid, self.operator, position)
-            self.router.send_control({"type": "barrier", "mid": mid})
+            self.router.send_control({"type": ControlType.BARRIER, "mid": mid})
             migration.ack(mid, "checkpointing", state_bytes=state_bytes)
-        elif kind == "init":
+        elif kind == ControlType.INIT:
             if migration.awaiting == mid:
                 merged = migration.merged_positions(str(message.get("from") or mid))
                 if merged and callable(getattr(self.operator, "seek", None)):
                     self.operator.seek(merged)
                 migration.awaiting = None
             migration.ack(mid, "initializing")
-        elif kind in ("resume", "abort"):
+        elif kind in (ControlType.RESUME, ControlType.ABORT):
             migration.participant.on_abort()
             self.paused.clear()

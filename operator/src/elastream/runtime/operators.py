@@ -41,6 +41,8 @@ import redis
 from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, parse_rates, preset_steps
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import Vertex
+from elastream.store.codec import text
+from elastream.store.retry import backoff
 
 
 class Event(NamedTuple):
@@ -436,7 +438,8 @@ class RedisStreamSource:
         self.name = f"{context.vertex}#{context.index}"
         self.last_id = "0-0"
         self.read = 0
-        self.retry_at = self.backoff_s = self.last_warning = 0.0
+        self.retry_at = self.last_warning = 0.0
+        self.delays = backoff()
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
         if now < self.retry_at:
@@ -445,8 +448,8 @@ class RedisStreamSource:
             entries = self.client.xread({self.stream: self.last_id}, count=budget, block=10) or []
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Redis is away (restarting): nothing is lost, the position stays; try again with backoff
-            self.backoff_s = min(5.0, max(0.2, 2 * self.backoff_s))
-            self.retry_at = now + self.backoff_s
+            delay = next(self.delays)
+            self.retry_at = now + delay
             if now - self.last_warning >= 5.0:
                 self.last_warning = now
                 logging.getLogger("elastream.worker").warning(
@@ -454,10 +457,10 @@ class RedisStreamSource:
                     self.name,
                     self.stream,
                     exc,
-                    self.backoff_s,
+                    delay,
                 )
             return self.read
-        self.backoff_s = 0.0
+        self.delays = backoff()
         for _, items in entries:
             for entry_id, fields in items:
                 self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -466,7 +469,7 @@ class RedisStreamSource:
                 if n % self.stride != self.index:
                     continue
                 ms, seq = (int(x) for x in self.last_id.split("-"))
-                decoded = {_text(k): _text(v) for k, v in fields.items()}
+                decoded = {text(k): text(v) for k, v in fields.items()}
                 emit_new(ms * 1000 + seq, decoded.get("key", n), decoded.get("value"))
         return self.read
 
@@ -482,10 +485,6 @@ class RedisStreamSource:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -543,28 +542,40 @@ return n
 
 
 class RedisStreamSink:
-    """`sink: {type: redis-stream, stream: NAME}` — appends events (fields id, key, value, ts) to a Redis
-    stream, one round trip per batch; default stream `<prefix>sink:<vertex>`.
+    """`sink: {type: redis-stream, stream: NAME, delivery: at-least-once | exactly-once}` — appends events
+    (fields id, key, value, ts) to a Redis stream; default stream `<prefix>sink:<vertex>`.
 
-    A batch is written by one Lua script that also records the batch's token under a key of this executor,
-    so it lands all or nothing, and a retry after a lost reply (Redis stopped after applying it) finds the
-    token and writes nothing: a restart of Redis neither loses nor duplicates sink output."""
+    `at-least-once` (the default) writes every processed batch at once: the lowest latency, and CCR and DCR
+    migrations never duplicate anything, but after a rollback to a checkpoint (a worker died, or the
+    `restart` protocol) the events replayed since that checkpoint reach the stream a second time. A batch is
+    written by one Lua script that also records the batch's token under a key of this executor, so it lands
+    all or nothing, and a retry after a lost reply (Redis stopped after applying it) writes nothing.
+
+    `exactly-once` is a two-phase commit, as Flink's transactional sinks do it: processed events stay in the
+    executor until its next checkpoint (a periodic one or a migration's COMMIT), which stages them in Redis
+    (`pre_commit`); the controller moves every staged event of a checkpoint into the streams in one atomic
+    script, in the same transaction that makes it the latest checkpoint. A rollback discards what was not
+    committed, so a reader never sees an event twice; the price is up to one checkpoint interval
+    (`spec.scaling.checkpointIntervalSeconds`) of extra latency and the buffered events in memory."""
 
     batched = True
     #: how long a writer's last token is remembered (a retry comes within seconds)
     TOKEN_TTL_S = 3600
 
-    def __init__(self, client_factory: Callable[[], Any], default_stream: str) -> None:
+    def __init__(self, client_factory: Callable[[], Any], default_stream: str, prefix: str = "") -> None:
         self.client_factory = client_factory
         self.default_stream = default_stream
+        self.prefix = prefix
 
     def open(self, context: Context) -> None:
         self.client = self.client_factory()
         self.stream = str(context.config.get("stream", self.default_stream))
         self.maxlen = int(context.config.get("maxLen") or 0)
+        self.exactly_once = context.config.get("delivery", "at-least-once") == "exactly-once"
         self.cost = Cost(context.config, context.node_cpu)
         self.buffer: list[Any] = []
-        self.token_key = f"{self.stream}:writer:{context.vertex}#{context.index}"
+        self.writer = f"{context.vertex}#{context.index}"
+        self.token_key = f"{self.stream}:writer:{self.writer}"
         self.script = self.client.register_script(_XADD_BATCH_ONCE)
 
     def process(self, event: Any, emit: Emit) -> None:
@@ -572,34 +583,86 @@ class RedisStreamSink:
         self.buffer.append(event)
 
     def flush(self) -> None:
-        if not self.buffer:
+        if not self.buffer or self.exactly_once:  # exactly-once: written when a checkpoint commits
             return
         token = uuid.uuid4().hex  # the same token on every retry of this batch
         args: list[Any] = [token, self.maxlen, self.TOKEN_TTL_S]
         for event in self.buffer:
             args += [event[0], str(event[1]), str(event[2]), repr(event[3])]
-        delay = 0.2
-        while True:
-            try:
-                self.script(keys=[self.stream, self.token_key], args=args)
-                break
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                # Redis is away (restarting): keep the batch and retry, the inputs back-pressure meanwhile
-                logging.getLogger("elastream.worker").warning(
-                    "sink %s: Redis unreachable (%s); retrying %d events in %.1f s",
-                    self.stream,
-                    exc,
-                    len(self.buffer),
-                    delay,
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        retry_redis(lambda: self.script(keys=[self.stream, self.token_key], args=args), f"sink {self.stream}")
         self.buffer = []
 
+    def pre_commit(self, txn_id: str) -> None:
+        """Stage the events processed since the last checkpoint under transaction `txn_id` (the checkpoint's
+        or migration's id); the controller commits them with it."""
+        if not self.exactly_once or not self.buffer:
+            return
+        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
+        items: list[Any] = [self.stream]
+        for event in self.buffer:
+            items += [event[0], str(event[1]), str(event[2]), repr(event[3])]
+
+        def stage() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(staging)
+            pipe.rpush(staging, *items)
+            pipe.sadd(members, staging)
+            pipe.expire(staging, STAGED_TTL_S)
+            pipe.expire(members, STAGED_TTL_S)
+            pipe.execute()
+
+        retry_redis(stage, f"sink {self.stream}")
+        self.buffer = []
+
+    def abort_commit(self, txn_id: str) -> None:
+        """The checkpoint or migration `txn_id` was abandoned and this executor goes on: take the staged
+        events back, ahead of what was processed since (they are committed with the next checkpoint)."""
+        if not self.exactly_once:
+            return
+        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
+
+        def take_back() -> list[Any]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.lrange(staging, 1, -1)
+            pipe.delete(staging)
+            pipe.srem(members, staging)
+            return list(pipe.execute()[0])
+
+        items = retry_redis(take_back, f"sink {self.stream}")
+        events = [
+            (text(items[i]), text(items[i + 1]), text(items[i + 2]), float(text(items[i + 3])))
+            for i in range(0, len(items), 4)
+        ]
+        self.buffer = events + self.buffer
+
     def close(self) -> None:
+        # exactly-once: what was not staged belongs to no checkpoint; a restore replays it
         self.flush()
         self.cost.pay()
         self.client.close()
+
+
+#: staged sink events of a checkpoint that never completes expire after this
+STAGED_TTL_S = 24 * 3600
+
+
+def transaction_keys(prefix: str, txn_id: str, writer: str) -> tuple[str, str]:
+    """(the staging list of one sink executor, the set of a transaction's staging lists)."""
+    return f"{prefix}txn:{txn_id}:{writer}", f"{prefix}txn:{txn_id}"
+
+
+def retry_redis(call: Callable[[], Any], what: str) -> Any:
+    """Run `call` until Redis answers: an operator whose Redis is away (restarting) keeps its data and
+    retries with backoff (0.2 s doubling to 5 s) while its inputs back-pressure."""
+    for delay in backoff():
+        try:
+            return call()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            logging.getLogger("elastream.worker").warning(
+                "%s: Redis unreachable (%s); retrying in %.1f s", what, exc, delay
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # backoff() never ends
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -644,7 +707,7 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
     if vertex.kind == "sink":
         kind = config["type"]
         if kind == "redis-stream":
-            return RedisStreamSink(client_factory, f"{prefix}sink:{vertex.name}")
+            return RedisStreamSink(client_factory, f"{prefix}sink:{vertex.name}", prefix)
         return LogSink() if kind == "log" else NullSink()
     return LOGIC_BUILTINS[str(config["builtin"])]()
 

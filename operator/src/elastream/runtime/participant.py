@@ -69,7 +69,11 @@ class Migration:
         self.captured += len(events)
 
     def checkpoint(self, mid: str, operator: Any, position: Any = None) -> int:
-        """Persist state (per key group), captured events and a source's position in one round trip."""
+        """Persist state (per key group), captured events and a source's position in one round trip; an
+        exactly-once sink first stages its output under `mid` (committed with the checkpoint)."""
+        pre_commit = getattr(operator, "pre_commit", None)
+        if callable(pre_commit):
+            pre_commit(mid)
         state: dict[int, bytes] = {}
         snapshot = getattr(operator, "snapshot_state", None)
         if callable(snapshot):
@@ -86,6 +90,14 @@ class Migration:
             ),
         )
         return sum(len(b) for b in state.values())
+
+    def abort(self, mid: str, operator: Any) -> list[Any]:
+        """`mid` was abandoned: an exactly-once sink takes back what it staged; returns the captured events
+        to replay locally."""
+        abort_commit = getattr(operator, "abort_commit", None)
+        if callable(abort_commit):
+            abort_commit(mid)
+        return self.take_pending()
 
     def take_pending(self) -> list[Any]:
         """The captured events in arrival order per bucket (after an ABORT they are replayed locally)."""

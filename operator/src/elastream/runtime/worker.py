@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -28,7 +28,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
 from elastream.core.metrics import MetricSample
-from elastream.core.migration import ExecutorParticipant
+from elastream.core.migration import ControlType, ExecutorParticipant
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceThread, build_outputs
@@ -56,6 +56,29 @@ class WorkerOptions:
     redis_wait_s: float = 300.0
     #: where relative paths in the manifest (a synthetic source's `csv`) are resolved
     manifest_dir: str = "."
+    #: start for this staged schedule version (a node a migration adds) instead of the current schedule
+    schedule_version: int = 0
+
+
+@dataclass
+class Generation:
+    """The executors a worker runs under one schedule version: operators made and inboxes bound when it is
+    staged (endpoints registered, nothing running), threads built and started when it is activated, all
+    stopped together when a newer generation replaces it. `stop` is this generation's own: setting it ends
+    its threads and leaves the process (and any staged successor) running."""
+
+    version: int
+    schedule: Schedule
+    operators: dict[str, tuple[Any, Context]]
+    inboxes: dict[str, Inbox]
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[ExecutorThread | SourceThread] = field(default_factory=list)
+    channels: list[Channel] = field(default_factory=list)
+    #: the migration whose INIT the executors wait for before they process anything (None: run at once)
+    awaiting: str | None = None
+
+    def by_executor(self) -> dict[str, ExecutorThread | SourceThread]:
+        return {thread.executor: thread for thread in self.threads}
 
 
 class Worker:
@@ -65,12 +88,16 @@ class Worker:
         self.node = options.node
         self.stop = threading.Event()
         self.zmq = zmq.Context(io_threads=1)
-        self.threads: list[ExecutorThread | SourceThread] = []
-        self.inboxes: dict[str, Inbox] = {}
-        self.channels: list[Channel] = []
-        self.version = 0
-        self.schedule: Schedule | None = None
-        self.awaiting: str | None = None
+        self.cpu = NodeCpu(topology.node_cpu)
+        #: the generation running now, and the one staged ahead of a migration (inboxes bound, idle)
+        self.current: Generation | None = None
+        self.staged: Generation | None = None
+        self._switching = threading.Lock()
+
+    @property
+    def threads(self) -> list[ExecutorThread | SourceThread]:
+        current = self.current
+        return list(current.threads) if current is not None else []
 
     # ---------------------------------------------------------------------------------------------- start-up
 
@@ -91,13 +118,19 @@ class Worker:
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
 
     def wait_for(
-        self, what: str | Callable[[], str], probe: Callable[[], Any], poll_s: float = 0.05, max_poll_s: float = 1.0
+        self,
+        what: str | Callable[[], str],
+        probe: Callable[[], Any],
+        poll_s: float = 0.05,
+        max_poll_s: float = 1.0,
+        stop: threading.Event | None = None,
     ) -> Any:
         """Call `probe()` until it returns something truthy, logging every 5 s what is awaited. The pause
         between probes starts at `poll_s` and grows by half each time up to `max_poll_s`, so a long wait
         (a peer that never comes) does not hammer Redis while a short one stays quick."""
         last_log = time.monotonic()
-        while not self.stop.is_set():
+        stop = stop or self.stop
+        while not stop.is_set() and not self.stop.is_set():
             try:
                 result = probe()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -109,22 +142,28 @@ class Worker:
             if time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.warning("waiting for %s%s", what() if callable(what) else what, f": {detail}" if detail else "")
-            self.stop.wait(poll_s)
+            stop.wait(poll_s)
             poll_s = min(max_poll_s, poll_s * 1.5)
         return None
 
-    def build(self) -> None:
-        found = self.wait_for("the schedule in Redis (the backend writes it)", self.registry.schedule)
-        if found is None:
-            return
-        self.version, self.schedule = found
-        schedule = self.schedule
-        # about an hour of samples for the executors that actually run, at the actual interval
-        self.metrics.maxlen = metric_stream_maxlen(len(schedule), self.options.interval_s)
+    def read_schedule(self) -> tuple[int, Schedule] | None:
+        """The schedule this process starts with: the staged version it was started for, else the current."""
+        version = self.options.schedule_version
+        found: tuple[int, Schedule] | None
+        if version:
+            found = self.wait_for(
+                f"staged schedule version {version} in Redis", lambda: self.registry.schedule_version(version)
+            )
+        else:
+            found = self.wait_for("the schedule in Redis (the backend writes it)", self.registry.schedule)
+        return found
+
+    def stage(self, version: int, schedule: Schedule) -> Generation:
+        """Make this node's operators of `schedule` and bind their inboxes; register the endpoints under
+        `version`. Nothing runs yet: a migration stages the new schedule before it pauses anything."""
         if self.node not in schedule.nodes:
-            raise OperatorLoadError(f"node {self.node} is not in schedule version {self.version}; nothing to run")
+            raise OperatorLoadError(f"node {self.node} is not in schedule version {version}; nothing to run")
         parallelism = schedule.parallelism()
-        cpu = NodeCpu(self.topology.node_cpu)
         mine = schedule.executors_on(self.node)
         operators: dict[str, tuple[Any, Context]] = {}
         for executor in mine:
@@ -138,59 +177,106 @@ class Worker:
                 max_parallelism=vertex.max_parallelism,
                 config=resolve_rate_file(vertex, self.options.manifest_dir),
                 key_groups=key_group_ranges(vertex.max_parallelism, k)[index],
-                node_cpu=cpu,
+                node_cpu=self.cpu,
             )
             operators[executor] = (make_operator(vertex, self._client_factory, self.topology.redis_prefix), context)
-        for executor in mine:
-            if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
-                self.inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(executor))
-        self.awaiting = self.migration_in_progress()
-        self.registry.register_endpoints(self.version, {e: box.endpoint for e, box in self.inboxes.items()})
-        self.registry.register_worker(
-            self.node,
-            {
-                "pid": os.getpid(),
-                "host": self.options.host,
-                "metricsPort": self.options.metrics_port,
-                "version": self.version,
-                "startedAt": time.time(),
-            },
-        )
+        inboxes: dict[str, Inbox] = {}
+        try:
+            for slot, executor in enumerate(mine):
+                if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
+                    inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(version, slot))
+        except zmq.ZMQError:
+            for inbox in inboxes.values():
+                inbox.close()
+            raise
+        self.registry.register_endpoints(version, {e: box.endpoint for e, box in inboxes.items()})
+        return Generation(version, schedule, operators, inboxes)
+
+    def activate(self, generation: Generation) -> bool:
+        """Connect `generation`'s outputs to the registered endpoints of its downstream executors, build its
+        threads and start them; False when stopped while waiting for endpoints."""
+        schedule, version = generation.schedule, generation.version
+        parallelism = schedule.parallelism()
+        mine = list(generation.operators)
         needed = {
             f"{child}#{i}"
             for executor in mine
             for child in self.topology.children(split_executor_id(executor)[0])
             for i in range(parallelism[child])
         }
-        state: dict[str, dict[str, str]] = {"endpoints": {}}
+        found: dict[str, dict[str, str]] = {"endpoints": {}}
 
         def all_endpoints() -> bool:
-            state["endpoints"] = self.registry.endpoints(self.version)
-            return needed <= set(state["endpoints"])
+            found["endpoints"] = self.registry.endpoints(version)
+            return needed <= set(found["endpoints"])
 
         def missing() -> str:
-            absent = sorted(needed - set(state["endpoints"]))
+            absent = sorted(needed - set(found["endpoints"]))
             nodes = sorted({schedule.node_of(e) for e in absent})
             return f"endpoints of {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''} (on {', '.join(nodes)})"
 
-        if not self.wait_for(missing, all_endpoints):
-            return
-        endpoints = state["endpoints"]
+        if not self.wait_for(missing, all_endpoints, poll_s=0.005, stop=generation.stop):
+            return False
+        endpoints = found["endpoints"]
+
+        def open_channel(sender: str, receiver: str, endpoint: str) -> Channel:
+            channel = Channel(self.zmq, sender, receiver, endpoint)
+            generation.channels.append(channel)
+            return channel
+
         for executor in mine:
             vertex_name, _ = split_executor_id(executor)
-            operator, context = operators[executor]
-            outputs = build_outputs(self.topology, vertex_name, executor, parallelism, endpoints, self._open_channel)
-            router = Router(outputs, self.stop)
-            migration = self._migration_for(executor, parallelism)
+            operator, context = generation.operators[executor]
+            outputs = build_outputs(self.topology, vertex_name, executor, parallelism, endpoints, open_channel)
+            router = Router(outputs, generation.stop)
+            migration = self._migration_for(executor, parallelism, generation.awaiting)
             thread: ExecutorThread | SourceThread
             if self.topology.vertices[vertex_name].kind == "source":
-                thread = SourceThread(executor, operator, context, router, self.stop, migration)
+                thread = SourceThread(executor, operator, context, router, generation.stop, migration)
                 thread.paused.set()  # until every node is ready (and, during a migration, until RESUME)
             else:
                 is_sink = self.topology.vertices[vertex_name].kind == "sink"
-                inbox = self.inboxes[executor]
-                thread = ExecutorThread(executor, operator, context, inbox, router, self.stop, is_sink, migration)
-            self.threads.append(thread)
+                inbox = generation.inboxes[executor]
+                thread = ExecutorThread(executor, operator, context, inbox, router, generation.stop, is_sink, migration)
+            generation.threads.append(thread)
+        # about an hour of samples for the executors that actually run, at the actual interval
+        self.metrics.maxlen = metric_stream_maxlen(len(schedule), self.options.interval_s)
+        for thread in generation.threads:
+            thread.start()
+        self.current = generation
+        self.registry.register_worker(
+            self.node,
+            {
+                "pid": os.getpid(),
+                "host": self.options.host,
+                "metricsPort": self.options.metrics_port,
+                "version": version,
+                "startedAt": time.time(),
+            },
+        )
+        self.registry.mark_ready(version, self.node)
+        log.info(
+            "node %s ready: %d executors (schedule version %d%s)",
+            self.node,
+            len(generation.threads),
+            version,
+            f", waiting for INIT of migration {generation.awaiting}" if generation.awaiting else "",
+        )
+        return True
+
+    def retire(self, generation: Generation) -> None:
+        """Stop a generation's threads and close its sockets. In a migration they are checkpointed (state and
+        captured events committed) and idle; a source's final position is published for `restart`'s count."""
+        generation.stop.set()
+        for thread in generation.threads:
+            if thread.is_alive():
+                thread.join(timeout=5.0)
+        with contextlib.suppress(redis.RedisError):
+            self.store.publish_positions(self.source_positions(generation))
+        for channel in generation.channels:
+            channel.close(0)
+        for inbox in generation.inboxes.values():
+            inbox.close()
 
     def migration_in_progress(self) -> str | None:
         """The migration whose INIT this worker's executors must wait for: one that has passed COMMIT (its
@@ -204,7 +290,7 @@ class Worker:
             return mid
         return None
 
-    def _migration_for(self, executor: str, parallelism: Mapping[str, int]) -> Migration:
+    def _migration_for(self, executor: str, parallelism: Mapping[str, int], awaiting: str | None) -> Migration:
         vertex = split_executor_id(executor)[0]
         parents = self.topology.parents(vertex)
         upstream = frozenset(f"{p}#{i}" for p in parents for i in range(parallelism[p]))
@@ -215,18 +301,17 @@ class Worker:
             participant=ExecutorParticipant(executor, upstream),
             inputs=inputs,
             max_parallelism=self.topology.vertices[vertex].max_parallelism,
-            awaiting=self.awaiting,
+            awaiting=awaiting,
         )
 
-    def _port_for(self, executor: str) -> int:
-        if not self.options.port or self.schedule is None:
+    def _port_for(self, version: int, slot: int) -> int:
+        """Inboxes of `--bind HOST:PORT` sit at PORT+1+slot for odd schedule versions and one block of
+        `slotsPerNode` higher for even ones: a node restarted under the same version binds the same ports
+        (its peers reconnect to it), and a staged version never collides with the running one (the
+        backend gives consecutive versions different parities)."""
+        if not self.options.port:
             return 0
-        return self.options.port + 1 + list(self.schedule.executors_on(self.node)).index(executor)
-
-    def _open_channel(self, sender: str, receiver: str, endpoint: str) -> Channel:
-        channel = Channel(self.zmq, sender, receiver, endpoint)
-        self.channels.append(channel)
-        return channel
+        return self.options.port + 1 + (version % 2) * self.topology.slots_per_node + slot
 
     def _client_factory(self) -> redis.Redis:
         return redis.Redis.from_url(self.options.redis_url)
@@ -237,32 +322,33 @@ class Worker:
         self._install_signals()
         try:
             self.connect()
-            self.build()
+            found = self.read_schedule()
+            if found is not None:
+                version, schedule = found
+                generation = self.stage(version, schedule)
+                # a node started for a staged schedule idles until the migration switches to it
+                if self.options.schedule_version:
+                    self.staged = generation
+                else:
+                    generation.awaiting = self.migration_in_progress()
         except (OperatorLoadError, RedisUnavailable) as exc:
             log.error("%s", exc)
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USER_ERROR
-        if self.stop.is_set() or self.schedule is None:
+        if self.stop.is_set() or found is None:
             self.shutdown()
             return 0
         if self.options.metrics_port:
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
             start_http_server(self.options.metrics_port, addr=self.options.host, registry=registry)
-        for thread in self.threads:
-            thread.start()
         self.client.delete(control_key(self.topology.redis_prefix, self.node))  # a previous worker's leftovers
         threading.Thread(target=self.dispatch_control, name="control", daemon=True).start()
-        self.registry.mark_ready(self.version, self.node)
-        log.info("node %s ready: %d executors (schedule version %d)", self.node, len(self.threads), self.version)
-        schedule = self.schedule
-        ready = self.wait_for(
-            "every node to be ready", lambda: self.registry.ready_nodes(self.version) >= set(schedule.nodes)
-        )
-        if ready and self.awaiting is None:  # during a migration the controller resumes the sources
-            for thread in self.threads:
-                if isinstance(thread, SourceThread):
-                    thread.paused.clear()
+        if self.staged is not None:
+            self.registry.mark_staged(self.staged.version, self.node)
+            log.info("node %s staged for schedule version %d: idle until the switch", self.node, version)
+        elif self.activate(generation):
+            self.start_sources_when_all_ready(generation)
         next_publish = time.monotonic() + self.options.interval_s
         parent = _watched_parent()
         while not self.stop.wait(max(0.0, next_publish - time.monotonic())):
@@ -275,9 +361,23 @@ class Worker:
         self.shutdown()
         return 1 if failed else 0
 
+    def start_sources_when_all_ready(self, generation: Generation) -> None:
+        """Start the sources once every node of the schedule is ready (during a migration the controller
+        resumes them after INIT instead)."""
+        nodes = set(generation.schedule.nodes)
+        ready = self.wait_for(
+            "every node to be ready",
+            lambda: self.registry.ready_nodes(generation.version) >= nodes,
+            stop=generation.stop,
+        )
+        if ready and generation.awaiting is None:
+            for thread in generation.threads:
+                if isinstance(thread, SourceThread):
+                    thread.paused.clear()
+
     def dispatch_control(self) -> None:
-        """Hand the controller's messages for this node to the executors they name (ahead of their input)."""
-        by_executor = {thread.executor: thread for thread in self.threads}
+        """Hand the controller's messages for this node to the executors they name (ahead of their input);
+        messages for the node itself (stage, switch, unstage) are carried out here, in order."""
         client = redis.Redis.from_url(self.options.redis_url, socket_timeout=10.0)
         while not self.stop.is_set():
             try:
@@ -289,33 +389,103 @@ class Worker:
             if item is None:
                 continue
             executor, message = item
-            thread = by_executor.get(executor)
+            if not executor:
+                try:
+                    self.on_node_message(message)
+                except Exception as exc:  # reported in the log; the controller times the step out
+                    log.exception("node %s: %s failed: %s", self.node, message.get("type"), exc)
+                continue
+            current = self.current
+            thread = current.by_executor().get(executor) if current is not None else None
             if thread is None:
                 log.warning("control message %s for %s, which is not on this node; dropped", message, executor)
                 continue
             thread.control.put(message)
         client.close()
 
+    def on_node_message(self, message: Mapping[str, Any]) -> None:
+        kind = message.get("type")
+        version = int(message.get("version", 0))
+        if kind == ControlType.STAGE:
+            found = self.registry.schedule_version(version)
+            if found is None:
+                raise OperatorLoadError(f"staged schedule version {version} is not in Redis")
+            self.discard_staged()
+            self.staged = self.stage(*found)
+            self.registry.mark_staged(version, self.node)
+        elif kind == ControlType.UNSTAGE:
+            if self.staged is not None and self.staged.version == version:
+                self.discard_staged()
+                if self.current is None:  # started only for the staged schedule: nothing left to run
+                    log.info("node %s: staged schedule version %d discarded; stopping", self.node, version)
+                    self.stop.set()
+        elif kind == ControlType.SWITCH:
+            self.switch(version, message.get("mid") or None)
+
+    def discard_staged(self) -> None:
+        staged, self.staged = self.staged, None
+        if staged is not None:
+            for inbox in staged.inboxes.values():
+                inbox.close()
+
+    def switch(self, version: int, migration_id: str | None) -> None:
+        """Load schedule `version` in place: stop this node's executors of the running schedule (after a
+        migration's COMMIT they are checkpointed and idle), start the ones the new schedule places here,
+        waiting for INIT of `migration_id`, or stop the process when the node is no longer in it."""
+        found = self.registry.schedule_version(version)
+        if found is None:
+            raise OperatorLoadError(f"schedule version {version} is not in Redis")
+        _, schedule = found
+        started = time.perf_counter()
+        with self._switching:
+            old = self.current
+            if self.node not in schedule.nodes:
+                if old is not None:
+                    self.retire(old)
+                self.current = None
+                log.info("node %s: not in schedule version %d; stopping", self.node, version)
+                self.stop.set()
+                return
+            staged = self.staged if self.staged is not None and self.staged.version == version else None
+            if staged is None:
+                self.discard_staged()
+            self.staged = None
+            if old is not None:
+                self.retire(old)
+            generation = staged or self.stage(version, schedule)
+            generation.awaiting = migration_id
+            self.activate(generation)
+        log.info(
+            "node %s switched to schedule version %d in %.0f ms%s",
+            self.node,
+            version,
+            (time.perf_counter() - started) * 1000.0,
+            "" if staged is None else " (staged ahead)",
+        )
+
     def publish_metrics(self) -> None:
         try:
             self.metrics.publish(self.samples())
-            self.store.publish_positions(self.source_positions())
+            current = self.current
+            if current is not None:
+                self.store.publish_positions(self.source_positions(current))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("metrics not published: Redis unreachable (%s); counters are cumulative, nothing is lost", exc)
 
-    def source_positions(self) -> dict[str, bytes]:
+    def source_positions(self, generation: Generation) -> dict[str, bytes]:
         """The read position of each running source (`restart` counts what the sources will replay from
         them); a source still waiting for INIT has none yet."""
         positions: dict[str, bytes] = {}
-        for thread in self.threads:
+        for thread in generation.threads:
             position = getattr(thread.operator, "position", None)
             if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
                 positions[thread.executor] = pack(position())
         return positions
 
-    def samples(self) -> Iterable[MetricSample]:
+    def samples(self, generation: Generation | None = None) -> Iterable[MetricSample]:
         now = time.time()
-        for thread in self.threads:
+        threads = self.threads if generation is None else generation.threads
+        for thread in threads:
             c: Counters = thread.counters
             yield MetricSample(
                 ts=now,
@@ -334,15 +504,21 @@ class Worker:
 
     def shutdown(self) -> None:
         self.stop.set()
-        for thread in self.threads:
-            if thread.is_alive():
-                thread.join(timeout=5.0)
-        with contextlib.suppress(Exception):  # best effort on the way out
-            self.publish_metrics()
-        for channel in self.channels:
-            channel.close(0)
-        for inbox in self.inboxes.values():
-            inbox.close()
+        with self._switching:
+            current, self.current = self.current, None
+            if current is not None:
+                current.stop.set()
+                for thread in current.threads:
+                    if thread.is_alive():
+                        thread.join(timeout=5.0)
+                with contextlib.suppress(Exception):  # best effort on the way out
+                    self.metrics.publish(self.samples(current))
+                    self.store.publish_positions(self.source_positions(current))
+                for channel in current.channels:
+                    channel.close(0)
+                for inbox in current.inboxes.values():
+                    inbox.close()
+            self.discard_staged()
         self.zmq.term()
         log.info("node %s stopped", self.node)
 

@@ -16,7 +16,9 @@ Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
 Writes are pipelined (one round trip per executor's checkpoint), every key gets a TTL so an abandoned
 migration's keys expire, and `delete_migration` removes them when the migration is done. A periodic
 checkpoint `ckpt-<n>` is stored like a migration `M` (state, position, acks; no pending events), so INIT
-restores from either the same way. Values are bytes:
+restores from either the same way; a completed CCR/DCR migration becomes the latest checkpoint.
+`P txn:<id>` (a set) and `P txn:<id>:<sink executor>` (lists) hold the exactly-once sinks' events staged with
+checkpoint or migration `<id>` until `complete_checkpoint` commits them. Values are bytes:
 the store does not interpret events or state.
 """
 
@@ -29,8 +31,28 @@ from typing import Any
 
 import redis
 
+from elastream.store.codec import as_bytes, text
+
 DEFAULT_TTL_S = 24 * 3600
 ANY = "any"
+
+
+#: moves every staging list of a transaction (KEYS[1], a set) into its stream: a list holds the stream name,
+#: then id, key, value, ts per event (what `RedisStreamSink.pre_commit` writes)
+_COMMIT_TRANSACTION = """
+local moved = 0
+for _, staging in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local items = redis.call('LRANGE', staging, 0, -1)
+  local stream = items[1]
+  for i = 2, #items, 4 do
+    redis.call('XADD', stream, '*', 'id', items[i], 'key', items[i + 1], 'value', items[i + 2], 'ts', items[i + 3])
+    moved = moved + 1
+  end
+  redis.call('DEL', staging)
+end
+redis.call('DEL', KEYS[1])
+return moved
+"""
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,7 @@ class CheckpointStore:
         self.client = client
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self._commit = client.register_script(_COMMIT_TRANSACTION)
 
     # ---- keys -------------------------------------------------------------------------------------------
     def _m(self, migration_id: str) -> str:
@@ -73,12 +96,12 @@ class CheckpointStore:
     def release(self, owner_id: str) -> None:
         """Release the claim if `owner_id` holds it."""
         current = self.client.get(self.current_key)
-        if current is not None and _text(current) == owner_id:
+        if current is not None and text(current) == owner_id:
             self.client.delete(self.current_key)
 
     def current(self) -> str | None:
         value = self.client.get(self.current_key)
-        return None if value is None else _text(value)
+        return None if value is None else text(value)
 
     def update_record(self, migration_id: str, fields: Mapping[str, Any]) -> None:
         key = self._m(migration_id)
@@ -94,7 +117,7 @@ class CheckpointStore:
 
     def record(self, migration_id: str) -> dict[str, str]:
         raw = self.client.hgetall(self._m(migration_id))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
 
     # ---- checkpoints ------------------------------------------------------------------------------------
     def save(self, migration_id: str, checkpoint: ExecutorCheckpoint) -> None:
@@ -125,7 +148,7 @@ class CheckpointStore:
         if not groups:
             return {}
         values = self.client.hmget(f"{self._m(migration_id)}:state:{vertex}", [str(g) for g in groups])
-        return {g: _bytes(v) for g, v in zip(groups, values, strict=True) if v is not None}
+        return {g: as_bytes(v) for g, v in zip(groups, values, strict=True) if v is not None}
 
     def load_pending(
         self, migration_id: str, vertex: str, key_groups: Iterable[int], index: int, parallelism: int
@@ -148,7 +171,7 @@ class CheckpointStore:
 
     def load_positions(self, migration_id: str) -> dict[str, bytes]:
         raw = self.client.hgetall(f"{self._m(migration_id)}:position")
-        return {_text(k): _bytes(v) for k, v in raw.items()}
+        return {text(k): as_bytes(v) for k, v in raw.items()}
 
     def pending_count(self, migration_id: str) -> int:
         total = 0
@@ -165,23 +188,31 @@ class CheckpointStore:
         return f"ckpt-{int(self.client.incr(f'{self.prefix}ckpt:seq'))}"
 
     def complete_checkpoint(self, checkpoint_id: str, info: Mapping[str, Any]) -> str | None:
-        """Make `checkpoint_id` the latest and delete the one it replaces (returned)."""
+        """Make `checkpoint_id` the latest, commit the exactly-once sinks' events staged with it (in the same
+        transaction: a reader sees them exactly when they can no longer be replayed) and delete the
+        checkpoint it replaces (returned). A completed CCR or DCR migration is a checkpoint too."""
         previous = self.latest_checkpoint()
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.latest_key)
         pipe.hset(self.latest_key, mapping={"id": checkpoint_id, **{k: json.dumps(v) for k, v in info.items()}})
+        self._commit(keys=[f"{self.prefix}txn:{checkpoint_id}"], client=pipe)
         pipe.execute()
         old = previous.get("id") if previous else None
         if old and old != checkpoint_id:
             self.delete_migration(old)
         return old
 
+    def discard_transactions(self) -> int:
+        """Drop every staged, uncommitted sink transaction (a rollback replays what they held)."""
+        keys = list(self.client.scan_iter(match=f"{self.prefix}txn:*", count=1000))
+        return int(self.client.unlink(*keys)) if keys else 0
+
     def latest_checkpoint(self) -> dict[str, Any] | None:
         """{"id", and the info given at completion (decoded)} of the last complete checkpoint, or None."""
         raw = self.client.hgetall(self.latest_key)
         if not raw:
             return None
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+        fields = {text(k): text(v) for k, v in raw.items()}
         return {k: (v if k == "id" else json.loads(v)) for k, v in fields.items()}
 
     def publish_positions(self, positions: Mapping[str, bytes]) -> None:
@@ -191,7 +222,7 @@ class CheckpointStore:
 
     def source_positions(self) -> dict[str, bytes]:
         raw = self.client.hgetall(f"{self.prefix}positions")
-        return {_text(k): _bytes(v) for k, v in raw.items()}
+        return {text(k): as_bytes(v) for k, v in raw.items()}
 
     def clear_source_positions(self) -> None:
         self.client.delete(f"{self.prefix}positions")
@@ -206,7 +237,7 @@ class CheckpointStore:
 
     def acks(self, migration_id: str, phase: str) -> dict[str, dict[str, Any]]:
         raw = self.client.hgetall(f"{self._m(migration_id)}:acks:{phase}")
-        return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+        return {text(k): json.loads(text(v)) for k, v in raw.items()}
 
     # ---- cleanup ----------------------------------------------------------------------------------------
     def delete_migration(self, migration_id: str) -> int:
@@ -215,14 +246,6 @@ class CheckpointStore:
         keys = [m, *self.client.scan_iter(match=f"{m}:*", count=1000)]
         removed = int(self.client.unlink(*keys)) if keys else 0
         current = self.client.get(self.current_key)
-        if current is not None and _text(current) == migration_id:
+        if current is not None and text(current) == migration_id:
             self.client.delete(self.current_key)
         return removed
-
-
-def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

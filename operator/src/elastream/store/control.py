@@ -52,9 +52,23 @@ class ControlChannel:
             pipe.execute()
         return count
 
+    def send_nodes(self, nodes: Any, message: Mapping[str, Any]) -> int:
+        """Send a message for the node itself (STAGE, SWITCH, UNSTAGE) to every node in `nodes`."""
+        pipe = self.client.pipeline(transaction=False)
+        count = 0
+        for node in nodes:
+            key = control_key(self.prefix, node)
+            pipe.rpush(key, json.dumps({"executor": "", "message": dict(message)}))
+            pipe.expire(key, CONTROL_TTL_S)
+            count += 1
+        if count:
+            pipe.execute()
+        return count
+
 
 def pop_control(client: redis.Redis, prefix: str, node: str, timeout_s: float) -> tuple[str, dict[str, Any]] | None:
-    """The worker's end: the next (executor, message) for this node, or None after `timeout_s`."""
+    """The worker's end: the next (executor, message) for this node, or None after `timeout_s`; the executor
+    is "" for a message to the node itself."""
     item = client.blpop([control_key(prefix, node)], timeout=timeout_s)
     if item is None:
         return None

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import redis
 
 from elastream.core.metrics import MetricSample
+from elastream.store.codec import decode_sample
 
 DEFAULT_MAXLEN = 3600 * 200  # an hour of 1 s samples for 200 executors (when the schedule is not known)
 #: what the cap keeps at least, however few executors
@@ -52,17 +53,9 @@ class MetricStream:
         """Samples whose `ts` is at or after `since_ts` (all when None), oldest first."""
         start = "-" if since_ts is None else f"{int(since_ts * 1000)}-0"
         entries = self.client.xrange(self.key, min=start, max="+", count=count) or []
-        return [_decode(fields) for _, fields in entries if fields]
+        return [decode_sample(fields) for _, fields in entries if fields]
 
     def read_last(self, count: int) -> list[MetricSample]:
         """The newest `count` samples, oldest first."""
         entries = self.client.xrevrange(self.key, max="+", min="-", count=count) or []
-        return [_decode(fields) for _, fields in reversed(entries) if fields]
-
-
-def _decode(fields: dict[bytes | str, bytes | str]) -> MetricSample:
-    text = {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-        for k, v in fields.items()
-    }
-    return MetricSample.from_dict(text)
+        return [decode_sample(fields) for _, fields in reversed(entries) if fields]

