@@ -18,6 +18,7 @@ from elastream.control.recovery import RecoveryFollowUp
 from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.metric_stream import MetricStream
 from harness import running, sink_events, sink_key, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
@@ -139,7 +140,8 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
         report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(new)
         assert report.outcome == "succeeded", report.reason
-        follow = RecoveryFollowUp(cluster.client, topology, bucket_s=0.5, timeout_s=40.0)
+        feed = MetricStream(cluster.client, topology.redis_prefix)
+        follow = RecoveryFollowUp(feed, topology, bucket_s=0.5, timeout_s=40.0)
         done: list[dict] = []
         status = report.to_status()
         follow.follow(status, migrated_at, done.append)
@@ -149,8 +151,6 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
             follow.tick()
             time.sleep(0.5)
         assert done and done[0] is status
-        assert status["catchUpMs"] is not None and status["catchUpMs"] >= 0.0
-        if status["recovery"] == "measured":
-            assert status["stabilizationMs"] is not None
-        else:
-            assert status["recovery"] == "not stable within 40 s" and status["stabilizationMs"] is None
+        # a steady input well below capacity and a sub-second pause: back and stable within seconds
+        assert status["recovery"] == "measured", status
+        assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"] < 20_000.0

@@ -55,14 +55,16 @@ class NodeNeverUp(LocalCluster):
 
     never: str = ""
 
-    def _spawn(self, node: str) -> WorkerProcess:
+    def _spawn(self, node: str, staged_version: int = 0) -> WorkerProcess:
         if node != self.never:
-            return super()._spawn(node)
+            return super()._spawn(node, staged_version)
         process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         return WorkerProcess(node, process, "/dev/null")
 
 
-def test_a_new_node_that_never_comes_up_rolls_back_with_nothing_lost(tmp_path, redis_url: str) -> None:
+def test_a_new_node_that_never_comes_up_fails_the_migration_before_anything_is_paused(
+    tmp_path, redis_url: str
+) -> None:
     path = write_manifest(str(tmp_path), with_audit(load("ccr-linear"), EVENTS))
     with running(path, redis_url) as (cluster, topology):
         cluster.__class__ = NodeNeverUp
@@ -71,11 +73,15 @@ def test_a_new_node_that_never_comes_up_rolls_back_with_nothing_lost(tmp_path, r
         cluster.never = new.nodes[-1]
         cluster.start_timeout_s = 8.0
         time.sleep(1.5)
-        report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(new)
-        assert report.outcome == "aborted"
-        assert "rolled back to the old schedule" in report.reason
-        assert f"nodes {new.nodes[-1]} not ready after 8 s" in report.reason
+        paused: list[Action] = []
+        driver = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=lambda a, c: paused.append(a))
+        report = driver.migrate(new)
+        assert report.outcome == "failed"
+        assert f"nodes {new.nodes[-1]} not staged after 8 s" in report.reason
+        assert "nothing was paused" in report.reason and paused == []
         assert cluster.current_schedule() == old
+        assert new.nodes[-1] not in cluster.workers  # the stuck node was stopped again
+        assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
         check_exactly_once(cluster, topology)
 
 
