@@ -62,9 +62,7 @@ class NodeNeverUp(LocalCluster):
         return WorkerProcess(node, process, "/dev/null")
 
 
-def test_a_new_node_that_never_comes_up_fails_the_migration_before_anything_is_paused(
-    tmp_path, redis_url: str
-) -> None:
+def test_a_new_node_that_never_comes_up_fails_the_migration_before_anything_is_paused(tmp_path, redis_url: str) -> None:
     path = write_manifest(str(tmp_path), with_audit(load("ccr-linear"), EVENTS))
     with running(path, redis_url) as (cluster, topology):
         cluster.__class__ = NodeNeverUp

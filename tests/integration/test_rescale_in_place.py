@@ -43,7 +43,7 @@ def test_no_surviving_worker_restarts_and_nodes_come_and_go_around_the_pause(
         old = cluster.current_schedule()
         new = plan_for(topology, old, len(old.nodes) + (1 if direction == "out" else -1))
         added, removed = set(new.nodes) - set(old.nodes), set(old.nodes) - set(new.nodes)
-        assert (added if direction == "out" else removed), "the plan must add or remove a node"
+        assert added if direction == "out" else removed, "the plan must add or remove a node"
         pids = {node: worker.process.pid for node, worker in cluster.workers.items()}
         removed_processes = {node: cluster.workers[node].process for node in removed}
         seen: dict[str, object] = {}
@@ -117,9 +117,7 @@ def test_a_worker_killed_outside_a_migration_is_recovered_from_the_checkpoint_ex
         check_exactly_once(cluster, topology)  # nothing lost, and with exactly-once sinks nothing twice
 
 
-def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_twice(
-    tmp_path, redis_url: str
-) -> None:
+def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_twice(tmp_path, redis_url: str) -> None:
     path = write_manifest(str(tmp_path), exactly_once_doc("ccr-traffic", interval_s=0))
     with running(path, redis_url) as (cluster, topology):
         old = cluster.current_schedule()

@@ -155,9 +155,13 @@ def test_least_link_load_colocates_heavy_links() -> None:
 def test_random_is_seeded() -> None:
     topology = pipeline(nodes=4)
     schedule, snap = simulated(topology)
-    first = make_plan(topology, schedule, snap, 2, "random", seed=7)
-    again = make_plan(topology, schedule, snap, 2, "random", seed=7)
-    assert first.removed_nodes == again.removed_nodes and len(first.removed_nodes) == 2
+    plans = {seed: make_plan(topology, schedule, snap, 2, "random", seed=seed) for seed in range(6)}
+    for seed, plan in plans.items():
+        again = make_plan(topology, schedule, snap, 2, "random", seed=seed)
+        assert again.to_dict() == plan.to_dict() and again.new_schedule == plan.new_schedule
+        assert len(plan.removed_nodes) == 2
+    # 6 pairs of the 4 nodes to remove: a planner ignoring its seed would pick the same one every time
+    assert len({tuple(plan.removed_nodes) for plan in plans.values()}) > 1
 
 
 def test_bad_requests() -> None:

@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 
+from elastream.core.rates import rate_config_problems
 from elastream.core.topology import TopologyError, load_manifest, parse_manifest
 from elastream.runtime.operators import OperatorLoadError, RateProfile, resolve_rate_file
 from helpers import edge, manifest, sink
@@ -47,10 +48,31 @@ def test_bad_rate_configs_are_one_line_naming_the_field(config: dict, expected: 
     assert expected in found[0]
 
 
-def test_valid_rate_configs_pass() -> None:
-    parse_manifest(with_source(steps=[{"rate": 100, "seconds": 2}, {"rate": 0, "seconds": 1}]))
-    parse_manifest(with_source(csv="rates.csv"))
-    parse_manifest(with_source(profile="autoscale-5-step", rate=500, stepSeconds=5, fluctuation=0))
+@pytest.mark.parametrize(
+    ("config", "rates_at"),
+    [
+        # steps repeat after their last one: t = 3.5 is back in the first step
+        ({"steps": [{"rate": 100, "seconds": 2}, {"rate": 0, "seconds": 1}]}, {0.5: 100, 2.5: 0, 3.5: 100}),
+        # AUTOSCALE's 5-step stream scaled to 500/s: 20 %, 100 %, 40 %, 100 %, 20 % for 5 s each
+        (
+            {"profile": "autoscale-5-step", "rate": 500, "stepSeconds": 5, "fluctuation": 0},
+            {2: 100, 7: 500, 12: 200, 17: 500, 22: 100, 27: 100},
+        ),
+    ],
+)
+def test_valid_rate_configs_pass_and_give_their_rates(config: dict, rates_at: dict[float, float]) -> None:
+    assert rate_config_problems(config, "spec.vertices[0].source") == []
+    topology = parse_manifest(with_source(**config))
+    assert dict(topology.vertices["src"].config) == {"type": "synthetic", **config}
+    profile = RateProfile(topology.vertices["src"].config, 1.0)
+    assert {t: profile.rate_at(t) for t in rates_at} == pytest.approx(rates_at)
+
+
+def test_a_csv_rate_file_passes_validation_unread() -> None:
+    # The file is resolved against the manifest's directory when the source starts, not when it is parsed.
+    assert rate_config_problems({"csv": "rates.csv"}, "spec.vertices[0].source") == []
+    topology = parse_manifest(with_source(csv="rates.csv"))
+    assert topology.vertices["src"].config["csv"] == "rates.csv"
 
 
 def test_a_relative_csv_is_read_from_the_manifest_directory(tmp_path) -> None:

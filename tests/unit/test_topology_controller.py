@@ -51,7 +51,18 @@ class FakeMigrator:
 
     def report(self, outcome: str, **extra: object) -> MigrationReport:
         return MigrationReport(
-            "m1", "ccr", "out", 2, 3, {"captureMs": 10.0}, 5, 0, 0, outcome, pause_ms=42.0, **extra  # type: ignore[arg-type]
+            "m1",
+            "ccr",
+            "out",
+            2,
+            3,
+            {"captureMs": 10.0},
+            5,
+            0,
+            0,
+            outcome,
+            pause_ms=42.0,
+            **extra,  # type: ignore[arg-type]
         )
 
     def migrate(self, schedule: Schedule) -> MigrationReport:
@@ -74,7 +85,17 @@ class FakeMigrator:
         self.recovered.append(failed)
         self.backend.dead = {}
         return MigrationReport(
-            "r1", "restart", "in", 2, 2, {}, 0, 0, 321, "succeeded", restored_from="ckpt-7"  # type: ignore[arg-type]
+            "r1",
+            "restart",
+            "in",
+            2,
+            2,
+            {},
+            0,
+            0,
+            321,
+            "succeeded",
+            restored_from="ckpt-7",  # type: ignore[arg-type]
         )
 
 
@@ -82,6 +103,7 @@ class SimulatedMetrics:
     def __init__(self, topology, backend: FakeBackend) -> None:
         self.topology, self.backend = topology, backend
         self.not_before = 0.0
+        self.engine = "python"
 
     def snapshot(self, window: int) -> MetricSnapshot:
         schedule = self.backend.current_schedule()
@@ -208,6 +230,7 @@ def test_scale_out_then_in_plans_migrates_and_publishes_the_record() -> None:
     published = status.fields["lastScaling"][-1]
     assert published["fromNodes"] == 2 and published["toNodes"] == 3 and published["requestedNodes"] == 3
     assert published["plan"]["added_nodes"] == ["node-2"] and published["pauseMs"] == 42.0
+    assert published["analysisEngine"] == "python"
     assert published["recovery"] == "measuring"  # catch-up and stabilization follow on later ticks
     record = controller.scale_to(2)
     assert record.direction == "in" and len(backend.current_schedule().nodes) == 2

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from elastream.analysis.session import SparkUnavailable, get_session, spark_error_reason
 from elastream.core.metrics import Analysis, MetricSample, analyze_samples, check_window_args
-from elastream.core.topology import Topology, parse_manifest
+from elastream.core.topology import DEFAULT_CONGESTION_RATE, DEFAULT_WINDOW, Topology, parse_manifest
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -121,9 +121,9 @@ class Analyzer:
         topology: Topology,
         samples: Iterable[MetricSample] | DataFrame,
         *,
-        window: int = 20,
+        window: int = DEFAULT_WINDOW,
         interval_s: float = 1.0,
-        congestion_rate: float = 1.2,
+        congestion_rate: float = DEFAULT_CONGESTION_RATE,
     ) -> Analysis:
         """Analyse the newest window. A DataFrame of samples needs Spark: if Spark fails on it, this raises
         `SparkUnavailable` (there is nothing to fall back on); samples fall back to the reference."""

@@ -24,7 +24,7 @@ from elastream.core.metrics import (
     trend_center,
     window_start,
 )
-from elastream.core.topology import Topology
+from elastream.core.topology import DEFAULT_CONGESTION_RATE, DEFAULT_WINDOW, Topology
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,9 +47,9 @@ def analyze_with_spark(
     spark: SparkSession,
     topology: Topology,
     samples: DataFrame | Iterable[MetricSample],
-    window: int = 20,
+    window: int = DEFAULT_WINDOW,
     interval_s: float = 1.0,
-    congestion_rate: float = 1.2,
+    congestion_rate: float = DEFAULT_CONGESTION_RATE,
 ) -> Analysis:
     """Analyse the newest window of `samples` (a DataFrame with the sample columns, or samples) with Spark."""
     from pyspark.sql import DataFrame

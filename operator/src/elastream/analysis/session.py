@@ -268,12 +268,3 @@ def warm_up(spark: SparkSession | None = None) -> SparkSession:
     except Exception as exc:
         raise SparkUnavailable(f"Spark started but cannot run a job: {spark_error_reason(exc)}") from exc
     return session
-
-
-def stop_session() -> None:
-    """Stop the warm session (tests and benchmarks that measure a cold start)."""
-    global _session
-    with _lock:
-        if _session is not None:
-            _session.stop()
-            _session = None

@@ -218,6 +218,7 @@ class TopologyController:
             record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
             self.events.emit("ScalingRejected", str(exc), warning=True)
             return record
+        record.analysis_engine = self.metrics.engine
         record.direction = plan.direction
         record.predicted_throughput = plan.predicted_throughput
         record.throughput_before = before

@@ -47,6 +47,10 @@ class StreamMetricSource:
     not_before: float = 0.0
     last: Analysis | None = None
 
+    @property
+    def engine(self) -> str | None:
+        return self.analyzer.engine_used
+
     def snapshot(self, window: int) -> MetricSnapshot:
         return self.analyse(window).snapshot
 

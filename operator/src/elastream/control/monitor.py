@@ -50,17 +50,6 @@ class LiveRates:
         rates = self.rates()
         return sum(rates[s] for s in self.topology.sinks)
 
-    def totals(self) -> dict[str, int]:
-        """Per vertex: events processed so far by the live executors."""
-        totals = {v: 0 for v in self.topology.order}
-        for sample in self.newest.values():
-            if sample.vertex in totals:
-                totals[sample.vertex] += sample.processed
-        return totals
-
-    def errors(self) -> int:
-        return sum(s.errors for s in self.newest.values())
-
     def latency_ms(self) -> float:
         sinks = [s.latency_ms for s in self.newest.values() if s.vertex in self.topology.sinks and s.latency_ms > 0]
         return sum(sinks) / len(sinks) if sinks else 0.0

@@ -27,6 +27,8 @@ class ScalingRecord:
     plan: dict[str, Any] = field(default_factory=dict)
     #: the migration report (`MigrationReport.to_status()`): phases, captured events, lost, replayed
     report: dict[str, Any] = field(default_factory=dict)
+    #: which engine analysed the window the plan came from (spark | python)
+    analysis_engine: str | None = None
 
     def to_status(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -50,6 +52,7 @@ class ScalingRecord:
             "replayed": report.get("replayed"),
             "restoredFrom": report.get("restoredFrom"),
             "pauseMs": report.get("pauseMs"),
+            "analysisEngine": data["analysis_engine"],
             "prepareMs": report.get("prepareMs"),
             "catchUpMs": report.get("catchUpMs"),
             "stabilizationMs": report.get("stabilizationMs"),

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from elastream.core.topology import Topology
+from elastream.core.topology import DEFAULT_CONGESTION_RATE, DEFAULT_WINDOW, Topology
 
 
 class SnapshotError(ValueError):
@@ -232,13 +232,6 @@ def derive_input_rates(
     return inputs
 
 
-def with_vertex(snapshot: MetricSnapshot, name: str, **changes: Any) -> MetricSnapshot:
-    """A copy of the snapshot with one vertex's metrics changed (tests and what-if tools)."""
-    vertices = dict(snapshot.vertices)
-    vertices[name] = replace(vertices[name], **changes)
-    return MetricSnapshot(vertices, snapshot.placement)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Window analysis: from cumulative samples to a snapshot, congestion and ETP.
 #
@@ -345,9 +338,9 @@ def analyze_samples(
     topology: Topology,
     samples: Iterable[MetricSample],
     *,
-    window: int = 20,
+    window: int = DEFAULT_WINDOW,
     interval_s: float = 1.0,
-    congestion_rate: float = 1.2,
+    congestion_rate: float = DEFAULT_CONGESTION_RATE,
 ) -> Analysis:
     """Analyse the last `window` intervals of cumulative samples (the reference the Spark job must match).
 

@@ -77,9 +77,6 @@ class Schedule:
     def parallelism(self) -> dict[str, int]:
         return dict(Counter(split_executor_id(e)[0] for e in self.assignment))
 
-    def executors_of(self, vertex: str) -> list[str]:
-        return sorted((e for e in self.assignment if split_executor_id(e)[0] == vertex), key=_executor_sort_key)
-
     def placement(self) -> dict[str, list[str]]:
         """node -> executors, the snapshot's `placement` shape."""
         return {n: list(e) for n, e in self._by_node.items()}

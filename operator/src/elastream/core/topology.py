@@ -25,6 +25,10 @@ Grouping = Literal["shuffle", "fields", "all", "global"]
 VertexKind = Literal["source", "logic", "sink"]
 DEFAULT_MAX_PARALLELISM = 128
 DEFAULT_SLOTS_PER_NODE = 4
+#: input/processing ratio above which a vertex is congested (Stela's CongestionRate)
+DEFAULT_CONGESTION_RATE = 1.2
+#: metric intervals per analysis window
+DEFAULT_WINDOW = 20
 STRATEGIES = ("stela", "round-robin", "least-link-load", "random")
 MIGRATIONS = ("ccr", "dcr", "restart")
 AUTOSCALE_POLICIES = ("autoscale", "rules")
@@ -96,8 +100,8 @@ class Stream:
 class ScalingSpec:
     strategy: str = "stela"
     migration: str = "ccr"
-    congestion_rate: float = 1.2
-    window: int = 20
+    congestion_rate: float = DEFAULT_CONGESTION_RATE
+    window: int = DEFAULT_WINDOW
     #: seconds between periodic checkpoints (aligned barriers; what `restart` and a failed worker roll back
     #: to); 0 disables them
     checkpoint_interval_s: int = 10
@@ -122,7 +126,6 @@ class Topology:
     scaling: ScalingSpec = ScalingSpec()
     #: CPU cores one node may use (the worker pod's CPU limit); None means unlimited
     node_cpu: float | None = None
-    image: str | None = None
     spec: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
@@ -274,7 +277,6 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
         order=order,
         scaling=scaling,
         node_cpu=node_cpu,
-        image=cast(str | None, spec.get("image")),
         spec=dict(spec),
     )
 
@@ -542,11 +544,13 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
     migration = raw.get("migration", "ccr")
     if migration not in MIGRATIONS:
         problems.append(f"spec.scaling.migration: {migration!r} is unknown; use one of: {', '.join(MIGRATIONS)}")
-    rate = raw.get("congestionRate", 1.2)
+    rate = raw.get("congestionRate", DEFAULT_CONGESTION_RATE)
     if not _number(rate) or rate < 1.0:
         problems.append(f"spec.scaling.congestionRate: {rate!r} must be a number ≥ 1.0 (the paper uses 1.2)")
-        rate = 1.2
-    window = _int_field(raw, "window", "spec.scaling.window", problems, default=20, minimum=2) or 20
+        rate = DEFAULT_CONGESTION_RATE
+    window = (
+        _int_field(raw, "window", "spec.scaling.window", problems, default=DEFAULT_WINDOW, minimum=2) or DEFAULT_WINDOW
+    )
     checkpoint_interval = _int_field(
         raw, "checkpointIntervalSeconds", "spec.scaling.checkpointIntervalSeconds", problems, default=10, minimum=0
     )

@@ -23,9 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from elastream.core.metrics import MetricSnapshot, rates_from_snapshot
-from elastream.core.topology import Topology, split_executor_id
 
-DEFAULT_CONGESTION_RATE = 1.2
+# Defined with ScalingSpec, whose default it is; re-exported here for the planner's callers.
+from elastream.core.topology import DEFAULT_CONGESTION_RATE as DEFAULT_CONGESTION_RATE
+from elastream.core.topology import Topology, split_executor_id
 
 
 def is_congested(input_rate: float, processing_rate: float, congestion_rate: float) -> bool:

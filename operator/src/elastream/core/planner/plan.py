@@ -51,11 +51,6 @@ class Plan:
         return [(e, n) for e, n in self.new_schedule if e not in old]
 
     @property
-    def removed_executors(self) -> list[str]:
-        new = self.new_schedule.assignment
-        return [e for e, _ in self.old_schedule if e not in new]
-
-    @property
     def moves(self) -> list[tuple[str, str, str]]:
         """(executor, from, to) for executors that exist in both schedules on different nodes."""
         new = self.new_schedule.assignment
