@@ -260,3 +260,19 @@ def test_slot_shortage_next_to_an_unknown_parallelism_is_a_lower_bound() -> None
         "spec.slotsPerNode: 1 nodes × 3 slots = 3 slots for at least 5 executors; "
         "raise spec.slotsPerNode to at least 5 or spec.nodes to at least 2"
     )
+
+
+def test_sink_delivery_is_checked() -> None:
+    good = manifest(
+        [src("s"), {"name": "z", "sink": {"type": "redis-stream", "delivery": "exactly-once"}}], [edge("s", "z")]
+    )
+    assert parse_manifest(good).vertices["z"].config["delivery"] == "exactly-once"
+    bad = manifest([src("s"), {"name": "z", "sink": {"type": "redis-stream", "delivery": "twice"}}], [edge("s", "z")])
+    with pytest.raises(TopologyError) as err:
+        parse_manifest(bad)
+    assert "spec.vertices[1].sink.delivery: 'twice' is unknown; use one of: at-least-once, exactly-once" in str(
+        err.value
+    )
+    wrong = manifest([src("s"), {"name": "z", "sink": {"type": "null", "delivery": "exactly-once"}}], [edge("s", "z")])
+    with pytest.raises(TopologyError, match="only a redis-stream sink has a delivery mode"):
+        parse_manifest(wrong)

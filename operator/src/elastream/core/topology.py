@@ -36,6 +36,8 @@ AUTOSCALE_POLICIES = ("autoscale", "rules")
 SOURCE_TYPES = ("synthetic", "redis-stream")
 LOGIC_BUILTINS = ("work", "filter", "count", "window")
 SINK_TYPES = ("redis-stream", "log", "null")
+#: a redis-stream sink's guarantee: at-least-once writes every batch at once, exactly-once commits with checkpoints
+SINK_DELIVERIES = ("at-least-once", "exactly-once")
 COST_MODES = ("sleep", "spin")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _CPU_RE = re.compile(r"^(\d+(\.\d+)?)(m?)$")
@@ -406,6 +408,13 @@ def _vertex_block(
             problems.append(f"{path}.{kind}.{number_key}: {config[number_key]!r} is not a number ≥ {minimum:g}; fix it")
     if kind == "source" and config.get("type") == "synthetic":
         problems.extend(rate_config_problems(config, f"{path}.source"))
+    if kind == "sink" and "delivery" in config:
+        if config.get("type") != "redis-stream":
+            problems.append(f"{path}.sink.delivery: only a redis-stream sink has a delivery mode; remove it")
+        elif config["delivery"] not in SINK_DELIVERIES:
+            problems.append(
+                f"{path}.sink.delivery: {config['delivery']!r} is unknown; use one of: {', '.join(SINK_DELIVERIES)}"
+            )
     return kind, config
 
 
