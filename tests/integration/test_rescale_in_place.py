@@ -151,3 +151,31 @@ def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_t
 
         wait_for(through, 90)
         check_exactly_once(cluster, topology)
+
+
+def test_a_controller_started_after_a_crash_past_commit_finishes_the_migration(tmp_path, redis_url: str) -> None:
+    """The controller dies right after every COMMIT is acked and its local workers die with it; a new
+    controller on the same Redis starts the target schedule's workers and finishes the migration from the
+    state in Redis: nothing lost, nothing twice."""
+    from test_migration_faults import ControllerCrash
+
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-diamond"), EVENTS))
+    topology = load_manifest(path)
+    with running(path, redis_url) as (cluster, _):
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        time.sleep(1.5)
+
+        def crash(action: Action, coordinator: MigrationCoordinator) -> None:
+            if action.kind == ActionKind.APPLY_SCHEDULE:
+                raise ControllerCrash
+
+        with pytest.raises(ControllerCrash):
+            MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=crash).migrate(new)
+    # the first controller and its workers are gone; a new one starts on the same Redis
+    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
+    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=PrintEvents())
+    with cluster, controller:
+        controller.start()
+        assert cluster.current_schedule() == new
+        assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None  # finished and released
+        check_exactly_once(cluster, topology)
