@@ -25,16 +25,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from elastream.core.migration import ControlType
+from elastream.control.backends.nodes import NodeBackend
 from elastream.core.ports import BackendError
-from elastream.core.schedule import Schedule, node_index
+from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
 from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
-from elastream.store.control import ControlChannel
-from elastream.store.registry import Registry, connect
+from elastream.store.registry import connect
 
 log = logging.getLogger("elastream.local")
 
@@ -74,140 +73,73 @@ class WorkerProcess:
             return ""
 
 
-@dataclass
-class LocalCluster:
+class LocalCluster(NodeBackend):
     """Runs `topology` (read by the workers from `manifest_path`) as local worker processes."""
 
-    topology: Topology
-    manifest_path: str
-    redis_url: str
-    run_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="elastream-run-"))
-    interval_s: float = 1.0
-    start_timeout_s: float = 60.0
-    #: serve Prometheus metrics on this port of every node's address (0: off)
-    metrics_port: int = 0
-    extra_env: dict[str, str] = field(default_factory=dict)
-    workers: dict[str, WorkerProcess] = field(default_factory=dict)
-    schedule: Schedule | None = None
-    version: int = 0
-    #: executor -> inbox endpoint of the running schedule (kept here so a Redis restart does not lose them)
-    endpoints: dict[str, str] = field(default_factory=dict)
-
-    #: the schedule `prepare` staged, and its version
-    prepared: tuple[Schedule, int] | None = None
-    #: workers of removed nodes, exiting after their switch (reaped by `check_alive`)
-    retiring: list[WorkerProcess] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.client = connect(self.redis_url, wait_s=10.0)
-        self.registry = Registry(self.client, self.topology.redis_prefix)
+    def __init__(
+        self,
+        topology: Topology,
+        manifest_path: str,
+        redis_url: str,
+        run_dir: str | None = None,
+        interval_s: float = 1.0,
+        start_timeout_s: float = 60.0,
+        metrics_port: int = 0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s)
+        self.manifest_path = manifest_path
+        self.redis_url = redis_url
+        self.run_dir = run_dir or tempfile.mkdtemp(prefix="elastream-run-")
+        self.interval_s = interval_s
+        #: serve Prometheus metrics on this port of every node's address (0: off)
+        self.metrics_port = metrics_port
+        self.extra_env = dict(extra_env or {})
+        self.workers: dict[str, WorkerProcess] = {}
+        #: workers of removed nodes, exiting after their switch (reaped by `check_alive`)
+        self.retiring: list[WorkerProcess] = []
         # Every node binds its executors' inboxes at fixed ports of its own loopback address (a block per
         # schedule-version parity, see `Worker._port_for`), so a worker restarted under the same schedule
         # gets the same endpoints and its peers reconnect to it.
         self.base_port = _free_port_block(2 * self.topology.slots_per_node + 1)
 
-    # ------------------------------------------------------------------------------------ Backend protocol
-    def current_schedule(self) -> Schedule:
-        if self.schedule is None:
-            raise BackendError("no schedule applied yet")
-        return self.schedule
+    # --------------------------------------------------------------------------------- NodeBackend hooks
+    def running_nodes(self) -> set[str]:
+        return {n for n, w in self.workers.items() if w.process.poll() is None}
 
-    def start(self, schedule: Schedule) -> None:
-        """Publish `schedule` and start a worker per node (the first schedule, and `restart`)."""
-        self._check_rate_files()
-        self.version = self.registry.publish_schedule(schedule, after=self.version)
-        self.schedule = schedule
-        for node in schedule.nodes:
-            if node not in self.workers or self.workers[node].process.poll() is not None:
-                self.workers[node] = self._spawn(node)
-        self.wait_ready(schedule.nodes)
+    def spawn(self, node: str, staged_version: int = 0) -> None:
+        self.workers[node] = self._spawn(node, staged_version)
 
-    def prepare(self, schedule: Schedule) -> None:
-        self.discard_prepared()
-        self._check_rate_files()
-        version = self.registry.stage_schedule(schedule, after=self.version)
-        added = [n for n in schedule.nodes if n not in self.workers]
-        for node in added:
-            self.workers[node] = self._spawn(node, staged_version=version)
-        ControlChannel(self.client, self.topology.redis_prefix, schedule).send_nodes(
-            [n for n in schedule.nodes if n not in added], {"type": ControlType.STAGE, "version": version}
-        )
-        self.prepared = (schedule, version)
-        try:
-            self._wait_for(schedule.nodes, lambda: self.registry.staged_nodes(version), "staged")
-        except BackendError:
-            self.discard(schedule)
-            raise
+    def stop_nodes(self, nodes: Sequence[str]) -> None:
+        self._stop([self.workers.pop(n) for n in nodes if n in self.workers])
 
-    def discard(self, schedule: Schedule) -> None:
-        if self.prepared is None or self.prepared[0] != schedule:
-            return
-        self.discard_prepared()
-
-    def discard_prepared(self) -> None:
-        if self.prepared is None:
-            return
-        schedule, version = self.prepared
-        self.prepared = None
-        running = set(self.schedule.nodes) if self.schedule is not None else set()
-        ControlChannel(self.client, self.topology.redis_prefix, schedule).send_nodes(
-            [n for n in schedule.nodes if n in running], {"type": ControlType.UNSTAGE, "version": version}
-        )
-        added = [self.workers.pop(n) for n in schedule.nodes if n not in running and n in self.workers]
-        self._stop(added)
-
-    def apply(self, schedule: Schedule, migration_id: str) -> None:
-        if self.prepared is not None and self.prepared[0] == schedule:
-            version = self.prepared[1]
-            self.prepared = None
-        else:
-            self.discard_prepared()
-            version = self.registry.stage_schedule(schedule, after=self.version)
-        self.registry.activate_schedule(version)
-        alive = [n for n, w in self.workers.items() if w.process.poll() is None]
-        ControlChannel(self.client, self.topology.redis_prefix, schedule).send_nodes(
-            alive, {"type": ControlType.SWITCH, "version": version, "mid": migration_id}
-        )
-        for node in schedule.nodes:
-            if node not in alive:  # dead or never started: a new process reads the schedule just activated
-                self.workers[node] = self._spawn(node)
-        for node in [n for n in self.workers if n not in schedule.nodes]:
-            self.retiring.append(self.workers.pop(node))  # it exits by itself after the switch
-        self.version, self.schedule = version, schedule
-        self.wait_ready(schedule.nodes)
+    def release_nodes(self, nodes: Sequence[str]) -> None:
+        self.retiring += [self.workers.pop(n) for n in nodes if n in self.workers]
 
     def failed_nodes(self) -> dict[str, str]:
         failed = {}
         for worker in self.workers.values():
             code = worker.process.poll()
             if code is not None:
-                failed[worker.node] = f"worker {worker.node} exited with code {code}: {worker.log_tail(3)} " + (
-                    f"(log: {worker.log_path})"
+                failed[worker.node] = (
+                    f"worker {worker.node} exited with code {code}: {worker.log_tail(3)} (log: {worker.log_path})"
                 )
         return failed
 
     def check_alive(self) -> None:
-        self._reap_retiring()
-        failed = self.failed_nodes()
-        if failed:
-            raise BackendError(next(iter(failed.values())))
-
-    def restart_nodes(self, nodes: Sequence[str]) -> None:
-        for node in nodes:
-            old = self.workers.get(node)
-            code = None if old is None else old.process.poll()
-            log.warning("restarting worker %s (exit code %s)", node, code)
-            self.workers[node] = self._spawn(node)
-        if nodes:
-            self.wait_ready(list(self.current_schedule().nodes))
+        self.retiring = [w for w in self.retiring if w.process.poll() is None]
+        super().check_alive()
 
     def stop_workers(self, timeout_s: float = 10.0) -> None:
         self._stop([*self.workers.values(), *self.retiring], timeout_s)
         self.workers.clear()
         self.retiring.clear()
 
-    # ------------------------------------------------------------------------------------------- processes
-    def _check_rate_files(self) -> None:
+    def describe(self, node: str) -> str:
+        worker = self.workers.get(node)
+        return worker.log_tail(2) if worker is not None else "no worker"
+
+    def preflight(self) -> None:
         manifest_dir = os.path.dirname(os.path.abspath(self.manifest_path))
         for vertex in self.topology.vertices.values():
             try:
@@ -215,6 +147,7 @@ class LocalCluster:
             except OperatorLoadError as exc:
                 raise BackendError(str(exc)) from None
 
+    # ------------------------------------------------------------------------------------------- processes
     def _spawn(self, node: str, staged_version: int = 0) -> WorkerProcess:
         log_path = os.path.join(self.run_dir, f"{node}.log")
         command = [
@@ -255,32 +188,6 @@ class LocalCluster:
                 preexec_fn=preexec,  # one prctl call in the child: safe enough with threads around
             )
         return WorkerProcess(node, process, log_path)
-
-    def wait_ready(self, nodes: Sequence[str]) -> None:
-        version = self.version
-        self._wait_for(nodes, lambda: self.registry.ready_nodes(version), "ready")
-        self.endpoints = self.registry.endpoints(version)
-
-    def _wait_for(self, nodes: Sequence[str], reached: Any, what: str) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        wanted = set(nodes)
-        while time.monotonic() < deadline:
-            failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
-            if failed:
-                raise BackendError("; ".join(failed.values()))
-            if reached() >= wanted:
-                return
-            time.sleep(0.005)
-        missing = sorted(wanted - reached())
-        tails = "; ".join(f"{n}: {self.workers[n].log_tail(2)!r}" for n in missing if n in self.workers)
-        raise BackendError(f"nodes {', '.join(missing)} not {what} after {self.start_timeout_s:.0f} s ({tails})")
-
-    def _reap_retiring(self) -> None:
-        still = []
-        for worker in self.retiring:
-            if worker.process.poll() is None:
-                still.append(worker)
-        self.retiring = still
 
     def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
         """Kill one worker (fault tests); it stays listed, so `failed_nodes` reports it."""

@@ -1,0 +1,180 @@
+"""What every backend that runs worker nodes shares: the schedule in Redis and the in-place migration steps.
+
+A `NodeBackend` runs one worker per node of a schedule; subclasses say how a worker is started, stopped and
+found dead (a local process, a Kubernetes pod). The steps here are the same for all:
+- `start`: publish the schedule as the running version, start a worker per node, wait until all are ready;
+- `prepare` (before a migration pauses anything): stage the new schedule as a version of the other parity,
+  start the workers of the nodes it adds with that version (they bind their inboxes and idle), tell the
+  staying workers to STAGE it (bind their new executors' inboxes), wait until every node has staged;
+- `apply` (after COMMIT): activate the version, tell every running worker to SWITCH to it in place, start
+  a worker for any node of it that has none (a dead one), forget the removed nodes (their workers exit by
+  themselves after the switch), wait until every node is ready;
+- `discard`: UNSTAGE on the staying workers, stop the added ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import redis
+
+from elastream.core.migration import ControlType
+from elastream.core.ports import BackendError
+from elastream.core.schedule import Schedule
+from elastream.core.topology import Topology
+from elastream.store.control import ControlChannel
+from elastream.store.registry import Registry
+
+log = logging.getLogger("elastream.backend")
+
+
+class NodeBackend:
+    def __init__(self, topology: Topology, client: redis.Redis, start_timeout_s: float = 60.0) -> None:
+        self.topology = topology
+        self.client = client
+        self.registry = Registry(client, topology.redis_prefix)
+        self.start_timeout_s = start_timeout_s
+        self.schedule: Schedule | None = None
+        self.version = 0
+        #: the schedule `prepare` staged, and its version
+        self.prepared: tuple[Schedule, int] | None = None
+        #: executor -> inbox endpoint of the running schedule
+        self.endpoints: dict[str, str] = {}
+
+    # ------------------------------------------------------------------------------ what subclasses provide
+    def running_nodes(self) -> set[str]:
+        """Nodes that have a live worker (including workers started for a prepared schedule)."""
+        raise NotImplementedError
+
+    def spawn(self, node: str, staged_version: int = 0) -> None:
+        """Start the worker of `node`: for the running schedule, or idle for a staged version."""
+        raise NotImplementedError
+
+    def stop_nodes(self, nodes: Sequence[str]) -> None:
+        """Stop the workers of `nodes` and forget them."""
+        raise NotImplementedError
+
+    def release_nodes(self, nodes: Sequence[str]) -> None:
+        """Forget the workers of `nodes`: they exit by themselves after SWITCH (clean up what remains)."""
+        raise NotImplementedError
+
+    def failed_nodes(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def stop_workers(self) -> None:
+        raise NotImplementedError
+
+    def describe(self, node: str) -> str:
+        """A line on what a node's worker is doing (the tail of its log), for timeout messages."""
+        return ""
+
+    def preflight(self) -> None:
+        """Checks before any worker starts (raise `BackendError`)."""
+
+    # ------------------------------------------------------------------------------------ Backend protocol
+    def current_schedule(self) -> Schedule:
+        if self.schedule is None:
+            raise BackendError("no schedule applied yet")
+        return self.schedule
+
+    def start(self, schedule: Schedule) -> None:
+        self.preflight()
+        self.version = self.registry.publish_schedule(schedule, after=self.version)
+        self.schedule = schedule
+        running = self.running_nodes()
+        for node in schedule.nodes:
+            if node not in running:
+                self.spawn(node)
+        self.wait_ready(schedule.nodes)
+
+    def prepare(self, schedule: Schedule) -> None:
+        self.discard_prepared()
+        self.preflight()
+        version = self.registry.stage_schedule(schedule, after=self.version)
+        running = self.running_nodes()
+        added = [n for n in schedule.nodes if n not in running]
+        for node in added:
+            self.spawn(node, staged_version=version)
+        self.control(schedule).send_nodes(
+            [n for n in schedule.nodes if n not in added], {"type": ControlType.STAGE, "version": version}
+        )
+        self.prepared = (schedule, version)
+        try:
+            self._wait_for(schedule.nodes, lambda: self.registry.staged_nodes(version), "staged")
+        except BackendError:
+            self.discard(schedule)
+            raise
+
+    def discard(self, schedule: Schedule) -> None:
+        if self.prepared is not None and self.prepared[0] == schedule:
+            self.discard_prepared()
+
+    def discard_prepared(self) -> None:
+        if self.prepared is None:
+            return
+        schedule, version = self.prepared
+        self.prepared = None
+        current = set(self.schedule.nodes) if self.schedule is not None else set()
+        self.control(schedule).send_nodes(
+            [n for n in schedule.nodes if n in current], {"type": ControlType.UNSTAGE, "version": version}
+        )
+        self.stop_nodes([n for n in schedule.nodes if n not in current])
+
+    def apply(self, schedule: Schedule, migration_id: str) -> None:
+        if self.prepared is not None and self.prepared[0] == schedule:
+            version = self.prepared[1]
+            self.prepared = None
+        else:
+            self.discard_prepared()
+            version = self.registry.stage_schedule(schedule, after=self.version)
+        self.registry.activate_schedule(version)
+        alive = self.running_nodes() - set(self.failed_nodes())
+        self.control(schedule).send_nodes(
+            sorted(alive), {"type": ControlType.SWITCH, "version": version, "mid": migration_id}
+        )
+        self.version, self.schedule = version, schedule
+        for node in schedule.nodes:
+            if node not in alive:  # dead or never started: a new worker reads the schedule just activated
+                self.spawn(node)
+        self.release_nodes([n for n in alive if n not in schedule.nodes])
+        self.wait_ready(schedule.nodes)
+
+    def check_alive(self) -> None:
+        failed = self.failed_nodes()
+        if failed:
+            raise BackendError(next(iter(failed.values())))
+
+    def restart_nodes(self, nodes: Sequence[str]) -> None:
+        self.stop_nodes(nodes)
+        for node in nodes:
+            log.warning("restarting the worker of %s under schedule version %d", node, self.version)
+            self.spawn(node)
+        if nodes:
+            self.wait_ready(list(self.current_schedule().nodes))
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def control(self, schedule: Schedule) -> ControlChannel:
+        return ControlChannel(self.client, self.topology.redis_prefix, schedule)
+
+    def wait_ready(self, nodes: Sequence[str]) -> None:
+        version = self.version
+        self._wait_for(nodes, lambda: self.registry.ready_nodes(version), "ready")
+        self.endpoints = self.registry.endpoints(version)
+
+    def _wait_for(self, nodes: Sequence[str], reached: Callable[[], set[str]], what: str) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        wanted = set(nodes)
+        pause = 0.005
+        while time.monotonic() < deadline:
+            failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
+            if failed:
+                raise BackendError("; ".join(failed.values()))
+            if reached() >= wanted:
+                return
+            time.sleep(pause)
+            pause = min(0.1, pause * 1.2)  # quick for a switch, gentle on the API for a pod start
+        missing = sorted(wanted - reached())
+        tails = "; ".join(f"{n}: {self.describe(n)!r}" for n in missing)
+        raise BackendError(f"nodes {', '.join(missing)} not {what} after {self.start_timeout_s:.0f} s ({tails})")
