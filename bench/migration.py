@@ -250,8 +250,8 @@ def report(
     lines = [
         "# Migration benchmark",
         "",
-        f"Produced by `make bench` (`python bench/migration.py`) in {took:.0f} s on a shared 2-core machine, one",
-        "run per row. Each run migrates mid-stream (sources at the example's rate, finite) to the plan Stela",
+        f"Produced by `make bench` (`python bench/migration.py`) in {took:.0f} s on a shared 2-core machine (other",
+        "jobs ran beside it: single runs vary by tens of percent), one run per row. Each run migrates mid-stream (sources at the example's rate, finite) to the plan Stela",
         "makes, then runs to the end; lost and duplicated events are counted at the sinks against the exact",
         "multiset a correct run delivers. Phase times in ms. Every run takes a periodic checkpoint every",
         f"{CHECKPOINT_S:g} s (aligned barriers); `restart` is the Storm/Flink default: every worker stops, the new",
