@@ -1,0 +1,506 @@
+"""The Helm chart (charts/elastream): `helm lint --strict`, and `helm template` with the default values, an
+external Redis, two replicas and one watched namespace, parsed and checked: the CRD is the repository's, RBAC
+is exactly the rules the operator needs, the operator runs locked down, the Redis URL sits in a Secret, two
+replicas peer through kopf. Every rendered Kubernetes object is validated offline against the Kubernetes
+1.34 OpenAPI schemas (`kubernetes-validate`), and every value is typed in values.schema.json, commented in
+values.yaml and listed in docs/chart.md.
+
+These tests need a `helm` binary: $ELASTREAM_HELM, else `helm` on PATH, else the one
+`scripts/k8s-tools.sh` builds into ~/.cache/elastream/tools/*/bin/helm. Without one they FAIL, saying how
+to get it: a chart nobody rendered is not a tested chart.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests_paths import REPO
+
+CHART = os.path.join(REPO, "charts", "elastream")
+CRD = os.path.join(REPO, "crds", "streamtopology.yaml")
+RELEASE, NAMESPACE = "es", "elastream-system"
+FULLNAME = f"{RELEASE}-elastream"
+REDIS = f"{RELEASE}-redis"
+KUBERNETES_VERSION = "1.34.0"
+
+#: rendering scenarios: name -> --set arguments
+SCENARIOS: dict[str, list[str]] = {
+    "default": [],
+    "external-url": ["redis.enabled=false", "redis.external.url=redis://:s3cret@redis.example:6379/1"],
+    "external-secret": [
+        "redis.enabled=false",
+        "redis.external.existingSecret=my-redis",
+        "redis.external.existingSecretKey=uri",
+    ],
+    "replicas-2": ["operator.replicas=2"],
+    "watch-namespace": ["operator.watchNamespace=streams"],
+    "replicas-2-watch-namespace": ["operator.replicas=2", "operator.watchNamespace=streams"],
+    "persistence": [
+        "redis.persistence.enabled=true",
+        "redis.persistence.size=5Gi",
+        "redis.persistence.storageClass=fast",
+    ],
+}
+
+
+def find_helm() -> str | None:
+    """$ELASTREAM_HELM, `helm` on PATH, or the newest ~/.cache/elastream/tools/*/bin/helm."""
+    explicit = os.environ.get("ELASTREAM_HELM")
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    on_path = shutil.which("helm")
+    if on_path:
+        return on_path
+    cache = os.environ.get("ELASTREAM_TOOLS_CACHE", os.path.expanduser("~/.cache/elastream/tools"))
+    built = [p for p in glob.glob(os.path.join(cache, "*", "bin", "helm")) if os.access(p, os.X_OK)]
+    return max(built, key=os.path.getmtime) if built else None
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    binary = find_helm()
+    if binary is None:
+        pytest.fail(
+            "no helm binary: the chart tests need one. Build it (with the Kubernetes test tier's tools) with "
+            "`bash scripts/k8s-tools.sh` (into ~/.cache/elastream/tools/*/bin/helm), or install helm 3 on PATH, "
+            "or point ELASTREAM_HELM at one",
+            pytrace=False,
+        )
+    return binary
+
+
+def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    proc = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, env=env)
+    if check and proc.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def set_args(values: list[str]) -> list[str]:
+    return [arg for value in values for arg in ("--set", value)]
+
+
+@functools.cache
+def _render(helm: str, scenario: str) -> tuple[dict[str, Any], ...]:
+    proc = run_helm(
+        helm, "template", RELEASE, CHART, "--namespace", NAMESPACE, "--include-crds", *set_args(SCENARIOS[scenario])
+    )
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+@pytest.fixture(scope="module")
+def render(helm: str) -> Any:
+    return lambda scenario: _render(helm, scenario)
+
+
+def objects(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in objects(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} named {name}: {[d['metadata']['name'] for d in objects(docs, kind)]}"
+    return found[0]
+
+
+def container(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    [operator] = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"]
+    return operator
+
+
+def env_of(container: Mapping[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# lint and the values schema
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_lint_strict(helm: str, scenario: str) -> None:
+    proc = run_helm(helm, "lint", "--strict", CHART, *set_args(SCENARIOS[scenario]))
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["operator.replicas=two"], "/operator/replicas"),
+        (["operator.replicas=0"], "/operator/replicas"),
+        (["operator.replica=2"], "replica"),
+        (["redis.enabled=maybe"], "/redis/enabled"),
+        (["operator.logLevel=LOUD"], "/operator/logLevel"),
+        (["redis.external.url=http://redis:6379"], "/redis/external/url"),
+    ],
+)
+def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["redis.enabled=false"], "set redis.external.url"),
+        (["redis.enabled=false", "redis.external.url=redis://r:6379", "redis.external.existingSecret=s"], "not both"),
+    ],
+)
+def test_redis_settings_that_cannot_work_fail_the_render(helm: str, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def leaf_paths(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every value the schema describes that is not itself a group of described values."""
+    for name, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{name}" if prefix else name
+        if "properties" in sub and sub.get("additionalProperties") is False:
+            yield from leaf_paths(sub, path)
+        else:
+            yield path
+
+
+def load_values() -> dict[str, Any]:
+    with open(os.path.join(CHART, "values.yaml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def load_values_schema() -> dict[str, Any]:
+    with open(os.path.join(CHART, "values.schema.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def lookup(values: Mapping[str, Any], path: str) -> Any:
+    node: Any = values
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def key_line(lines: list[str], path: str) -> int:
+    """Index of the line of `path`'s key in values.yaml, looked up key by key within each parent's block."""
+    index = -1
+    for depth, key in enumerate(path.split(".")):
+        pattern = re.compile(rf"^{'  ' * depth}{re.escape(key)}:")
+        index = next(i for i in range(index + 1, len(lines)) if pattern.match(lines[i]))
+    return index
+
+
+def test_the_default_values_pass_their_schema() -> None:
+    jsonschema.Draft7Validator(load_values_schema()).validate(load_values())
+
+
+def test_every_value_is_typed_described_commented_and_documented() -> None:
+    values, schema = load_values(), load_values_schema()
+    paths = [p for p in leaf_paths(schema) if p != "global"]
+    with open(os.path.join(CHART, "values.yaml"), encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    with open(os.path.join(REPO, "docs", "chart.md"), encoding="utf-8") as handle:
+        table = handle.read()
+    for path in paths:
+        lookup(values, path)  # a KeyError names a described value values.yaml lacks
+        node: Any = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        assert node.get("description"), f"values.schema.json: {path} has no description"
+        # in values.yaml, the key's line is preceded by a "# --" comment block
+        above = key_line(lines, path) - 1
+        while above >= 0 and lines[above].strip().startswith("#") and not lines[above].strip().startswith("# --"):
+            above -= 1
+        assert above >= 0 and lines[above].strip().startswith("# --"), f"values.yaml: {path} has no '# --' comment"
+        assert f"| `{path}` |" in table, f"docs/chart.md: no row for {path}"
+    # and every row of the table is a value
+    rows = re.findall(r"^\| `([A-Za-z.]+)` \|", table, flags=re.M)
+    assert sorted(rows) == sorted(paths)
+
+
+def test_notes_tell_the_next_commands() -> None:
+    with open(os.path.join(CHART, "templates", "NOTES.txt"), encoding="utf-8") as handle:
+        notes = handle.read()
+    for command in (
+        "kubectl apply",
+        "-f examples/",
+        "kubectl get topo",
+        " -w",
+        "kubectl scale topo",
+        "kubectl patch topo",
+    ):
+        assert command in notes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what the chart renders
+
+
+def test_the_chart_ships_the_repository_crd(render: Any) -> None:
+    with open(CRD, encoding="utf-8") as handle:
+        source = yaml.safe_load(handle)
+    for scenario in SCENARIOS:
+        assert one(render(scenario), "CustomResourceDefinition", "streamtopologies.elastream.dev") == source
+    with open(CRD, "rb") as a, open(os.path.join(CHART, "crds", "streamtopology.yaml"), "rb") as b:
+        assert a.read() == b.read()
+
+
+NAMESPACED_RULES = {
+    ("elastream.dev", "streamtopologies"): {"get", "list", "watch", "patch", "update"},
+    ("elastream.dev", "streamtopologies/status"): {"get", "patch", "update"},
+    ("elastream.dev", "streamtopologies/scale"): {"get"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "configmaps"): {"get", "create", "patch", "update", "delete"},
+    ("", "secrets"): {"get", "create", "patch", "update", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+PEERING_VERBS = {"get", "list", "watch", "patch"}
+
+
+def rules_of(role: Mapping[str, Any]) -> dict[tuple[str, str], set[str]]:
+    found: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert "*" not in (group, resource, *rule["verbs"]), rule
+                found.setdefault((group, resource), set()).update(rule["verbs"])
+    return found
+
+
+@pytest.mark.parametrize("scenario", ["default", "replicas-2"])
+def test_cluster_wide_rbac_is_exactly_the_operators_rules(render: Any, scenario: str) -> None:
+    docs = render(scenario)
+    assert objects(docs, "Role") == [] and objects(docs, "RoleBinding") == []
+    expected = {**NAMESPACED_RULES, **CRD_RULES}
+    if scenario == "replicas-2":
+        expected[("kopf.dev", "clusterkopfpeerings")] = PEERING_VERBS
+    assert rules_of(one(docs, "ClusterRole", FULLNAME)) == expected
+    binding = one(docs, "ClusterRoleBinding", FULLNAME)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+@pytest.mark.parametrize("scenario", ["watch-namespace", "replicas-2-watch-namespace"])
+def test_one_namespace_rbac_is_a_role_there_and_crd_reading(render: Any, scenario: str) -> None:
+    docs = render(scenario)
+    role = one(docs, "Role", FULLNAME)
+    assert role["metadata"]["namespace"] == "streams"
+    expected = dict(NAMESPACED_RULES)
+    if scenario.startswith("replicas-2"):
+        expected[("kopf.dev", "kopfpeerings")] = PEERING_VERBS
+    assert rules_of(role) == expected
+    binding = one(docs, "RoleBinding", FULLNAME)
+    assert binding["metadata"]["namespace"] == "streams"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    [cluster_role] = objects(docs, "ClusterRole")
+    assert rules_of(cluster_role) == CRD_RULES
+    assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == cluster_role["metadata"]["name"]
+
+
+def test_the_operator_runs_locked_down(render: Any) -> None:
+    docs = render("default")
+    deployment = one(docs, "Deployment", FULLNAME)
+    pod = deployment["spec"]["template"]["spec"]
+    operator = container(docs)
+    security = operator["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 10001
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == FULLNAME
+    # a read-only root filesystem with a writable /tmp
+    [mount] = operator["volumeMounts"]
+    assert mount["mountPath"] == "/tmp"
+    assert next(v for v in pod["volumes"] if v["name"] == mount["name"])["emptyDir"] is not None
+
+
+def test_the_operator_container(render: Any) -> None:
+    docs = render("default")
+    operator = container(docs)
+    assert operator["image"] == "elastream-operator:dev"
+    assert operator["imagePullPolicy"] == "IfNotPresent"
+    assert operator["command"] == ["elastream", "operator"]
+    assert operator["args"] == ["--all-namespaces", "--standalone"]
+    ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    probe = operator["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and ports[probe["port"]] == 8081
+    assert operator["resources"]["requests"] and operator["resources"]["limits"]
+    env = env_of(operator)
+    assert env["ELASTREAM_REDIS_URL"] == {"secretKeyRef": {"name": REDIS, "key": "url"}}
+    assert env["ELASTREAM_WORKER_IMAGE"] == "elastream-worker:dev"
+    assert env["ELASTREAM_SPARK_MASTER"] == "" and env["ELASTREAM_SPARK_CONF"] == ""
+    assert env["ELASTREAM_LOG_LEVEL"] == "INFO"
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert not any("redis://" in arg for arg in operator["args"] + operator["command"])
+    service = one(docs, "Service", f"{FULLNAME}-metrics")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def test_spark_settings_reach_the_operator(helm: str) -> None:
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        CHART,
+        *set_args(["spark.master=spark://master:7077", "operator.logLevel=DEBUG"]),
+        "--set-string",
+        r"spark.conf.spark\.executor\.memory=2g,spark.conf.spark\.cores\.max=4",
+    )
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    env = env_of(container(docs))
+    assert env["ELASTREAM_SPARK_MASTER"] == "spark://master:7077"
+    assert env["ELASTREAM_SPARK_CONF"] == "spark.cores.max=4,spark.executor.memory=2g"
+    assert env["ELASTREAM_LOG_LEVEL"] == "DEBUG"
+
+
+def labels_are_standard(obj: Mapping[str, Any]) -> None:
+    labels = obj["metadata"]["labels"]
+    for key in ("name", "instance", "version", "managed-by", "component"):
+        assert f"app.kubernetes.io/{key}" in labels, (obj["kind"], obj["metadata"]["name"], key)
+
+
+def test_every_object_carries_the_standard_labels(render: Any) -> None:
+    for scenario in ("default", "replicas-2-watch-namespace"):
+        for obj in render(scenario):
+            if obj["kind"] != "CustomResourceDefinition":
+                labels_are_standard(obj)
+
+
+def decoded(secret: Mapping[str, Any]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def test_the_bundled_redis(render: Any) -> None:
+    docs = render("default")
+    data = decoded(one(docs, "Secret", REDIS))
+    password = data["password"]
+    assert re.fullmatch(r"[A-Za-z0-9]{24}", password)
+    assert data["url"] == f"redis://:{password}@{REDIS}.{NAMESPACE}.svc:6379/0"
+    service = one(docs, "Service", REDIS)
+    assert service["spec"]["type"] == "ClusterIP" and "clusterIP" not in service["spec"]
+    assert service["spec"]["ports"][0]["port"] == 6379
+    statefulset = one(docs, "StatefulSet", REDIS)
+    assert statefulset["spec"]["replicas"] == 1
+    pod = statefulset["spec"]["template"]["spec"]
+    [redis] = pod["containers"]
+    assert redis["image"] == "redis:7-bookworm"
+    assert redis["command"][:5] == ["redis-server", "--requirepass", "$(REDIS_PASSWORD)", "--appendonly", "yes"]
+    assert env_of(redis)["REDIS_PASSWORD"] == {"secretKeyRef": {"name": REDIS, "key": "password"}}
+    assert pod["securityContext"]["runAsNonRoot"] is True and redis["securityContext"]["runAsNonRoot"] is True
+    assert redis["securityContext"]["allowPrivilegeEscalation"] is False
+    assert [v for v in pod["volumes"] if v["name"] == "data"] == [{"name": "data", "emptyDir": {}}]
+    assert "volumeClaimTemplates" not in statefulset["spec"]
+    assert service["spec"]["selector"] == statefulset["spec"]["selector"]["matchLabels"]
+
+
+def test_redis_persistence_uses_a_claim(render: Any) -> None:
+    statefulset = one(render("persistence"), "StatefulSet", REDIS)
+    [claim] = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert claim["spec"]["storageClassName"] == "fast"
+    assert "volumes" not in statefulset["spec"]["template"]["spec"]
+
+
+def test_an_external_redis_url_goes_into_a_secret(render: Any) -> None:
+    docs = render("external-url")
+    assert objects(docs, "StatefulSet") == [] and [s["metadata"]["name"] for s in objects(docs, "Service")] == [
+        f"{FULLNAME}-metrics"
+    ]
+    assert decoded(one(docs, "Secret", REDIS)) == {"url": "redis://:s3cret@redis.example:6379/1"}
+    assert env_of(container(docs))["ELASTREAM_REDIS_URL"] == {"secretKeyRef": {"name": REDIS, "key": "url"}}
+
+
+def test_an_existing_secret_is_used_as_it_is(render: Any) -> None:
+    docs = render("external-secret")
+    assert objects(docs, "Secret") == [] and objects(docs, "StatefulSet") == []
+    assert env_of(container(docs))["ELASTREAM_REDIS_URL"] == {"secretKeyRef": {"name": "my-redis", "key": "uri"}}
+
+
+PEERING_CRDS = {"kopfpeerings.kopf.dev": "Namespaced", "clusterkopfpeerings.kopf.dev": "Cluster"}
+
+
+def test_one_replica_is_standalone(render: Any) -> None:
+    docs = render("default")
+    deployment = one(docs, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert "--standalone" in container(docs)["args"] and "--peering" not in container(docs)["args"]
+    assert objects(docs, "ClusterKopfPeering") == [] and objects(docs, "KopfPeering") == []
+
+
+def test_two_replicas_peer_through_kopf(render: Any) -> None:
+    docs = render("replicas-2")
+    deployment = one(docs, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = container(docs)["args"]
+    assert args == ["--all-namespaces", "--peering", "elastream"] and "--standalone" not in args
+    crds = {d["metadata"]["name"]: d for d in objects(docs, "CustomResourceDefinition")}
+    for name, scope in PEERING_CRDS.items():
+        crd = crds[name]
+        assert crd["spec"]["group"] == "kopf.dev" and crd["spec"]["scope"] == scope
+        [version] = crd["spec"]["versions"]
+        assert version["name"] == "v1" and version["served"] and version["storage"]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status["x-kubernetes-preserve-unknown-fields"] is True
+    # kopf refuses to start with --peering unless the peering object exists
+    peering = one(docs, "ClusterKopfPeering", "elastream")
+    assert peering["apiVersion"] == "kopf.dev/v1"
+
+
+def test_one_watched_namespace(render: Any) -> None:
+    docs = render("replicas-2-watch-namespace")
+    assert container(docs)["args"] == ["--namespace", "streams", "--peering", "elastream"]
+    peering = one(docs, "KopfPeering", "elastream")
+    assert peering["metadata"]["namespace"] == "streams"
+    assert objects(docs, "ClusterKopfPeering") == []
+    assert container(render("watch-namespace"))["args"] == ["--namespace", "streams", "--standalone"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the Kubernetes schemas
+
+
+def kubernetes_version(validate_module: Any) -> str:
+    schemas = os.path.join(os.path.dirname(validate_module.__file__), "kubernetes-json-schema")
+    bundled = {name.split("-")[0].lstrip("v") for name in os.listdir(schemas)}
+    return KUBERNETES_VERSION if KUBERNETES_VERSION in bundled else str(validate_module.latest_version())
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_rendered_objects_pass_the_kubernetes_schemas(render: Any, scenario: str) -> None:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail("kubernetes-validate is not installed: pip install -e 'operator[dev]'", pytrace=False)
+    version = kubernetes_version(kubernetes_validate)
+    checked = set()
+    for obj in render(scenario):
+        if obj["apiVersion"].startswith("kopf.dev/"):
+            continue  # a custom resource: its CRD is the schema (checked above)
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+        checked.add(obj["kind"])
+    assert {"Deployment", "ClusterRole", "CustomResourceDefinition", "ServiceAccount", "Service"} <= checked
