@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 STAMP := .stamps
 
-.PHONY: help setup system-deps test test-unit test-integration lint bench demo clean
+.PHONY: help setup system-deps test test-unit test-integration test-e2e lint bench demo images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,6 +39,12 @@ bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 	$(PY) bench/runtime.py
 	$(PY) bench/analysis.py
 	$(PY) bench/migration.py
+
+images: ## build the elastream-operator:dev and elastream-worker:dev images (needs a Docker engine)
+	@bash scripts/images.sh
+
+test-e2e: setup ## the e2e tier only: a real API server, the chart, the images (builds the tools the first time)
+	$(VENV)/bin/pytest tests/e2e
 
 demo: setup ## the main job: run examples/demo.yaml on local worker processes, scale it out and in, print throughput
 	$(PY) -m elastream demo examples/demo.yaml
