@@ -23,7 +23,7 @@ from typing import Any
 
 from elastream import __version__
 
-COMMAND_MODULES = ("elastream.cli.offline", "elastream.cli.run", "elastream.cli.analyze")
+COMMAND_MODULES = ("elastream.cli.offline", "elastream.cli.run", "elastream.cli.analyze", "elastream.cli.operator")
 
 
 class CommandError(Exception):

@@ -26,6 +26,7 @@ from elastream.core.schedule import Schedule
 class MetricSource(Protocol):
     #: samples before this time (the current schedule's start) are not analysed
     not_before: float
+
     @property
     def engine(self) -> str | None:
         """The engine the last analysis ran on (spark | python), None before the first."""

@@ -1,0 +1,399 @@
+"""The Kubernetes backend: every node is a worker pod, owned by its StreamTopology.
+
+Pods are bare (no StatefulSet or Deployment): a scale-in must delete exactly the pods whose nodes the plan
+removes (lowest ETPSum), which neither controller can do. Pod `<topology>-<node>` runs
+`elastream worker --node <node> --bind $(POD_IP):7000` from the topology's image, reads the manifest from
+the ConfigMap `<topology>-topology` (which also shows the running schedule) and the Redis URL from the
+Secret `<topology>-redis` (never on a command line). Its readiness probe (`/ready` on port 8081) means its
+executors are bound and registered (or, for a node a migration adds, staged and idle). The in-place
+migration steps are `NodeBackend`'s; this class only creates, deletes and inspects pods.
+
+Pods are never restarted by Kubernetes (restartPolicy Never): a worker that dies is a failure the
+controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import yaml
+
+from elastream.control.backends.nodes import NodeBackend
+from elastream.core.ports import BackendError
+from elastream.core.schedule import Schedule
+from elastream.core.topology import API_VERSION, KIND, Topology
+
+log = logging.getLogger("elastream.kubernetes")
+
+#: the port a worker's inboxes start from (PORT+1, … on its own pod IP), its health and metrics ports
+INBOX_PORT = 7000
+HEALTH_PORT = 8081
+METRICS_PORT = 9100
+#: how long a list of the topology's pods is reused (failure checks run every few ms during a migration)
+POD_CACHE_S = 0.5
+WORKER_UID = 10001
+
+
+@dataclass(frozen=True)
+class WorkerPodSettings:
+    """What the operator decides for every worker pod (the rest comes from the topology's spec)."""
+
+    image: str = "elastream-worker:dev"
+    image_pull_policy: str = "IfNotPresent"
+    log_level: str = "INFO"
+    interval_s: float = 1.0
+    service_account: str | None = None
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
+    labels = {
+        "app.kubernetes.io/name": "elastream-worker",
+        "app.kubernetes.io/instance": topology.name,
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/managed-by": "elastream",
+    }
+    if node is not None:
+        labels["elastream.dev/node"] = node
+    return labels
+
+
+def selector_for(topology: Topology) -> str:
+    """The label selector of a topology's worker pods (also `status.selector`, for the scale subresource)."""
+    return ",".join(f"{k}={v}" for k, v in labels_for(topology).items())
+
+
+def pod_name(topology: Topology, node: str) -> str:
+    return f"{topology.name}-{node}"
+
+
+def config_map_name(topology: Topology) -> str:
+    return f"{topology.name}-topology"
+
+
+def secret_name(topology: Topology) -> str:
+    return f"{topology.name}-redis"
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to the StreamTopology `owner` (its metadata): deleting it deletes the pods."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner["name"],
+        "uid": owner["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def worker_pod(
+    topology: Topology,
+    node: str,
+    owner: Mapping[str, Any],
+    settings: WorkerPodSettings,
+    staged_version: int = 0,
+) -> dict[str, Any]:
+    """The pod of one node: what `kubectl get pod <topology>-<node> -o yaml` shows."""
+    spec = topology.spec
+    image = str(spec.get("image") or settings.image)
+    args = [
+        "worker",
+        "--topology",
+        "/etc/elastream/topology.yaml",
+        "--node",
+        node,
+        "--bind",
+        f"$(POD_IP):{INBOX_PORT}",
+        "--metrics-port",
+        str(METRICS_PORT),
+        "--health-port",
+        str(HEALTH_PORT),
+        "--interval",
+        f"{settings.interval_s:g}",
+    ]
+    if staged_version:
+        args += ["--schedule-version", str(staged_version)]
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "args": args,
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": "ELASTREAM_REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": secret_name(topology), "key": "url"}},
+            },
+            {"name": "ELASTREAM_LOG_LEVEL", "value": settings.log_level},
+        ],
+        "ports": [
+            {"name": "health", "containerPort": HEALTH_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": HEALTH_PORT},
+            "periodSeconds": 1,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": WORKER_UID,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "topology", "mountPath": "/etc/elastream", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    resources = spec.get("resources")
+    if isinstance(resources, Mapping):
+        container["resources"] = {k: dict(v) for k, v in resources.items() if isinstance(v, Mapping)}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # workers talk to Redis and to each other, never to the API
+        "terminationGracePeriodSeconds": 15,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": WORKER_UID,
+            "runAsGroup": WORKER_UID,
+            "fsGroup": WORKER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "topology",
+                "configMap": {
+                    "name": config_map_name(topology),
+                    "items": [{"key": "topology.yaml", "path": "topology.yaml"}],
+                },
+            },
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    placement = spec.get("placement")
+    if isinstance(placement, Mapping):
+        for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
+            if key in placement:
+                pod_spec[key] = placement[key]
+    if spec.get("spreadOverNodes") and "topologySpreadConstraints" not in pod_spec:
+        pod_spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": labels_for(topology)},
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(topology, node),
+            "namespace": topology.namespace,
+            "labels": {**labels_for(topology, node), **settings.extra_labels},
+            "annotations": {"elastream.dev/schedule-version": str(staged_version)} if staged_version else {},
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def manifest_document(topology: Topology) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": topology.name, "namespace": topology.namespace},
+        "spec": dict(topology.spec),
+    }
+
+
+class KubernetesBackend(NodeBackend):
+    """Worker pods of one topology. `core` is a `kubernetes.client.CoreV1Api`; `owner` the topology's
+    metadata (name, uid); `redis_url` goes into the topology's Secret for its workers."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        client: redis.Redis,
+        core: Any,
+        owner: Mapping[str, Any],
+        redis_url: str,
+        settings: WorkerPodSettings | None = None,
+        start_timeout_s: float = 180.0,
+    ) -> None:
+        super().__init__(topology, client, start_timeout_s)
+        self.core = core
+        self.owner = dict(owner)
+        self.redis_url = redis_url
+        self.settings = settings or WorkerPodSettings()
+        self.namespace = topology.namespace
+        self._pods: dict[str, Any] = {}
+        self._pods_at = 0.0
+        #: nodes whose pods were deleted on purpose (not failures)
+        self._released: set[str] = set()
+
+    # ------------------------------------------------------------------------------------ the API objects
+    def ensure_config(self) -> None:
+        """The ConfigMap the workers read the topology from, and the Secret with the Redis URL."""
+        from kubernetes.client.exceptions import ApiException
+
+        data = {"topology.yaml": yaml.safe_dump(manifest_document(self.topology), sort_keys=False)}
+        if self.schedule is not None:
+            data["schedule.json"] = json.dumps({"version": self.version, **self.schedule.to_dict()}, indent=1)
+        metadata = {
+            "name": config_map_name(self.topology),
+            "namespace": self.namespace,
+            "labels": labels_for(self.topology),
+            "ownerReferences": [owner_reference(self.owner)],
+        }
+        try:
+            self.core.patch_namespaced_config_map(metadata["name"], self.namespace, {"data": data})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
+            self.core.create_namespaced_config_map(self.namespace, {"metadata": metadata, "data": data})
+        name = secret_name(self.topology)
+        secret: dict[str, Any] = {
+            "metadata": {**metadata, "name": name},
+            "stringData": {"url": self.redis_url},
+            "type": "Opaque",
+        }
+        try:
+            self.core.patch_namespaced_secret(name, self.namespace, {"stringData": {"url": self.redis_url}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise BackendError(f"Secret {name}: {exc.reason}") from None
+            self.core.create_namespaced_secret(self.namespace, secret)
+
+    def pods(self, fresh: bool = False) -> dict[str, Any]:
+        """node -> its pod (a `V1Pod`), listed by the topology's labels (cached for `POD_CACHE_S`)."""
+        now = time.monotonic()
+        if fresh or now - self._pods_at > POD_CACHE_S:
+            listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
+            self._pods = {
+                (p.metadata.labels or {}).get("elastream.dev/node", ""): p
+                for p in listed.items
+                if p.metadata.deletion_timestamp is None
+            }
+            self._pods_at = now
+        return self._pods
+
+    # --------------------------------------------------------------------------------- NodeBackend hooks
+    def preflight(self) -> None:
+        self.ensure_config()
+
+    def running_nodes(self) -> set[str]:
+        return {n for n, p in self.pods(fresh=True).items() if (p.status.phase or "Pending") in ("Pending", "Running")}
+
+    def spawn(self, node: str, staged_version: int = 0) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        body = worker_pod(self.topology, node, self.owner, self.settings, staged_version)
+        name = body["metadata"]["name"]
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                self.core.create_namespaced_pod(self.namespace, body)
+                break
+            except ApiException as exc:
+                if exc.status != 409 or time.monotonic() > deadline:
+                    raise BackendError(f"pod {name}: {exc.reason}: {_api_message(exc)}") from None
+                self._delete_pod(name)  # a dead pod of the same name: make room
+                time.sleep(0.2)
+        self._released.discard(node)
+        self._pods_at = 0.0
+
+    def stop_nodes(self, nodes: Sequence[str]) -> None:
+        for node in nodes:
+            self._released.add(node)
+            self._delete_pod(pod_name(self.topology, node))
+        self._pods_at = 0.0
+
+    def release_nodes(self, nodes: Sequence[str]) -> None:
+        # the workers exit by themselves after SWITCH; deleting the pods takes what is left away
+        self.stop_nodes(nodes)
+
+    def failed_nodes(self) -> dict[str, str]:
+        if self.schedule is None:
+            return {}
+        pods = self.pods()
+        wanted = set(self.schedule.nodes) | (set(self.prepared[0].nodes) if self.prepared else set())
+        failed = {}
+        for node in sorted(wanted - self._released):
+            pod = pods.get(node)
+            if pod is None:
+                failed[node] = f"worker pod {pod_name(self.topology, node)} is gone (deleted or evicted)"
+                continue
+            phase = pod.status.phase or "Pending"
+            if phase in ("Failed", "Succeeded"):
+                failed[node] = f"worker pod {pod.metadata.name} {phase.lower()}: {_termination(pod)}"
+        return failed
+
+    def stop_workers(self) -> None:
+        # one by one: the operator's RBAC grants `delete` on pods, not `deletecollection`
+        self.stop_nodes(sorted(self.pods(fresh=True)))
+
+    def describe(self, node: str) -> str:
+        pod = self.pods(fresh=True).get(node)
+        if pod is None:
+            return "no pod"
+        conditions = ", ".join(f"{c.type}={c.status}" for c in pod.status.conditions or [])
+        return f"pod {pod.metadata.name} {pod.status.phase} ({conditions}) {_termination(pod)}".strip()
+
+    # ---------------------------------------------------------------------------------------------- adopt
+    def start(self, schedule: Schedule) -> None:
+        """Start `schedule`; after an operator restart, adopt the pods that already run it instead (nothing
+        restarts; a pod that died meanwhile is a failure the controller's next tick recovers from)."""
+        found = self.registry.schedule()
+        if found is not None and found[1] == schedule and self.running_nodes():
+            self.schedule, self.version = schedule, found[0]
+            self.endpoints = self.registry.endpoints(found[0])
+            log.info("adopted the worker pods of %s (schedule version %d)", self.topology.name, found[0])
+            self.ensure_config()
+            return
+        if self.running_nodes():  # pods of another schedule (a migration past COMMIT): its state is in Redis
+            self.stop_workers()
+        self._released.clear()
+        super().start(schedule)
+        self.ensure_config()
+
+    def apply(self, schedule: Schedule, migration_id: str) -> None:
+        super().apply(schedule, migration_id)
+        self.ensure_config()  # the ConfigMap shows the schedule that runs now
+
+    def _delete_pod(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=10)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("deleting pod %s: %s", name, exc.reason)
+
+
+def _termination(pod: Any) -> str:
+    for status in pod.status.container_statuses or []:
+        terminated = status.state.terminated if status.state else None
+        if terminated is not None:
+            return f"exit code {terminated.exit_code} ({terminated.reason or 'terminated'})"
+    return ""
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body).get("message", ""))
+    except (TypeError, ValueError):
+        return ""

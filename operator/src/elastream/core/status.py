@@ -1,0 +1,117 @@
+"""The StreamTopology's status from what the controller knows: phase and the Available / Progressing / Degraded
+conditions, with constant reasons (kubebuilder's convention), pure so the rules are unit-tested.
+
+A condition keeps its `lastTransitionTime` while its status stays the same, as metav1.Condition requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+AVAILABLE = "Available"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+# reasons (CamelCase, constant: alerts and scripts match on them)
+ALL_NODES_READY = "AllNodesReady"
+NODES_NOT_READY = "NodesNotReady"
+STARTING = "Starting"
+SCALING = "Scaling"
+RECOVERING = "Recovering"
+STABLE = "Stable"
+INVALID_SPEC = "InvalidSpec"
+SCALING_FAILED = "ScalingFailed"
+WORKER_LOST = "WorkerLost"
+BACKEND_ERROR = "BackendError"
+AS_EXPECTED = "AsExpected"
+
+PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed")
+
+
+@dataclass(frozen=True)
+class StatusFacts:
+    """What the controller knows about one topology at one moment."""
+
+    desired_nodes: int
+    ready_nodes: int
+    started: bool = False
+    scaling: bool = False
+    recovering: bool = False
+    #: the spec cannot run (graph or slot checks the API server cannot make): the message names the field
+    invalid_spec: str = ""
+    #: the last scaling failed (the old schedule runs on): its reason
+    scaling_failed: str = ""
+    #: the backend or Redis cannot be used now
+    backend_error: str = ""
+    #: workers died and their recovery has not finished
+    worker_lost: str = ""
+
+
+def phase(facts: StatusFacts) -> str:
+    if facts.invalid_spec:
+        return "Failed"
+    if facts.scaling:
+        return "Scaling"
+    if not facts.started:
+        return "Pending"
+    if facts.backend_error or facts.worker_lost or facts.recovering or facts.ready_nodes < facts.desired_nodes:
+        return "Degraded"
+    return "Running"
+
+
+def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, str]:
+    return {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message}
+
+
+def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
+    """The three conditions (type, status, reason, message) for `facts`."""
+    if facts.invalid_spec:
+        available = _condition(AVAILABLE, False, INVALID_SPEC, facts.invalid_spec)
+    elif facts.started and facts.ready_nodes >= facts.desired_nodes and not facts.worker_lost:
+        available = _condition(
+            AVAILABLE, True, ALL_NODES_READY, f"{facts.ready_nodes} of {facts.desired_nodes} nodes ready"
+        )
+    else:
+        available = _condition(
+            AVAILABLE, False, NODES_NOT_READY, f"{facts.ready_nodes} of {facts.desired_nodes} nodes ready"
+        )
+    if facts.scaling:
+        progressing = _condition(PROGRESSING, True, SCALING, "a migration is moving executors")
+    elif facts.recovering:
+        progressing = _condition(PROGRESSING, True, RECOVERING, "rolling back to the last checkpoint")
+    elif not facts.started and not facts.invalid_spec:
+        progressing = _condition(PROGRESSING, True, STARTING, "starting the worker pods")
+    else:
+        progressing = _condition(PROGRESSING, False, STABLE, "no scaling in progress")
+    if facts.invalid_spec:
+        degraded = _condition(DEGRADED, True, INVALID_SPEC, facts.invalid_spec)
+    elif facts.worker_lost:
+        degraded = _condition(DEGRADED, True, WORKER_LOST, facts.worker_lost)
+    elif facts.backend_error:
+        degraded = _condition(DEGRADED, True, BACKEND_ERROR, facts.backend_error)
+    elif facts.scaling_failed:
+        degraded = _condition(DEGRADED, True, SCALING_FAILED, facts.scaling_failed)
+    else:
+        degraded = _condition(DEGRADED, False, AS_EXPECTED, "running as specified")
+    return [available, progressing, degraded]
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]] | None, desired: Sequence[Mapping[str, str]], now: str, generation: int
+) -> list[dict[str, Any]]:
+    """`desired` as metav1.Conditions: `lastTransitionTime` is `now` only where the status changed."""
+    before = {str(c.get("type")): c for c in previous or []}
+    merged = []
+    for condition in desired:
+        old = before.get(condition["type"])
+        changed = old is None or old.get("status") != condition["status"]
+        merged.append(
+            {
+                **condition,
+                "lastTransitionTime": now if changed or old is None else str(old.get("lastTransitionTime", now)),
+                "observedGeneration": generation,
+            }
+        )
+    return merged
