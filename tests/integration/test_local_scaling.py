@@ -70,7 +70,7 @@ def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_pa
     with open(log_path, encoding="utf-8") as handle:
         output = handle.read()
     assert "ScalingPlanned: scale out 2 -> 3 nodes" in output
-    assert "recovery: catch-up" in output
+    assert "RecoveryMeasured: catch-up" in output
 
 
 def test_demo_scales_out_and_in_and_prints_a_summary(tmp_path, redis_url: str) -> None:

@@ -358,3 +358,19 @@ def test_run_uses_an_embedded_redis_without_a_url(tmp_path) -> None:
     rows = [line.split() for line in result.stdout.splitlines()]
     rates = [float(row[1]) for row in rows if row and row[0].endswith("s") and row[0][:-1].isdigit()]
     assert max(rates) > 300
+
+
+def test_a_worker_serves_ready_once_its_executors_run(tmp_path, redis_url: str) -> None:
+    """The pod readiness probe: /healthz while the process runs, /ready once its executors are bound."""
+    from conftest import free_port
+    from helpers import sink
+
+    doc = manifest([src("s", 1, rate=50), sink("z")], [edge("s", "z")], name="probed", nodes=1, slotsPerNode=2)
+    path = write_manifest(str(tmp_path), doc)
+    port = free_port()
+    with running(path, redis_url, health_port=port):
+        url = f"http://{node_host('node-0')}:{port}"
+        with urllib.request.urlopen(f"{url}/ready", timeout=5) as response:
+            assert response.status == 200 and response.read() == b"ok\n"
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
+            assert response.status == 200

@@ -79,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     worker.add_argument("--bind", default="127.0.0.1", help="HOST[:PORT] for the executors' inboxes")
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    worker.add_argument(
+        "--health-port", type=int, default=0, help="serve /healthz and /ready (executors ready) on this port"
+    )
     worker.add_argument("--interval", type=float, default=1.0, help="metric interval in seconds")
     worker.add_argument("--redis-wait", type=float, default=300.0, help="seconds to retry Redis before giving up")
     worker.add_argument(
@@ -108,6 +111,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         redis_wait_s=args.redis_wait,
         manifest_dir=os.path.dirname(os.path.abspath(args.topology)),
         schedule_version=args.schedule_version,
+        health_port=args.health_port,
     )
     return Worker(topology, options).run()
 

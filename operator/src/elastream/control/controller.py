@@ -199,9 +199,8 @@ class TopologyController:
     def _recovered(self, status: dict[str, Any]) -> None:
         catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
         self.events.emit(
-            "Recovered",
-            f"throughput back to 90 % after {_seconds(catch_up)}, stable after {_seconds(stable)} "
-            f"({status['recovery']})",
+            "RecoveryMeasured",
+            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['recovery']})",
         )
         if self.last_scaling is not None:
             self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)

@@ -32,6 +32,7 @@ from elastream.core.migration import ControlType, ExecutorParticipant
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceThread, build_outputs
+from elastream.runtime.health import serve_health
 from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, make_operator, resolve_rate_file
 from elastream.runtime.participant import Migration, pack
 from elastream.runtime.transport import Channel, Inbox
@@ -58,6 +59,8 @@ class WorkerOptions:
     manifest_dir: str = "."
     #: start for this staged schedule version (a node a migration adds) instead of the current schedule
     schedule_version: int = 0
+    #: serve /healthz and /ready (a pod's probes) on this port of `host` (0: off)
+    health_port: int = 0
 
 
 @dataclass
@@ -338,6 +341,8 @@ class Worker:
         if self.stop.is_set() or found is None:
             self.shutdown()
             return 0
+        if self.options.health_port:
+            serve_health(self.options.host, self.options.health_port, self.is_ready)
         if self.options.metrics_port:
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
@@ -360,6 +365,10 @@ class Worker:
         failed = [t for t in self.threads if t.failure is not None]
         self.shutdown()
         return 1 if failed else 0
+
+    def is_ready(self) -> bool:
+        """Executors bound and registered: running a schedule, or staged and idle for the one that adds us."""
+        return self.current is not None or self.staged is not None
 
     def start_sources_when_all_ready(self, generation: Generation) -> None:
         """Start the sources once every node of the schedule is ready (during a migration the controller

@@ -86,6 +86,7 @@ class LocalCluster(NodeBackend):
         start_timeout_s: float = 60.0,
         metrics_port: int = 0,
         extra_env: dict[str, str] | None = None,
+        health_port: int = 0,
     ) -> None:
         super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s)
         self.manifest_path = manifest_path
@@ -94,6 +95,8 @@ class LocalCluster(NodeBackend):
         self.interval_s = interval_s
         #: serve Prometheus metrics on this port of every node's address (0: off)
         self.metrics_port = metrics_port
+        #: serve /healthz and /ready on this port of every node's address (0: off)
+        self.health_port = health_port
         self.extra_env = dict(extra_env or {})
         self.workers: dict[str, WorkerProcess] = {}
         #: workers of removed nodes, exiting after their switch (reaped by `check_alive`)
@@ -165,6 +168,8 @@ class LocalCluster(NodeBackend):
             str(self.interval_s),
             "--metrics-port",
             str(self.metrics_port),
+            "--health-port",
+            str(self.health_port),
         ]
         if staged_version:
             command += ["--schedule-version", str(staged_version)]
