@@ -337,7 +337,7 @@ def test_the_operator_container(render: Any) -> None:
     assert operator["image"] == "elastream-operator:dev"
     assert operator["imagePullPolicy"] == "IfNotPresent"
     assert operator["command"] == ["elastream", "operator"]
-    assert operator["args"] == ["--all-namespaces", "--standalone"]
+    assert operator["args"] == ["--all-namespaces", "--standalone", "--engine", "spark"]
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     probe = operator["livenessProbe"]["httpGet"]
@@ -349,6 +349,7 @@ def test_the_operator_container(render: Any) -> None:
     assert env["ELASTREAM_SPARK_MASTER"] == "" and env["ELASTREAM_SPARK_CONF"] == ""
     assert env["ELASTREAM_LOG_LEVEL"] == "INFO"
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # metrics and health bind it
     assert not any("redis://" in arg for arg in operator["args"] + operator["command"])
     service = one(docs, "Service", f"{FULLNAME}-metrics")
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
@@ -454,7 +455,7 @@ def test_two_replicas_peer_through_kopf(render: Any) -> None:
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     args = container(docs)["args"]
-    assert args == ["--all-namespaces", "--peering", "elastream"] and "--standalone" not in args
+    assert args == ["--all-namespaces", "--peering", "elastream", "--engine", "spark"] and "--standalone" not in args
     crds = {d["metadata"]["name"]: d for d in objects(docs, "CustomResourceDefinition")}
     for name, scope in PEERING_CRDS.items():
         crd = crds[name]
@@ -470,11 +471,17 @@ def test_two_replicas_peer_through_kopf(render: Any) -> None:
 
 def test_one_watched_namespace(render: Any) -> None:
     docs = render("replicas-2-watch-namespace")
-    assert container(docs)["args"] == ["--namespace", "streams", "--peering", "elastream"]
+    assert container(docs)["args"] == ["--namespace", "streams", "--peering", "elastream", "--engine", "spark"]
     peering = one(docs, "KopfPeering", "elastream")
     assert peering["metadata"]["namespace"] == "streams"
     assert objects(docs, "ClusterKopfPeering") == []
-    assert container(render("watch-namespace"))["args"] == ["--namespace", "streams", "--standalone"]
+    assert container(render("watch-namespace"))["args"] == [
+        "--namespace",
+        "streams",
+        "--standalone",
+        "--engine",
+        "spark",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------

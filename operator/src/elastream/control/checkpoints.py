@@ -15,13 +15,11 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import redis
 
 from elastream.core.migration import CheckpointPhase, CheckpointRound, ControlType
-from elastream.core.ports import Clock, SystemClock
-from elastream.core.schedule import Schedule
+from elastream.core.ports import Backend, BackendError, Clock, SystemClock
 from elastream.core.topology import Topology, split_executor_id
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import ControlChannel
@@ -30,11 +28,6 @@ log = logging.getLogger("elastream.checkpoint")
 
 #: a checkpoint's claim on the topology expires by itself if its controller dies
 CLAIM_TTL_S = 120
-
-
-class RunningBackend(Protocol):
-    def current_schedule(self) -> Schedule: ...
-    def check_alive(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +42,7 @@ class CheckpointResult:
 @dataclass
 class CheckpointDriver:
     topology: Topology
-    backend: RunningBackend
+    backend: Backend
     client: redis.Redis
     timeout_s: float = 30.0
     clock: Clock = field(default_factory=SystemClock)
@@ -74,7 +67,7 @@ class CheckpointDriver:
                 now = self.clock.now()
                 try:
                     self.backend.check_alive()
-                except Exception as exc:
+                except BackendError as exc:
                     round_.on_failure(str(exc))
                     break
                 for executor, info in self.store.acks(checkpoint_id, "checkpointing").items():

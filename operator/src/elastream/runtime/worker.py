@@ -40,6 +40,7 @@ from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
 from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
 from elastream.store.registry import RedisUnavailable, Registry, connect
+from elastream.store.retry import backoff
 
 log = logging.getLogger("elastream.worker")
 
@@ -133,6 +134,7 @@ class Worker:
         (a peer that never comes) does not hammer Redis while a short one stays quick."""
         last_log = time.monotonic()
         stop = stop or self.stop
+        delays = backoff(poll_s, 1.5, max_poll_s)
         while not stop.is_set() and not self.stop.is_set():
             try:
                 result = probe()
@@ -145,8 +147,7 @@ class Worker:
             if time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
                 log.warning("waiting for %s%s", what() if callable(what) else what, f": {detail}" if detail else "")
-            stop.wait(poll_s)
-            poll_s = min(max_poll_s, poll_s * 1.5)
+            stop.wait(next(delays))
         return None
 
     def read_schedule(self) -> tuple[int, Schedule] | None:
