@@ -5,10 +5,10 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 STAMP := .stamps
 
-.PHONY: help setup system-deps test test-unit test-integration test-e2e lint bench demo images clean
+.PHONY: help setup system-deps test test-unit test-e2e lint bench demo images clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 system-deps: ## install system packages (redis-server, Java) when missing; needs root or sudo
 	@bash scripts/system-deps.sh
@@ -22,7 +22,7 @@ $(STAMP)/venv: operator/pyproject.toml
 
 setup: system-deps $(STAMP)/venv ## install everything: system packages, virtualenv, elastream in editable mode
 
-test: setup ## run every test tier this machine can run (unit, integration with real Redis and Spark)
+test: setup ## run every test tier: unit, integration (real Redis, local Spark), e2e (a real Kubernetes API server)
 	$(VENV)/bin/pytest
 
 test-unit: setup ## unit tests only (no services)
