@@ -76,6 +76,7 @@ def start(body: Any, patch: Any, **_: Any) -> None:
         invalid(body, patch, exc)
         return
     except BackendError as exc:
+        events_for(body).emit("StartFailed", f"{exc}; retrying in 10 s", warning=True)
         raise kopf.TemporaryError(str(exc), delay=10) from None
     running = len(managed.controller.backend.current_schedule().nodes)
     if running != managed.topology.nodes:  # spec.nodes changed while no operator ran
