@@ -3,6 +3,7 @@
 #
 #   elastream-operator:$TAG   images/operator/Dockerfile  (controller + PySpark + headless JRE 17)
 #   elastream-worker:$TAG     images/worker/Dockerfile    (one node's executors; no Java, no Spark)
+#   elastream-redis:$TAG      images/redis/Dockerfile     (only when named: Debian's Redis for the e2e tier)
 #
 #   scripts/images.sh                                         # FROM python:3.11-slim-bookworm (pulled)
 #   BASE_IMAGE=elastream-base:bookworm scripts/images.sh      # CI: the local base of scripts/docker-setup.sh

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import http.client
 import http.server
 import json
@@ -44,6 +45,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -507,6 +509,9 @@ class _DockerRuntime:
 
     def start(self, spec: _RunSpec) -> _Handle:
         name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"e2e_{spec.namespace}_{spec.pod}_{spec.container}")
+        owner = self.docker("inspect", "-f", f'{{{{index .Config.Labels "{LABEL}.pid"}}}}', name).stdout.strip()
+        if owner.isdigit() and int(owner) != os.getpid() and _pid_alive(int(owner)):
+            raise _StartError("RunContainerError", f"container name {name} is used by another running e2e session")
         self.docker("rm", "-f", name, timeout=60)
         argv = [
             "run", "-d", "--name", name, "--network", "host", "--pull", "never",
@@ -1598,6 +1603,8 @@ class KubeletStandIn:
         self._stopping = threading.Event()
         self._lock = threading.RLock()
         self._ip_counter = 10
+        self._ip_octet = 0
+        self._ip_lock: Any = None
         self._workers: dict[str, _PodWorker] = {}  # uid -> worker
         self._done_uids: set[str] = set()
         self._pods: dict[str, dict[str, Any]] = {}  # "ns/name" -> latest pod (all nodes)
@@ -1638,7 +1645,8 @@ class KubeletStandIn:
             self.runtime = _DockerRuntime(self.session, self._docker_binary)
         else:
             self.runtime = _ProcessRuntime(self.bin_dir, self._entrypoints)
-        log.info("starting: %s", self.describe())
+        self._claim_ip_block()
+        log.info("starting: %s; pod IPs 127.%s.0.10 and up", self.describe(), self._ip_octet)
         self.api = _Api(self.kubeconfig)
         self._cleanup_stale_hosts()
         self._log_server = _LogServer(self, self.workdir)
@@ -1676,6 +1684,9 @@ class KubeletStandIn:
             self._log_server.close()
         if self.api is not None:
             self.api.close()
+        if self._ip_lock is not None:
+            self._ip_lock.close()  # releases the flock: the block is free for the next session
+            self._ip_lock = None
         log.info("stopped")
         if self._log_handler is not None:
             log.removeHandler(self._log_handler)
@@ -1721,7 +1732,22 @@ class KubeletStandIn:
             self._ip_counter += 1
             if self._ip_counter % 256 == 255:
                 self._ip_counter += 2  # skip x.x.x.255 and x.x.x.0
-        return f"127.0.{n // 256}.{n % 256}"
+        return f"127.{self._ip_octet}.{n // 256}.{n % 256}"
+
+    def _claim_ip_block(self) -> None:
+        """Pod IPs 127.0.0.10, .11, ... for the first session on this machine; a concurrent session (another
+        pytest run) takes 127.101.0.10, ..., the next 127.102.0.10, ...: a flock held for the session decides."""
+        for k in range(16):
+            handle = open(os.path.join(tempfile.gettempdir(), f"elastream-e2e-pod-ips-{k}.lock"), "a+")  # noqa: SIM115
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            self._ip_lock = handle
+            self._ip_octet = 0 if k == 0 else 100 + k
+            return
+        raise RuntimeError("all 16 pod IP blocks are held by running e2e sessions")
 
     def _log_file(self, namespace: str, pod: str, container: str) -> str:
         return os.path.join(self.workdir, "logs", f"{namespace}_{pod}_{container}.log")

@@ -72,7 +72,27 @@ class CustomResourceStatus:
     name: str
 
     def publish(self, field_name: str, status: dict[str, Any]) -> None:
-        self.patch({field_name: _jsonable(status)})
+        """Replace `status.<field_name>` as a whole (a merge patch would keep keys the new record lacks)."""
+        from kubernetes.client.exceptions import ApiException
+
+        operation = [{"op": "add", "path": f"/status/{field_name}", "value": _jsonable(status)}]
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                operation,
+                _content_type="application/json-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            if exc.status != 422:  # 422: no status yet to add into; a merge patch creates it
+                log.warning("status of %s/%s not patched: %s", self.namespace, self.name, exc.reason)
+                return
+            self.patch({field_name: _jsonable(status)})
 
     def patch(self, status: Mapping[str, Any]) -> None:
         from kubernetes.client.exceptions import ApiException

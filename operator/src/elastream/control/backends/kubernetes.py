@@ -342,9 +342,24 @@ class KubernetesBackend(NodeBackend):
                 failed[node] = f"worker pod {pod.metadata.name} {phase.lower()}: {_termination(pod)}"
         return failed
 
-    def stop_workers(self) -> None:
+    def stop_workers(self, timeout_s: float = 30.0) -> None:
+        """Delete every worker pod and wait until they are gone: a stopping worker still writes its last
+        metrics and positions, which must not land after the topology's Redis keys are deleted."""
+        from kubernetes.client.exceptions import ApiException
+
         # one by one: the operator's RBAC grants `delete` on pods, not `deletecollection`
         self.stop_nodes(sorted(self.pods(fresh=True)))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
+            except ApiException as exc:
+                log.warning("listing the worker pods of %s: %s", self.topology.name, exc.reason)
+                return
+            if not listed.items:
+                return
+            time.sleep(0.5)
+        log.warning("worker pods of %s still terminating after %.0f s", self.topology.name, timeout_s)
 
     def describe(self, node: str) -> str:
         pod = self.pods(fresh=True).get(node)

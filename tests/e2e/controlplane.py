@@ -1,0 +1,376 @@
+"""A real Kubernetes control plane for the e2e tier: etcd, kube-apiserver and kube-controller-manager.
+
+The binaries come from `scripts/k8s-tools.sh` (built from Go modules, cached under ~/.cache/elastream/tools).
+Everything listens on 127.0.0.1 on free ports; every file (data, certificates, tokens, kubeconfigs, logs) lives
+in `workdir`, so two runs never collide and a failed run leaves its logs behind for reading.
+
+    with ControlPlane(bin_dir, workdir) as cp:
+        subprocess.run([f"{bin_dir}/kubectl", "--kubeconfig", cp.kubeconfig, "get", "ns"])
+
+The Service range is 127.96.0.0/16 (loopback, on purpose: nothing of ours may send traffic to a private range,
+and there is no kube-proxy; the kubelet stand-in forwards ClusterIP:port to pods, see kubelet.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+SERVICE_CIDR = "127.96.0.0/16"
+KCM_CONTROLLERS = "*"  # every default-enabled controller; the cloud ones skip themselves without a cloud
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+@dataclass
+class _Proc:
+    name: str
+    argv: list[str]
+    log: str
+    popen: subprocess.Popen[bytes] | None = None
+    log_handle: Any = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        self.log_handle = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
+        self.log_handle.write(f"$ {' '.join(self.argv)}\n".encode())
+        self.log_handle.flush()
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C of pytest does not hit it before stop() runs
+        )
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        self.popen = None
+        if self.log_handle is not None:
+            self.log_handle.close()
+            self.log_handle = None
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on loopback, started from `bin_dir`."""
+
+    def __init__(self, bin_dir: str, workdir: str, *, extra_users: Iterable[tuple[str, str]] = ()) -> None:
+        """`extra_users`: (user, comma-separated groups) pairs that get a static token (see `tokens`)."""
+        self.bin_dir = bin_dir
+        self.workdir = os.path.abspath(workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.admin_token = secrets.token_hex(16)
+        self.kcm_token = secrets.token_hex(16)
+        self.tokens: dict[str, str] = {"admin": self.admin_token}
+        self._token_lines = [
+            f"{self.admin_token},admin,uid-admin,system:masters",
+            # the controller manager's own identity; with --use-service-account-credentials=false every
+            # controller runs as it, so it needs all rights (what system:masters gives)
+            f"{self.kcm_token},system:kube-controller-manager,uid-kcm,system:masters",
+        ]
+        for user, groups in extra_users:
+            token = secrets.token_hex(16)
+            self.tokens[user] = token
+            self._token_lines.append(f'{token},{user},uid-{user},"{groups}"')
+        self.etcd_port = 0
+        self.port = 0
+        self.kcm_port = 0
+        self.server = ""
+        self.ca_file = os.path.join(self.workdir, "ca.crt")
+        self.cert_dir = os.path.join(self.workdir, "apiserver-certs")
+        self.sa_key = os.path.join(self.workdir, "sa.key")
+        self.kubeconfig = os.path.join(self.workdir, "admin.kubeconfig")
+        self.version: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}
+        self._procs: list[_Proc] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._prepare_files()
+            self._start_etcd()
+            self.timings["etcd"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            self._start_apiserver()
+            self.timings["kube-apiserver"] = time.monotonic() - t1
+            t2 = time.monotonic()
+            self._start_controller_manager()
+            self.timings["kube-controller-manager"] = time.monotonic() - t2
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+
+    def stop(self) -> None:
+        for proc in reversed(self._procs):
+            proc.stop()
+        self._procs.clear()
+
+    def alive(self) -> dict[str, bool]:
+        return {proc.name: proc.alive() for proc in self._procs}
+
+    def logs(self) -> dict[str, str]:
+        """name -> log file of each process."""
+        return {proc.name: proc.log for proc in self._procs}
+
+    # ---- pieces ----------------------------------------------------------------------------------------------
+    def _bin(self, name: str) -> str:
+        path = os.path.join(self.bin_dir, name)
+        if not os.access(path, os.X_OK):
+            raise ControlPlaneError(f"{path} is missing: run `bash scripts/k8s-tools.sh`")
+        return path
+
+    def _prepare_files(self) -> None:
+        os.makedirs(self.cert_dir, exist_ok=True)
+        if not os.path.exists(self.sa_key):
+            out = subprocess.run(
+                ["openssl", "genrsa", "-out", self.sa_key, "2048"], capture_output=True, text=True, check=False
+            )
+            if out.returncode != 0:
+                raise ControlPlaneError(f"openssl genrsa failed: {out.stderr}")
+            os.chmod(self.sa_key, 0o600)
+        tokens = os.path.join(self.workdir, "tokens.csv")
+        with open(tokens, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(self._token_lines) + "\n")
+        os.chmod(tokens, 0o600)
+
+    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        proc = _Proc(name, argv, os.path.join(self.workdir, f"{name}.log"))
+        proc.start()
+        self._procs.append(proc)
+        return proc
+
+    def _fail(self, proc: _Proc, what: str) -> ControlPlaneError:
+        code = proc.popen.poll() if proc.popen is not None else None
+        state = f"exited with {code}" if code is not None else "still running"
+        return ControlPlaneError(f"{proc.name} {what} ({state}); last lines of {proc.log}:\n{log_tail(proc.log)}")
+
+    def _start_etcd(self) -> None:
+        for _attempt in range(3):  # a free port can be taken between the probe and etcd's bind
+            self.etcd_port, peer = free_port(), free_port()
+            client = f"http://127.0.0.1:{self.etcd_port}"
+            peer_url = f"http://127.0.0.1:{peer}"
+            proc = self._spawn(
+                "etcd",
+                [
+                    self._bin("etcd"),
+                    "--name", "e2e",
+                    "--data-dir", os.path.join(self.workdir, "etcd-data"),
+                    "--listen-client-urls", client,
+                    "--advertise-client-urls", client,
+                    "--listen-peer-urls", peer_url,
+                    "--initial-advertise-peer-urls", peer_url,
+                    "--initial-cluster", f"e2e={peer_url}",
+                    "--unsafe-no-fsync",  # a throw-away test store: no fsync wait on every write
+                    "--log-level", "warn",
+                ],
+            )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.alive():
+                try:
+                    with urllib.request.urlopen(f"{client}/health", timeout=2) as resp:
+                        if json.loads(resp.read()).get("health") == "true":
+                            return
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.1)
+            if proc.alive():
+                raise self._fail(proc, "did not become healthy within 30 s")
+            if "address already in use" not in log_tail(proc.log, 20):
+                raise self._fail(proc, "failed to start")
+            self._procs.remove(proc)
+            proc.stop()
+        raise ControlPlaneError("etcd: no free ports after 3 attempts")
+
+    def _start_apiserver(self) -> None:
+        self.port = free_port()
+        self.server = f"https://127.0.0.1:{self.port}"
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                self._bin("kube-apiserver"),
+                "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
+                "--bind-address", "127.0.0.1",
+                "--advertise-address", "127.0.0.1",
+                "--secure-port", str(self.port),
+                "--cert-dir", self.cert_dir,
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--service-account-key-file", self.sa_key,
+                "--service-account-signing-key-file", self.sa_key,
+                "--token-auth-file", os.path.join(self.workdir, "tokens.csv"),
+                "--authorization-mode", "Node,RBAC",
+                "--service-cluster-ip-range", SERVICE_CIDR,
+                "--service-node-port-range", "30000-32767",
+                # the kubelet stand-in serves /containerLogs on the node's InternalIP (127.0.0.1)
+                "--kubelet-preferred-address-types", "InternalIP",
+                "--profiling=false",
+                "--v", "1",
+            ],
+        )  # fmt: skip
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # the serving cert does not exist before the server writes it
+        deadline = time.monotonic() + 90
+        last = ""
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise self._fail(proc, "failed to start")
+            try:
+                last = self._get("/readyz", ctx).decode()
+                if last.strip() == "ok":
+                    break
+            except urllib.error.HTTPError as exc:
+                last = exc.read().decode(errors="replace")
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        else:
+            raise self._fail(proc, f"was not ready within 90 s (last /readyz: {last[-2000:]})")
+        self._write_ca()
+        self.version = json.loads(self._get("/version"))
+        self._write_kubeconfig(self.kubeconfig, self.admin_token, "admin")
+
+    def _write_ca(self) -> None:
+        """The self-signed serving certificate file holds the leaf then its CA; in-cluster clients need the CA."""
+        bundle = os.path.join(self.cert_dir, "apiserver.crt")
+        with open(bundle, encoding="ascii") as handle:
+            pem = handle.read()
+        blocks = [f"-----BEGIN CERTIFICATE-----{b.split('-----END CERTIFICATE-----')[0]}-----END CERTIFICATE-----\n"
+                  for b in pem.split("-----BEGIN CERTIFICATE-----")[1:]]  # fmt: skip
+        if len(blocks) < 2:
+            raise ControlPlaneError(f"{bundle}: expected a serving certificate and its CA, found {len(blocks)}")
+        with open(self.ca_file, "w", encoding="ascii") as handle:
+            handle.write(blocks[-1])
+        sans = subprocess.run(
+            ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", bundle],
+            capture_output=True, text=True, check=False,
+        ).stdout  # fmt: skip
+        if "IP Address:127.0.0.1" not in sans:
+            raise ControlPlaneError(f"{bundle}: 127.0.0.1 is not among the serving certificate's SANs: {sans}")
+        self.serving_sans = [s.strip() for s in sans.splitlines()[-1].split(",")]
+        check = subprocess.run(
+            ["openssl", "verify", "-CAfile", self.ca_file, bundle], capture_output=True, text=True, check=False
+        )
+        if check.returncode != 0:
+            raise ControlPlaneError(f"{bundle} does not verify against {self.ca_file}: {check.stdout}{check.stderr}")
+
+    def _get(self, path: str, ctx: ssl.SSLContext | None = None, token: str | None = None) -> bytes:
+        if ctx is None:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+        req = urllib.request.Request(
+            self.server + path, headers={"Authorization": f"Bearer {token or self.admin_token}"}
+        )
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+            return bytes(resp.read())
+
+    def _write_kubeconfig(self, path: str, token: str, user: str) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority": self.ca_file}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+            "current-context": "e2e",
+        }
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2)  # JSON is YAML: kubectl, helm and client libraries read it
+        os.chmod(path, 0o600)
+
+    def kubeconfig_for_token(self, token: str, name: str | None = None) -> str:
+        """A kubeconfig file (in workdir) that authenticates with `token`, e.g. one from `kubectl create token`."""
+        name = name or f"token-{secrets.token_hex(4)}"
+        path = os.path.join(self.workdir, f"{name}.kubeconfig")
+        self._write_kubeconfig(path, token, name)
+        return path
+
+    def _start_controller_manager(self) -> None:
+        kubeconfig = os.path.join(self.workdir, "kube-controller-manager.kubeconfig")
+        self._write_kubeconfig(kubeconfig, self.kcm_token, "system:kube-controller-manager")
+        self.kcm_port = free_port()
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                self._bin("kube-controller-manager"),
+                "--kubeconfig", kubeconfig,
+                "--bind-address", "127.0.0.1",
+                "--secure-port", str(self.kcm_port),
+                "--cert-dir", os.path.join(self.workdir, "kcm-certs"),
+                "--leader-elect=false",
+                "--controllers", KCM_CONTROLLERS,
+                "--use-service-account-credentials=false",
+                "--service-account-private-key-file", self.sa_key,
+                "--root-ca-file", self.ca_file,
+                "--service-cluster-ip-range", SERVICE_CIDR,
+                "--cluster-name", "e2e",
+                "--profiling=false",
+                "--v", "1",
+            ],
+        )  # fmt: skip
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        deadline = time.monotonic() + 60
+        healthy = False
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise self._fail(proc, "failed to start")
+            if not healthy:
+                try:
+                    with urllib.request.urlopen(f"https://127.0.0.1:{self.kcm_port}/healthz", context=ctx, timeout=2):
+                        healthy = True
+                except (OSError, urllib.error.HTTPError):
+                    pass
+            if healthy:
+                # the serviceaccount and root-ca-cert-publisher controllers are running once these exist
+                try:
+                    self._get("/api/v1/namespaces/default/serviceaccounts/default")
+                    self._get("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
+                    return
+                except (OSError, urllib.error.HTTPError):
+                    pass
+            time.sleep(0.2)
+        raise self._fail(proc, "did not get healthy (default ServiceAccount, kube-root-ca.crt) within 60 s")

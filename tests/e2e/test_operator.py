@@ -1,0 +1,239 @@
+"""What a user does, end to end, with the real kubectl and helm against a real API server: install the chart,
+apply a topology, wait for it, scale it out with `kubectl patch` and in with `kubectl scale`, read its status
+and events, lose a worker pod, restart the operator in the middle of a migration, delete it. Every event
+the sources emit reaches the sinks exactly once across all of it (exactly-once sinks, checked in Redis
+through the bundled Redis Service), and invalid manifests are refused with the schema's or CEL's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RELEASE = "elastream"
+SYSTEM = "elastream-system"
+EVENTS = 9000  # 300 events/s: half a minute of input, long enough to scale twice mid-stream
+
+
+def topology_manifest(name: str, nodes: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "elastream.dev/v1alpha1",
+        "kind": "StreamTopology",
+        "metadata": {"name": name},
+        "spec": {
+            "nodes": nodes,
+            # room for Stela's new executors on the way back in (lowering parallelism to fit is issue 11's)
+            "slotsPerNode": 6,
+            "vertices": [
+                {
+                    "name": "clicks",
+                    "source": {"type": "synthetic", "rate": 300, "keys": 50, "limit": EVENTS},
+                    "parallelism": 1,
+                    "maxParallelism": 8,
+                },
+                {"name": "parse", "logic": {"builtin": "work", "costMs": 4.0}, "parallelism": 1, "maxParallelism": 8},
+                {
+                    "name": "count",
+                    "logic": {"builtin": "count", "key": "key"},
+                    "stateful": True,
+                    "parallelism": 2,
+                    "maxParallelism": 8,
+                },
+                {"name": "out", "sink": {"type": "redis-stream", "delivery": "exactly-once"}, "maxParallelism": 8},
+                {"name": "audit", "sink": {"type": "redis-stream", "delivery": "exactly-once"}, "maxParallelism": 8},
+            ],
+            "streams": [
+                {"from": "clicks", "to": "parse", "grouping": "shuffle"},
+                {"from": "parse", "to": "count", "grouping": "fields", "key": "key"},
+                {"from": "parse", "to": "out", "grouping": "shuffle"},
+                {"from": "count", "to": "audit", "grouping": "shuffle"},
+            ],
+            "scaling": {"strategy": "stela", "migration": "ccr", "checkpointIntervalSeconds": 2, "window": 5},
+        },
+    }
+
+
+def status(kubectl, namespace: str, name: str) -> dict[str, Any]:
+    out = kubectl("get", "topo", name, "-n", namespace, "-o", "json", quiet=True)
+    return json.loads(out.stdout).get("status") or {}
+
+
+def wait_status(kubectl, namespace: str, name: str, predicate, timeout_s: float, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        last = status(kubectl, namespace, name)
+        if predicate(last):
+            print(f"  status: phase {last.get('phase')}, nodes {last.get('nodes')}, ready {last.get('readyNodes')}, "
+                  f"throughput {last.get('throughput')}, last scaling {last.get('lastScalingSummary')}")  # fmt: skip
+            return last
+        time.sleep(1.0)
+    pytest.fail(f"{what} not reached in {timeout_s:.0f} s; status: {json.dumps(last, indent=1)[:3000]}")
+
+
+def worker_pods(kubectl, namespace: str, name: str) -> list[str]:
+    out = kubectl(
+        "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker",
+        "-o", "jsonpath={.items[*].metadata.name}", quiet=True,
+    )  # fmt: skip
+    return sorted(out.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def installed(helm, kubectl, kubelet) -> dict[str, Any]:
+    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) and wait for it."""
+    helm(
+        "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
+        "--set", "operator.image.tag=dev", "--set", "worker.image.tag=dev", "--set", "operator.logLevel=DEBUG",
+        # the bundled Redis from the local base image (no registry here to pull the default redis image from)
+        "--set", "redis.image=elastream-redis:dev",
+        "--wait", "--timeout", "6m",
+    )  # fmt: skip
+    kubectl("get", "pods,svc", "-n", SYSTEM, "-o", "wide")
+    kubectl("wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/component=operator",
+            "-n", SYSTEM, "--timeout=240s")  # fmt: skip
+    secret = kubectl("get", "secret", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.data.password}", quiet=True)
+    import base64
+
+    password = base64.b64decode(secret.stdout).decode()
+    ip = kubectl("get", "svc", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.spec.clusterIP}", quiet=True)
+    client = redis.Redis(host=ip.stdout.strip(), port=6379, password=password, socket_timeout=10)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    return {"redis": client}
+
+
+def sink_ids(client: redis.Redis, namespace: str, name: str, sink: str) -> Counter[int]:
+    entries = client.xrange(f"elastream:{namespace}/{name}:sink:{sink}", "-", "+")
+    return Counter(int(fields[b"id"]) for _, fields in entries)
+
+
+def test_invalid_manifests_are_refused_with_the_schema_or_cel_message(installed, kubectl, e2e_namespace, tmp_path):
+    cases = {
+        "grouping": ("streams", 0, "grouping", "hash", "Unsupported value"),
+        "nodes": (None, None, "nodes", 0, "spec.nodes"),
+        "unknown-vertex": ("streams", 0, "to", "nowhere", "every stream's to must name a vertex of spec.vertices"),
+    }
+    for label, (section, index, key, value, expected) in cases.items():
+        doc = topology_manifest(f"bad-{label}")
+        if section is None:
+            doc["spec"][key] = value
+        else:
+            doc["spec"][section][index][key] = value
+        path = tmp_path / f"{label}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        result = kubectl("apply", "-n", e2e_namespace, "-f", str(path), check=False)
+        assert result.returncode != 0, label
+        assert expected in result.stderr, (label, result.stderr)
+
+
+def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, kubectl, e2e_namespace, tmp_path):
+    client: redis.Redis = installed["redis"]
+    name = "clickstream"
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology_manifest(name)))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    kubectl("get", "topo", "-n", e2e_namespace)
+    assert len(worker_pods(kubectl, e2e_namespace, name)) == 2
+    time.sleep(6)  # a window of metrics before the first decision
+
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("nodes") == 3 and (s.get("lastScaling") or {}).get("toNodes") == 3, 240, "scale-out to 3",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    assert out["lastScaling"]["direction"] == "out" and out["lastScaling"]["pauseMs"] is not None
+    assert len(worker_pods(kubectl, e2e_namespace, name)) == 3
+    kubectl("get", "topo", "-n", e2e_namespace)
+
+    kubectl("scale", "topo", name, "-n", e2e_namespace, "--replicas=2")
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("nodes") == 2 and (s.get("lastScaling") or {}).get("toNodes") == 2, 240, "scale-in to 2",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    removed = out["lastScaling"]["plan"]["removed_nodes"]
+    pods = worker_pods(kubectl, e2e_namespace, name)
+    deadline = time.monotonic() + 60
+    while len(pods) != 2 and time.monotonic() < deadline:
+        time.sleep(1)
+        pods = worker_pods(kubectl, e2e_namespace, name)
+    assert pods == sorted(f"{name}-{n}" for n in out["lastScaling"]["plan"]["schedule"]["nodes"])
+    assert all(f"{name}-{node}" not in pods for node in removed)  # exactly the nodes ETPSum chose went
+    described = kubectl("describe", "topo", name, "-n", e2e_namespace).stdout
+    assert "ScalingPlanned" in described and "Scaled" in described
+
+    # every event exactly once at the sinks (they commit with each checkpoint)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        out_ids = sink_ids(client, e2e_namespace, name, "out")
+        if sum(out_ids.values()) >= EVENTS:
+            break
+        time.sleep(2)
+    time.sleep(5)  # anything beyond (a duplicate) would arrive now
+    out_ids = sink_ids(client, e2e_namespace, name, "out")
+    assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
+        f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
+    )
+    audit = client.xrange(f"elastream:{e2e_namespace}/{name}:sink:audit", "-", "+")
+    counts: dict[str, list[int]] = {}
+    for _, fields in audit:
+        counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
+    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
+    assert sum(len(v) for v in counts.values()) == EVENTS
+
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+    deadline = time.monotonic() + 60
+    while worker_pods(kubectl, e2e_namespace, name) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert worker_pods(kubectl, e2e_namespace, name) == []
+    assert list(client.scan_iter(match=f"elastream:{e2e_namespace}/{name}:*")) == []
+
+
+def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, kubectl, e2e_namespace, tmp_path):
+    client: redis.Redis = installed["redis"]
+    name = "resilient"
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology_manifest(name)))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    time.sleep(6)
+    kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--wait=false")
+    out = wait_status(kubectl, e2e_namespace, name, lambda s: (s.get("lastRecovery") or {}).get("outcome"), 120,
+                      "a recovery after the deleted pod")  # fmt: skip
+    assert out["lastRecovery"]["outcome"] == "succeeded", out["lastRecovery"]
+    assert out["lastRecovery"]["nodes"] == ["node-1"]
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
+
+    # restart the operator while a scale-out is under way: the new one finishes or aborts it
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
+    time.sleep(1.0)
+    kubectl("delete", "pod", "-n", SYSTEM, "-l", "app.kubernetes.io/component=operator", "--wait=false")
+    wait_status(kubectl, e2e_namespace, name, lambda s: s.get("nodes") == 3 and s.get("readyNodes") == 3, 300,
+                "three ready nodes after the operator restart")  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and sum(sink_ids(client, e2e_namespace, name, "out").values()) < EVENTS:
+        time.sleep(2)
+    time.sleep(5)
+    out_ids = sink_ids(client, e2e_namespace, name, "out")
+    assert set(out_ids) == set(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost"
+    assert max(out_ids.values()) == 1, f"{sum((out_ids - Counter(range(EVENTS))).values())} delivered twice"
