@@ -142,6 +142,20 @@ def test_invalid_manifests_are_refused_with_the_schema_or_cel_message(installed,
         result = kubectl("apply", "-n", e2e_namespace, "-f", str(path), check=False)
         assert result.returncode != 0, label
         assert expected in result.stderr, (label, result.stderr)
+    # what the API server cannot check (slots for the executors) becomes Degraded/InvalidSpec and an event
+    # naming the field; deleting it is not held up by the finalizer
+    doc = topology_manifest("too-small", nodes=1)
+    doc["spec"]["slotsPerNode"] = 2
+    path = tmp_path / "too-small.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Degraded", "topo/too-small", "-n", e2e_namespace, "--timeout=60s")
+    out = status(kubectl, e2e_namespace, "too-small")
+    degraded = next(c for c in out["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec" and "spec.slotsPerNode" in degraded["message"], degraded
+    assert out["phase"] == "Failed"
+    assert "InvalidSpec" in kubectl("describe", "topo", "too-small", "-n", e2e_namespace).stdout
+    kubectl("delete", "topo", "too-small", "-n", e2e_namespace, "--timeout=60s")
 
 
 def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, kubectl, e2e_namespace, tmp_path):
