@@ -467,12 +467,30 @@ def jvm_heap_limit(pid: int) -> str:
     return "?"
 
 
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
 def children_rss_kib(pid: int) -> int:
     total = 0
     for child in descendants(pid):
         with contextlib.suppress(OSError):
             total += proc_status(child).get("VmRSS", 0)
     return total
+
+
+def children_names(pid: int) -> str:
+    """The operator's child processes by name, e.g. 'java, python3 x2' (the JVM and any PySpark workers)."""
+    names: dict[str, int] = {}
+    for child in descendants(pid):
+        name = comm(child)
+        if name:
+            names[name] = names.get(name, 0) + 1
+    return ", ".join(f"{n}" + (f" x{c}" if c > 1 else "") for n, c in sorted(names.items()))
 
 
 def worker_pids() -> list[int]:
@@ -516,6 +534,9 @@ def wait_quiet_jvm(op: Operator, timeout_s: float) -> float:
     hz = os.sysconf("SC_CLK_TCK")
     while time.monotonic() - started < timeout_s:
         pids = descendants(op.pid)
+        if not any(comm(p) == "java" for p in pids):  # the first topology starts the session: not up yet
+            time.sleep(1.0)
+            continue
         before = cpu_ticks(pids)
         time.sleep(3.0)
         if (cpu_ticks(pids) - before) / hz / 3.0 < 0.10:
@@ -542,6 +563,7 @@ def sample_memory(op: Operator, samples: int = 5) -> dict[str, Any]:
         "heapMiB": None if heap is None else heap["blocks"] / 2**20,
         "arenasMiB": None if heap is None else heap["arenas"] / 2**20,
         "xmx": jvm_heap_limit(op.pid),
+        "children": children_names(op.pid),
     }
 
 
@@ -783,9 +805,10 @@ def report(
         "(anonymous memory: the Python heap, malloc, thread stacks) of the operator's Python process come from",
         "`/proc/<pid>/status`. pymalloc is the bytes in pymalloc's allocated blocks (Python objects up to 512",
         "bytes; in parentheses the arenas holding them), printed by `sys._debugmallocstats()` on SIGUSR1. The",
-        "launcher adds that handler; otherwise the process is `elastream operator`. The Spark JVM (the",
-        "operator's child processes: the driver, `local[*]`) is given separately, but a pod's container holds",
-        "both. Sizes in MiB.",
+        "launcher adds that handler; otherwise the process is `elastream operator`. The Spark JVM column is the",
+        "RSS of the operator's child processes (the Spark driver, `local[*]`; at the last point:"
+        f" {mem[-1].get('children') or '-'}). It is given separately, but a pod's container holds both. Sizes"
+        " in MiB.",
         "",
         "| topologies | operator RSS (min-max) | RssAnon | pymalloc (arenas) | threads | peak RSS "
         "| Spark JVM RSS | operator + JVM | CPU per worker |",
