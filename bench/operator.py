@@ -657,7 +657,7 @@ def report(
         "# Operator benchmark",
         "",
         f"Produced by `nice -n 5 {command}` in {took:.0f} s on a shared {platform.machine()} machine with",
-        f"{os.cpu_count()} cores and {info['memory']} of memory. Other jobs ran beside it, so single runs vary by",
+        f"{os.cpu_count()} cores and {info['memory']} of memory. Other jobs may run beside it, so single runs vary by",
         "tens of percent: the tables give every run, medians and ranges, and nothing was re-run to pick a good",
         f"result. Kubernetes {info['kubernetes']} (etcd, kube-apiserver, kube-controller-manager from",
         "`scripts/k8s-tools.sh`, as in the e2e tier), worker pods run as local processes by the e2e kubelet",
@@ -851,6 +851,13 @@ def report(
     ]
     if steps:
         lines += ["", f"Operator RSS added per topology between the measured points: {'; '.join(steps)}."]
+    rss = fit(mem, "rssMiB")
+    if rss is not None:
+        lines.append(
+            f"At that rate 100 topologies would take about {rss[1] + 100 * rss[0]:.0f} MiB of operator RSS, plus the"
+            " Spark JVM. The JVM's RSS follows its heap and garbage collector (heap limit -Xmx"
+            f"{mem[-1].get('xmx', '?')}), not the number of topologies: its line is not a per-topology cost."
+        )
     if BATCHES:
         lines += [
             "",
@@ -860,13 +867,6 @@ def report(
             " topology's status refresh every 2 s) in one thread pool of min(32, cores + 4) ="
             f" {min(32, (os.cpu_count() or 1) + 4)} threads.",
         ]
-    rss = fit(mem, "rssMiB")
-    if rss is not None:
-        lines.append(
-            f"At that rate 100 topologies would take about {rss[1] + 100 * rss[0]:.0f} MiB of operator RSS, plus the"
-            " Spark JVM. The JVM's RSS follows its heap and garbage collector (heap limit -Xmx"
-            f"{mem[-1].get('xmx', '?')}), not the number of topologies: its line is not a per-topology cost."
-        )
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "operator.md"), "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
