@@ -99,14 +99,10 @@ class Registry:
         return _parse_schedule(self.client.get(f"{self.prefix}schedule:{version}"))
 
     def mark_staged(self, version: int, node: str) -> None:
-        key = f"{self.prefix}staged:{version}"
-        pipe = self.client.pipeline(transaction=False)
-        pipe.sadd(key, node)
-        pipe.expire(key, VERSIONED_TTL_S)
-        pipe.execute()
+        self._add_node(f"staged:{version}", node)
 
     def staged_nodes(self, version: int) -> set[str]:
-        return {text(n) for n in self.client.smembers(f"{self.prefix}staged:{version}")}
+        return self._nodes(f"staged:{version}")
 
     def register_endpoints(self, version: int, endpoints: Mapping[str, str]) -> None:
         key = f"{self.prefix}endpoints:{version}"
@@ -121,14 +117,21 @@ class Registry:
         return {text(k): text(v) for k, v in raw.items()}
 
     def mark_ready(self, version: int, node: str) -> None:
-        key = f"{self.prefix}ready:{version}"
+        self._add_node(f"ready:{version}", node)
+
+    def ready_nodes(self, version: int) -> set[str]:
+        return self._nodes(f"ready:{version}")
+
+    def _add_node(self, name: str, node: str) -> None:
+        """Add `node` to the versioned node set `name` (it expires with the version's other keys)."""
+        key = f"{self.prefix}{name}"
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(key, node)
         pipe.expire(key, VERSIONED_TTL_S)
         pipe.execute()
 
-    def ready_nodes(self, version: int) -> set[str]:
-        return {text(n) for n in self.client.smembers(f"{self.prefix}ready:{version}")}
+    def _nodes(self, name: str) -> set[str]:
+        return {text(n) for n in self.client.smembers(f"{self.prefix}{name}")}
 
     def register_worker(self, node: str, info: Mapping[str, Any]) -> None:
         self.client.hset(f"{self.prefix}workers", node, json.dumps(dict(info)))
