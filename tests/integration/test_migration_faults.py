@@ -130,9 +130,13 @@ def test_a_worker_killed_during_capture_before_any_checkpoint_aborts_and_goes_on
         assert report.phases_ms["captureMs"] is not None and report.phases_ms["rebalanceMs"] is None
         assert cluster.current_schedule() == old  # nothing was applied
         assert cluster.workers[victim].process.poll() is None  # restarted under the old schedule
+        # The abort returned once the new process was ready, not on the killed one's stale ready mark.
+        assert cluster.registry.workers()[victim]["pid"] == cluster.workers[victim].process.pid
         sink = f"{topology.redis_prefix}sink:sink"
         before = int(cluster.client.xlen(sink))
-        time.sleep(3.0)
+        deadline = time.monotonic() + 20.0
+        while int(cluster.client.xlen(sink)) <= before and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert int(cluster.client.xlen(sink)) > before  # the old schedule goes on, every node running
         # What the killed process held (its queues, its executors' state) is gone: with no periodic
         # checkpoint taken yet nothing can bring it back, and the abort says so. With one, the topology

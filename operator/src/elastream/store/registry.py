@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -121,6 +121,12 @@ class Registry:
 
     def ready_nodes(self, version: int) -> set[str]:
         return self._nodes(f"ready:{version}")
+
+    def unmark_ready(self, version: int, nodes: Sequence[str]) -> None:
+        """Forget that `nodes` were ready under `version`: their workers are being restarted, and waiting
+        for readiness must wait for the new processes, not return on the dead ones' old marks."""
+        if nodes:
+            self.client.srem(f"{self.prefix}ready:{version}", *nodes)
 
     def _add_node(self, name: str, node: str) -> None:
         """Add `node` to the versioned node set `name` (it expires with the version's other keys)."""

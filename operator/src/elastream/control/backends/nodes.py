@@ -148,6 +148,7 @@ class NodeBackend:
 
     def restart_nodes(self, nodes: Sequence[str]) -> None:
         self.stop_nodes(nodes)
+        self.registry.unmark_ready(self.version, nodes)
         for node in nodes:
             log.warning("restarting the worker of %s under schedule version %d", node, self.version)
             self.spawn(node)
