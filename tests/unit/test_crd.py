@@ -184,10 +184,19 @@ def test_defaults_are_the_parsers(schema: dict[str, Any]) -> None:
         "spec.scaling.window": scaling.window,
         "spec.scaling.checkpointIntervalSeconds": scaling.checkpoint_interval_s,
         "spec.scaling.auto": {},
-        "spec.scaling.auto.enabled": scaling.auto_enabled,
-        "spec.scaling.auto.minNodes": scaling.min_nodes,
-        "spec.scaling.auto.maxNodes": scaling.max_nodes,
-        "spec.scaling.auto.policy": scaling.policy,
+        "spec.scaling.auto.enabled": scaling.auto.enabled,
+        "spec.scaling.auto.minNodes": scaling.auto.min_nodes,
+        "spec.scaling.auto.maxNodes": scaling.auto.max_nodes,
+        "spec.scaling.auto.policy": scaling.auto.policy,
+        "spec.scaling.auto.combine": scaling.auto.combine,
+        "spec.scaling.auto.stabilizationSeconds": scaling.auto.stabilization_s,
+        "spec.scaling.auto.execute": scaling.auto.execute,
+        "spec.scaling.auto.thresholds": {},
+        "spec.scaling.auto.thresholds.thetaMin": scaling.auto.theta_min,
+        "spec.scaling.auto.thresholds.thetaMax": scaling.auto.theta_max,
+        "spec.scaling.auto.thresholds.capacity": scaling.auto.capacity_threshold,
+        "spec.scaling.auto.thresholds.high": scaling.auto.high_threshold,
+        "spec.scaling.auto.thresholds.low": scaling.auto.low_threshold,
     }
 
 
@@ -207,6 +216,7 @@ def test_enums_are_the_parsers(schema: dict[str, Any]) -> None:
         "spec.scaling.strategy": topology.STRATEGIES,
         "spec.scaling.migration": topology.MIGRATIONS,
         "spec.scaling.auto.policy": topology.AUTOSCALE_POLICIES,
+        "spec.scaling.auto.combine": topology.AUTOSCALE_COMBINES,
         "status.phase": ("Pending", "Running", "Scaling", "Degraded", "Failed"),
         "status.conditions[].status": ("True", "False", "Unknown"),
     }

@@ -115,11 +115,51 @@ def test_scale_in_removes_lowest_etp_sum_node() -> None:
     assert receivers[0] == "node-0"  # increasing ETPSum order
 
 
-def test_scale_in_that_cannot_fit_says_how_to_fix_it() -> None:
+def test_scale_in_that_does_not_fit_lowers_the_cheapest_vertices_first() -> None:
+    # 8 executors, 1 node × 4 slots. Needs from the snapshot: b 8 (2000/s offered, 250/s per executor),
+    # the others 1. s and a feed only the congested b (ETP 0) and go first (a, later in the order, before
+    # s), then z (ETP 1); b is still 2 > 4 - 3 slots left, so it goes below its need, with a warning.
     topology = pipeline(nodes=2, slotsPerNode=4)
     schedule, snap = simulated(topology)
-    with pytest.raises(PlanningError, match=r"raise spec.slotsPerNode to 8"):
+    plan = make_plan(topology, schedule, snap, 1)
+    assert plan.direction == "in" and plan.to_nodes == 1
+    assert plan.parallelism == {"s": 1, "a": 1, "b": 1, "z": 1}
+    lowered = [step for step in plan.steps if "lowered" in step]
+    assert [step["lowered"] for step in lowered] == ["s", "a", "b", "z"]  # one step per vertex, in order
+    by_vertex = {step["lowered"]: step for step in lowered}
+    assert by_vertex["b"]["need"] == 8 and "below the 8 executors" in by_vertex["b"]["warning"]
+    assert "warning" not in by_vertex["a"] and by_vertex["a"]["need"] == 1
+
+
+def test_scale_in_keeps_what_the_input_needs_when_it_fits() -> None:
+    topology = pipeline(nodes=2, slotsPerNode=6)  # 8 executors, 1 node × 6 slots: two must go
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 1)
+    assert plan.parallelism == {"s": 1, "a": 1, "b": 2, "z": 2}  # ETP 0 first; b never below need here
+    assert all("warning" not in step for step in plan.steps if "lowered" in step)
+
+
+def test_scale_in_below_one_executor_per_vertex_says_how_to_fix_it() -> None:
+    topology = pipeline(nodes=4, slotsPerNode=3)
+    schedule, snap = simulated(topology)
+    with pytest.raises(PlanningError, match=r"4 vertices need one executor each but 3 slots remain"):
         make_plan(topology, schedule, snap, 1)
+
+
+def test_requested_parallelism_shrinks_grows_and_keeps_executors_in_place() -> None:
+    topology = pipeline(nodes=2, slotsPerNode=4)
+    schedule, snap = simulated(topology)
+    plan = make_plan(topology, schedule, snap, 3, parallelism={"a": 1, "b": 5})
+    assert plan.parallelism == {"s": 2, "a": 1, "b": 5, "z": 2}
+    assert plan.to_nodes == 3 and plan.moves == []  # kept executors stay where they were
+    assert "a#1" not in plan.new_schedule.assignment  # the highest index goes
+    assert sorted(e for e, _ in plan.new_executors) == ["b#2", "b#3", "b#4"]
+    assert plan.new_schedule.node_of("b#2") == "node-2"  # growth fills the emptiest (new) node first
+    same_nodes = make_plan(topology, schedule, snap, 2, parallelism={"a": 1})
+    assert same_nodes.direction == "in" and same_nodes.parallelism["a"] == 1 and same_nodes.to_nodes == 2
+    assert same_nodes.moves == [] and same_nodes.new_executors == []
+    with pytest.raises(PlanningError, match=r"parallelism of b: 0 is outside"):
+        make_plan(topology, schedule, snap, 2, parallelism={"b": 0})
 
 
 def test_round_robin_keeps_parallelism_and_reassigns_everything() -> None:

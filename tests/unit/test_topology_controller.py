@@ -307,3 +307,94 @@ def test_close_stops_background_work_then_workers_then_the_archive_even_if_one_s
         "workers stopped",
         "archive stopped",
     ]
+
+
+# ---- the autoscaler in the controller -------------------------------------------------------------------------
+
+
+class WindowedMetrics(SimulatedMetrics):
+    """The simulator's snapshot as a full window ending now (the controller's clock)."""
+
+    def __init__(self, topology, backend: FakeBackend, clock: FakeClock) -> None:
+        super().__init__(topology, backend)
+        self.clock = clock
+        self.analysed = 0
+
+    def analyse(self, window: int):
+        from elastream.core.metrics import Analysis
+
+        self.analysed += 1
+        end = self.clock.t
+        return Analysis(self.snapshot(window), {}, {}, {}, end - window, end, 100)
+
+
+def autoscaled(nodes: int = 2, **auto):
+    topology, backend, migrator, events, status, requests, controller = setup()
+    spec = {"enabled": True, "stabilizationSeconds": 30, **auto}
+    document = manifest(
+        [src("s", 2, rate=4000), work("parse", 2, costMs=2), sink("z", 1, costMs=0.05)],
+        [edge("s", "parse"), edge("parse", "z")],
+        nodes=nodes,
+        slotsPerNode=6,
+        scaling={"auto": spec},
+    )
+    controller.topology = parse_manifest(document)
+    controller.metrics = WindowedMetrics(controller.topology, backend, controller.clock)
+    controller.start()
+    return backend, migrator, events, status, controller
+
+
+def test_autoscale_scales_the_critical_vertex_out_by_eq_11_and_publishes_why() -> None:
+    # parse: 2 executors × 500/s against 4000/s offered: LAL 4, critical -> ⌈2 × 4⌉ = 8 executors; the
+    # source (no cost) is low -> 1; z gets parse's estimated output at its new degree and stays at 1.
+    backend, migrator, events, status, controller = autoscaled()
+    record = controller.tick()
+    assert record is not None and record.outcome == "succeeded" and record.trigger == "autoscaler"
+    assert migrator.applied[-1].parallelism() == {"s": 1, "parse": 8, "z": 1}
+    assert len(migrator.applied[-1].nodes) == 2  # 10 executors fit 2 nodes × 6 slots
+    evaluation = status.fields["autoscaler"][-1]
+    assert evaluation["decision"] == "scale-out" and evaluation["execute"] is True
+    assert evaluation["vertices"]["parse"]["activity"] == "critical"
+    assert evaluation["vertices"]["parse"]["lal"] == pytest.approx(4.0)
+    assert [e[0] for e in events.events if e[0].startswith("Autoscaler")] == ["AutoscalerDecided"]
+    assert status.fields["lastScaling"][-1]["trigger"] == "autoscaler"
+
+
+def test_autoscale_holds_after_a_change_until_it_settled_and_stabilized() -> None:
+    backend, migrator, events, status, controller = autoscaled()
+    controller.tick()
+    applied = len(migrator.applied)
+    controller.clock.t += 5.0
+    controller.tick()
+    evaluation = status.fields["autoscaler"][-1]
+    assert evaluation["decision"] in ("hold", "none")
+    assert len(migrator.applied) == applied
+    assert controller.autoscaler.settled_at is None  # the catch-up was not measured yet
+
+
+def test_execute_false_only_recommends() -> None:
+    backend, migrator, events, status, controller = autoscaled(execute=False)
+    assert controller.tick() is None
+    assert migrator.applied == []
+    evaluation = status.fields["autoscaler"][-1]
+    assert evaluation["decision"] == "scale-out" and evaluation["execute"] is False
+    assert evaluation["parallelism"]["parse"] == 8
+    assert [e[0] for e in events.events if e[0].startswith("Autoscaler")] == ["AutoscalerRecommends"]
+
+
+def test_autoscale_stays_within_max_nodes() -> None:
+    # maxNodes 1: 6 slots; parse wanted 8 but only 4 fit beside s and z
+    backend, migrator, events, status, controller = autoscaled(nodes=1, maxNodes=1)
+    record = controller.tick()
+    assert record is not None
+    assert migrator.applied[-1].parallelism() == {"s": 1, "parse": 4, "z": 1}
+    assert migrator.applied[-1].nodes == ("node-0",)
+    assert "bounded to 1 nodes" in status.fields["autoscaler"][-1]["reason"]
+
+
+def test_autoscale_disabled_never_analyses() -> None:
+    topology, backend, migrator, events, status, requests, controller = setup()
+    controller.metrics = WindowedMetrics(topology, backend, controller.clock)
+    controller.start()
+    controller.tick()
+    assert controller.metrics.analysed == 0 and "autoscaler" not in status.fields

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import redis
 from elastream.control.monitor import LiveRates
 from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.scaling import PrintEvents, ScalingRecord
+from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (
     Backend,
@@ -69,6 +70,13 @@ class TopologyController:
     recovery_timeout_s: float = 60.0
     last_scaling: ScalingRecord | None = None
     last_recovery: dict[str, Any] | None = None
+    #: what the autoscaler remembers (last change, whether it settled, votes, capacity history)
+    autoscaler: AutoscalerState = field(default_factory=AutoscalerState)
+    last_evaluation: Recommendation | None = None
+    #: seconds between autoscaler evaluations (None: two metric intervals)
+    evaluation_period_s: float | None = None
+    #: told the new node count after an automatic change (the operator writes it to spec.nodes)
+    on_nodes_changed: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
         self.live = LiveRates(self.topology, stale_s=3 * self.interval_s)
@@ -77,6 +85,7 @@ class TopologyController:
         )
         self._since: float | None = None
         self._started: list[Background] = []
+        self._evaluated_at: float | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -131,6 +140,8 @@ class TopologyController:
         nodes = self.requests.take()
         if nodes is not None:
             record = self.scale_to(nodes)
+        elif self.topology.scaling.auto.enabled:
+            record = self.autoscale()
         samples = self.feed.read_since(self._since)
         if samples:
             self._since = max(s.ts for s in samples) + 0.001
@@ -168,9 +179,9 @@ class TopologyController:
 
     # -------------------------------------------------------------------------------------------- scaling
 
-    def plan(self, nodes: int) -> tuple[Plan, float]:
-        """Analyse the current window and plan a move to `nodes` with the spec's strategy; also returns the
-        sinks' throughput in that window."""
+    def plan(self, nodes: int, parallelism: Mapping[str, int] | None = None) -> tuple[Plan, float]:
+        """Analyse the current window and plan a move to `nodes` with the spec's strategy (or to the vertex
+        degrees in `parallelism`); also returns the sinks' throughput in that window."""
         snapshot = self.metrics.snapshot(self.topology.scaling.window)
         throughput = sum(snapshot.vertices[s].processing_rate for s in self.topology.sinks)
         plan = make_plan(
@@ -180,23 +191,33 @@ class TopologyController:
             nodes,
             self.topology.scaling.strategy,
             self.topology.scaling.congestion_rate,
+            parallelism=parallelism,
         )
         return plan, throughput
 
-    def scale_to(self, nodes: int) -> ScalingRecord:
+    def scale_to(
+        self, nodes: int, parallelism: Mapping[str, int] | None = None, trigger: str = "request"
+    ) -> ScalingRecord:
         """Analyse, plan, migrate; the record is published as `lastScaling` and, once measured, again with
-        catch-up and stabilization."""
-        record = self._scale(nodes)
+        catch-up and stabilization. `parallelism`: vertex degrees to move to (the autoscaler's, the spec's);
+        `trigger` says who asked (request | autoscaler | spec)."""
+        record = self._scale(nodes, parallelism)
+        record.trigger = trigger
         status = record.to_status()
         status["requestedNodes"] = nodes
+        if parallelism is not None:
+            status["requestedParallelism"] = dict(parallelism)
         if record.outcome == "succeeded":
-            self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+            now = self.clock.now()
+            self.metrics.not_before = now + SETTLE_INTERVALS * self.interval_s
+            self.autoscaler = self.autoscaler.changed(now, record.direction)
             self.follow_up.follow(status, record.started_at, self._recovered)
         self.last_scaling = record
         self.status.publish("lastScaling", status)
         return record
 
     def _recovered(self, status: dict[str, Any]) -> None:
+        self.autoscaler = self.autoscaler.settled(self.clock.now())
         catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
         self.events.emit(
             "RecoveryMeasured",
@@ -206,13 +227,13 @@ class TopologyController:
             self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)
         self.status.publish("lastScaling", status)
 
-    def _scale(self, nodes: int) -> ScalingRecord:
+    def _scale(self, nodes: int, parallelism: Mapping[str, int] | None = None) -> ScalingRecord:
         started = self.clock.now()
         current = len(self.backend.current_schedule().nodes)
         scaling = self.topology.scaling
         record = ScalingRecord("none", current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
         try:
-            plan, before = self.plan(nodes)
+            plan, before = self.plan(nodes, parallelism)
         except PlanningError as exc:
             record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
             self.events.emit("ScalingRejected", str(exc), warning=True)
@@ -226,12 +247,14 @@ class TopologyController:
             record.outcome, record.finished_at = "unchanged", self.clock.now()
             return record
         predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.0f}/s"
+        changed = plan.parallelism_changes
         self.events.emit(
             "ScalingPlanned",
             f"scale {plan.direction} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}: "
             f"{len(plan.new_executors)} new executors{_listed([e for e, _ in plan.new_executors])}, "
             f"{len(plan.moves)} moves, "
-            f"throughput {before:.0f}/s now, {predicted} predicted",
+            + (f"parallelism {_listed([f'{v} {a}->{b}' for v, (a, b) in changed.items()])[2:-1]}, " if changed else "")
+            + f"throughput {before:.0f}/s now, {predicted} predicted",
         )
         try:
             report = self.migrator.migrate(plan.new_schedule)
@@ -246,6 +269,8 @@ class TopologyController:
             self.events.emit("ScalingFailed", record.reason, warning=True)
             return record
         record.outcome = "succeeded"
+        if plan.to_nodes != self.topology.nodes:
+            self.topology = self.topology.with_nodes(plan.to_nodes)
         pause = report.pause_ms
         self.events.emit(
             "Scaled",
@@ -253,6 +278,53 @@ class TopologyController:
             + (f", sources paused {pause:.0f} ms" if pause is not None else "")
             + ")",
         )
+        return record
+
+    # ------------------------------------------------------------------------------------------- autoscaling
+
+    def autoscale(self) -> ScalingRecord | None:
+        """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaler`),
+        publish the evaluation as `autoscaler`, and carry out a scale-out/scale-in (unless `execute: false`,
+        which only recommends). Returns the scaling's record when one ran."""
+        now = self.clock.now()
+        period = self.evaluation_period_s or 2 * self.interval_s
+        if self._evaluated_at is not None and now - self._evaluated_at < period:
+            return None
+        self._evaluated_at = now
+        window = self.topology.scaling.window
+        analysis = self.metrics.analyse(window)
+        if analysis.samples_used == 0:
+            return None
+        schedule = self.backend.current_schedule()
+        span = WindowInfo(
+            analysis.window_start,
+            analysis.window_end,
+            complete=analysis.window_end - analysis.window_start >= window * self.interval_s - 1e-6,
+        )
+        recommendation, self.autoscaler = recommend(
+            self.topology,
+            analysis.snapshot,
+            span,
+            schedule.parallelism(),
+            len(schedule.nodes),
+            self.autoscaler,
+            now,
+            period_s=period,
+            window_s=window * self.interval_s,
+        )
+        self.last_evaluation = recommendation
+        self.status.publish("autoscaler", recommendation.to_status())
+        if recommendation.action not in ("scale-out", "scale-in"):
+            return None
+        target = recommendation.target_nodes
+        message = f"{recommendation.action} to {target} nodes: {recommendation.reason}"
+        if not recommendation.execute:
+            self.events.emit("AutoscalerRecommends", f"{message} (execute: false, nothing changed)")
+            return None
+        self.events.emit("AutoscalerDecided", message)
+        record = self.scale_to(target, recommendation.parallelism, trigger="autoscaler")
+        if record.outcome == "succeeded" and self.on_nodes_changed is not None and record.to_nodes != record.from_nodes:
+            self.on_nodes_changed(record.to_nodes)
         return record
 
 

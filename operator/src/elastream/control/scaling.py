@@ -29,6 +29,8 @@ class ScalingRecord:
     report: dict[str, Any] = field(default_factory=dict)
     #: which engine analysed the window the plan came from (spark | python)
     analysis_engine: str | None = None
+    #: who asked: request (spec.nodes, `elastream scale`), autoscaler, spec (a vertex's parallelism)
+    trigger: str = "request"
 
     def to_status(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -53,6 +55,7 @@ class ScalingRecord:
             "restoredFrom": report.get("restoredFrom"),
             "pauseMs": report.get("pauseMs"),
             "analysisEngine": data["analysis_engine"],
+            "trigger": data["trigger"],
             "prepareMs": report.get("prepareMs"),
             "catchUpMs": report.get("catchUpMs"),
             "stabilizationMs": report.get("stabilizationMs"),

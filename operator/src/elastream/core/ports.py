@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from elastream.core.metrics import MetricSample, MetricSnapshot
+from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
 from elastream.core.migration import MigrationReport
 from elastream.core.schedule import Schedule
 
@@ -34,6 +34,10 @@ class MetricSource(Protocol):
 
     def snapshot(self, window: int) -> MetricSnapshot:
         """Analyse the last `window` metric intervals into a snapshot."""
+        ...
+
+    def analyse(self, window: int) -> Analysis:
+        """The same analysis with its window's span and how many samples it used (the autoscaler's input)."""
         ...
 
 

@@ -32,6 +32,8 @@ DEFAULT_WINDOW = 20
 STRATEGIES = ("stela", "round-robin", "least-link-load", "random")
 MIGRATIONS = ("ccr", "dcr", "restart")
 AUTOSCALE_POLICIES = ("autoscale", "rules")
+#: AUTOSCALE's `combine` of a vertex's own input estimate with its parents' estimated output
+AUTOSCALE_COMBINES = ("max", "min")
 #: the built-in operators of the runtime (`elastream.runtime.operators` implements exactly these)
 SOURCE_TYPES = ("synthetic", "redis-stream")
 LOGIC_BUILTINS = ("work", "filter", "count", "window")
@@ -99,6 +101,29 @@ class Stream:
 
 
 @dataclass(frozen=True)
+class AutoScalingSpec:
+    """`spec.scaling.auto`: the autoscaler's switch, policy, bounds, thresholds and pacing."""
+
+    enabled: bool = False
+    policy: str = "autoscale"
+    min_nodes: int = 1
+    max_nodes: int = 20
+    #: AUTOSCALE: activity thresholds θmin/θmax and how a child combines its parents' estimates
+    theta_min: float = 0.3
+    theta_max: float = 0.8
+    combine: str = "max"
+    #: rules (ARiSto): th_cc, th_e (None: slotsPerNode), th_high, th_low
+    capacity_threshold: float = 0.8
+    executors_per_node: int | None = None
+    high_threshold: float = 0.75
+    low_threshold: float = 0.25
+    #: seconds after a change before the next decision (ARiSto's warm-up)
+    stabilization_s: float = 30.0
+    #: False: recommend only (the decision goes to status and events, nothing changes)
+    execute: bool = True
+
+
+@dataclass(frozen=True)
 class ScalingSpec:
     strategy: str = "stela"
     migration: str = "ccr"
@@ -107,10 +132,7 @@ class ScalingSpec:
     #: seconds between periodic checkpoints (aligned barriers; what `restart` and a failed worker roll back
     #: to); 0 disables them
     checkpoint_interval_s: int = 10
-    auto_enabled: bool = False
-    min_nodes: int = 1
-    max_nodes: int = 20
-    policy: str = "autoscale"
+    auto: AutoScalingSpec = AutoScalingSpec()
 
 
 @dataclass(frozen=True)
@@ -563,27 +585,80 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
     checkpoint_interval = _int_field(
         raw, "checkpointIntervalSeconds", "spec.scaling.checkpointIntervalSeconds", problems, default=10, minimum=0
     )
-    auto = raw.get("auto") or {}
-    if not isinstance(auto, Mapping):
-        problems.append("spec.scaling.auto: is not a mapping; write {enabled: true, minNodes: 1, maxNodes: 10}")
-        auto = {}
-    min_nodes = _int_field(auto, "minNodes", "spec.scaling.auto.minNodes", problems, default=1, minimum=1) or 1
-    max_nodes = _int_field(auto, "maxNodes", "spec.scaling.auto.maxNodes", problems, default=20, minimum=1) or 20
-    if max_nodes < min_nodes:
-        problems.append(f"spec.scaling.auto.maxNodes: {max_nodes} is below minNodes {min_nodes}; raise maxNodes")
-    policy = auto.get("policy", "autoscale")
-    if policy not in AUTOSCALE_POLICIES:
-        problems.append(f"spec.scaling.auto.policy: {policy!r} is unknown; use one of: {', '.join(AUTOSCALE_POLICIES)}")
     return ScalingSpec(
         strategy=str(strategy),
         migration=str(migration),
         congestion_rate=float(rate),
         window=window,
         checkpoint_interval_s=10 if checkpoint_interval is None else checkpoint_interval,
-        auto_enabled=bool(auto.get("enabled", False)),
+        auto=_parse_auto(raw.get("auto"), problems),
+    )
+
+
+def _parse_auto(raw: Any, problems: list[str]) -> AutoScalingSpec:
+    if raw is None:
+        return AutoScalingSpec()
+    if not isinstance(raw, Mapping):
+        problems.append("spec.scaling.auto: is not a mapping; write {enabled: true, minNodes: 1, maxNodes: 10}")
+        return AutoScalingSpec()
+    path = "spec.scaling.auto"
+    default = AutoScalingSpec()
+    min_nodes = _int_field(raw, "minNodes", f"{path}.minNodes", problems, default=1, minimum=1) or 1
+    max_nodes = _int_field(raw, "maxNodes", f"{path}.maxNodes", problems, default=20, minimum=1) or 20
+    if max_nodes < min_nodes:
+        problems.append(f"{path}.maxNodes: {max_nodes} is below minNodes {min_nodes}; raise maxNodes")
+    policy = raw.get("policy", default.policy)
+    if policy not in AUTOSCALE_POLICIES:
+        problems.append(f"{path}.policy: {policy!r} is unknown; use one of: {', '.join(AUTOSCALE_POLICIES)}")
+    combine = raw.get("combine", default.combine)
+    if combine not in AUTOSCALE_COMBINES:
+        problems.append(
+            f"{path}.combine: {combine!r} is unknown; use max (never short of capacity) or min (fewest resources)"
+        )
+    for flag in ("enabled", "execute"):
+        if flag in raw and not isinstance(raw[flag], bool):
+            problems.append(f"{path}.{flag}: {raw[flag]!r} is not a boolean; write true or false")
+    stabilization = raw.get("stabilizationSeconds", default.stabilization_s)
+    if not _number(stabilization) or stabilization < 0:
+        problems.append(f"{path}.stabilizationSeconds: {stabilization!r} must be a number of seconds ≥ 0 (e.g. 30)")
+        stabilization = default.stabilization_s
+    thresholds = raw.get("thresholds") or {}
+    if not isinstance(thresholds, Mapping):
+        problems.append(f"{path}.thresholds: is not a mapping; write {{thetaMin: 0.3, thetaMax: 0.8}}")
+        thresholds = {}
+
+    def share(key: str, fallback: float) -> float:
+        value = thresholds.get(key, fallback)
+        if not _number(value) or not 0.0 < value <= 1.0:
+            problems.append(f"{path}.thresholds.{key}: {value!r} must be a number in (0, 1]")
+            return fallback
+        return float(value)
+
+    theta_min, theta_max = share("thetaMin", default.theta_min), share("thetaMax", default.theta_max)
+    if theta_min >= theta_max:
+        problems.append(f"{path}.thresholds.thetaMin: {theta_min:g} is not below thetaMax {theta_max:g}; lower it")
+    low, high = share("low", default.low_threshold), share("high", default.high_threshold)
+    if low >= high:
+        problems.append(f"{path}.thresholds.low: {low:g} is not below high {high:g}; lower it")
+    per_node = None
+    if "executorsPerNode" in thresholds:
+        per_node = _int_field(
+            thresholds, "executorsPerNode", f"{path}.thresholds.executorsPerNode", problems, default=None, minimum=1
+        )
+    return AutoScalingSpec(
+        enabled=bool(raw.get("enabled", False)),
+        policy=str(policy),
         min_nodes=min_nodes,
         max_nodes=max_nodes,
-        policy=str(policy),
+        theta_min=theta_min,
+        theta_max=theta_max,
+        combine=str(combine),
+        capacity_threshold=share("capacity", default.capacity_threshold),
+        executors_per_node=per_node,
+        high_threshold=high,
+        low_threshold=low,
+        stabilization_s=float(stabilization),
+        execute=bool(raw.get("execute", True)),
     )
 
 

@@ -60,6 +60,12 @@ class Plan:
     def parallelism(self) -> dict[str, int]:
         return self.new_schedule.parallelism()
 
+    @property
+    def parallelism_changes(self) -> dict[str, tuple[int, int]]:
+        """vertex -> (old, new) degree, for the vertices whose degree changes."""
+        old, new = self.old_schedule.parallelism(), self.new_schedule.parallelism()
+        return {v: (old.get(v, 0), k) for v, k in new.items() if old.get(v, 0) != k}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,

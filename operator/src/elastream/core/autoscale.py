@@ -1,0 +1,297 @@
+"""AUTOSCALE's preventive auto-parallelization (Kotto Kombi et al., section IV), as pure functions.
+
+One evaluation takes the analysis of the last window (a `MetricSnapshot`) and the running parallelism, and
+returns, per vertex, the paper's numbers and a new parallelism degree:
+
+- the input forecast (eq. 2-3): the window's input rate moved along its least-squares trend by one
+  evaluation period (the regression over window j-1 evaluated at window j's timestamps, which are one period
+  later), times the window's duration, plus the items pending in the vertex's queues;
+- the capacity (eq. 4): items one executor processes per busy second (1/Lat: the vertex's true processing
+  rate over its executors) × window duration × degree,
+  and its estimate for the next window (eq. 5): capacity + ε;
+- LAL = EstimInput / EstimCapacity (eq. 6), the activity level by θmin/θmax;
+- the global pass (Algorithm 1, eq. 7-10): in topological order from the sources' children, a vertex with
+  a critical parent replaces its input estimate by combine(local, Σ parents' EstimOutput), GAL is that over
+  EstimCapacity (otherwise GAL = LAL);
+- the decision matrix (Table I) from GAL's activity and the sign of the input trend, and the new degree by
+  eq. 11, bounded by [1, maxParallelism].
+
+Where the paper is silent or ambiguous, this module chooses, and says so:
+
+- ε of eq. 5 is "the covariance between the capacity during F_{j-1} and the capacities observed during
+  previous iterations". Read as a regression like the input's: ε = cov(t, c) / var(t) × period, the
+  least-squares slope of the per-executor capacity over the previous evaluations, one period ahead (0 with
+  fewer than two). Per executor, so a parallelism change does not look like a capacity trend.
+- Eq. 8 confines a parent's estimated processing to its capacity. A critical parent is being scaled out in
+  the same evaluation, so its capacity is taken at its new degree; with its current one, a critical
+  parent's output could never exceed what the child already receives and the global pass would change
+  nothing.
+- Table I's "low activity" row is one merged cell: scale-in whatever the trend (the forecast already holds
+  the trend; a low vertex with increasing input is still over-provisioned for the next window).
+- A vertex whose processing rate was never measured (no busy time in the window) has no capacity: with no
+  input it is low (scale-in to 1), with input it is left alone ("unmeasured").
+- A vertex fed only through `global` streams gains nothing from more executors (everything goes to
+  executor 0): it is never scaled out (decision "nothing", reason "global input").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from elastream.core.metrics import MetricSnapshot, VertexMetrics, rates_from_snapshot
+from elastream.core.planner.stela import fed_only_by_global
+from elastream.core.topology import AUTOSCALE_COMBINES, Topology
+
+Activity = Literal["low", "medium", "high", "critical"]
+Decision = Literal["scale-in", "nothing", "scale-out"]
+Combine = Literal["max", "min"]
+COMBINES = AUTOSCALE_COMBINES
+
+#: AUTOSCALE's thresholds (Table II)
+DEFAULT_THETA_MIN = 0.3
+DEFAULT_THETA_MAX = 0.8
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings:
+    theta_min: float = DEFAULT_THETA_MIN
+    theta_max: float = DEFAULT_THETA_MAX
+    combine: Combine = "max"
+    #: seconds between evaluations: how far ahead the input and capacity forecasts look
+    period_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class VertexEvaluation:
+    """One vertex's numbers in one evaluation (the shape of `status.autoscaler.vertices[v]`)."""
+
+    vertex: str
+    parallelism: int
+    #: items expected in the next window: forecast arrivals plus pending (eq. 3); after the global pass
+    estim_input: float
+    #: items the vertex processes in a window at its current degree (eq. 4), None when never measured
+    capacity: float | None
+    estim_capacity: float | None
+    lal: float | None
+    gal: float | None
+    #: input trend, tuples/s per second (its sign picks Table I's column)
+    trend: float
+    activity: Activity | None
+    decision: Decision
+    target: int
+    reason: str = ""
+
+    def to_status(self) -> dict[str, object]:
+        return {
+            "parallelism": self.parallelism,
+            "target": self.target,
+            "lal": _rounded(self.lal),
+            "gal": _rounded(self.gal),
+            "trend": round(self.trend, 3),
+            "activity": self.activity,
+            "decision": self.decision,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class AutoscaleEvaluation:
+    vertices: Mapping[str, VertexEvaluation]
+    settings: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+
+    @property
+    def parallelism(self) -> dict[str, int]:
+        return {v: e.target for v, e in self.vertices.items()}
+
+    @property
+    def changes(self) -> dict[str, tuple[int, int]]:
+        return {v: (e.parallelism, e.target) for v, e in self.vertices.items() if e.target != e.parallelism}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+# ---- the formulas, one function each ------------------------------------------------------------------------
+
+
+def forecast_input(rate: float, trend: float, period_s: float, window_s: float, pending: float) -> float:
+    """Eq. 2-3: items expected in the next window. The regression line of the input rate over the last
+    window, evaluated one period later, summed over the window (rate × duration), plus the pending items."""
+    return max(0.0, rate + trend * period_s) * window_s + max(0.0, pending)
+
+
+def capacity(executor_rate: float, window_s: float, degree: int) -> float:
+    """Eq. 4: (1 / Lat) × Δ × deg, with 1/Lat the items one executor processes per busy second."""
+    return executor_rate * window_s * degree
+
+
+def capacity_trend(history: Sequence[tuple[float, float]]) -> float:
+    """The least-squares slope of (time, per-executor capacity rate) pairs: cov(t, c) / var(t); 0 with
+    fewer than two points or no spread in time."""
+    if len(history) < 2:
+        return 0.0
+    n = float(len(history))
+    mean_t = sum(t for t, _ in history) / n
+    mean_c = sum(c for _, c in history) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in history)
+    if var_t <= 0.0:
+        return 0.0
+    return sum((t - mean_t) * (c - mean_c) for t, c in history) / var_t
+
+
+def estim_capacity(current: float, epsilon: float) -> float:
+    """Eq. 5: the next window's capacity, never below zero."""
+    return max(0.0, current + epsilon)
+
+
+def activity_level(level: float, theta_min: float, theta_max: float) -> Activity:
+    """Section IV-C: ≤ θmin low, ≤ θmax medium, ≤ 1 high, above 1 critical."""
+    if level <= theta_min:
+        return "low"
+    if level <= theta_max:
+        return "medium"
+    if level <= 1.0:
+        return "high"
+    return "critical"
+
+
+def decide(activity: Activity, trend: float) -> Decision:
+    """Table I: the activity and whether the input is increasing (trend strictly positive)."""
+    increasing = trend > 0.0
+    if activity == "low":
+        return "scale-in"
+    if activity == "medium":
+        return "nothing"
+    if activity == "high":
+        return "scale-out" if increasing else "nothing"
+    return "scale-out"
+
+
+def new_degree(current: int, gal: float, activity: Activity, max_parallelism: int) -> int:
+    """Eq. 11: high activity adds one executor; otherwise ⌈deg × GAL⌉; within [1, maxParallelism]."""
+    # round: 2 × 0.5 must give 1, not 2 from 1.0000000002
+    wanted = current + 1 if activity == "high" else math.ceil(round(current * gal, 9))
+    return max(1, min(max_parallelism, wanted))
+
+
+def estim_output(estim_input: float, capacity_items: float, selectivity: float) -> float:
+    """Eq. 8-9: min(EstimInput, Capacity) × SF."""
+    return min(estim_input, capacity_items) * selectivity
+
+
+def combine_estimates(local: float, parents: float, how: Combine) -> float:
+    return max(local, parents) if how == "max" else min(local, parents)
+
+
+# ---- one evaluation ----------------------------------------------------------------------------------------
+
+
+def evaluate(
+    topology: Topology,
+    snapshot: MetricSnapshot,
+    parallelism: Mapping[str, int],
+    window_s: float,
+    settings: AutoscaleSettings | None = None,
+    capacity_history: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+) -> AutoscaleEvaluation:
+    """Evaluate every vertex (local pass, then Algorithm 1's global pass) and decide its new degree."""
+    settings = settings or AutoscaleSettings()
+    history = capacity_history or {}
+    global_only = fed_only_by_global(topology)
+    # input rates that see through back-pressure: a vertex behind a bottleneck is offered what the
+    # bottleneck would pass on, not what it lets through (see `demand_input_rates`)
+    inputs = rates_from_snapshot(topology, snapshot).input
+    local: dict[str, _Local] = {}
+    for v in topology.order:
+        metrics = snapshot.vertices[v]
+        local[v] = _local(metrics, inputs[v], parallelism[v], window_s, settings, history.get(v, ()))
+    result: dict[str, VertexEvaluation] = {}
+    output: dict[str, float] = {}
+    for v in topology.order:
+        vertex = topology.vertices[v]
+        mine = local[v]
+        degree = parallelism[v]
+        estimate = mine.estim_input
+        parents = topology.parents(v)
+        reason = "local activity"
+        if parents and any(result[p].activity == "critical" for p in parents):
+            from_parents = sum(output[p] for p in parents)
+            estimate = combine_estimates(mine.estim_input, from_parents, settings.combine)
+            reason = f"a critical parent: {settings.combine}(local {mine.estim_input:.0f}, parents {from_parents:.0f})"
+        if mine.estim_capacity is None or mine.executor_rate is None:
+            gal = None if estimate > 0.0 else 0.0
+            activity: Activity | None = None if gal is None else "low"
+        else:
+            gal = estimate / mine.estim_capacity if mine.estim_capacity > 0.0 else math.inf
+            activity = activity_level(gal, settings.theta_min, settings.theta_max)
+        if activity is None or gal is None:
+            decision: Decision = "nothing"
+            target = degree
+            reason = "unmeasured: input but no busy time in the window"
+        else:
+            decision = decide(activity, mine.trend)
+            target = degree if decision == "nothing" else new_degree(degree, gal, activity, vertex.max_parallelism)
+            if decision == "scale-out" and v in global_only:
+                decision, target, reason = "nothing", degree, "global input: another executor would get nothing"
+            elif decision == "scale-out" and target <= degree:
+                decision, target = "nothing", degree  # already at maxParallelism
+                reason = f"at maxParallelism {vertex.max_parallelism}"
+        result[v] = VertexEvaluation(
+            vertex=v,
+            parallelism=degree,
+            estim_input=estimate,
+            capacity=mine.capacity,
+            estim_capacity=mine.estim_capacity,
+            lal=mine.lal,
+            gal=gal,
+            trend=mine.trend,
+            activity=activity,
+            decision=decision,
+            target=target,
+            reason=reason,
+        )
+        # eq. 8-9 with the capacity at the degree just decided (see the module docstring)
+        if mine.executor_rate is None:
+            output[v] = estimate * mine.selectivity
+        else:
+            output[v] = estim_output(estimate, capacity(mine.executor_rate, window_s, target), mine.selectivity)
+    return AutoscaleEvaluation(result, settings)
+
+
+@dataclass(frozen=True)
+class _Local:
+    estim_input: float
+    executor_rate: float | None
+    capacity: float | None
+    estim_capacity: float | None
+    lal: float | None
+    trend: float
+    selectivity: float
+
+
+def _local(
+    metrics: VertexMetrics,
+    rate: float,
+    degree: int,
+    window_s: float,
+    settings: AutoscaleSettings,
+    history: Sequence[tuple[float, float]],
+) -> _Local:
+    trend = metrics.input_trend or 0.0
+    pending = metrics.queue_length or 0.0
+    estim_input = forecast_input(rate, trend, settings.period_s, window_s, pending)
+    selectivity = metrics.emit_rate / metrics.processing_rate if metrics.processing_rate > 0.0 else 1.0
+    # the true processing rate is the vertex's with all its executors busy: one executor does 1/k of it
+    total = metrics.true_processing_rate
+    executor_rate = None if total is None or metrics.executors <= 0 else total / metrics.executors
+    if executor_rate is None or executor_rate <= 0.0:
+        return _Local(estim_input, None, None, None, None, trend, selectivity)
+    current = capacity(executor_rate, window_s, degree)
+    epsilon = capacity_trend(history) * settings.period_s * window_s * degree
+    estimated = estim_capacity(current, epsilon)
+    lal = estim_input / estimated if estimated > 0.0 else math.inf
+    return _Local(estim_input, executor_rate, current, estimated, lal, trend, selectivity)

@@ -1,0 +1,99 @@
+"""ARiSto's dynamic mechanism (Gkolemis et al., section 3) as pure rules over one analysed window.
+
+The paper's four rules, in its order:
+
+1. a component whose capacity exceeds th_cc gets one more executor;
+2. if the executors per worker then exceed th_e, a worker (node) is added;
+3. if no component is over th_cc but the topology's total capacity exceeds th_high, a node is added;
+4. if no component is over th_cc and the total capacity is below th_low, a node is removed.
+
+Storm's "capacity" of a bolt is the share of time it is executing: here a vertex's busy fraction (busy
+seconds over window seconds, per executor). The paper does not define "total capacity of the topology" nor
+give threshold values; this module takes the busy threads of all executors over the slots the nodes offer
+(Σ busy_fraction × executors / (nodes × slotsPerNode)), so adding a node lowers it and removing one raises
+it, and the defaults th_cc 0.8, th_high 0.75, th_low 0.25 and th_e = slotsPerNode (a node never holds more
+executors than it has slots). Who gets a new node's slots, and which node goes, is the planner's: Stela's
+ETP fills the slots, ETPSum picks the node. The warm-up window after each change is the autoscaler's
+stabilization interval (`core.autoscaler`), shared with the AUTOSCALE policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elastream.core.metrics import MetricSnapshot
+from elastream.core.topology import Topology
+
+DEFAULT_TH_CC = 0.8
+DEFAULT_TH_HIGH = 0.75
+DEFAULT_TH_LOW = 0.25
+
+
+@dataclass(frozen=True)
+class RuleThresholds:
+    capacity: float = DEFAULT_TH_CC
+    #: executors per node above which a node is added; None: the topology's slotsPerNode
+    executors_per_node: int | None = None
+    high: float = DEFAULT_TH_HIGH
+    low: float = DEFAULT_TH_LOW
+
+
+@dataclass(frozen=True)
+class RulesEvaluation:
+    """What the rules decided and why (the shape of `status.autoscaler` for the rules policy)."""
+
+    busy: Mapping[str, float]
+    #: vertices over th_cc (rule 1), each getting one executor
+    over_capacity: tuple[str, ...]
+    parallelism: Mapping[str, int]
+    total_capacity: float
+    node_delta: int
+    rule: str
+
+    @property
+    def changes(self) -> dict[str, tuple[int, int]]:
+        return {v: (self.parallelism[v] - 1, self.parallelism[v]) for v in self.over_capacity}
+
+
+def total_capacity(busy: Mapping[str, float], parallelism: Mapping[str, int], nodes: int, slots_per_node: int) -> float:
+    """Busy threads over the slots of the nodes: Σ busy_fraction(v) × executors(v) / (nodes × slots)."""
+    slots = nodes * slots_per_node
+    return sum(busy[v] * parallelism[v] for v in busy) / slots if slots > 0 else 0.0
+
+
+def evaluate_rules(
+    topology: Topology,
+    snapshot: MetricSnapshot,
+    parallelism: Mapping[str, int],
+    nodes: int,
+    thresholds: RuleThresholds | None = None,
+) -> RulesEvaluation:
+    th = thresholds or RuleThresholds()
+    th_e = th.executors_per_node if th.executors_per_node is not None else topology.slots_per_node
+    busy = {v: snapshot.vertices[v].busy_fraction or 0.0 for v in topology.order}
+    over = tuple(
+        v for v in topology.order if busy[v] > th.capacity and parallelism[v] < topology.vertices[v].max_parallelism
+    )
+    new_parallelism = {v: parallelism[v] + (1 if v in over else 0) for v in topology.order}
+    total = total_capacity(busy, parallelism, nodes, topology.slots_per_node)
+    executors = sum(new_parallelism.values())
+    if over:
+        needed = math.ceil(executors / th_e)
+        delta = max(0, needed - nodes)
+        rule = f"capacity over {th.capacity:g} in {', '.join(over)}: one more executor each" + (
+            f"; {executors} executors exceed {th_e} per node on {nodes} nodes: add {delta}" if delta else ""
+        )
+        return RulesEvaluation(busy, over, new_parallelism, total, delta, rule)
+    if total > th.high:
+        return RulesEvaluation(
+            busy, over, new_parallelism, total, 1, f"total capacity {total:.2f} over {th.high:g}: add a node"
+        )
+    if total < th.low and nodes > 1:
+        return RulesEvaluation(
+            busy, over, new_parallelism, total, -1, f"total capacity {total:.2f} under {th.low:g}: remove a node"
+        )
+    return RulesEvaluation(
+        busy, over, new_parallelism, total, 0, f"total capacity {total:.2f} within [{th.low:g}, {th.high:g}]"
+    )
