@@ -50,6 +50,9 @@ def test_steady_rates_window_and_snapshot_fields(topo):
     assert (c.processing_rate, c.emit_rate, c.input_rate) == (100.0, 0.0, 100.0)
     assert a.busy_fraction == 0.5 and b.busy_fraction == 0.5  # 2 s busy in 4 s per executor
     assert a.true_processing_rate == 200.0  # 400 processed in 2 busy seconds
+    # b: 400 processed in 4 busy seconds over 2 executors: 100/s each, 200/s with both busy (the vertex's rate,
+    # what Stela's projection and the fluid model divide by executors)
+    assert b.true_processing_rate == 200.0
     assert a.input_trend == 0.0 and a.queue_growth == 0.0
     assert result.snapshot.placement == {"n1": ["a#0", "b#0", "b#1"], "n2": ["c#0"]}
     assert result.congested == {"a": False, "b": False, "c": False}
@@ -81,9 +84,10 @@ def test_missing_samples_lose_no_counts(topo):
     result = analyze_samples(topo, samples, window=4)
     a = result.snapshot.vertices["a"]
     assert a.processing_rate == 50 / 4
-    # all 50 fall in the last interval (9, 10]: rates 0, 0, 0, 50/s; slope = Σ(k-c)Δ / (I² Σ(k-c)²) = 1.5·50/5
-    assert a.input_trend == pytest.approx(15.0)
-    assert result.snapshot.vertices["b"].input_trend == pytest.approx(15.0)  # b's input is a's emit
+    # the 50 is spread over the four intervals it covers (the baseline is before the window start): a steady
+    # 12.5/s, no trend (before the spreading all 50 fell in the last interval: a slope of 15 tuples/s per s)
+    assert a.input_trend == 0.0
+    assert result.snapshot.vertices["b"].input_trend == 0.0  # b's input is a's emit
 
 
 def test_started_before_window_without_earlier_sample_uses_first_sample_in_window(topo):
@@ -136,10 +140,11 @@ def test_input_trend_is_least_squares_slope(topo):
     result = analyze_samples(topo, samples, window=4)
     assert result.snapshot.vertices["a"].input_trend == pytest.approx(10.0)
     assert result.snapshot.vertices["b"].input_trend == pytest.approx(10.0)
-    # 0.5 s intervals: 8 over (6, 10], the deltas land in intervals 1, 3, 5, 7 as 20, 40, 60, 80 tuples/s
+    # 0.5 s intervals: 8 over (6, 10], each delta spread over the two intervals it covers (0-1, 2-3, 4-5,
+    # 6-7) as 10, 20, 30, 40 tuples/s each (not a sawtooth 0, 20, 0, 40, ...)
     half = analyze_samples(topo, samples, window=8, interval_s=0.5)
     xs = [0.5 * k for k in range(8)]
-    ys = [0, 20, 0, 40, 0, 60, 0, 80]
+    ys = [10, 10, 20, 20, 30, 30, 40, 40]
     mx, my = sum(xs) / 8, sum(ys) / 8
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     assert half.snapshot.vertices["a"].input_trend == pytest.approx(slope)
@@ -182,10 +187,17 @@ def test_back_pressured_source_trend_follows_its_offered_events(topo):
 
 
 def test_congestion_and_etp_match_the_planner(topo):
-    samples = steady("a#0", range(1, 11), 300) + steady("b#0", range(1, 11), 100) + steady("b#1", range(1, 11), 100)
+    # b's two executors are busy all the time at 100/s each: 200/s with both busy, against 300/s offered
+    busy_b = [s(t, e, 100 * t, busy_s=1.0 * t) for e in ("b#0", "b#1") for t in range(1, 11)]
+    samples = steady("a#0", range(1, 11), 300) + busy_b
     samples += steady("c#0", range(1, 11), 200, node="n2")
     result = analyze_samples(topo, samples, window=5, congestion_rate=1.2)
     assert result.congested == {"a": False, "b": True, "c": False}
+    assert result.snapshot.vertices["b"].true_processing_rate == 200.0
+    # half busy at the same rates, b could do 400/s: held back, not congested
+    half = steady("a#0", range(1, 11), 300) + steady("b#0", range(1, 11), 100) + steady("b#1", range(1, 11), 100)
+    half += steady("c#0", range(1, 11), 200, node="n2")
+    assert analyze_samples(topo, half, window=5, congestion_rate=1.2).congested["b"] is False
     table = etp_table(topo, result.snapshot, 1.2)
     assert result.etp == {v: row.etp for v, row in table.vertices.items()}
     assert result.congested == {v: row.congested for v, row in table.vertices.items()}

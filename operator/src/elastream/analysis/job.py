@@ -1,11 +1,12 @@
 """The Spark analysis job: the same window semantics as `core.metrics.analyze_samples`, as one SQL statement.
 
 Per incarnation (executor, started_at) a window function orders the samples and takes each one's delta
-from its predecessor (or from zero / itself for the first, as the reference does); the deltas in the
-window are summed per (vertex, executor), then per vertex, together with the trend sums Σ (k − c)·delta,
-executor counts, queue lengths and placement. Only the per-vertex rows are collected (one per vertex, with
-its executors' nodes); rates, congestion and ETP then come from `core.metrics.analysis_from_totals`, the
-function the reference ends in, so the two engines agree to rounding in the busy-seconds sums.
+from its predecessor (or from zero / itself for the first, as the reference does) and the intervals lo..hi
+it is spread over (`core.metrics.delta_span`); the deltas in the window are summed per (vertex, executor),
+then per vertex, together with the trend sums Σ ((lo + hi) / 2 − c)·delta, executor counts, queue lengths
+and placement. Only the per-vertex rows are collected (one per vertex, with its executors' nodes); rates,
+congestion and ETP then come from `core.metrics.analysis_from_totals`, the function the reference ends in,
+so the two engines agree to rounding in the busy-seconds sums (the counts and trend sums are exact).
 """
 
 from __future__ import annotations
@@ -82,23 +83,32 @@ def _double(value: float) -> str:
 #: analysis). {hint} places the rows: one partition for a hot window (no shuffle at all: window, both
 #: aggregations and the collect run in one task), else one shuffle by (vertex, executor), which serves the
 #: window and the per-executor aggregation; only the small per-executor table is shuffled again, by vertex.
+#: `spans` is `core.metrics.delta_span` (lo NULL: a first sample of an incarnation started before the
+#: window, whose delta is 0, weighs as its own interval).
 ANALYSIS_SQL = """
 WITH placed AS (
   SELECT {hint} * FROM {view}
 ),
 lagged AS (
   SELECT ts, node, vertex, executor, started_at, received, processed, emitted, busy_s, queue_len,
-    LAG(STRUCT(processed, emitted, busy_s, received)) OVER (
+    LAG(STRUCT(processed, emitted, busy_s, received, ts)) OVER (
       PARTITION BY vertex, executor, started_at ORDER BY {order}) AS prev
   FROM placed
+),
+spans AS (
+  SELECT *,
+    LEAST(GREATEST(CEIL((ts - {start}) / {interval}) - 1, 0), {last_k}) AS hi,
+    CASE WHEN prev IS NOT NULL THEN GREATEST(CEIL((prev.ts - {start}) / {interval}), 0)
+      WHEN started_at >= {start} THEN GREATEST(FLOOR((started_at - {start}) / {interval}), 0) END AS lo
+  FROM lagged
+  WHERE ts > {start}
 ),
 deltas AS (
   SELECT vertex, executor,
     {dp} AS dp, {de} AS de, {db} AS db, {dr} AS dr,
-    CAST(LEAST(GREATEST(CEIL((ts - {start}) / {interval}) - 1, 0), {last_k}) AS DOUBLE) - {center} AS w,
+    CAST(COALESCE(LEAST(lo, hi), hi) + hi AS DOUBLE) / 2.0D - {center} AS w,
     STRUCT({key}) AS key
-  FROM lagged
-  WHERE ts > {start}
+  FROM spans
 ),
 per_executor AS (
   SELECT vertex, executor, SUM(dp) AS dp, SUM(de) AS de, SUM(db) AS db, SUM(dr) AS dr,

@@ -75,11 +75,13 @@ class VertexMetrics:
     #: None: derive from the parents' emit rates (a source without it is never congested)
     input_rate: float | None = None
     busy_fraction: float | None = None
-    #: processed / busy seconds: what the vertex could do if it never waited for input
+    #: processed / busy seconds × executors: what the vertex could do with every executor busy
     true_processing_rate: float | None = None
     queue_growth: float | None = None
     #: least-squares slope of the input rate over the window (tuples/s per second)
     input_trend: float | None = None
+    #: items waiting: the sum over the vertex's executors of their latest queue length in the window
+    queue_length: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -245,8 +247,8 @@ class WindowTotals:
     """What one vertex did in the window, summed over its incarnations (the engines' common result).
 
     Counts are integers, so they are exact and the same whichever engine summed them. The trend sums are
-    sum((k - c) * delta) over the sample deltas, k the interval a delta falls in and c = (window - 1) / 2:
-    half-integers times integers, also exact.
+    sum((k̄ - c) * delta) over the sample deltas, k̄ = (lo + hi) / 2 the mean index of the intervals lo..hi a
+    delta is spread over (`delta_span`) and c = (window - 1) / 2: half-integers times integers, also exact.
     """
 
     processed: int = 0
@@ -319,6 +321,33 @@ def interval_index(ts: float, start: float, window: int, interval_s: float) -> i
     return min(max(k, 0), window - 1)
 
 
+def delta_span(
+    ts: float,
+    prev_ts: float | None,
+    started_at: float,
+    start: float,
+    window: int,
+    interval_s: float,
+) -> tuple[int, int]:
+    """The intervals lo..hi a sample's delta is spread over (evenly: a missing sample loses no trend).
+
+    hi is the sample's interval (`interval_index`). After a previous sample, lo is the interval after that
+    sample's (its index unclamped, so a previous sample at or before the window start gives 0). The first
+    sample of an incarnation that started in the window counts from zero: lo is the interval its first
+    counts fall in, the one just after `started_at` (floor: a start on a boundary opens the next interval,
+    as a previous sample there would). Any other first sample has a zero delta: lo = hi. Always lo ≤ hi.
+    The Spark job computes the same (CEIL/FLOOR of the same doubles).
+    """
+    hi = interval_index(ts, start, window, interval_s)
+    if prev_ts is not None:
+        lo = max(math.ceil((prev_ts - start) / interval_s), 0)  # (raw index of prev_ts) + 1
+    elif started_at >= start:
+        lo = max(math.floor((started_at - start) / interval_s), 0)
+    else:
+        lo = hi
+    return min(lo, hi), hi
+
+
 def trend_center(window: int) -> float:
     """c = (window - 1) / 2, the mean interval index (the regression's x̄ in intervals)."""
     return (window - 1) / 2
@@ -365,15 +394,22 @@ def analyze_samples(
     - congestion and ETP as the planner sees the snapshot (`rates_from_snapshot`: back-pressure-aware when
       true processing rates are known);
     - busy_fraction = busy_s / (D · executors) (0 without executors);
-    - true_processing_rate = processed / busy_s, None when busy_s is 0;
+    - true_processing_rate = processed / busy_s × executors (the vertex's rate with every executor busy),
+      None when busy_s is 0;
     - queue_growth = (Σ latest queue_len − Σ earliest queue_len over its executors' samples in the window) / D;
     - input_trend: the least-squares slope (tuples/s per second) of the vertex's input rate per interval:
       the window is cut into `window` intervals, interval k = (start + k·I, start + (k+1)·I], and each
-      sample's delta from its previous sample (or from its baseline) counts in the interval of its `ts`
-      (deltas telescope to the window counts). Input is linear in the parents' emit series, so the slope is
-      taken per vertex of the emitted and processed series and combined like the rates; a source's is the
-      slope of its received (offered) series, the one its input rate comes from (its processed series when
-      it received fewer than it processed). window = 1 gives 0.
+      sample's delta from its previous sample (or from its baseline) is spread evenly over the intervals it
+      covers (deltas telescope to the window counts), `delta_span`: from the interval after its previous
+      sample's (interval 0 when that sample is at or before the window start) up to its own interval; the
+      first sample of an incarnation that started in the window (counted from zero) from the interval just
+      after started_at. So missing samples (a gap), samples sparser than the intervals, a restart or an
+      executor joining late do not show a steady input as a trend: a delta spread over lo..hi weighs
+      (lo + hi) / 2 − c, still exact. Input is linear in the parents' emit series, so the slope is taken per
+      vertex of the emitted and processed series and combined like the rates; a source's is the slope of
+      its received (offered) series, the one its input rate comes from (its processed series when it
+      received fewer than it processed). window = 1 gives 0;
+    - queue_length: Σ latest queue_len over its executors' samples in the window (the items pending).
 
     Then congestion (input / processing > congestion_rate) and ETP by the planner's functions, and ETPSum per
     node from the placement. Edge cases: no sample of the topology → every rate and growth 0, no executors,
@@ -414,7 +450,8 @@ def analyze_samples(
                 else:
                     dp, de, db, dr = 0, 0, 0.0, 0
                 v = s.vertex
-                weight = interval_index(s.ts, start, window, interval_s) - center
+                lo, hi = delta_span(s.ts, None if prev is None else prev.ts, started_at, start, window, interval_s)
+                weight = (lo + hi) / 2 - center
                 processed[v] = processed.get(v, 0) + dp
                 emitted[v] = emitted.get(v, 0) + de
                 busy[v] = busy.get(v, 0.0) + db
@@ -512,9 +549,11 @@ def analysis_from_totals(
             executors=t.executors,
             input_rate=inputs[v],
             busy_fraction=t.busy_s / (duration * t.executors) if t.executors > 0 else 0.0,
-            true_processing_rate=t.processed / t.busy_s if t.busy_s > 0.0 else None,
+            # the vertex's rate with every executor busy: each executor's processed / busy, times executors
+            true_processing_rate=t.processed * max(t.executors, 1) / t.busy_s if t.busy_s > 0.0 else None,
             queue_growth=(t.queue_last - t.queue_first) / duration,
             input_trend=trends[v],
+            queue_length=float(t.queue_last),
         )
     by_node: dict[str, list[str]] = {}
     for executor, node in placement.items():

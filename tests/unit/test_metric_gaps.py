@@ -1,0 +1,161 @@
+"""Metric hygiene of the per-interval input series behind `input_trend` (`core.metrics.analyze_samples`).
+
+A sample's delta from its previous sample is spread evenly over the intervals it covers, so missing
+samples, restarts and rescales do not show a steady input as a trend; and `queue_length` carries the
+pending items.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from elastream.core.metrics import MetricSample, MetricSnapshot, SnapshotError, analyze_samples
+from elastream.core.topology import parse_manifest
+from helpers import edge, manifest, sink, src, work
+
+# window 10 of 1 s intervals ending at ts 20: (10, 20], interval k = (10 + k, 11 + k]
+WINDOW = 10
+
+
+@pytest.fixture
+def topo():
+    """a -> b -> c (source, worker, sink)."""
+    return parse_manifest(manifest([src("a"), work("b", 3), sink("c")], [edge("a", "b"), edge("b", "c")]))
+
+
+def s(ts, executor, count, *, started_at=0.0, queue_len=0):
+    vertex = executor.split("#")[0]
+    return MetricSample(
+        ts=float(ts),
+        node="n1",
+        vertex=vertex,
+        executor=executor,
+        started_at=float(started_at),
+        received=count,
+        processed=count,
+        emitted=0 if vertex == "c" else count,
+        busy_s=0.5 * (ts - started_at),
+        queue_len=queue_len,
+    )
+
+
+def steady(executor, ts_range, per_s, *, started_at=0.0):
+    return [s(t, executor, round(per_s * (t - started_at)), started_at=started_at) for t in ts_range]
+
+
+def ls_slope(ys, interval_s=1.0):
+    """Least-squares slope of a per-interval rate series (tuples/s per second), computed directly."""
+    xs = [interval_s * k for k in range(len(ys))]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def trends(result):
+    return {v: m.input_trend for v, m in result.snapshot.vertices.items()}
+
+
+def gap(ts_range, missing):
+    return [t for t in ts_range if t not in missing]
+
+
+def test_steady_executors_with_missing_samples_show_no_trend(topo):
+    # four missing samples of each steady executor in the middle of the window (and of the sink)
+    samples = steady("a#0", gap(range(1, 21), {13, 14, 15, 16}), 100)
+    samples += steady("b#0", gap(range(1, 21), {12, 13, 14, 15}), 100)
+    samples += steady("c#0", gap(range(1, 21), {15, 16, 17, 18}), 100)
+    result = analyze_samples(topo, samples, window=WINDOW)
+    assert (result.window_start, result.window_end) == (10.0, 20.0)
+    assert {v: m.processing_rate for v, m in result.snapshot.vertices.items()} == {"a": 100, "b": 100, "c": 100}
+    # the gap aligns to intervals: the spread deltas are exactly the missing intervals' counts
+    assert trends(result) == {"a": 0.0, "b": 0.0, "c": 0.0}
+
+
+def test_gap_straddling_the_window_start_spreads_from_interval_0(topo):
+    # the previous sample (ts 7) is before the window start: the 600 at ts 13 spread over intervals 0..2
+    # (the baseline's counts before the window start count in the window, as for the rates)
+    samples = steady("a#0", gap(range(1, 21), {8, 9, 10, 11, 12}), 100)
+    result = analyze_samples(topo, samples, window=WINDOW)
+    assert result.snapshot.vertices["a"].processing_rate == 130.0
+    assert result.snapshot.vertices["a"].input_trend == pytest.approx(ls_slope([200] * 3 + [100] * 7))
+
+
+def test_samples_sparser_than_intervals_show_no_trend(topo):
+    # one sample per second, 0.5 s intervals: every delta covers two intervals (a sawtooth before the fix)
+    samples = steady("a#0", range(1, 21), 100)
+    result = analyze_samples(topo, samples, window=20, interval_s=0.5)
+    assert result.snapshot.vertices["a"].input_trend == 0.0
+    assert result.snapshot.vertices["b"].input_trend == 0.0
+
+
+def test_ramp_keeps_its_slope(topo):
+    # interval k (ts 11 + k) gets 10·(k + 1) tuples: a ramp of 10 tuples/s per s
+    counts = [0]
+    for k in range(WINDOW):
+        counts.append(counts[-1] + 10 * (k + 1))
+    ts = range(10, 21)
+    full = [s(t, "a#0", c) for t, c in zip(ts, counts, strict=True)]
+    assert analyze_samples(topo, full, window=WINDOW).snapshot.vertices["a"].input_trend == pytest.approx(10.0)
+    # samples at ts 14, 15, 16 missing: the 40 + 50 + 60 + 70 at ts 17 spread over intervals 3..6
+    holey = [x for x in full if x.ts not in (14.0, 15.0, 16.0)]
+    result = analyze_samples(topo, holey, window=WINDOW)
+    expected = ls_slope([10, 20, 30, 55, 55, 55, 55, 80, 90, 100])
+    assert trends(result) == pytest.approx({"a": expected, "b": expected, "c": 0.0})  # b: no samples
+    assert 9.0 < expected < 10.0
+
+
+def test_restart_at_an_interval_boundary_shows_no_trend(topo):
+    # a#0 restarts at ts 14 (counter reset, new started_at); its first new sample comes only at ts 17
+    old = steady("a#0", range(1, 15), 100)
+    new = steady("a#0", range(17, 21), 100, started_at=14.0)
+    result = analyze_samples(topo, old + new, window=WINDOW)
+    assert result.snapshot.vertices["a"].processing_rate == 100.0
+    assert result.snapshot.vertices["a"].executors == 1
+    assert trends(result)["a"] == 0.0 and trends(result)["b"] == 0.0
+
+
+def test_restart_with_downtime_shows_the_dip(topo):
+    # down during (14, 15]: the new incarnation counts from started_at 15; its first sample (ts 16) covers
+    # interval 5 only, so interval 4 is the one without input
+    old = steady("a#0", range(1, 15), 100)
+    new = steady("a#0", range(16, 21), 100, started_at=15.0)
+    result = analyze_samples(topo, old + new, window=WINDOW)
+    expected = ls_slope([100, 100, 100, 100, 0, 100, 100, 100, 100, 100])
+    assert trends(result) == pytest.approx({"a": expected, "b": expected, "c": 0.0})  # b: no samples
+    # the same restart whose first sample is late (ts 18): its counts spread over intervals 5..7 alike
+    late = [x for x in new if x.ts >= 18.0]
+    assert trends(analyze_samples(topo, old + late, window=WINDOW)) == pytest.approx(trends(result))
+
+
+def test_rescale_mid_window_is_a_step(topo):
+    a = steady("a#0", range(1, 21), 150)
+    b = steady("b#0", range(1, 21), 50)
+    # b#1 leaves after its ts-13 report; b#2 starts at ts 15 and first reports at ts 18 (two missing)
+    b += steady("b#1", range(1, 14), 50) + steady("b#2", range(18, 21), 50, started_at=15.0)
+    result = analyze_samples(topo, a + b, window=WINDOW)
+    b_metrics = result.snapshot.vertices["b"]
+    assert b_metrics.executors == 3
+    # b emits 100/s up to ts 13, 50/s in (13, 15], 100/s from 15 on: c's input
+    assert b_metrics.processing_rate == (500 + 150 + 250) / 10
+    expected = ls_slope([100, 100, 100, 50, 50, 100, 100, 100, 100, 100])
+    assert result.snapshot.vertices["c"].input_trend == pytest.approx(expected)
+    assert result.snapshot.vertices["a"].input_trend == 0.0 and b_metrics.input_trend == 0.0
+
+
+def test_queue_length_is_the_latest_pending_items_summed_over_executors(topo):
+    samples = [s(t, "b#0", 10 * t, queue_len=t) for t in range(1, 21)]
+    samples += [s(t, "b#1", 10 * t, queue_len=100 - t) for t in range(1, 19)]  # last report at ts 18
+    samples += [s(t, "a#0", 20 * t) for t in range(1, 21)]
+    result = analyze_samples(topo, samples, window=WINDOW)
+    b = result.snapshot.vertices["b"]
+    assert b.queue_length == 20 + 82
+    assert result.snapshot.vertices["a"].queue_length == 0.0
+    assert result.snapshot.vertices["c"].queue_length == 0.0  # no samples
+    data = result.snapshot.to_dict()
+    assert data["vertices"]["b"]["queue_length"] == 102.0
+    assert MetricSnapshot.from_dict(data) == result.snapshot
+    bad = {"vertices": {"b": {"processing_rate": 1.0, "emit_rate": 1.0, "queue_length": -1}}}
+    with pytest.raises(SnapshotError, match="queue_length: -1 is negative"):
+        MetricSnapshot.from_dict(bad)
+    absent = MetricSnapshot.from_dict({"vertices": {"b": {"processing_rate": 1.0, "emit_rate": 1.0}}})
+    assert absent.vertices["b"].queue_length is None
+    assert "queue_length" not in absent.to_dict()["vertices"]["b"]
