@@ -103,8 +103,9 @@ def test_scale_out_never_moves_an_existing_executor(doc: dict, added: int, strat
 )
 def test_plans_respect_slots_and_node_counts(doc: dict, target: int, strategy: str, seed: int) -> None:
     topology, schedule, snap = case(doc)
-    if target * schedule.slots_per_node < len(schedule):
-        with pytest.raises(PlanningError, match=r"raise spec.slotsPerNode"):
+    slots = target * schedule.slots_per_node
+    if slots < len(topology.order):
+        with pytest.raises(PlanningError, match=r"need one executor each"):
             make_plan(topology, schedule, snap, target, strategy, seed=seed)
         return
     plan = make_plan(topology, schedule, snap, target, strategy, seed=seed)
@@ -112,7 +113,13 @@ def test_plans_respect_slots_and_node_counts(doc: dict, target: int, strategy: s
     assert len(plan.removed_nodes) <= max(0, len(schedule.nodes) - target)
     for node in plan.new_schedule.nodes:
         assert len(plan.new_schedule.executors_on(node)) <= schedule.slots_per_node
-    # every vertex keeps at least its executors (nothing is dropped by scale-in)
+    if slots < len(schedule):
+        # a scale-in that does not fit lowers parallelism: to exactly the slots, never below 1, and says so
+        assert len(plan.new_schedule) == slots
+        assert all(1 <= plan.parallelism[v] <= k for v, k in schedule.parallelism().items())
+        assert any("lowered" in step for step in plan.steps)
+        return
+    # every vertex keeps at least its executors (nothing is dropped by a scale-in that fits)
     for vertex, k in schedule.parallelism().items():
         assert plan.parallelism[vertex] >= k
 

@@ -13,6 +13,7 @@ durations.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import threading
@@ -93,6 +94,19 @@ class CustomResourceStatus:
                 log.warning("status of %s/%s not patched: %s", self.namespace, self.name, exc.reason)
                 return
             self.patch({field_name: _jsonable(status)})
+
+    def set_nodes(self, nodes: int) -> None:
+        """Write an automatic change to `spec.nodes`, as a HorizontalPodAutoscaler writes replicas: the spec
+        stays the desired state (a later reconcile, or `kubectl get`, sees what runs)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.patch_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": {"nodes": int(nodes)}}
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("spec.nodes of %s/%s not patched: %s", self.namespace, self.name, exc.reason)
 
     def patch(self, status: Mapping[str, Any]) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -306,6 +320,7 @@ class ManagedTopologies:
                 Checkpointer(CheckpointDriver(topology, backend, client), float(topology.scaling.checkpoint_interval_s))
             ],
             interval_s=self.interval_s,
+            on_nodes_changed=status.set_nodes,
         )
         return ManagedTopology(controller, status)
 
@@ -330,6 +345,55 @@ class ManagedTopologies:
                 PAUSE_SECONDS.observe(pause / 1000.0)
             managed.resource.patch(managed.status())
             return record
+
+    def apply_spec(self, managed: ManagedTopology, body: Mapping[str, Any], events: EventSink) -> list[str]:
+        """Apply what of a changed spec can change on a running topology: `scaling.auto` (the autoscaler's
+        switch, bounds and thresholds) at once, and vertices' `parallelism` by a migration to those degrees.
+        Returns the changes it could not apply (anything else: delete and re-create to change it)."""
+        new = topology_from_resource(body)
+        with managed.lock:
+            controller = managed.controller
+            running = controller.topology
+            ignored = [
+                f"spec.{name}"
+                for name in ("slotsPerNode", "streams", "resources")
+                if (running.spec.get(name) != new.spec.get(name))
+            ]
+            scaling = dataclasses.replace(new.scaling, auto=new.scaling.auto)
+            fixed = {k: v for k, v in running.scaling.__dict__.items() if k != "auto"}
+            if fixed != {k: v for k, v in scaling.__dict__.items() if k != "auto"}:
+                ignored.append("spec.scaling (other than auto)")
+            same_shape = [_without_parallelism(v) for v in running.spec.get("vertices") or []] == [
+                _without_parallelism(v) for v in new.spec.get("vertices") or []
+            ]
+            if not same_shape:
+                ignored.append("spec.vertices (other than parallelism)")
+            controller.topology = dataclasses.replace(
+                running,
+                scaling=dataclasses.replace(running.scaling, auto=new.scaling.auto),
+                spec={**running.spec, "scaling": new.spec.get("scaling"), "vertices": new.spec.get("vertices")}
+                if same_shape
+                else running.spec,
+                vertices=new.vertices if same_shape else running.vertices,
+            )
+            managed.generation = int(body["metadata"].get("generation", 0))
+        if not same_shape:
+            return ignored
+        schedule = controller.backend.current_schedule()
+        wanted = {v: new.vertices[v].parallelism for v in new.order}
+        if wanted != schedule.parallelism():
+            with managed.lock:
+                controller.events = events
+                managed.set(scaling=True)
+                managed.resource.patch(managed.status())
+                try:
+                    record = controller.scale_to(len(schedule.nodes), wanted, trigger="spec")
+                finally:
+                    managed.set(scaling=False)
+                managed.set(scaling_failed="" if record.outcome != "failed" else record.reason)
+                SCALINGS.labels(record.direction, record.outcome).inc()
+                managed.resource.patch(managed.status())
+        return ignored
 
     def tick(self, managed: ManagedTopology, events: EventSink) -> dict[str, Any] | None:
         """The periodic refresh: recover dead workers, live rates, recovery follow-ups; returns the status
@@ -370,6 +434,10 @@ class ManagedTopologies:
                 managed.controller.close()
             prefix = managed.topology.redis_prefix
         delete_keys(self.redis_client, prefix)
+
+
+def _without_parallelism(vertex: Any) -> Any:
+    return {k: v for k, v in vertex.items() if k != "parallelism"} if isinstance(vertex, Mapping) else vertex
 
 
 def delete_keys(client: redis.Redis, prefix: str) -> int:

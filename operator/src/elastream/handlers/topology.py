@@ -2,6 +2,8 @@
 
 - create / resume: validate, start (or adopt) the worker pods, finish a migration an earlier operator left;
 - a change of `spec.nodes` (`kubectl patch`, `kubectl scale`, an HPA): analyse, plan, migrate;
+- a change of a vertex's `parallelism`: migrate to those degrees; of `spec.scaling.auto`: applied at once
+  (the autoscaler runs in the timer's tick and writes its node count back to `spec.nodes`);
 - a timer: dead workers recovered from the last checkpoint, status (rates, conditions) refreshed;
 - delete: kopf's finalizer keeps the resource until the pods are stopped and its Redis keys deleted;
 - a worker pod deleted or failed outside a migration is seen by the timer (`failed_nodes`) and replaced.
@@ -22,7 +24,6 @@ from elastream.control.resources import (
     VERSION,
     KubernetesEvents,
     ManagedTopologies,
-    topology_from_resource,
 )
 from elastream.core.ports import BackendError
 from elastream.core.status import StatusFacts, desired_conditions, merge_conditions
@@ -91,6 +92,11 @@ def nodes_changed(body: Any, old: Any, new: Any, patch: Any, **_: Any) -> None:
     managed = topologies().get(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
     if managed is None:
         raise kopf.TemporaryError("the topology is not running yet", delay=5)
+    if int(new) == len(managed.controller.backend.current_schedule().nodes):
+        # the autoscaler wrote what already runs (or a request was undone meanwhile): nothing to move
+        managed.controller.topology = managed.controller.topology.with_nodes(int(new))
+        patch.status.update(managed.status())
+        return
     record = topologies().scale(managed, int(new), body["metadata"].get("generation", 0), events_for(body))
     patch.status.update(managed.status())
     if record.outcome == "failed":
@@ -100,17 +106,24 @@ def nodes_changed(body: Any, old: Any, new: Any, patch: Any, **_: Any) -> None:
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def spec_changed(body: Any, diff: Any, **_: Any) -> None:
+    """`spec.scaling.auto` applies at once, a vertex's `parallelism` by a migration; other changes are
+    reported, not applied (`spec.nodes` is `nodes_changed`'s)."""
     others = [".".join(str(p) for p in path) for _, path, _, _ in diff if tuple(path)[:1] != ("nodes",)]
-    if others:
-        try:
-            topology_from_resource(body)
-        except TopologyError as exc:
-            events_for(body).emit("InvalidSpec", "; ".join(exc.problems), warning=True)
-            return
+    if not others:
+        return
+    managed = topologies().get(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
+    if managed is None:
+        raise kopf.TemporaryError("the topology is not running yet", delay=5)
+    try:
+        ignored = topologies().apply_spec(managed, body, events_for(body))
+    except TopologyError as exc:
+        events_for(body).emit("InvalidSpec", "; ".join(exc.problems), warning=True)
+        return
+    if ignored:
         events_for(body).emit(
             "SpecChangeIgnored",
-            f"only spec.nodes is applied to a running topology; {', '.join(others)} changed (delete and re-create "
-            "the topology to apply it)",
+            f"{', '.join(ignored)} changed: only spec.nodes, spec.scaling.auto and vertices' parallelism apply to a "
+            "running topology (delete and re-create the topology to apply the rest)",
             warning=True,
         )
 
