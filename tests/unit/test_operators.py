@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -202,7 +204,7 @@ def test_redis_stream_source_backs_off_on_connection_errors_instead_of_dying(cap
     source.poll(now + 0.5, lambda *e: got.append(e), 10)
     assert client.calls == 2
     source.poll(now + 1.0, lambda *e: got.append(e), 10)
-    assert got == [(5001, "k", "v")] and source.position() == {0: ["5-1", 1]}
+    assert got == [(5001, "k", "v")] and source.position()[0] == ["5-1", 1]
     assert "source orders#0: cannot read stream in: Redis unreachable" in caplog.text
 
 
@@ -213,3 +215,219 @@ def test_metric_stream_cap_holds_an_hour_of_the_actual_executors() -> None:
     assert metric_stream_maxlen(24, 0.5) == 2 * 24 * 3600
     assert metric_stream_maxlen(300, 10.0) == 300 * 360
     assert metric_stream_maxlen(1, 5.0) == MIN_MAXLEN
+
+
+# --------------------------------------------------------------------------------------------------------
+# redis-stream source: lanes of the stream's ordinals, exactly once across any change of parallelism
+
+
+class _FakeStream:
+    """An in-memory Redis stream with what `RedisStreamSource` calls (XREAD, XREVRANGE)."""
+
+    def __init__(self, count: int = 0) -> None:
+        self.entries: list[tuple[tuple[int, int], dict[bytes, bytes]]] = []
+        self.add(count)
+
+    def add(self, count: int) -> None:
+        for _ in range(count):
+            n = len(self.entries)
+            self.entries.append(((1000 + n // 3, n % 3), {b"key": f"k{n % 5}".encode(), b"value": str(n).encode()}))
+
+    @staticmethod
+    def _id(text: str) -> tuple[int, int]:
+        ms, seq = text.split("-")
+        return int(ms), int(seq)
+
+    def xread(self, streams: dict[str, str], count: int, block: int) -> list:
+        ((name, after),) = streams.items()
+        items = [(f"{i[0]}-{i[1]}".encode(), f) for i, f in self.entries if i > self._id(after)][:count]
+        return [(name.encode(), items)] if items else []
+
+    def xrevrange(self, name: str, max: str, min: str, count: int) -> list:
+        items = [(f"{i[0]}-{i[1]}".encode(), f) for i, f in self.entries if i <= self._id(max)]
+        return items[::-1][:count]
+
+    def close(self) -> None:
+        pass
+
+
+def stream_source(stream: _FakeStream, index: int, parallelism: int, max_parallelism: int = 8) -> Any:
+    from elastream.runtime.operators import RedisStreamSource
+
+    source = RedisStreamSource(lambda: stream)
+    lanes = key_group_ranges(max_parallelism, parallelism)[index]
+    source.open(Context("orders", index, parallelism, max_parallelism, {"stream": "in"}, key_groups=lanes))
+    return source
+
+
+def read_some(source: Any, into: list[int], entries: int | None = None, budget: int = 7) -> None:
+    """Poll until `entries` more stream entries are read (all of them when None)."""
+    stop = None if entries is None else source.read + entries
+    while stop is None or source.read < stop:
+        before = source.read
+        step = budget if stop is None else min(budget, stop - source.read)
+        source.poll(time.time(), lambda i, k, v: into.append(int(v)), step)
+        if source.read == before:
+            break
+
+
+def merged(sources: list[Any]) -> dict:
+    """The migration's merge, through msgpack like the checkpoint store (tuples, int keys)."""
+    from elastream.runtime.participant import pack, unpack
+
+    out: dict = {}
+    for source in sources:
+        out.update(unpack(pack(source.position())))
+    return out
+
+
+def rescale(stream: _FakeStream, sources: list[Any], parallelism: int) -> list[Any]:
+    """What CCR does to a source vertex: positions merged, every new executor seeks the merged map."""
+    position = merged(sources)
+    new = [stream_source(stream, i, parallelism) for i in range(parallelism)]
+    for source in new:
+        source.seek(position)
+    return new
+
+
+def assert_exactly_once(seen: list[int], total: int) -> None:
+    counts = Counter(seen)
+    assert not [n for n in range(total) if counts[n] == 0], "missing"
+    assert not {n: c for n, c in counts.items() if c > 1}, "duplicated"
+    assert set(counts) == set(range(total))
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [2, 3],  # scale out
+        [3, 1],  # scale in to one
+        [2, 5],
+        [1, 8, 3, 2],  # up to maxParallelism and back
+    ],
+)
+def test_redis_stream_lanes_hand_over_exactly_once_when_parallelism_changes(steps: list[int]) -> None:
+    stream = _FakeStream(300)
+    seen: list[int] = []
+    sources = [stream_source(stream, i, steps[0]) for i in range(steps[0])]
+    for parallelism in steps[1:]:
+        for i, source in enumerate(sources):
+            read_some(source, seen, entries=40 + 23 * i)  # each old executor mid-stream, at its own point
+        stream.add(50)  # the stream grows meanwhile
+        sources = rescale(stream, sources, parallelism)
+    stream.add(60)
+    for source in sources:
+        read_some(source, seen)
+    assert_exactly_once(seen, len(stream.entries))
+
+
+def test_redis_stream_uneven_old_executors_resume_exactly_once() -> None:
+    """Old executors far apart (one read almost nothing, one almost everything, one nothing at all)."""
+    stream = _FakeStream(400)
+    seen: list[int] = []
+    old = [stream_source(stream, i, 3) for i in range(3)]
+    read_some(old[0], seen, entries=3)
+    read_some(old[1], seen, entries=390)
+    for parallelism in (2, 4):
+        seen_now = list(seen)
+        new = rescale(stream, old, parallelism)
+        for source in new:
+            read_some(source, seen_now)
+        assert_exactly_once(seen_now, 400)
+
+
+def test_redis_stream_positions_are_per_lane_counts_that_replayed_events_reads() -> None:
+    from elastream.core.migration import replayed_events
+
+    stream = _FakeStream(200)
+    seen: list[int] = []
+    sources = [stream_source(stream, i, 2) for i in range(2)]
+    for i, source in enumerate(sources):
+        read_some(source, seen, entries=50 + 30 * i)
+    checkpointed = [source.position() for source in sources]
+    first = checkpointed[0]
+    assert first["lanes"] == "ordinal % 8" and set(first) == {"lanes", 0, 1, 2, 3}
+    # lane 1 holds ordinals 1, 9, 17, ...: 50 entries read hold 7 of them, the last one ordinal 49
+    assert first[1] == ["1016-1", 7]
+    emitted = len(seen)
+    sources = rescale(stream, sources, 3)
+    for source in sources:
+        read_some(source, seen, entries=60)
+    latest = [source.position() for source in sources]
+    assert replayed_events(checkpointed, latest) == len(seen) - emitted  # what going back would emit again
+    assert replayed_events(latest, latest) == 0
+
+
+def test_redis_stream_previous_versions_positions_are_converted_exactly() -> None:
+    """{executor index: [last entry id read, entries read]}: executor i of k emitted the ordinals n < read
+    with n % k == i."""
+    stream = _FakeStream(300)
+    reads = {0: 120, 1: 37, 2: 211}
+    seen = [n for i, read in reads.items() for n in range(read) if n % 3 == i]
+    ids = [f"{i[0]}-{i[1]}" for i, _ in stream.entries]
+    legacy = {i: (ids[read - 1], read) for i, read in reads.items()}
+    new = [stream_source(stream, i, 2) for i in range(2)]
+    for source in new:
+        source.seek(legacy)
+        read_some(source, seen, entries=200)  # past every old executor's read point
+    stream.add(40)
+    for source in rescale(stream, new, 3):  # and the converted positions rescale on
+        read_some(source, seen)
+    assert_exactly_once(seen, 340)
+
+
+def test_redis_stream_previous_versions_positions_rescale_on_at_once() -> None:
+    """Old executors at the same read point (they all read the whole stream): the converted lane positions
+    hold the right entry ids at once, so a checkpoint before anything more is read rescales exactly."""
+    stream = _FakeStream(200)
+    ids = [f"{i[0]}-{i[1]}" for i, _ in stream.entries]
+    seen = list(range(101))
+    new = [stream_source(stream, i, 2) for i in range(2)]
+    for source in new:
+        source.seek({i: (ids[100], 101) for i in range(3)})
+    assert merged(new)[5] == ("1031-0", 12)  # lane 5: ordinals 5, 13, ..., 93 emitted; then 101 (not yet)
+    for source in rescale(stream, new, 3):
+        read_some(source, seen)
+    assert_exactly_once(seen, 200)
+
+
+def test_redis_stream_positions_of_another_max_parallelism_are_converted_exactly() -> None:
+    stream = _FakeStream(150)
+    seen: list[int] = []
+    old = [stream_source(stream, i, 2, max_parallelism=4) for i in range(2)]
+    read_some(old[0], seen, entries=90)
+    read_some(old[1], seen, entries=33)
+    position = merged(old)
+    assert position["lanes"] == "ordinal % 4"
+    new = [stream_source(stream, i, 3, max_parallelism=8) for i in range(3)]
+    for source in new:
+        source.seek(position)
+        read_some(source, seen)
+    assert_exactly_once(seen, 150)
+
+
+@pytest.mark.parametrize(
+    "position",
+    ["1000-0", {"lanes": "bytes % 8", 0: ("1000-0", 1)}, {0: "garbage"}, {"lanes": "ordinal % 8", 0: ("x", 2)}],
+)
+def test_redis_stream_positions_it_cannot_read_are_ignored_not_fatal(position: Any, caplog) -> None:
+    stream = _FakeStream(20)
+    source = stream_source(stream, 0, 1)
+    source.seek(position)
+    seen: list[int] = []
+    read_some(source, seen)
+    assert sorted(seen) == list(range(20))  # from the start
+    assert "ignoring a read position it cannot use" in caplog.text
+
+
+def test_redis_stream_executors_report_what_they_emit_not_the_whole_stream() -> None:
+    # three executors each read all 300 entries; offered counts (the executor's `received`, the analysis's
+    # input rate and queue) must add up to the stream, not to 3 × the stream
+    stream = _FakeStream(300)
+    sources = [stream_source(stream, i, 3) for i in range(3)]
+    due, seen = [], []
+    for source in sources:
+        read_some(source, seen)
+        due.append(source.poll(time.time(), lambda *e: None, 10))
+    assert sum(due) == 300 and len(seen) == 300
+    assert all(d > 0 for d in due)

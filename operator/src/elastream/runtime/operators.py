@@ -39,7 +39,7 @@ from typing import Any, NamedTuple, Protocol
 import redis
 
 from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, parse_rates, preset_steps
-from elastream.core.schedule import key_group_of
+from elastream.core.schedule import key_group_of, key_group_ranges
 from elastream.core.topology import Vertex
 from elastream.store.codec import text
 from elastream.store.retry import backoff
@@ -424,9 +424,31 @@ class Synthetic:
         self.cost.pay()
 
 
+#: the key that marks a `RedisStreamSource` position as per-lane (its value, "ordinal % M", names the stride)
+LANES_MARK = "lanes"
+
+
 class RedisStreamSource:
     """`source: {type: redis-stream, stream: NAME}` — reads entries of a Redis stream (field `value`, optional
-    `key`); executor i of k takes every k-th entry. The position is the last entry id read."""
+    `key`), exactly once across any change of parallelism.
+
+    Entries are numbered by their ordinal n in the stream (0 for its first entry: the stream must not be
+    trimmed below entries a source has not read). Like `Synthetic`'s ids, the ordinals are split into
+    `maxParallelism` lanes, lane j holding j, j+M, j+2M, ... (M = maxParallelism); an executor owns the lanes
+    of its key groups, reads the whole stream and emits the entries of its own lanes. The position is::
+
+        {"lanes": "ordinal % M", j: [entry id, count], ...}      # one pair per lane the executor owns
+
+    meaning: the lane's first `count` entries (ordinals j, j+M, ..., j+(count-1)M) are emitted, so its next
+    entry has ordinal j + count*M; `entry id` is the id of the last of them ("0-0" while count is 0), so
+    reading may resume right after it, at ordinal j + (count-1)M + 1 (at 0 from "0-0"). A rescale merges the
+    old executors' maps and hands whole lanes over: a new executor resumes reading at the smallest resume
+    point of its lanes and skips the entries of a lane until the lane's next ordinal, so nothing is skipped
+    or repeated whatever the old and new parallelism. Counts only grow (`replayed_events` reads them).
+    Positions of the previous version ({executor index: [last entry id read, entries read]}, executor i
+    of k having emitted the ordinals n ≡ i mod k below its count) and per-lane positions of another M are
+    converted exactly on `seek` (one XREVRANGE of M entries); only another rescale before the executors have
+    read past the furthest of those old read points may repeat entries of that gap."""
 
     def __init__(self, client_factory: Callable[[], Any]) -> None:
         self.client_factory = client_factory
@@ -434,16 +456,29 @@ class RedisStreamSource:
     def open(self, context: Context) -> None:
         self.client = self.client_factory()
         self.stream = str(context.config.get("stream", f"{context.vertex}:in"))
-        self.index, self.stride = context.index, context.parallelism
+        self.stride = context.max_parallelism
+        lanes = context.key_groups or key_group_ranges(context.max_parallelism, context.parallelism)[context.index]
+        self.lanes = list(lanes)
         self.name = f"{context.vertex}#{context.index}"
+        #: per own lane: the ordinal of its next entry, and the id of its last emitted entry
+        self.next: dict[int, int] = {lane: lane for lane in self.lanes}
+        self.last: dict[int, str] = dict.fromkeys(self.lanes, "0-0")
+        #: the read cursor: the id of the last entry read and the ordinal of the next one
         self.last_id = "0-0"
         self.read = 0
+        #: entries this executor emitted since it opened: what it reports as offered ("due"). Not `read`:
+        #: every executor reads the whole stream, so k executors would report k times the stream's rate
+        #: (and a queue of the entries of other lanes) to the analysis and the autoscaler
+        self.offered = 0
+        #: after seeking a foreign position: (its stride S, per foreign lane the ordinal below which the
+        #: entries of the lane (n ≡ lane mod S) were emitted, the largest of these)
+        self.foreign: tuple[int, dict[int, int], int] | None = None
         self.retry_at = self.last_warning = 0.0
         self.delays = backoff()
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
         if now < self.retry_at:
-            return self.read
+            return self.offered
         try:
             entries = self.client.xread({self.stream: self.last_id}, count=budget, block=10) or []
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -459,32 +494,129 @@ class RedisStreamSource:
                     exc,
                     delay,
                 )
-            return self.read
+            return self.offered
         self.delays = backoff()
         for _, items in entries:
             for entry_id, fields in items:
-                self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                self.last_id = text(entry_id)
                 n = self.read
                 self.read += 1
-                if n % self.stride != self.index:
-                    continue
+                lane = n % self.stride
+                if n < self.next.get(lane, n + 1):
+                    continue  # not an own lane, or emitted before (by an old executor)
+                self.next[lane] = n + self.stride
+                self.last[lane] = self.last_id
+                if self.foreign is not None:
+                    stride, emitted_below, _ = self.foreign
+                    if n < emitted_below.get(n % stride, 0):
+                        continue  # emitted by an executor of the foreign position
                 ms, seq = (int(x) for x in self.last_id.split("-"))
                 decoded = {text(k): text(v) for k, v in fields.items()}
+                self.offered += 1
                 emit_new(ms * 1000 + seq, decoded.get("key", n), decoded.get("value"))
-        return self.read
+        if self.foreign is not None and self.read >= self.foreign[2]:
+            self.foreign = None
+        return self.offered
 
     def position(self) -> Any:
-        """{executor index: [last entry id read, entries read]}: a mapping, so that a migration's merged
-        positions hand each executor its own (exact across a rescale only while the parallelism stays)."""
-        return {self.index: [self.last_id, self.read]}
+        """{"lanes": "ordinal % M", lane: [id of its last emitted entry, entries of it emitted]} (see the class)."""
+        position: dict[Any, Any] = {LANES_MARK: f"ordinal % {self.stride}"}
+        for lane in self.lanes:
+            position[lane] = [self.last[lane], (self.next[lane] - lane) // self.stride]
+        return position
 
     def seek(self, position: Any) -> None:
-        mine = position.get(self.index) if isinstance(position, Mapping) else position
-        if mine is not None:
-            self.last_id, self.read = str(mine[0]), int(mine[1])
+        """Take the positions of the lanes this executor owns from `position` (every old executor's merged)
+        and resume reading at the smallest resume point among them. A position this source cannot read is
+        logged and ignored (the executor keeps its own, from the stream's start when new)."""
+        try:
+            if not isinstance(position, Mapping):
+                raise ValueError("not a mapping")
+            stride = _lanes_stride(position.get(LANES_MARK))
+            if stride == self.stride:
+                taken: dict[int, tuple[int, str]] = {}
+                for key, value in position.items():
+                    if key != LANES_MARK and int(key) in self.next:
+                        lane, count = int(key), max(0, int(value[1]))
+                        taken[lane] = (lane + count * self.stride, _entry_id(value[0]) if count > 0 else "0-0")
+                for lane, (nxt, last) in taken.items():
+                    self.next[lane], self.last[lane] = nxt, last
+                self.foreign = None
+                self._resume_at_the_first_lane()
+            else:
+                self._seek_foreign(position, stride)
+        except (ValueError, TypeError, IndexError, KeyError, redis.RedisError) as exc:
+            logging.getLogger("elastream.worker").warning(
+                "source %s: ignoring a read position it cannot use (%s): %r", self.name, exc, position
+            )
+
+    def _resume_at_the_first_lane(self) -> None:
+        """Put the read cursor at the smallest resume point among the own lanes (every lane's entries before
+        it are emitted)."""
+        self.last_id, self.read = "0-0", 0
+        if self.lanes:
+            lane = min(self.lanes, key=self.next.__getitem__)
+            if self.next[lane] >= self.stride:  # count ≥ 1: resume after the lane's last emitted entry
+                self.last_id, self.read = self.last[lane], self.next[lane] - self.stride + 1
+
+    def _seek_foreign(self, position: Mapping[Any, Any], stride: int | None) -> None:
+        """Seek to a position of another shape: per-lane of another stride, or the previous version's
+        {executor index: [last entry id read, entries read]} (stride None). Both say "the entries n ≡ i mod S
+        below bound[i] are emitted"; every own lane resumes at its first entry at or after the smallest
+        bound's resume point, and `poll` skips the entries the bounds cover beyond it."""
+        values = {int(k): v for k, v in position.items() if k != LANES_MARK}
+        legacy = stride is None
+        stride = max(values, default=-1) + 1 if stride is None else stride
+        if stride <= 0 or not all(0 <= i < stride for i in values):
+            raise ValueError(f"no lanes 0..{stride - 1}")
+        bounds: dict[int, int] = {}
+        resume = [] if len(values) == stride else [("0-0", 0)]  # a lane without a position: from the start
+        for i, value in values.items():
+            count = max(0, int(value[1]))
+            if legacy:  # executor i of k = S read `count` entries, the last one `entry id`
+                bounds[i] = count
+                resume.append((_entry_id(value[0]), count) if count > 0 else ("0-0", 0))
+            else:  # lane i of S: `count` entries emitted, the last one `entry id`
+                bounds[i] = i + count * stride
+                resume.append((_entry_id(value[0]), bounds[i] - stride + 1) if count > 0 else ("0-0", 0))
+        start_id, start = min(resume, key=lambda r: r[1])
+        # the ids of the M entries before the cursor (newest first): the own lanes' last emitted entries
+        before: list[str] = []
+        if start > 0:
+            entries = retry_redis(
+                lambda: self.client.xrevrange(self.stream, max=start_id, min="-", count=self.stride),
+                f"source {self.name}: reading stream {self.stream}",
+            )
+            before = [text(entry_id) for entry_id, _ in entries]
+        for lane in self.lanes:
+            nxt = lane if lane >= start else lane + -(-(start - lane) // self.stride) * self.stride
+            self.next[lane] = nxt
+            back = start - 1 - (nxt - self.stride)  # index of the lane's last emitted entry in `before`
+            self.last[lane] = "0-0" if nxt < self.stride else before[back] if back < len(before) else start_id
+        self.last_id, self.read = start_id, start
+        furthest = max(bounds.values(), default=0)
+        self.foreign = (stride, bounds, furthest) if furthest > start else None
 
     def close(self) -> None:
         self.client.close()
+
+
+def _entry_id(value: Any) -> str:
+    """A stream entry id from a position (msgpack may hand back bytes)."""
+    entry = text(value) if isinstance(value, bytes | str) else None
+    if entry is None or len(entry.split("-")) != 2 or not all(p.isdigit() for p in entry.split("-")):
+        raise ValueError(f"not a stream entry id: {value!r}")
+    return entry
+
+
+def _lanes_stride(mark: Any) -> int | None:
+    """The stride M of a per-lane position's mark "ordinal % M" (None: no mark, the previous version's)."""
+    if mark is None:
+        return None
+    prefix, _, stride = str(mark).rpartition("%")
+    if prefix.strip() != "ordinal" or not stride.strip().isdigit():
+        raise ValueError(f"unknown position mark {mark!r}")
+    return int(stride)
 
 
 # --------------------------------------------------------------------------------------------------------
