@@ -160,7 +160,7 @@ def test_a_high_vertex_grows_only_on_an_increasing_input() -> None:
     # a: 900/s against 1000/s capacity -> LAL 0.9 (high)
     steady = {**base, "a": vm(900.0, 1000.0, 2)}
     rising = {**base, "a": vm(900.0, 1000.0, 2, trend=0.5)}
-    topology, snapshot = chain(steady)
+    topology, _snapshot = chain(steady)
     parallelism = {"s": 1, "a": 2, "b": 2, "z": 1}
     # the source offers 900/s, so a's demand is 900/s
     s_snap = MetricSnapshot({**steady, "s": vm(900.0, 5000.0, 1, input_rate=900.0)})

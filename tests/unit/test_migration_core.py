@@ -217,7 +217,7 @@ def test_replayed_events_per_lane_from_latest_back_to_the_checkpoint() -> None:
     latest = [{0: 15, 1: 12}, {2: 9}, {2: 8}]  # a stale entry of lane 2 from an older executor
     assert replayed_events(checkpointed, latest) == 5 + 0 + 2
     assert replayed_events([], latest) == 15 + 12 + 9  # no checkpoint: everything is emitted again
-    # redis-stream positions: {executor index: [last entry id, entries read]}
+    # redis-stream positions: {lane: [last entry id, entries of the lane emitted]}
     assert replayed_events([{0: ["5-0", 40]}], [{0: ["9-0", 64]}]) == 24
     assert replayed_events([{0: 3}], [None, "opaque"]) == 0  # positions without counts count nothing
 

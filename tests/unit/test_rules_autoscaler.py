@@ -76,7 +76,7 @@ def run(t, s, state=None, now=121.0, nodes=2, window=WINDOW):
 
 
 def test_a_scale_out_acts_at_once_and_says_why() -> None:
-    rec, state = run(topo(), snap({"s": 0.2, "a": 0.95, "z": 0.1}))
+    rec, _state = run(topo(), snap({"s": 0.2, "a": 0.95, "z": 0.1}))
     assert rec.action == "scale-out" and rec.parallelism == {"s": 1, "a": 3, "z": 1} and rec.target_nodes == 2
     assert rec.to_status()["decision"] == "scale-out" and "capacity over 0.8 in a" in rec.reason
 

@@ -11,7 +11,7 @@ import pytest
 from elastream.control.controller import TopologyController
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration import MigrationReport
-from elastream.core.ports import BackendError
+from elastream.core.ports import BackendError, ScaleRequest
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import parse_manifest
@@ -122,8 +122,8 @@ class ListFeed:
 class ListRequests:
     pending: list[int] = field(default_factory=list)
 
-    def take(self) -> int | None:
-        return self.pending.pop(0) if self.pending else None
+    def take(self) -> ScaleRequest | None:
+        return ScaleRequest(self.pending.pop(0)) if self.pending else None
 
 
 @dataclass
@@ -329,7 +329,7 @@ class WindowedMetrics(SimulatedMetrics):
 
 
 def autoscaled(nodes: int = 2, **auto):
-    topology, backend, migrator, events, status, requests, controller = setup()
+    _topology, backend, migrator, events, status, _requests, controller = setup()
     spec = {"enabled": True, "stabilizationSeconds": 30, **auto}
     document = manifest(
         [src("s", 2, rate=4000), work("parse", 2, costMs=2), sink("z", 1, costMs=0.05)],
@@ -347,7 +347,7 @@ def autoscaled(nodes: int = 2, **auto):
 def test_autoscale_scales_the_critical_vertex_out_by_eq_11_and_publishes_why() -> None:
     # parse: 2 executors × 500/s against 4000/s offered: LAL 4, critical -> ⌈2 × 4⌉ = 8 executors; the
     # source (no cost) is low -> 1; z gets parse's estimated output at its new degree and stays at 1.
-    backend, migrator, events, status, controller = autoscaled()
+    _backend, migrator, events, status, controller = autoscaled()
     record = controller.tick()
     assert record is not None and record.outcome == "succeeded" and record.trigger == "autoscaler"
     assert migrator.applied[-1].parallelism() == {"s": 1, "parse": 8, "z": 1}
@@ -361,7 +361,7 @@ def test_autoscale_scales_the_critical_vertex_out_by_eq_11_and_publishes_why() -
 
 
 def test_autoscale_holds_after_a_change_until_it_settled_and_stabilized() -> None:
-    backend, migrator, events, status, controller = autoscaled()
+    _backend, migrator, _events, status, controller = autoscaled()
     controller.tick()
     applied = len(migrator.applied)
     controller.clock.t += 5.0
@@ -373,7 +373,7 @@ def test_autoscale_holds_after_a_change_until_it_settled_and_stabilized() -> Non
 
 
 def test_execute_false_only_recommends() -> None:
-    backend, migrator, events, status, controller = autoscaled(execute=False)
+    _backend, migrator, events, status, controller = autoscaled(execute=False)
     assert controller.tick() is None
     assert migrator.applied == []
     evaluation = status.fields["autoscaler"][-1]
@@ -384,7 +384,7 @@ def test_execute_false_only_recommends() -> None:
 
 def test_autoscale_stays_within_max_nodes() -> None:
     # maxNodes 1: 6 slots; parse wanted 8 but only 4 fit beside s and z
-    backend, migrator, events, status, controller = autoscaled(nodes=1, maxNodes=1)
+    _backend, migrator, _events, status, controller = autoscaled(nodes=1, maxNodes=1)
     record = controller.tick()
     assert record is not None
     assert migrator.applied[-1].parallelism() == {"s": 1, "parse": 4, "z": 1}
@@ -393,7 +393,7 @@ def test_autoscale_stays_within_max_nodes() -> None:
 
 
 def test_autoscale_disabled_never_analyses() -> None:
-    topology, backend, migrator, events, status, requests, controller = setup()
+    topology, backend, _migrator, _events, status, _requests, controller = setup()
     controller.metrics = WindowedMetrics(topology, backend, controller.clock)
     controller.start()
     controller.tick()

@@ -25,7 +25,7 @@ from elastream.control.scaling import ScalingRecord
 from elastream.core.ports import BackendError
 from elastream.core.topology import Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
-from elastream.store.registry import RedisUnavailable
+from elastream.store.registry import RedisUnavailable, Registry
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,9 +61,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
     demo.set_defaults(func=cmd_demo)
 
-    scale = subparsers.add_parser("scale", help="ask a running `elastream run` to scale to --nodes N")
+    scale = subparsers.add_parser(
+        "scale", help="ask a running `elastream run` to scale to --nodes N and/or new vertex degrees"
+    )
     scale.add_argument("file", help="YAML file of the running StreamTopology")
-    scale.add_argument("--nodes", type=int, required=True, help="node count after scaling")
+    scale.add_argument("--nodes", type=int, default=None, help="node count after scaling (default: unchanged)")
+    scale.add_argument(
+        "--parallelism",
+        action="append",
+        default=[],
+        metavar="VERTEX=K",
+        help="set a vertex's parallelism (repeatable); the run migrates to it",
+    )
     scale.add_argument("--redis", default=os.environ.get("ELASTREAM_REDIS_URL"), help="the run's Redis URL")
     scale.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the outcome")
     scale.set_defaults(func=cmd_scale)
@@ -328,12 +337,32 @@ def print_report(status: dict[str, Any]) -> None:
     )
 
 
+def parse_parallelism(topology: Topology, items: list[str]) -> dict[str, int]:
+    """`--parallelism VERTEX=K` arguments as {vertex: K}, each checked against the manifest."""
+    result: dict[str, int] = {}
+    for item in items:
+        vertex, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise CommandError(f"--parallelism: {item!r} is not VERTEX=K; write e.g. --parallelism parse=4")
+        if vertex not in topology.vertices:
+            known = ", ".join(topology.order)
+            raise CommandError(f"--parallelism: {vertex!r} is not a vertex of {topology.name}; use one of: {known}")
+        k, bound = int(value), topology.vertices[vertex].max_parallelism
+        if not 1 <= k <= bound:
+            raise CommandError(f"--parallelism: {vertex}={k} is outside [1, {bound}] (its maxParallelism)")
+        result[vertex] = k
+    return result
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     from elastream.control.controller import scale_request_key, status_key
     from elastream.store.registry import connect
 
     topology = load_manifest(args.file)
-    if args.nodes < 1:
+    parallelism = parse_parallelism(topology, args.parallelism)
+    if args.nodes is None and not parallelism:
+        raise CommandError("--nodes or --parallelism: give at least one (e.g. --nodes 3 or --parallelism parse=4)")
+    if args.nodes is not None and args.nodes < 1:
         raise CommandError(f"--nodes: {args.nodes} is below 1; ask for at least 1 node")
     if not args.redis:
         raise CommandError("--redis: no URL; pass the one `elastream run` printed (or set ELASTREAM_REDIS_URL)")
@@ -341,9 +370,18 @@ def cmd_scale(args: argparse.Namespace) -> int:
         client = connect(args.redis, wait_s=5.0)
     except RedisUnavailable as exc:
         raise CommandError(str(exc)) from None
+    nodes = args.nodes
+    if nodes is None:
+        running = Registry(client, topology.redis_prefix).schedule()
+        if running is None:
+            raise CommandError(f"{topology.name} is not running on {args.redis}; start `elastream run {args.file}`")
+        nodes = len(running[1].nodes)
     client.delete(status_key(topology, "lastScaling"))
-    client.set(scale_request_key(topology), str(args.nodes))
-    print(f"asked {topology.name} to scale to {args.nodes} nodes; waiting for the outcome", flush=True)
+    client.set(scale_request_key(topology), json.dumps({"nodes": nodes, "parallelism": parallelism or None}))
+    asked = f"{nodes} nodes" + (
+        f", parallelism {', '.join(f'{v}={k}' for v, k in parallelism.items())}" if parallelism else ""
+    )
+    print(f"asked {topology.name} to scale to {asked}; waiting for the outcome", flush=True)
     deadline = time.monotonic() + args.timeout
     announced = False
     while time.monotonic() < deadline:

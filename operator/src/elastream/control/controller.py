@@ -38,6 +38,7 @@ from elastream.core.ports import (
     MetricSource,
     Migrator,
     SampleFeed,
+    ScaleRequest,
     ScaleRequests,
     StatusSink,
     SystemClock,
@@ -137,9 +138,9 @@ class TopologyController:
         if failed:
             self.recover(failed)
         record = None
-        nodes = self.requests.take()
-        if nodes is not None:
-            record = self.scale_to(nodes)
+        request = self.requests.take()
+        if request is not None:
+            record = self.scale_to(request.nodes, request.parallelism)
         elif self.topology.scaling.auto.enabled:
             record = self.autoscale()
         samples = self.feed.read_since(self._since)
@@ -360,14 +361,23 @@ def status_key(topology: Topology, field_name: str) -> str:
 
 @dataclass
 class RedisScaleRequests:
-    """Local mode's requests: `elastream scale` writes the node count to `<prefix>scale-request`."""
+    """Local mode's requests: `elastream scale` writes {"nodes": N, "parallelism": {vertex: k}} as JSON to
+    `<prefix>scale-request` (a bare number, as older versions wrote, is a node count)."""
 
     client: redis.Redis
     topology: Topology
 
-    def take(self) -> int | None:
+    def take(self) -> ScaleRequest | None:
         raw = self.client.getdel(scale_request_key(self.topology))
-        return None if raw is None else int(raw)
+        if raw is None:
+            return None
+        data = json.loads(raw)
+        if isinstance(data, int):
+            return ScaleRequest(data)
+        parallelism = data.get("parallelism")
+        return ScaleRequest(
+            int(data["nodes"]), {str(v): int(k) for v, k in parallelism.items()} if parallelism else None
+        )
 
 
 @dataclass

@@ -28,7 +28,7 @@ from prometheus_client import Counter, Histogram
 from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, selector_for
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
-from elastream.core.ports import BackendError, EventSink
+from elastream.core.ports import BackendError, EventSink, ScaleRequest
 from elastream.core.status import StatusFacts, desired_conditions, merge_conditions, phase
 from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest
 from elastream.store.registry import Registry
@@ -175,7 +175,7 @@ class KubernetesEvents:
 class NoRequests:
     """On Kubernetes a request is a change of `spec.nodes`: the handler calls `scale_to` itself."""
 
-    def take(self) -> int | None:
+    def take(self) -> ScaleRequest | None:
         return None
 
 

@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
@@ -67,10 +68,18 @@ class Migrator(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ScaleRequest:
+    """What a user asked for: a node count, and optionally new degrees for some vertices."""
+
+    nodes: int
+    parallelism: Mapping[str, int] | None = None
+
+
 @runtime_checkable
 class ScaleRequests(Protocol):
-    def take(self) -> int | None:
-        """The node count asked for since the last call, or None."""
+    def take(self) -> ScaleRequest | None:
+        """The request made since the last call, or None."""
         ...
 
 

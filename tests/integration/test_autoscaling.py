@@ -1,0 +1,130 @@
+"""Automatic scaling and direct parallelism changes as a user runs them: `elastream run` with
+`spec.scaling.auto` on real worker processes and a real Redis, and `elastream scale --parallelism`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from elastream.core.topology import load_manifest
+from elastream.store.registry import Registry
+from harness import write_manifest
+from helpers import edge, manifest, src, work
+
+pytestmark = pytest.mark.integration
+ELASTREAM = (sys.executable, "-m", "elastream")
+
+
+def start_run(tmp_path, path: str, redis_url: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    log_path = os.path.join(str(tmp_path), "run.log")
+    with open(log_path, "w", encoding="utf-8") as log:
+        run = subprocess.Popen(
+            [*ELASTREAM, "run", path, "--redis", redis_url, "--engine", "python", "--duration", "150", *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    return run, log_path
+
+
+def wait_for(predicate, timeout_s: float, what: str, log_path: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    with open(log_path, encoding="utf-8") as handle:
+        tail = handle.read()[-3000:]
+    raise AssertionError(f"{what} not within {timeout_s:.0f} s; run log:\n{tail}")
+
+
+def test_the_autoscaler_scales_a_congested_vertex_out_on_real_workers(tmp_path, redis_url: str) -> None:
+    # w does 250/s per executor (4 ms, sleeping) against 600/s offered: LAL ≈ 2.4, critical, ⌈1 × 2.4⌉ = 3
+    doc = manifest(
+        [src("src", 1, rate=600, keys=16), work("w", 1, costMs=4.0), {"name": "out", "sink": {"type": "null"}}],
+        [edge("src", "w"), edge("w", "out")],
+        name="autoscaled",
+        nodes=1,
+        slotsPerNode=4,
+        scaling={
+            "window": 6,
+            "auto": {"enabled": True, "policy": "autoscale", "maxNodes": 3, "stabilizationSeconds": 5},
+        },
+    )
+    path = write_manifest(str(tmp_path), doc)
+    run, log_path = start_run(tmp_path, path, redis_url, "--interval", "0.5")
+    client = redis.Redis.from_url(redis_url)
+    prefix = load_manifest(path).redis_prefix
+    try:
+
+        def scaled() -> dict | None:
+            raw = client.get(f"{prefix}last-scaling")
+            status = json.loads(raw) if raw else None
+            return status if status and status.get("trigger") == "autoscaler" else None
+
+        status = wait_for(scaled, 90, "an automatic scaling", log_path)
+        assert status["outcome"] == "succeeded", status
+        evaluation = json.loads(client.get(f"{prefix}autoscaler"))
+        assert evaluation["policy"] == "autoscale" and evaluation["vertices"]["w"]["lal"] is not None
+        running = Registry(client, prefix).schedule()
+        assert running is not None and running[1].parallelism()["w"] >= 2  # grew past its 1 executor
+        assert status["requestedParallelism"]["w"] >= 2
+    finally:
+        run.send_signal(signal.SIGINT)
+        run.wait(60)
+    with open(log_path, encoding="utf-8") as handle:
+        output = handle.read()
+    assert "AutoscalerDecided: scale-out" in output
+    assert "ScalingPlanned:" in output and "parallelism w 1->" in output
+
+
+def test_scale_sets_a_vertex_parallelism_on_a_running_topology(tmp_path, redis_url: str) -> None:
+    doc = manifest(
+        [
+            src("src", 1, rate=300, keys=32),
+            work("w", 1, costMs=1.0),
+            {"name": "count", "parallelism": 2, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+            {"name": "out", "sink": {"type": "null"}},
+        ],
+        [edge("src", "w"), {"from": "w", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
+        name="reparallelized",
+        nodes=2,
+        slotsPerNode=4,
+    )
+    path = write_manifest(str(tmp_path), doc)
+    run, log_path = start_run(tmp_path, path, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    prefix = load_manifest(path).redis_prefix
+    try:
+        wait_for(lambda: client.exists(f"{prefix}metrics"), 60, "metrics", log_path)
+        time.sleep(3.0)
+        bad = subprocess.run(
+            [*ELASTREAM, "scale", path, "--redis", redis_url, "--parallelism", "nope=2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bad.returncode == 1 and "'nope' is not a vertex" in bad.stderr and "Traceback" not in bad.stderr
+        scale = subprocess.run(
+            [*ELASTREAM, "scale", path, "--redis", redis_url, "--parallelism", "w=3", "--parallelism", "count=1"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert scale.returncode == 0, scale.stdout + scale.stderr
+        status = json.loads(scale.stdout[scale.stdout.index("{") :])
+        assert status["outcome"] == "succeeded" and status["toNodes"] == 2
+        assert status["plan"]["parallelism"] == {"src": 1, "w": 3, "count": 1, "out": 1}
+        running = Registry(client, prefix).schedule()
+        assert running is not None and running[1].parallelism()["w"] == 3
+    finally:
+        run.send_signal(signal.SIGINT)
+        run.wait(60)
