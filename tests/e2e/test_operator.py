@@ -32,7 +32,8 @@ def topology_manifest(name: str, nodes: int = 2) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "nodes": nodes,
-            # room for Stela's new executors on the way back in (lowering parallelism to fit is issue 11's)
+            # room for Stela's new executors on the way back in (a scale-in that does not fit lowers parallelism,
+            # which test_parallelism_rescale.py checks on real workers)
             "slotsPerNode": 6,
             "vertices": [
                 {
@@ -251,3 +252,59 @@ def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, ku
     out_ids = sink_ids(client, e2e_namespace, name, "out")
     assert set(out_ids) == set(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost"
     assert max(out_ids.values()) == 1, f"{sum((out_ids - Counter(range(EVENTS))).values())} delivered twice"
+
+
+def test_the_autoscaler_recommends_then_scales_and_a_spec_parallelism_migrates(
+    installed, kubectl, e2e_namespace, tmp_path
+):
+    client: redis.Redis = installed["redis"]
+    name = "autoscaled"
+    doc = topology_manifest(name)
+    # parse does 250/s (4 ms) against 300/s offered: critical (LAL ≈ 1.2); recommend only at first
+    doc["spec"]["scaling"]["auto"] = {"enabled": True, "maxNodes": 3, "stabilizationSeconds": 5, "execute": False}
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: (s.get("autoscaler") or {}).get("decision") == "scale-out", 180, "a recommended scale-out",
+    )  # fmt: skip
+    recommendation = out["autoscaler"]
+    assert recommendation["execute"] is False and recommendation["vertices"]["parse"]["activity"] == "critical"
+    assert recommendation["parallelism"]["parse"] >= 2
+    assert "lastScaling" not in out  # nothing changed
+    assert "AutoscalerRecommends" in kubectl("describe", "topo", name, "-n", e2e_namespace).stdout
+
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge",
+            "-p", '{"spec":{"scaling":{"auto":{"execute":true}}}}')  # fmt: skip
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: (s.get("lastScaling") or {}).get("trigger") == "autoscaler", 180, "an automatic scaling",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    parse = next(v for v in out["vertices"] if v["name"] == "parse")
+    assert parse["parallelism"] >= 2
+    spec_nodes = json.loads(kubectl("get", "topo", name, "-n", e2e_namespace, "-o", "json", quiet=True).stdout)
+    assert spec_nodes["spec"]["nodes"] == out["nodes"]  # the autoscaler's node count is the desired state
+
+    # a vertex's parallelism set in the spec: the operator migrates to it (stop the autoscaler first)
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge",
+            "-p", '{"spec":{"scaling":{"auto":{"enabled":false}}}}')  # fmt: skip
+    vertices = spec_nodes["spec"]["vertices"]
+    index = next(i for i, v in enumerate(vertices) if v["name"] == "count")
+    lower = [{"op": "replace", "path": f"/spec/vertices/{index}/parallelism", "value": 1}]
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "json", "-p", json.dumps(lower))
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: (s.get("lastScaling") or {}).get("trigger") == "spec", 180, "the spec's parallelism",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    assert next(v for v in out["vertices"] if v["name"] == "count")["parallelism"] == 1
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and sum(sink_ids(client, e2e_namespace, name, "out").values()) < EVENTS:
+        time.sleep(2)
+    time.sleep(5)
+    assert sink_ids(client, e2e_namespace, name, "out") == Counter(range(EVENTS))
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
