@@ -1,22 +1,30 @@
 """Offline commands on manifests and snapshots: validate, etp, plan, simulate.
 
-They need no cluster, Redis or Spark: a manifest, and for etp/plan a metric snapshot (JSON, the shape
-DESIGN.md fixes; `elastream simulate --snapshot-out` writes one from the fluid model).
+They need no cluster, Redis or Spark: a manifest, and for etp a metric snapshot (JSON, the shape DESIGN.md
+fixes; `elastream simulate --snapshot-out` writes one from the fluid model). `plan` without `--metrics`
+plans from that fluid-model snapshot itself (`model_snapshot`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 from elastream.cli import CommandError
 from elastream.core.metrics import MetricSnapshot
+from elastream.core.pareto import KNEE_FRACTION, ParetoError, ParetoPlan, pareto_plan
 from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
-from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
+from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, load_manifest, split_executor_id
+
+#: printed (to stderr) when `plan` has no --metrics
+MODEL_NOTE = (
+    "no --metrics: planning from the fluid model of the manifest (costMs, rates); pass --metrics for measured rates"
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,15 +39,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     etp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     etp.set_defaults(func=cmd_etp)
 
-    plan = subparsers.add_parser("plan", help="plan a scale-out or scale-in to --nodes N")
+    plan = subparsers.add_parser(
+        "plan", help="plan a scale-out or scale-in to --nodes N, or list the throughput/cost Pareto front (--pareto)"
+    )
     plan.add_argument("file", help="YAML file with one StreamTopology")
-    plan.add_argument("--metrics", required=True, metavar="SNAP.json", help="metric snapshot (JSON)")
-    plan.add_argument("--nodes", required=True, type=int, help="node count after scaling")
+    plan.add_argument(
+        "--metrics",
+        metavar="SNAP.json",
+        help="metric snapshot (JSON); default: the fluid model's snapshot of the manifest (costMs, rates)",
+    )
+    target = plan.add_mutually_exclusive_group(required=True)
+    target.add_argument("--nodes", type=int, help="node count after scaling")
+    target.add_argument(
+        "--pareto", action="store_true", help="list the Pareto-optimal (nodes, parallelism) configurations"
+    )
+    plan.add_argument(
+        "--max-nodes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --pareto: largest node count tried; default: spec.scaling.auto.maxNodes when autoscaling "
+        "is enabled, else 2 × spec.nodes",
+    )
     plan.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: spec.scaling.strategy")
     plan.add_argument("--congestion-rate", type=float, default=None, help="default: spec.scaling.congestionRate")
     plan.add_argument("--seed", type=int, default=0, help="seed of the random strategy")
     plan.add_argument("--json", action="store_true", help="print JSON instead of text")
-    plan.set_defaults(func=cmd_plan)
+    plan.set_defaults(func=cmd_plan, usage_error=plan.error)
 
     sim = subparsers.add_parser("simulate", help="steady-state throughput of a schedule (fluid model)")
     sim.add_argument("file", help="YAML file with one StreamTopology")
@@ -48,6 +74,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sim.add_argument("--snapshot-out", metavar="SNAP.json", help="write the simulated metric snapshot here")
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sim.set_defaults(func=cmd_simulate)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a node count ≥ 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; give a node count ≥ 1")
+    return value
 
 
 def _read_topology_document(path: str) -> Any:
@@ -151,10 +187,64 @@ def current_schedule(topology: Topology, snapshot: MetricSnapshot) -> Schedule:
     return schedule
 
 
+def _simulate(topology: Topology, schedule: Schedule, snapshot: MetricSnapshot | None = None) -> SimulationResult:
+    """`simulate` with the model calibrated from the manifest (and `snapshot`); its errors as one line."""
+    try:
+        return simulate(topology, schedule, SimulationModel.from_topology(topology, snapshot))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def model_inputs_missing(topology: Topology) -> list[str]:
+    """One line per vertex the fluid model cannot bound from the manifest alone: logic and user-module vertices
+    without costMs, sources with neither a rate nor costMs. (A built-in sink, or a source with a rate, without
+    costMs is taken to cost nothing, as `simulate` does.)"""
+    problems: list[str] = []
+    for name in topology.order:
+        vertex = topology.vertices[name]
+        if vertex.cost_ms is not None:
+            continue
+        if vertex.kind == "source" and vertex.source_rate is None:
+            problems.append(
+                f"vertex {name}: a source with neither rate nor costMs emits without bound; add source.rate "
+                f"(tuples/s) or source.costMs to the manifest, or pass --metrics SNAP.json with measured rates"
+            )
+        elif vertex.kind == "logic" or "module" in vertex.config:
+            problems.append(
+                f"vertex {name}: no costMs, so the fluid model cannot tell its capacity; add {vertex.kind}.costMs "
+                f"(ms per tuple) to the manifest, or pass --metrics SNAP.json with measured rates"
+            )
+    return problems
+
+
+def model_snapshot(topology: Topology) -> MetricSnapshot:
+    """What `elastream simulate FILE --snapshot-out` writes: the manifest's own schedule at the fluid model's
+    steady state. Raises `CommandError` naming every vertex the model cannot bound."""
+    problems = model_inputs_missing(topology)
+    if problems:
+        raise CommandError("\n".join(problems))
+    schedule = initial_schedule(topology)
+    return snapshot_from_simulation(topology, schedule, _simulate(topology, schedule))
+
+
+def _plan_snapshot(args: argparse.Namespace, topology: Topology) -> MetricSnapshot:
+    """The --metrics snapshot, checked against the topology, or the model's snapshot (with the note)."""
+    if args.metrics:
+        snapshot = _load_snapshot(args.metrics)
+        snapshot.check_against(topology)
+        return snapshot
+    snapshot = model_snapshot(topology)
+    print(MODEL_NOTE, file=sys.stderr)
+    return snapshot
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    if not args.pareto and args.max_nodes is not None:
+        args.usage_error("--max-nodes goes with --pareto; with --nodes N the node count is given")
     topology = load_manifest(args.file)
-    snapshot = _load_snapshot(args.metrics)
-    snapshot.check_against(topology)
+    snapshot = _plan_snapshot(args, topology)
+    if args.pareto:
+        return _pareto(args, topology, snapshot)
     schedule = current_schedule(topology, snapshot)
     strategy = args.strategy or topology.scaling.strategy
     plan = make_plan(
@@ -163,16 +253,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        print_plan(topology, plan, snapshot)
+        print_plan(topology, plan, snapshot, "measured now" if args.metrics else "fluid model now")
     return 0
 
 
-def print_plan(topology: Topology, plan: Plan, snapshot: MetricSnapshot | None = None) -> None:
+def print_plan(
+    topology: Topology, plan: Plan, snapshot: MetricSnapshot | None = None, now_label: str = "measured now"
+) -> None:
     now = sum(snapshot.vertices[s].processing_rate for s in topology.sinks) if snapshot else None
     predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.1f} tuples/s"
     words = {"out": "scale out", "in": "scale in", "none": "no change"}[plan.direction]
     print(f"plan {topology.name}: {words} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}")
-    print(f"  predicted throughput: {predicted}" + (f" (measured now: {now:.1f} tuples/s)" if now is not None else ""))
+    print(f"  predicted throughput: {predicted}" + (f" ({now_label}: {now:.1f} tuples/s)" if now is not None else ""))
     if plan.added_nodes:
         print(f"  added nodes: {', '.join(plan.added_nodes)}")
     if plan.removed_nodes:
@@ -245,10 +337,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     topology = load_manifest(args.file)
     schedule = _load_schedule(args.schedule, topology) if args.schedule else initial_schedule(topology)
     snapshot = _load_snapshot(args.metrics) if args.metrics else None
-    try:
-        result = simulate(topology, schedule, SimulationModel.from_topology(topology, snapshot))
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    result = _simulate(topology, schedule, snapshot)
     if args.snapshot_out:
         with open(args.snapshot_out, "w", encoding="utf-8") as handle:
             handle.write(snapshot_from_simulation(topology, schedule, result).to_json() + "\n")
@@ -263,3 +352,72 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     print(f"throughput (sum of sinks): {result.throughput:.1f} tuples/s on {len(schedule.nodes)} nodes")
     return 0
+
+
+def default_max_nodes(topology: Topology) -> int:
+    """--max-nodes when not given: the autoscaler's spec.scaling.auto.maxNodes when it is enabled (it never
+    goes past it), else twice spec.nodes."""
+    auto = topology.scaling.auto
+    return auto.max_nodes if auto.enabled else 2 * topology.nodes
+
+
+def _pareto(args: argparse.Namespace, topology: Topology, snapshot: MetricSnapshot) -> int:
+    model = SimulationModel.from_topology(topology, snapshot)
+    max_nodes = args.max_nodes or default_max_nodes(topology)
+    try:
+        front = pareto_plan(topology, model, max_nodes)
+    except ParetoError as exc:
+        raise CommandError(f"--max-nodes {max_nodes}: {exc}") from None
+    except ValueError as exc:  # from simulate: a source the model cannot bound
+        raise CommandError(str(exc)) from None
+    offered = {s: model.vertices[s].source_rate for s in topology.sources}
+    if args.json:
+        data = {
+            "topology": topology.name,
+            "rates_from": "metrics" if args.metrics else "model",
+            "max_nodes": max_nodes,
+            "offered": offered,
+            **front.to_dict(),
+        }
+        print(json.dumps(data, indent=2))
+    else:
+        print_pareto(topology, front, offered, max_nodes, "--metrics" if args.metrics else "the fluid model")
+    return 0
+
+
+def print_pareto(
+    topology: Topology, front: ParetoPlan, offered: dict[str, float | None], max_nodes: int, rates_from: str
+) -> None:
+    first = front.configurations[0].nodes
+    print(
+        f"pareto {topology.name}: best parallelism for {first}..{front.configurations[-1].nodes} nodes "
+        f"(of {first}..{max_nodes}) × {topology.slots_per_node} slots, rates from {rates_from}"
+    )
+    rates = ", ".join(f"{s} {r:g}/s" if r is not None else f"{s} as fast as it can" for s, r in offered.items())
+    if front.bound is None:
+        print(f"  throughput bound: no offered rate to bound it ({rates})")
+    else:
+        print(f"  throughput bound: {front.bound:.1f} tuples/s at the sinks, the offered source rate ({rates})")
+    if front.bound is None or front.ceiling < front.bound * (1 - 1e-9):
+        print(f"  at most {front.ceiling:.1f} tuples/s with every vertex at maxParallelism")
+    if front.fixed:
+        print(f"  parallelism kept as written: {', '.join(front.fixed)} (redis-stream source)")
+    rows = [" ".join(f"{v}={k}" for v, k in c.parallelism.items()) for c in front.configurations]
+    width = max(len("parallelism"), *(len(r) for r in rows))
+    header = f"{'nodes':>5} {'executors':>9} {'tuples/s':>10} {'of bound':>8}  {'pareto':<10}"
+    print(f"{header} {'parallelism':<{width}}  limit")
+    for c, parallelism in zip(front.configurations, rows, strict=True):
+        share = f"{c.throughput / front.bound:.1%}" if front.bound else "-"
+        mark = ("yes" if c.nodes in front.front else "") + (" (rec)" if c.nodes == front.recommended else "")
+        print(
+            f"{c.nodes:>5} {c.executors:>9} {c.throughput:>10.1f} {share:>8}  {mark:<10} {parallelism:<{width}}  "
+            f"{c.limit}"
+        )
+    if front.stopped:
+        print(f"  stopped: {front.stopped}")
+    rec = next((c for c in front.configurations if c.nodes == front.recommended), None)
+    if rec is not None:
+        print(
+            f"recommended: {rec.nodes} nodes, {rec.executors} executors, {rec.throughput:.1f} tuples/s "
+            f"(the fewest nodes within {1 - KNEE_FRACTION:.0%} of the highest throughput)"
+        )

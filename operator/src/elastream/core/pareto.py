@@ -1,0 +1,445 @@
+"""What-if planning: the throughput/cost Pareto front of configurations (ARiSto's static mechanism).
+
+ARiSto (Gkolemis, Doka, Koziris; ../shared/seeds/001_*.txt, section 3) predicts a topology's throughput for
+any configuration from per-component models and searches the configuration space for the near-optimal,
+throughput/cost Pareto-optimal ones. Here the per-component models are the fluid model's per-vertex capacity
+(`SimulationModel`: costMs, or rates measured in a metric snapshot), the throughput calculator is `simulate`,
+and the search is a greedy instead of NSGA-II:
+
+- A configuration is a node count and a parallelism per vertex; its cost is the node count (executors are
+  reported alongside). Its throughput is `simulate` on Storm's round-robin placement of the executors over
+  the nodes.
+- For each node count, `best_configuration` starts every vertex at one executor (a vertex in
+  `fixed_vertices` at its written parallelism) and adds executors one at a time, within nodes × slotsPerNode
+  and each vertex's maxParallelism, to the vertex whose increment raises the simulated throughput most (by
+  more than MIN_GAIN, 1%). Increments within 1% of the best tie: the vertex with the higher utilisation
+  (processing / what its executors could process: the bottleneck) wins, then the earlier in topological
+  order. When no single executor gains, two at a time are tried on the saturated vertices (two bottlenecks
+  in a row: neither increment alone helps), then one on every saturated vertex with the needless ones taken
+  back (three or more in a row); when none of that gains, the greedy stops.
+- `pareto_plan` runs it for each node count, also continuing from the previous count's configuration (it
+  fits: more slots) and keeping the better. `pareto_front` keeps the configurations no cheaper one matches:
+  more throughput (by more than 1%) for more cost. The recommendation (`knee`) is the cheapest configuration
+  on the front within 1% of the highest throughput.
+- Throughput can never exceed `offered_throughput`, the sinks' rate if every vertex kept up with the
+  sources' offered rate, nor `reachable_throughput`, that with every vertex at maxParallelism and a core
+  per executor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from elastream.core.schedule import executor_order, node_name, round_robin
+from elastream.core.simulate import SearchTooLarge, SimulationModel, SimulationResult, VertexModel, simulate
+from elastream.core.topology import Topology
+
+#: a step must raise throughput by more than this fraction to count as a gain: smaller differences (a few
+#: tuples/s as another executor shifts a node's fair CPU shares) are not worth an executor
+MIN_GAIN = 0.01
+#: the recommended configuration reaches this fraction of the highest throughput found
+KNEE_FRACTION = 0.99
+#: the search stops after this many node counts in a row that raise throughput by no more than MIN_GAIN
+PATIENCE = 2
+#: a vertex processing at least this fraction of what its executors could process is saturated
+SATURATED = 1.0 - 1e-6
+
+
+class ParetoError(ValueError):
+    """No configuration can be evaluated (the message names the fix)."""
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A node count, a parallelism per vertex (topological order) and the throughput the model predicts."""
+
+    nodes: int
+    parallelism: Mapping[str, int]
+    throughput: float
+    #: what stops more throughput at this node count: "offered rate", or some of "slots", "maxParallelism:
+    #: v, ...", "fixed parallelism: v", "node CPU" (a node's CPU limit is used up), or else "no executor
+    #: adds 1%"
+    limit: str = ""
+
+    @property
+    def executors(self) -> int:
+        return sum(self.parallelism.values())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "nodes": self.nodes,
+            "executors": self.executors,
+            "throughput": self.throughput,
+            "parallelism": dict(self.parallelism),
+            "limit": self.limit,
+        }
+
+
+@dataclass(frozen=True)
+class ParetoPlan:
+    """One configuration per evaluated node count (ascending), which of them are on the front, the knee."""
+
+    configurations: tuple[Configuration, ...]
+    front: tuple[int, ...]  # node counts on the Pareto front
+    recommended: int | None  # node count of the knee
+    bound: float | None  # offered_throughput; None: some source has no rate
+    ceiling: float  # reachable_throughput: at most the bound, less when maxParallelism caps a bottleneck
+    fixed: tuple[str, ...]
+    slots_per_node: int
+    #: why the search stopped before the last node count asked for ("" when it did not)
+    stopped: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bound": self.bound,
+            "ceiling": self.ceiling,
+            "recommended": self.recommended,
+            "fixed": list(self.fixed),
+            "slots_per_node": self.slots_per_node,
+            "stopped": self.stopped or None,
+            "configurations": [
+                {**c.to_dict(), "pareto": c.nodes in self.front, "recommended": c.nodes == self.recommended}
+                for c in self.configurations
+            ],
+        }
+
+
+def fixed_vertices(topology: Topology) -> tuple[str, ...]:
+    """Vertices whose parallelism must stay as written: a `redis-stream` source (executor i of k reads every
+    k-th entry, so k is part of its read position)."""
+    return tuple(
+        v
+        for v in topology.order
+        if topology.vertices[v].kind == "source" and topology.vertices[v].config.get("type") == "redis-stream"
+    )
+
+
+def offered_throughput(topology: Topology, model: SimulationModel) -> float | None:
+    """The sinks' rate if every vertex kept up with the sources' offered rate (selectivities applied): no
+    configuration can do better. None when a source has no rate (it emits as fast as it can). Evaluated at
+    maxParallelism, so a vertex fed through `all` (every executor gets a copy) counts every copy."""
+    if any(model.vertices[s].source_rate is None for s in topology.sources):
+        return None
+    unlimited = SimulationModel(
+        {v: VertexModel(math.inf, 0.0, m.selectivity, m.source_rate) for v, m in model.vertices.items()}, None
+    )
+    return evaluate(topology, unlimited, 1, widest_parallelism(topology))[0]
+
+
+def widest_parallelism(topology: Topology, fixed: Sequence[str] = ()) -> dict[str, int]:
+    """Every vertex at maxParallelism, the vertices in `fixed` at their written parallelism."""
+    return {
+        v: topology.vertices[v].parallelism if v in fixed else topology.vertices[v].max_parallelism
+        for v in topology.order
+    }
+
+
+def reachable_throughput(topology: Topology, model: SimulationModel, fixed: Sequence[str] = ()) -> float:
+    """The most any node count can give: every vertex at maxParallelism (fixed ones as written), each
+    executor with a core to itself (no node CPU limit), so only per-executor capacity and the offered rate
+    bind. Raises ValueError (from `simulate`) when a source has neither a rate nor a cost."""
+    unshared = SimulationModel(model.vertices, None)
+    return evaluate(topology, unshared, 1, widest_parallelism(topology, fixed))[0]
+
+
+def evaluate(
+    topology: Topology, model: SimulationModel, nodes: int, parallelism: Mapping[str, int]
+) -> tuple[float, SimulationResult]:
+    """Simulated throughput of `parallelism` placed round-robin over `nodes` nodes (Storm's even scheduler;
+    as many slots per node as the executors need, at least slotsPerNode)."""
+    executors = executor_order(topology, parallelism)
+    slots = max(topology.slots_per_node, -(-len(executors) // nodes))
+    schedule = round_robin(executors, [node_name(i) for i in range(nodes)], slots)
+    result = simulate(topology, schedule, model)
+    return result.throughput, result
+
+
+def _utilisation(result: SimulationResult, vertex: str) -> float:
+    capacity = result.capacity.get(vertex)
+    if capacity is None or capacity <= 0:
+        return 0.0
+    return result.vertices[vertex].processing_rate / capacity
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= MIN_GAIN * max(1.0, abs(a), abs(b))
+
+
+def _reaches(throughput: float, bound: float) -> bool:
+    return throughput >= bound or _close(throughput, bound)
+
+
+def starting_parallelism(topology: Topology, fixed: Sequence[str] = ()) -> dict[str, int]:
+    """One executor per vertex, the vertices in `fixed` at their written parallelism."""
+    return {v: topology.vertices[v].parallelism if v in fixed else 1 for v in topology.order}
+
+
+def best_configuration(
+    topology: Topology,
+    model: SimulationModel,
+    nodes: int,
+    fixed: Sequence[str] = (),
+    offered: float | None = None,
+    ceiling: float | None = None,
+    start: Mapping[str, int] | None = None,
+) -> Configuration:
+    """The greedy of the module docstring for `nodes` nodes, from `start` (default `starting_parallelism`);
+    it stops early at `ceiling` (what no configuration can beat, `reachable_throughput`). `offered`
+    (`offered_throughput`) only names the limit. Raises `ParetoError` when `start` does not fit nodes ×
+    slotsPerNode."""
+    budget = nodes * topology.slots_per_node
+    parallelism = dict(start) if start is not None else starting_parallelism(topology, fixed)
+    if sum(parallelism.values()) > budget:
+        raise ParetoError(
+            f"{sum(parallelism.values())} executors do not fit {nodes} nodes × {topology.slots_per_node} slots"
+        )
+    throughput, result = evaluate(topology, model, nodes, parallelism)
+    while True:
+        used = sum(parallelism.values())
+        if used >= budget or (ceiling is not None and _reaches(throughput, ceiling)):
+            break
+        step = _best_step(topology, model, nodes, parallelism, fixed, throughput, result, 1)
+        if step is None and used + 2 <= budget:
+            step = _best_step(topology, model, nodes, parallelism, fixed, throughput, result, 2)
+        if step is None:
+            step = _cut_step(topology, model, nodes, parallelism, fixed, throughput, result, budget - used)
+        if step is None:
+            break
+        added, throughput, result = step
+        for v in added:
+            parallelism[v] += 1
+    limit = _limit(topology, model, result, parallelism, budget, fixed, offered)
+    return Configuration(nodes, parallelism, throughput, limit)
+
+
+def _best_step(
+    topology: Topology,
+    model: SimulationModel,
+    nodes: int,
+    parallelism: Mapping[str, int],
+    fixed: Sequence[str],
+    throughput: float,
+    result: SimulationResult,
+    size: int,
+) -> tuple[tuple[str, ...], float, SimulationResult] | None:
+    """The `size` executors to add (a multiset of vertices) that raise throughput most, or None when no choice
+    gains more than MIN_GAIN. Choices within MIN_GAIN of the best tie: the one with the most utilised vertex
+    wins (the bottleneck in `result`), then the one earliest in topological order. Two at a time (after no
+    single executor helped) are tried on saturated vertices only: two bottlenecks in a row."""
+    growable = [v for v in topology.order if v not in fixed and parallelism[v] < topology.vertices[v].max_parallelism]
+    if size > 1:
+        growable = [v for v in growable if _utilisation(result, v) >= SATURATED]
+    trials: list[tuple[float, tuple[float, tuple[int, ...]], tuple[str, ...], SimulationResult]] = []
+    for added in itertools.combinations_with_replacement(growable, size):
+        candidate = dict(parallelism)
+        for v in added:
+            candidate[v] += 1
+        if any(candidate[v] > topology.vertices[v].max_parallelism for v in added):
+            continue
+        t, r = evaluate(topology, model, nodes, candidate)
+        if t > throughput and not _close(t, throughput):
+            rank = (-max(_utilisation(result, v) for v in added), tuple(topology.position[v] for v in added))
+            trials.append((t, rank, added, r))
+    if not trials:
+        return None
+    top = max(trial[0] for trial in trials)
+    t, _, added, r = min((trial for trial in trials if _close(trial[0], top)), key=lambda trial: trial[1])
+    return added, t, r
+
+
+def _cut_step(
+    topology: Topology,
+    model: SimulationModel,
+    nodes: int,
+    parallelism: Mapping[str, int],
+    fixed: Sequence[str],
+    throughput: float,
+    result: SimulationResult,
+    room: int,
+) -> tuple[tuple[str, ...], float, SimulationResult] | None:
+    """When neither one executor nor two help, the saturated vertices form a cut (three equal stages in a
+    row): one executor for each (most utilised first, as many as `room` allows), then, latest vertex first,
+    every one of them whose removal keeps the gain is dropped again. None when that gains nothing."""
+    saturated = [
+        v
+        for v in topology.order
+        if v not in fixed
+        and parallelism[v] < topology.vertices[v].max_parallelism
+        and _utilisation(result, v) >= SATURATED
+    ]
+    saturated.sort(key=lambda v: (-_utilisation(result, v), topology.position[v]))
+    added = sorted(saturated[:room], key=lambda v: topology.position[v])
+    if len(added) < 3:
+        return None  # one or two were tried already
+    candidate = dict(parallelism)
+    for v in added:
+        candidate[v] += 1
+    t, r = evaluate(topology, model, nodes, candidate)
+    if not (t > throughput and not _close(t, throughput)):
+        return None
+    for v in reversed(list(added)):
+        candidate[v] -= 1
+        t2, r2 = evaluate(topology, model, nodes, candidate)
+        if _close(t2, t) or t2 > t:
+            added.remove(v)
+            t, r = t2, r2
+        else:
+            candidate[v] += 1
+    return tuple(added), t, r
+
+
+def _limit(
+    topology: Topology,
+    model: SimulationModel,
+    result: SimulationResult,
+    parallelism: Mapping[str, int],
+    budget: int,
+    fixed: Sequence[str],
+    bound: float | None,
+) -> str:
+    if bound is not None and _reaches(result.throughput, bound):
+        return "offered rate"
+    saturated = [v for v in topology.order if _utilisation(result, v) >= SATURATED]
+    at_max = [v for v in saturated if v not in fixed and parallelism[v] >= topology.vertices[v].max_parallelism]
+    pinned = [v for v in saturated if v in fixed]
+    reasons = ["slots"] if sum(parallelism.values()) >= budget else []
+    if at_max:
+        reasons.append("maxParallelism: " + ", ".join(at_max))
+    if pinned:
+        reasons.append("fixed parallelism: " + ", ".join(pinned))
+    cpu = model.node_cpu
+    if cpu is not None and any(used >= cpu * SATURATED for used in result.node_cpu_used.values()):
+        reasons.append("node CPU")
+    return "; ".join(reasons) or f"no executor adds {MIN_GAIN:.0%}"
+
+
+def exhaustive_configuration(
+    topology: Topology,
+    model: SimulationModel,
+    nodes: int,
+    fixed: Sequence[str] = (),
+    limit: int = 20_000,
+) -> Configuration:
+    """The best parallelism for `nodes` nodes over every vector within the slots and [1, maxParallelism]
+    (ties: fewer executors, then the first in lexicographic order), for checking the greedy on small cases.
+    Raises `SearchTooLarge` past `limit` vectors."""
+    budget = nodes * topology.slots_per_node
+    start = starting_parallelism(topology, fixed)
+    ranges = [
+        range(start[v], start[v] + 1) if v in fixed else range(1, topology.vertices[v].max_parallelism + 1)
+        for v in topology.order
+    ]
+    if math.prod(len(r) for r in ranges) > limit:
+        raise SearchTooLarge(f"more than {limit} parallelism vectors to evaluate; use a smaller case")
+    best: Configuration | None = None
+    for vector in itertools.product(*ranges):
+        if sum(vector) > budget:
+            continue
+        parallelism = dict(zip(topology.order, vector, strict=True))
+        throughput, _ = evaluate(topology, model, nodes, parallelism)
+        if (
+            best is None
+            or (throughput > best.throughput and not _close(throughput, best.throughput))
+            or (_close(throughput, best.throughput) and sum(vector) < best.executors)
+        ):
+            best = Configuration(nodes, parallelism, throughput)
+    if best is None:
+        raise ParetoError(f"no parallelism fits {nodes} nodes × {topology.slots_per_node} slots")
+    return best
+
+
+def _better(a: Configuration, b: Configuration) -> bool:
+    """`a` has more throughput than `b` (by more than MIN_GAIN), or as much with fewer executors."""
+    if _close(a.throughput, b.throughput):
+        return a.executors < b.executors
+    return a.throughput > b.throughput
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (cost, throughput) points no other point dominates (cost ≤ and throughput ≥, one of
+    them strictly), in ascending cost. Of equal points, the first is kept."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1], i))
+    front: list[int] = []
+    best = -math.inf
+    for i in order:
+        throughput = points[i][1]
+        if throughput > best and not (front and _close(throughput, best)):
+            front.append(i)
+            best = throughput
+    return front
+
+
+def knee(points: Sequence[tuple[float, float]], front: Sequence[int], fraction: float = KNEE_FRACTION) -> int | None:
+    """Index of the cheapest point on `front` reaching `fraction` of the highest throughput (None: empty)."""
+    if not front:
+        return None
+    top = max(points[i][1] for i in front)
+    return min((i for i in front if points[i][1] >= fraction * top), key=lambda i: points[i][0])
+
+
+def pareto_plan(
+    topology: Topology,
+    model: SimulationModel,
+    max_nodes: int,
+    fixed: Sequence[str] | None = None,
+) -> ParetoPlan:
+    """The best configuration for each node count from the fewest that fit one executor per vertex up to
+    `max_nodes`, the Pareto front over them and the knee. From the second node count on, the greedy also
+    continues from the previous count's configuration (it fits: more slots) and the better result is kept.
+    The search stops early at the first node count that reaches `reachable_throughput` (within MIN_GAIN);
+    without a node CPU limit, at the first the slots do not limit (more nodes then run the same executors no
+    faster); and after PATIENCE node counts in a row that add no more than MIN_GAIN. Raises `ParetoError`."""
+    if max_nodes < 1:
+        raise ParetoError(f"max nodes {max_nodes} is below 1; ask for at least 1 node")
+    pinned = fixed_vertices(topology) if fixed is None else tuple(fixed)
+    needed = sum(starting_parallelism(topology, pinned).values())
+    first = -(-needed // topology.slots_per_node)
+    if first > max_nodes:
+        raise ParetoError(
+            f"{needed} executors (one per vertex, fixed ones as written) need {first} nodes × "
+            f"{topology.slots_per_node} slots; allow at least {first} nodes or raise spec.slotsPerNode to "
+            f"{-(-needed // max_nodes)}"
+        )
+    bound = offered_throughput(topology, model)
+    ceiling = reachable_throughput(topology, model, pinned)
+    configurations: list[Configuration] = []
+    stopped = ""
+    flat = 0  # node counts in a row that gained nothing
+    for nodes in range(first, max_nodes + 1):
+        configuration = best_configuration(topology, model, nodes, pinned, bound, ceiling)
+        if configurations:
+            # the previous count's configuration fits too (more slots): continue from it, keep the better
+            warm = best_configuration(topology, model, nodes, pinned, bound, ceiling, configurations[-1].parallelism)
+            if _better(warm, configuration):
+                configuration = warm
+        configurations.append(configuration)
+        if nodes == max_nodes:
+            break
+        if _reaches(configuration.throughput, ceiling):
+            what = "the offered rate" if configuration.limit == "offered rate" else "the maxParallelism ceiling"
+            stopped = f"{nodes} nodes reach {what}; more nodes cannot raise throughput"
+            break
+        if model.node_cpu is None and "slots" not in configuration.limit:
+            stopped = f"{nodes} nodes are not limited by slots and nodes have no CPU limit; more nodes cannot help"
+            break
+        before = max((c.throughput for c in configurations[:-1]), default=-math.inf)
+        flat = 0 if configuration.throughput > before and not _close(configuration.throughput, before) else flat + 1
+        if flat >= PATIENCE:
+            stopped = f"{nodes - PATIENCE + 1}..{nodes} nodes add less than {MIN_GAIN:.0%} over fewer nodes"
+            break
+    points = [(float(c.nodes), c.throughput) for c in configurations]
+    front = pareto_front(points)
+    chosen = knee(points, front)
+    return ParetoPlan(
+        configurations=tuple(configurations),
+        front=tuple(configurations[i].nodes for i in front),
+        recommended=None if chosen is None else configurations[chosen].nodes,
+        bound=bound,
+        ceiling=ceiling,
+        fixed=pinned,
+        slots_per_node=topology.slots_per_node,
+        stopped=stopped,
+    )
