@@ -22,30 +22,24 @@ topologies (not 1/10/50).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import datetime
+import itertools
+import json
 import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from typing import Any
 
-# this file is bench/operator.py: with its directory first on sys.path (python bench/operator.py), every
-# `import operator` of the standard library (collections, enum, ...) would find this file instead
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import datetime  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
-
-import yaml  # noqa: E402
+import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -645,7 +639,7 @@ def report(
     took: float,
     quick: bool,
 ) -> None:
-    command = "python bench/operator.py" + (" --quick" if quick else "")
+    command = "python bench/operator_latency.py" + (" --quick" if quick else "")
     warm = [r for r in lat if r.get("warm") and r["outcome"] == "succeeded"]
     by_dir = {d: [r for r in warm if r["direction"] == d] for d in ("out", "in")}
     first = lat[0] if lat else None
