@@ -39,6 +39,7 @@ bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 	$(PY) bench/runtime.py
 	$(PY) bench/analysis.py
 	$(PY) bench/migration.py
+	$(PY) bench/autoscale.py
 
 images: ## build the elastream-operator:dev and elastream-worker:dev images (needs a Docker engine)
 	@bash scripts/images.sh

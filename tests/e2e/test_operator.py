@@ -260,7 +260,9 @@ def test_the_autoscaler_recommends_then_scales_and_a_spec_parallelism_migrates(
     client: redis.Redis = installed["redis"]
     name = "autoscaled"
     doc = topology_manifest(name)
-    # parse does 250/s (4 ms) against 300/s offered: critical (LAL ≈ 1.2); recommend only at first
+    # parse does 250/s (4 ms) against 300/s offered: critical (LAL ≈ 1.2); recommend only at first. The
+    # source runs until deleted (a limited one could finish before the operator's first Spark analysis)
+    del doc["spec"]["vertices"][0]["source"]["limit"]
     doc["spec"]["scaling"]["auto"] = {"enabled": True, "maxNodes": 3, "stabilizationSeconds": 5, "execute": False}
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -302,9 +304,11 @@ def test_the_autoscaler_recommends_then_scales_and_a_spec_parallelism_migrates(
     assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
     assert next(v for v in out["vertices"] if v["name"] == "count")["parallelism"] == 1
 
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and sum(sink_ids(client, e2e_namespace, name, "out").values()) < EVENTS:
-        time.sleep(2)
+    # through a recommendation, an automatic scale-out and a spec change: every event at most once at the
+    # exactly-once sink, and the output goes on (the test above checks the exact total on a finite source)
+    seen = sink_ids(client, e2e_namespace, name, "out")
     time.sleep(5)
-    assert sink_ids(client, e2e_namespace, name, "out") == Counter(range(EVENTS))
+    later = sink_ids(client, e2e_namespace, name, "out")
+    assert sum(later.values()) > sum(seen.values()) > 0
+    assert max(later.values()) == 1, f"{sum((later - Counter(set(later))).values())} events twice"
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")

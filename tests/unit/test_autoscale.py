@@ -72,8 +72,10 @@ def test_decision_matrix_table_i(activity: str, trend: float, decision: str) -> 
 def test_new_degree_eq_11() -> None:
     assert new_degree(3, 0.9, "high", 128) == 4  # high: one more
     assert new_degree(3, 1.5, "critical", 128) == 5  # ⌈4.5⌉
-    assert new_degree(4, 0.25, "low", 128) == 1  # ⌈1.0⌉, not 2 from rounding noise
-    assert new_degree(2, 0.5, "low", 128) == 1
+    # a low vertex is sized for θmax (0.8), not for 100 % busy: ⌈deg × GAL / θmax⌉
+    assert new_degree(4, 0.25, "low", 128) == 2  # ⌈1.25⌉
+    assert new_degree(4, 0.2, "low", 128) == 1  # ⌈1.0⌉, not 2 from rounding noise
+    assert new_degree(8, 0.3, "low", 128, theta_max=0.6) == 4
     assert new_degree(3, 0.01, "low", 128) == 1  # never below 1
     assert new_degree(100, 3.0, "critical", 128) == 128  # bounded by maxParallelism
 
@@ -152,7 +154,7 @@ def test_combine_min_lets_the_child_scale_in_where_max_keeps_it() -> None:
     assert maximum.vertices["b"].gal == pytest.approx(10400 / 20000)
     assert maximum.vertices["b"].decision == "nothing" and maximum.vertices["b"].target == 4
     assert minimum.vertices["b"].gal == pytest.approx(6000 / 20000)
-    assert minimum.vertices["b"].decision == "scale-in" and minimum.vertices["b"].target == math.ceil(4 * 0.3)
+    assert minimum.vertices["b"].decision == "scale-in" and minimum.vertices["b"].target == math.ceil(4 * 0.3 / 0.8)
 
 
 def test_a_high_vertex_grows_only_on_an_increasing_input() -> None:

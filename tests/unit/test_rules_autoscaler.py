@@ -87,17 +87,27 @@ def test_stabilization_and_overlapping_windows_hold() -> None:
     changed = AutoscalerState().changed(at=110.0, direction="out")
     rec, _ = run(t, busy, changed, now=121.0)
     assert rec.action == "hold" and "stabilizing" in rec.reason and rec.next_allowed_at == 140.0
-    rec, _ = run(t, busy, changed, now=141.0)
-    assert rec.action == "hold" and "catching up" in rec.reason  # not settled yet
-    settled = changed.settled(115.0)
-    rec, _ = run(t, busy, settled, now=141.0)  # the window starts at 100, before the change settled
+    rec, _ = run(t, busy, changed, now=141.0)  # the window starts at 100, before the change finished
     assert rec.action == "hold" and "overlaps the last rescale" in rec.reason
-    later = WindowInfo(start=116.0, end=136.0, complete=True)
-    rec, _ = run(t, busy, settled, now=141.0, window=later)
-    assert rec.action == "scale-out"
+    after = WindowInfo(start=116.0, end=136.0, complete=True)
+    rec, _ = run(t, busy, changed, now=141.0, window=after)
+    assert rec.action == "scale-out"  # not held for the catch-up: a too-small change never catches up
     short = WindowInfo(start=126.0, end=136.0, complete=False)
-    rec, _ = run(t, busy, settled, now=141.0, window=short)
+    rec, _ = run(t, busy, changed, now=141.0, window=short)
     assert rec.action == "hold"
+
+
+def test_a_scale_in_is_held_through_the_catch_up() -> None:
+    t = topo()
+    idle = snap({"s": 0.1, "a": 0.2, "z": 0.1})
+    changed = AutoscalerState().changed(at=100.0, direction="in")  # after a scale-in: 1 × stabilization
+    after = WindowInfo(start=116.0, end=136.0, complete=True)
+    rec, _ = run(t, idle, changed, now=141.0, window=after)
+    assert rec.action == "hold" and "still catching up" in rec.reason
+    rec, _ = run(t, idle, changed.settled(120.0), now=141.0, window=after)
+    assert rec.action == "hold" and "overlaps the catch-up" in rec.reason
+    rec, state = run(t, idle, changed.settled(115.0), now=141.0, window=after)
+    assert rec.action == "hold" and "1 of 3" in rec.reason  # now only the votes remain
 
 
 def test_a_scale_in_needs_votes_and_waits_twice_as_long_after_a_scale_out() -> None:
@@ -142,3 +152,35 @@ def test_the_autoscale_policy_sizes_nodes_to_its_executors() -> None:
     assert rec.action == "scale-out" and rec.target_nodes == 3
     assert rec.parallelism == {"s": 1, "a": 10, "z": 1}
     assert rec.vertices["a"]["activity"] == "critical"
+
+
+def test_rule_4_is_checked_before_it_removes_a_node() -> None:
+    t = topo()  # 2 nodes × 4 slots
+    # 0.2 of 8 slots now would be 0.4 on one node: fine, and 4 executors fit 4 slots
+    fine = evaluate_rules(t, snap({"s": 0.4, "a": 0.3, "z": 0.4}), PAR, 2)
+    assert fine.node_delta == -1 and fine.parallelism == PAR
+    # 6 executors on 2 nodes; one node has 4 slots: a (4 executors, 0.15 busy each -> 0.6 threads) keeps
+    # ⌈0.6 / 0.8⌉ = 1, so it gives up two and rule 1 will not want them back
+    wide = {"s": 1, "a": 4, "z": 1}
+    verdict = evaluate_rules(t, snap({"s": 0.2, "a": 0.15, "z": 0.1}), wide, 2)
+    assert (
+        verdict.node_delta == -1 and verdict.parallelism == {"s": 1, "a": 2, "z": 1} and "a 4->2 to fit" in verdict.rule
+    )
+    # a vertex whose busy threads need all its executors: no node goes
+    busy_a = {"s": 1, "a": 6, "z": 1}
+    held = evaluate_rules(t, snap({"s": 0.05, "a": 0.1, "z": 0.05}), busy_a, 2, RuleThresholds(capacity=0.1, low=0.25))
+    assert held.node_delta == 0 and "do not fit 1 nodes" in held.rule
+    # one node left would be over th_high
+    crowded = evaluate_rules(
+        t, snap({"s": 0.9, "a": 0.5, "z": 0.9}), PAR, 2, RuleThresholds(low=0.5, high=0.6, capacity=0.95)
+    )
+    assert crowded.node_delta == 0 and "would be at" in crowded.rule
+
+
+def test_a_growing_vertex_is_not_held_by_a_node_scale_in() -> None:
+    # a is critical (⌈2 × 2⌉ = 4) while s and z shrink: 6 executors would fit 2 nodes of 4, but the growth is
+    # decided now on the current 3 nodes; the spare node waits for a scale-in's votes
+    t = topo(policy="autoscale", nodes=3)
+    window = snap({"s": 0.2, "a": 1.0, "z": 0.1}, {"s": (200.0, 5000.0), "a": (100.0, 100.0), "z": (100.0, 5000.0)})
+    rec, _ = run(t, window, nodes=3)
+    assert rec.action == "scale-out" and rec.target_nodes == 3 and rec.parallelism["a"] == 4

@@ -5,7 +5,10 @@ The paper's four rules, in its order:
 1. a component whose capacity exceeds th_cc gets one more executor;
 2. if the executors per worker then exceed th_e, a worker (node) is added;
 3. if no component is over th_cc but the topology's total capacity exceeds th_high, a node is added;
-4. if no component is over th_cc and the total capacity is below th_low, a node is removed.
+4. if no component is over th_cc and the total capacity is below th_low, a node is removed — checked
+   first: the remaining nodes must stay under th_high, and a vertex never loses the executors that keep
+   it under th_cc (unchecked, removing a node squeezed a vertex over th_cc and rule 1 added it back:
+   bench/autoscale.py saw a scale-in reversed 32 s later, 11 times in 600 s on a noisy constant input).
 
 Storm's "capacity" of a bolt is the share of time it is executing: here a vertex's busy fraction (busy
 seconds over window seconds, per executor). The paper does not define "total capacity of the topology" nor
@@ -47,14 +50,11 @@ class RulesEvaluation:
     busy: Mapping[str, float]
     #: vertices over th_cc (rule 1), each getting one executor
     over_capacity: tuple[str, ...]
+    #: the degrees after the rules (rule 1's growth, or what rule 4 lowers to fit one node fewer)
     parallelism: Mapping[str, int]
     total_capacity: float
     node_delta: int
     rule: str
-
-    @property
-    def changes(self) -> dict[str, tuple[int, int]]:
-        return {v: (self.parallelism[v] - 1, self.parallelism[v]) for v in self.over_capacity}
 
 
 def total_capacity(busy: Mapping[str, float], parallelism: Mapping[str, int], nodes: int, slots_per_node: int) -> float:
@@ -91,9 +91,39 @@ def evaluate_rules(
             busy, over, new_parallelism, total, 1, f"total capacity {total:.2f} over {th.high:g}: add a node"
         )
     if total < th.low and nodes > 1:
-        return RulesEvaluation(
-            busy, over, new_parallelism, total, -1, f"total capacity {total:.2f} under {th.low:g}: remove a node"
-        )
+        return _remove_a_node(topology, busy, parallelism, nodes, total, th)
     return RulesEvaluation(
         busy, over, new_parallelism, total, 0, f"total capacity {total:.2f} within [{th.low:g}, {th.high:g}]"
     )
+
+
+def _remove_a_node(
+    topology: Topology,
+    busy: Mapping[str, float],
+    parallelism: Mapping[str, int],
+    nodes: int,
+    total: float,
+    th: RuleThresholds,
+) -> RulesEvaluation:
+    """Rule 4, checked before it acts (the paper does not say; unchecked, it flaps): the remaining nodes
+    must stay under th_high, and where the executors no longer fit, a vertex keeps the executors that hold
+    its busy threads under th_cc (⌈busy × k / th_cc⌉), or rule 1 would add them back at once."""
+    after = total * nodes / (nodes - 1)
+    unchanged = dict(parallelism)
+    if after > th.high:
+        why = f"total capacity {total:.2f} under {th.low:g}, but {nodes - 1} nodes would be at {after:.2f}"
+        return RulesEvaluation(busy, (), unchanged, total, 0, why)
+    keep = {v: min(parallelism[v], max(1, math.ceil(round(busy[v] * parallelism[v] / th.capacity, 9)))) for v in busy}
+    slots = (nodes - 1) * topology.slots_per_node
+    if sum(keep.values()) > slots:
+        why = f"total capacity {total:.2f} under {th.low:g}, but the executors it needs do not fit {nodes - 1} nodes"
+        return RulesEvaluation(busy, (), unchanged, total, 0, why)
+    degrees = dict(parallelism)
+    while sum(degrees.values()) > slots:
+        spare = max(topology.order, key=lambda v: (degrees[v] - keep[v], -topology.position[v]))
+        degrees[spare] -= 1
+    lowered = {v: (parallelism[v], k) for v, k in degrees.items() if k != parallelism[v]}
+    why = f"total capacity {total:.2f} under {th.low:g}: remove a node" + (
+        "; " + ", ".join(f"{v} {a}->{b}" for v, (a, b) in lowered.items()) + " to fit" if lowered else ""
+    )
+    return RulesEvaluation(busy, (), degrees, total, -1, why)
