@@ -62,7 +62,7 @@ from elastream.core.planner import PlanningError, make_plan
 from elastream.core.planner.parallelism import resize
 from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, preset_steps
 from elastream.core.schedule import Schedule, fresh_node_names
-from elastream.core.simulate import INF, SimulationModel, VertexModel, _fair_shares, _input_shares
+from elastream.core.simulate import INF, SimulationModel, VertexModel, fair_shares, input_shares
 from elastream.core.topology import Topology, split_executor_id
 
 Policy = Literal["static-min", "static-expert", "autoscale", "rules"]
@@ -488,7 +488,7 @@ class Simulation:
         k = len(self.by_vertex[v])
         key = (v, k)
         if key not in self.share_cache:
-            self.share_cache[key] = _input_shares(self.topology, v, k)
+            self.share_cache[key] = input_shares(self.topology, v, k)
         return self.share_cache[key][parent]
 
     def _use(self, schedule: Schedule) -> None:
@@ -561,7 +561,7 @@ class Simulation:
                 fractions = self._shares(c, v)
                 for e, fraction in zip(by_vertex[c], fractions, strict=True):
                     incoming[e] += out * vm.selectivity * fraction
-        return _fair_shares(demand, dict(self.schedule.assignment), cpu, self.schedule.nodes)
+        return fair_shares(demand, dict(self.schedule.assignment), cpu, self.schedule.nodes)
 
     def _latency(self) -> float:
         topology, model = self.topology, self.model
@@ -573,7 +573,7 @@ class Simulation:
                 e: 1.0 if model.vertices[split_executor_id(e)[0]].cost_s > 0.0 else 0.0
                 for e in self.schedule.assignment
             }
-            shares = _fair_shares(demand, dict(self.schedule.assignment), topology.node_cpu, self.schedule.nodes)
+            shares = fair_shares(demand, dict(self.schedule.assignment), topology.node_cpu, self.schedule.nodes)
         path: dict[str, float] = {}
         for v in topology.order:
             vm = model.vertices[v]
@@ -613,7 +613,7 @@ class Simulation:
             if parents:
                 weights = [0.0] * k
                 for p in parents:
-                    for i, fraction in enumerate(_input_shares(self.topology, v, k)[p]):
+                    for i, fraction in enumerate(input_shares(self.topology, v, k)[p]):
                         weights[i] += fraction
             norm = sum(weights) or 1.0
             for i in range(k):

@@ -138,7 +138,7 @@ def simulate(topology: Topology, schedule: Schedule, model: SimulationModel | No
                 f"source {v} has neither a rate nor a costMs, so its output is unbounded; give it source.rate"
             )
     node_of = dict(schedule.assignment)
-    shares = {v: _input_shares(topology, v, len(by_vertex[v])) for v in topology.order}
+    shares = {v: input_shares(topology, v, len(by_vertex[v])) for v in topology.order}
     cpu_share: dict[str, float] = dict.fromkeys(node_of, INF)
     processed: dict[str, float] = {}
     previous = -1.0
@@ -150,7 +150,7 @@ def simulate(topology: Topology, schedule: Schedule, model: SimulationModel | No
             new_processed = {e: 0.5 * (processed[e] + new_processed[e]) for e in new_processed}
         processed = new_processed
         if model.node_cpu is not None:
-            cpu_share = _fair_shares(demand, node_of, model.node_cpu, schedule.nodes)
+            cpu_share = fair_shares(demand, node_of, model.node_cpu, schedule.nodes)
         throughput = sum(vertex_flows[s].processing_rate for s in topology.sinks)
         if model.node_cpu is None or abs(throughput - previous) <= 1e-9 * max(1.0, throughput):
             break
@@ -174,7 +174,7 @@ def simulate(topology: Topology, schedule: Schedule, model: SimulationModel | No
     )
 
 
-def _input_shares(topology: Topology, vertex: str, k: int) -> dict[str, list[float]]:
+def input_shares(topology: Topology, vertex: str, k: int) -> dict[str, list[float]]:
     """For each parent stream into `vertex`: the fraction of the parent's output each executor receives."""
     result: dict[str, list[float]] = {}
     for parent in topology.parents(vertex):
@@ -250,7 +250,7 @@ def _flows(
     return processed, demand, flows
 
 
-def _fair_shares(
+def fair_shares(
     demand: Mapping[str, float], node_of: Mapping[str, str], cpu: float, nodes: Sequence[str]
 ) -> dict[str, float]:
     """Max-min fair (water-filling) split of each node's `cpu` among its executors' demands."""
