@@ -159,3 +159,36 @@ def test_queue_length_is_the_latest_pending_items_summed_over_executors(topo):
     absent = MetricSnapshot.from_dict({"vertices": {"b": {"processing_rate": 1.0, "emit_rate": 1.0}}})
     assert absent.vertices["b"].queue_length is None
     assert "queue_length" not in absent.to_dict()["vertices"]["b"]
+
+
+def test_the_autoscaler_decides_the_same_on_a_window_with_gaps_restarts_and_a_rescale(topo):
+    # what the policies read (rates, true rates, pending, trend) must not change with the window's holes: a
+    # steady pipeline at 100/s, each executor busy half the time, decided on a complete window and on ones
+    # with missing samples, a restart at an interval boundary and an executor replaced mid-window
+    from elastream.core.autoscale import evaluate
+    from elastream.core.rules import evaluate_rules
+
+    def decide(samples):
+        snapshot = analyze_samples(topo, samples, window=WINDOW).snapshot
+        auto = evaluate(topo, snapshot, {"a": 1, "b": 1, "c": 1}, float(WINDOW))
+        rules = evaluate_rules(topo, snapshot, {"a": 1, "b": 1, "c": 1}, 1)
+        return (
+            {v: (round(e.lal or 0.0, 6), e.activity, e.decision, e.target) for v, e in auto.vertices.items()},
+            (rules.node_delta, dict(rules.parallelism), round(rules.total_capacity, 6)),
+        )
+
+    full = steady("a#0", range(1, 21), 100) + steady("b#0", range(1, 21), 100) + steady("c#0", range(1, 21), 100)
+    expected = decide(full)
+    assert expected[0]["b"][1] == "medium"  # 1000 per window against 2000 of capacity: LAL 0.5
+    holes = steady("a#0", gap(range(1, 21), {13, 14, 15, 16}), 100)
+    holes += steady("b#0", gap(range(1, 21), {12, 13, 14, 15}), 100)
+    holes += steady("c#0", gap(range(1, 21), {15, 16, 17, 18}), 100)
+    assert decide(holes) == expected
+    restarted = steady("a#0", range(1, 15), 100) + steady("a#0", range(17, 21), 100, started_at=14.0)
+    restarted += steady("b#0", range(1, 21), 100) + steady("c#0", range(1, 21), 100)
+    assert decide(restarted) == expected
+    # b#0 replaced by b#1 at ts 15 (a rescale that moved it): the vertex keeps one executor's worth of rate
+    replaced = steady("a#0", range(1, 21), 100) + steady("b#0", range(1, 16), 100)
+    replaced += steady("b#1", range(16, 21), 100, started_at=15.0) + steady("c#0", range(1, 21), 100)
+    auto, _ = decide(replaced)
+    assert auto["b"][1:] == ("medium", "nothing", 1)

@@ -106,7 +106,7 @@ def test_a_scale_in_is_held_through_the_catch_up() -> None:
     assert rec.action == "hold" and "still catching up" in rec.reason
     rec, _ = run(t, idle, changed.settled(120.0), now=141.0, window=after)
     assert rec.action == "hold" and "overlaps the catch-up" in rec.reason
-    rec, state = run(t, idle, changed.settled(115.0), now=141.0, window=after)
+    rec, _ = run(t, idle, changed.settled(115.0), now=141.0, window=after)
     assert rec.action == "hold" and "1 of 3" in rec.reason  # now only the votes remain
 
 
