@@ -661,8 +661,8 @@ def limits() -> list[str]:
         "fluid model's throughput.",
         "- No back-pressure and no replay: queues are unbounded (the paper's Storm replays timed-out items, which "
         "makes its ConfMin runs worse than ours), so static-min's throughput is what its bottleneck processes.",
-        "- The metric analysis is reproduced, not run: the snapshot holds the same fields, computed from the "
-        "simulated per-interval counts (no sampling jitter, no missing samples).",
+        "- The metric analysis runs from the window's totals (`analysis_from_totals`, where both analysis engines "
+        "end), not from sampled worker reports: no sampling jitter, no missing samples.",
         "- Costs are constant per event, a new executor is as fast as the others at once, and CPU never binds "
         "here (a core per slot; the simulator shares node CPU max-min fairly when it would).",
     ]

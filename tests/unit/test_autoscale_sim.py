@@ -191,12 +191,10 @@ def test_a_migration_pauses_the_sources_and_bills_both_schedules() -> None:
     assert change.settled_at is not None and change.settled_at >= change.applied_at
 
 
-def test_weighted_percentile_and_slope() -> None:
+def test_weighted_percentile() -> None:
     assert sim.weighted_percentile([(1.0, 98.0), (5.0, 1.0), (9.0, 1.0)], 0.99) == 5.0
     assert sim.weighted_percentile([(1.0, 98.0), (5.0, 1.0), (9.0, 1.0)], 0.5) == 1.0
     assert sim.weighted_percentile([], 0.99) == 0.0
-    assert sim.slope([1.0, 3.0, 5.0, 7.0], 2.0) == pytest.approx(1.0)
-    assert sim.slope([4.0], 1.0) == 0.0
 
 
 def test_offered_rate_integrates_the_profile() -> None:

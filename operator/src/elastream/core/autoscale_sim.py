@@ -20,11 +20,11 @@ Per interval (split into segments where a migration pauses the sources or switch
 - CPU: with `resources.limits.cpu` the executors of a node share it max-min fairly by their demand (the
   work they have, capped at one core each), as `core.simulate` does; without a limit it never binds.
 
-Every `period_s` the snapshot is what the analysis would make of the last `window` intervals: window means
-of processing, emit and offered rates; input rates derived from the parents' emits; `input_trend` the
-least-squares slope of the per-interval input; `queue_length` the items pending now; `busy_fraction` busy
-seconds over executor-seconds; `true_processing_rate` the vertex's rate with all its executors busy
-(processed per busy second per executor × executors; None without busy time, as the analysis gives).
+Every `period_s` the snapshot is the analysis's own: the last `window` intervals' totals per vertex
+(processed, emitted, offered, busy seconds, queues, and the trend sums Σ (k - c) × count) go to
+`core.metrics.analysis_from_totals`, where both analysis engines end, so rates, demand-aware input
+rates, `input_trend`, `busy_fraction`, `true_processing_rate` and `queue_length` are computed by the
+production code from the simulated counts.
 
 A change (`make_plan` with the recommendation's nodes and degrees) is modelled as CCR carries it out, with
 the medians of docs/benchmarks/migration.md: a prepare phase while everything runs (1.2 s when nodes are
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
-from elastream.core.metrics import MetricSnapshot, VertexMetrics, derive_input_rates
+from elastream.core.metrics import MetricSnapshot, WindowTotals, analysis_from_totals, trend_center
 from elastream.core.planner import PlanningError, make_plan
 from elastream.core.planner.parallelism import resize
 from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, preset_steps
@@ -207,16 +207,6 @@ def weighted_percentile(points: Sequence[tuple[float, float]], q: float) -> floa
         if running >= q * total - 1e-9:
             return value
     return ordered[-1][0]
-
-
-def slope(values: Sequence[float], interval_s: float) -> float:
-    """Least-squares slope of a per-interval series, per second."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    c = (n - 1) / 2.0
-    spread = sum((k - c) ** 2 for k in range(n))
-    return sum((k - c) * y for k, y in enumerate(values)) / (spread * interval_s)
 
 
 # ---- sources -----------------------------------------------------------------------------------------------
@@ -694,47 +684,49 @@ class Simulation:
     # ---- the analysis of the last window
 
     def snapshot(self) -> MetricSnapshot:
-        """What the metric analysis would report for the last `window` intervals (module docstring)."""
+        """What the metric analysis reports for the last `window` intervals: the window's per-vertex totals
+        (counts, busy seconds, queues and the trend sums Σ (k - c) × count per interval) handed to the
+        analysis's own `analysis_from_totals`, as both analysis engines do."""
         topology = self.topology
         dt = self.settings.interval_s
         recent = self.intervals[-self.window :]
-        duration = self.window * dt
+        center = trend_center(len(recent))
         parallelism = self.schedule.parallelism()
 
         def total(v: str, name: str) -> float:
             return float(sum(getattr(i.vertices[v], name) for i in recent))
 
-        processing = {v: total(v, "processed") / duration for v in topology.order}
-        emit = {v: total(v, "emitted") / duration for v in topology.order}
-        offered: dict[str, float | None] = {
-            s: max(total(s, "received"), total(s, "processed")) / duration for s in topology.sources
-        }
-        inputs = derive_input_rates(topology, emit, offered, processing)
-        per_interval: dict[str, list[float]] = {}
-        for v in topology.order:
-            if v in topology.sources:
-                per_interval[v] = [i.vertices[v].received / dt for i in recent]
-            else:
-                per_interval[v] = [sum(i.vertices[p].emitted for p in topology.parents(v)) / dt for i in recent]
-        vertices: dict[str, VertexMetrics] = {}
-        for v in topology.order:
-            k = parallelism[v]
-            busy = total(v, "busy_s")
-            processed = total(v, "processed")
-            first = recent[0].vertices[v].queue if recent else 0.0
-            last = sum(self.queues[e] for e in self._executors(v))
-            vertices[v] = VertexMetrics(
-                processing_rate=processing[v],
-                emit_rate=emit[v],
-                executors=k,
-                input_rate=inputs[v],
-                busy_fraction=busy / (duration * k) if k > 0 else 0.0,
-                true_processing_rate=processed / busy * k if busy > 0.0 else None,
-                queue_growth=(last - first) / duration,
-                input_trend=slope(per_interval[v], dt),
-                queue_length=last,
+        def trend(v: str, name: str) -> float:
+            return float(sum((k - center) * round(getattr(i.vertices[v], name)) for k, i in enumerate(recent)))
+
+        totals = {
+            v: WindowTotals(
+                processed=round(total(v, "processed")),
+                emitted=round(total(v, "emitted")),
+                busy_s=total(v, "busy_s"),
+                executors=parallelism[v],
+                received=round(total(v, "received")),
+                queue_first=round(recent[0].vertices[v].queue) if recent else 0,
+                queue_last=round(sum(self.queues[e] for e in self._executors(v))),
+                processed_trend=trend(v, "processed"),
+                emitted_trend=trend(v, "emitted"),
+                received_trend=trend(v, "received"),
+                samples=len(recent) * parallelism[v],
             )
-        return MetricSnapshot(vertices, self.schedule.placement())
+            for v in topology.order
+        }
+        end = recent[-1].end if recent else 0.0
+        analysis = analysis_from_totals(
+            topology,
+            totals,
+            dict(self.schedule.assignment),
+            end - len(recent) * dt,
+            end,
+            max(1, len(recent)),
+            dt,
+            topology.scaling.congestion_rate,
+        )
+        return analysis.snapshot
 
 
 def _rate(vm: VertexModel, cpu: float) -> float:
