@@ -356,7 +356,7 @@ class ManagedTopologies:
             running = controller.topology
             ignored = [
                 f"spec.{name}"
-                for name in ("slotsPerNode", "streams", "resources")
+                for name in ("slotsPerNode", "streams", "resources", "image")
                 if (running.spec.get(name) != new.spec.get(name))
             ]
             scaling = dataclasses.replace(new.scaling, auto=new.scaling.auto)
