@@ -107,9 +107,9 @@ def test_ccr_participant_captures_then_aligns_commits() -> None:
     p = ExecutorParticipant("b#0", frozenset({"a#0", "a#1"}))
     assert not p.captures()
     assert p.on_prepare("m1") is True and p.captures()
-    assert p.on_commit("a#0") is False
-    assert p.on_commit("a#0") is False  # the same channel twice is not alignment
-    assert p.on_commit("a#1") is True and p.mode is Mode.CHECKPOINTED
+    assert p.on_commit("m1", "a#0") is False
+    assert p.on_commit("m1", "a#0") is False  # the same channel twice is not alignment
+    assert p.on_commit("m1", "a#1") is True and p.mode is Mode.CHECKPOINTED
     assert p.on_init("m1") is True and p.mode is Mode.RUNNING
     assert p.on_init("m1") is False  # duplicate INIT: ack only
 
@@ -124,7 +124,20 @@ def test_dcr_participant_waits_for_prepare_on_every_channel() -> None:
 def test_source_commits_when_told() -> None:
     p = ExecutorParticipant("s#0", frozenset())
     p.on_prepare("m1")
-    assert p.on_commit(None) is True
+    assert p.on_commit("m1", None) is True
+
+
+def test_a_commit_arriving_after_the_abort_is_ignored() -> None:
+    # ABORT comes through the control list and can overtake COMMIT, which travels in-band behind the data:
+    # taking the late COMMIT would checkpoint the executor and capture its input forever
+    p = ExecutorParticipant("b#0", frozenset({"a#0"}))
+    p.on_prepare("m1")
+    p.on_abort()
+    assert p.on_commit("m1", "a#0") is False
+    assert p.mode is Mode.RUNNING and not p.captures()
+    assert p.on_commit("m0", "a#0") is False  # nor is a COMMIT of a migration it never prepared for
+    p.on_prepare("m2")
+    assert p.on_commit("m2", "a#0") is True  # the next migration commits as usual
 
 
 def test_key_group_owner_matches_ranges() -> None:

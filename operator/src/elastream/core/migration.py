@@ -294,9 +294,16 @@ class ExecutorParticipant:
         """Should a data event dequeued now go to the pending list instead of being processed?"""
         return self.mode in (Mode.CAPTURING, Mode.CHECKPOINTED) and self.protocol == "ccr"
 
-    def on_commit(self, from_upstream: str | None) -> bool:
+    def on_commit(self, migration_id: str, from_upstream: str | None) -> bool:
         """COMMIT from one upstream channel (None: this is a source told to commit). Returns True when COMMIT
-        has arrived from every upstream executor: persist, forward COMMIT downstream, ack."""
+        has arrived from every upstream executor: persist, forward COMMIT downstream, ack.
+
+        A COMMIT of another migration than the one this executor prepared for is ignored: in-band COMMIT can
+        arrive after the controller's ABORT overtook it (ABORT comes through the control list, COMMIT behind
+        the data), and taking it would checkpoint the executor and capture its input forever, waiting for an
+        INIT that never comes."""
+        if migration_id != self.migration_id:
+            return False
         if from_upstream is not None:
             self.commits_seen.add(from_upstream)
         if self.commits_seen >= self.upstream:
@@ -317,6 +324,7 @@ class ExecutorParticipant:
     def on_abort(self) -> None:
         """Back to the old schedule: the worker replays this executor's own pending list, then runs on."""
         self.mode = Mode.RUNNING
+        self.migration_id = None
         self.commits_seen.clear()
         self.prepares_seen.clear()
 

@@ -321,7 +321,7 @@ class ExecutorThread(threading.Thread):
                     self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
                 migration.ack(mid, "preparing")
         elif kind == ControlType.COMMIT:
-            if participant.on_commit(sender):
+            if participant.on_commit(mid, sender):
                 state_bytes = migration.checkpoint(mid, self.operator)
                 self.router.send_control({"type": ControlType.COMMIT, "mid": mid})
                 migration.ack(mid, "committing", captured=migration.captured, state_bytes=state_bytes)
@@ -539,6 +539,8 @@ class SourceThread(threading.Thread):
                 self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
             migration.ack(mid, "preparing")
         elif kind == ControlType.COMMIT:
+            if not migration.participant.on_commit(mid, None):
+                return  # the migration was aborted (RESUME came first): nothing to commit
             position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
             migration.checkpoint(mid, self.operator, position)
             self.router.send_control({"type": ControlType.COMMIT, "mid": mid})
