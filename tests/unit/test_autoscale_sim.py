@@ -198,9 +198,9 @@ def test_weighted_percentile() -> None:
 
 
 def test_offered_rate_integrates_the_profile() -> None:
-    rate = sim.OfferedRate.of({"steps": [{"rate": 10, "seconds": 2}, {"rate": 30, "seconds": 1}]})
+    rate = sim.offered_rate({"steps": [{"rate": 10, "seconds": 2}, {"rate": 30, "seconds": 1}]})
     assert rate.due(2.0) == pytest.approx(20.0)
     assert rate.due(3.5) == pytest.approx(55.0)  # repeats after the last step
     assert rate.peak == 30.0
     with pytest.raises(ValueError, match="rate, steps or a profile"):
-        sim.OfferedRate.of({"csv": "rates.csv"})
+        sim.offered_rate({"csv": "rates.csv"})

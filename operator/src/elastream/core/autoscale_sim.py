@@ -60,7 +60,7 @@ from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInf
 from elastream.core.metrics import MetricSnapshot, WindowTotals, analysis_from_totals, trend_center
 from elastream.core.planner import PlanningError, make_plan
 from elastream.core.planner.parallelism import resize
-from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, preset_steps
+from elastream.core.rates import RateProfile
 from elastream.core.schedule import Schedule, fresh_node_names
 from elastream.core.simulate import INF, SimulationModel, VertexModel, fair_shares, input_shares
 from elastream.core.topology import Topology, split_executor_id
@@ -212,64 +212,20 @@ def weighted_percentile(points: Sequence[tuple[float, float]], q: float) -> floa
 # ---- sources -----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OfferedRate:
-    """A source's offered rate over time as (rate, seconds) pieces, repeated after the last one."""
-
-    pieces: tuple[tuple[float, float], ...]
-
-    @staticmethod
-    def of(config: Mapping[str, Any]) -> OfferedRate:
-        """From a synthetic source's block: `profile` (with `rate`, `stepSeconds`, `fluctuation`), `steps`
-        or a constant `rate`. A `csv` needs reading a file: give its rates as `steps` instead."""
-        if "profile" in config:
-            pieces = preset_steps(
-                str(config["profile"]),
-                float(config["rate"]),
-                float(config.get("stepSeconds", DEFAULT_STEP_SECONDS)),
-                float(config.get("fluctuation", DEFAULT_FLUCTUATION)),
-            )
-        elif "steps" in config:
-            pieces = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
-        elif config.get("rate") is not None:
-            pieces = [(float(config["rate"]), 1.0)]
-        else:
-            raise ValueError("a simulated source needs a rate, steps or a profile (csv: pass its rates as steps)")
-        return OfferedRate(tuple(pieces))
-
-    @property
-    def period(self) -> float:
-        return sum(d for _, d in self.pieces)
-
-    @property
-    def peak(self) -> float:
-        return max(r for r, _ in self.pieces)
-
-    def due(self, t: float) -> float:
-        """Events offered in [0, t]."""
-        if t <= 0.0:
-            return 0.0
-        per_period = sum(r * d for r, d in self.pieces)
-        periods, rest = divmod(t, self.period)
-        total = periods * per_period
-        for rate, duration in self.pieces:
-            if rest <= 0.0:
-                break
-            total += rate * min(rest, duration)
-            rest -= duration
-        return total
-
-    def rate_at(self, t: float) -> float:
-        rest = t % self.period
-        for rate, duration in self.pieces:
-            if rest < duration:
-                return rate
-            rest -= duration
-        return self.pieces[-1][0]
+def offered_rate(config: Mapping[str, Any]) -> RateProfile:
+    """A source's offered rate over time, as its executors see it (`core.rates.RateProfile`): `profile`,
+    `steps` or a constant `rate`. A `csv` needs reading a file: give its rates as `steps` instead."""
+    try:
+        profile = RateProfile(config, 1.0)
+    except ValueError:
+        profile = None
+    if profile is None or profile.unbounded:
+        raise ValueError("a simulated source needs a rate, steps or a profile (csv: pass its rates as steps)")
+    return profile
 
 
-def offered_rates(topology: Topology) -> dict[str, OfferedRate]:
-    return {s: OfferedRate.of(topology.vertices[s].config) for s in topology.sources}
+def offered_rates(topology: Topology) -> dict[str, RateProfile]:
+    return {s: offered_rate(topology.vertices[s].config) for s in topology.sources}
 
 
 def gains(topology: Topology, model: SimulationModel, parallelism: Mapping[str, int]) -> dict[str, float]:

@@ -16,8 +16,10 @@ every run. Profiles repeat after their last step.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 #: preset name -> segments (share of the high rate at the start, at the end, length in steps); a segment
@@ -143,3 +145,57 @@ def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
         if not _is_number(fluctuation) or not 0 <= fluctuation < 1:
             problems.append(f"{path}.fluctuation: {fluctuation!r} is not a number in [0, 1); fix it")
     return problems
+
+
+class RateProfile:
+    """Offered rate over time: `rate` (constant), `steps` ([{rate, seconds}], repeated), `csv` (one rate
+    per line, one line per second, repeated) or `profile` (a preset, e.g. AUTOSCALE's ``autoscale-3-step``
+    and ``autoscale-5-step`` streams, scaled to `rate`), times `share` (an executor's part of the vertex).
+    `due(t)` is the number of events offered in the first t seconds (the integral of the rate). A `csv`
+    needs `read_csv` (path -> rates): this module does no I/O. No `rate`: unbounded (`due` is infinite)."""
+
+    def __init__(
+        self, config: Mapping[str, Any], share: float, read_csv: Callable[[str], list[float]] | None = None
+    ) -> None:
+        steps: list[tuple[float, float]]
+        if "steps" in config:
+            steps = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
+        elif "csv" in config:
+            if read_csv is None:
+                raise ValueError(f"csv: {config['csv']!r} needs reading a file; pass its rates as steps")
+            steps = [(r, 1.0) for r in read_csv(str(config["csv"]))]
+        elif "profile" in config:
+            steps = preset_steps(
+                str(config["profile"]),
+                float(config["rate"]),
+                float(config.get("stepSeconds", DEFAULT_STEP_SECONDS)),
+                float(config.get("fluctuation", DEFAULT_FLUCTUATION)),
+            )
+        else:
+            rate = config.get("rate")
+            steps = [(math.inf if rate is None else float(rate), 1.0)]
+        self.steps = [(r * share, d) for r, d in steps]
+        self.period = sum(d for _, d in self.steps)
+        self.per_period = sum(r * d for r, d in self.steps)
+        self.unbounded = any(math.isinf(r) for r, _ in self.steps)
+        #: start time and events offered before each step, for a bisection instead of a walk
+        self.starts = list(itertools.accumulate((d for _, d in self.steps), initial=0.0))[:-1]
+        self.before = list(itertools.accumulate((r * d for r, d in self.steps), initial=0.0))[:-1]
+
+    @property
+    def peak(self) -> float:
+        return max(r for r, _ in self.steps)
+
+    def _step(self, t: float) -> int:
+        return max(0, min(len(self.steps) - 1, bisect.bisect_right(self.starts, t) - 1))
+
+    def rate_at(self, t: float) -> float:
+        return self.steps[self._step(t % self.period)][0]
+
+    def due(self, t: float) -> float:
+        if self.unbounded:
+            return math.inf
+        periods, rest = divmod(t, self.period)
+        i = self._step(rest)
+        rate, duration = self.steps[i]
+        return periods * self.per_period + self.before[i] + rate * min(rest - self.starts[i], duration)

@@ -23,9 +23,7 @@ their read position part of a checkpoint.
 
 from __future__ import annotations
 
-import bisect
 import importlib
-import itertools
 import logging
 import math
 import os
@@ -38,7 +36,8 @@ from typing import Any, NamedTuple, Protocol
 
 import redis
 
-from elastream.core.rates import DEFAULT_FLUCTUATION, DEFAULT_STEP_SECONDS, parse_rates, preset_steps
+from elastream.core import rates
+from elastream.core.rates import parse_rates
 from elastream.core.schedule import key_group_of, key_group_ranges
 from elastream.core.topology import Vertex
 from elastream.store.codec import text
@@ -278,49 +277,11 @@ class Window:
 # Sources
 
 
-class RateProfile:
-    """Offered rate over time: `rate` (constant), `steps` ([{rate, seconds}], repeated), `csv` (one rate
-    per line, one line per second, repeated) or `profile` (a preset of `elastream.core.rates`, e.g.
-    AUTOSCALE's ``autoscale-3-step`` and ``autoscale-5-step`` streams, scaled to `rate`). `due(t)` is the
-    number of events offered in the first t seconds (the integral of the rate)."""
+class RateProfile(rates.RateProfile):
+    """`core.rates.RateProfile` that reads a `csv:` rate file (the one piece of I/O a profile needs)."""
 
     def __init__(self, config: Mapping[str, Any], share: float) -> None:
-        steps: list[tuple[float, float]]
-        if "steps" in config:
-            steps = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
-        elif "csv" in config:
-            steps = [(r, 1.0) for r in read_rate_file(str(config["csv"]))]
-        elif "profile" in config:
-            steps = preset_steps(
-                str(config["profile"]),
-                float(config["rate"]),
-                float(config.get("stepSeconds", DEFAULT_STEP_SECONDS)),
-                float(config.get("fluctuation", DEFAULT_FLUCTUATION)),
-            )
-        else:
-            rate = config.get("rate")
-            steps = [(math.inf if rate is None else float(rate), 1.0)]
-        self.steps = [(r * share, d) for r, d in steps]
-        self.period = sum(d for _, d in self.steps)
-        self.per_period = sum(r * d for r, d in self.steps)
-        self.unbounded = any(math.isinf(r) for r, _ in self.steps)
-        #: start time and events offered before each step, for a bisection instead of a walk
-        self.starts = list(itertools.accumulate((d for _, d in self.steps), initial=0.0))[:-1]
-        self.before = list(itertools.accumulate((r * d for r, d in self.steps), initial=0.0))[:-1]
-
-    def _step(self, t: float) -> int:
-        return max(0, min(len(self.steps) - 1, bisect.bisect_right(self.starts, t) - 1))
-
-    def rate_at(self, t: float) -> float:
-        return self.steps[self._step(t % self.period)][0]
-
-    def due(self, t: float) -> float:
-        if self.unbounded:
-            return math.inf
-        periods, rest = divmod(t, self.period)
-        i = self._step(rest)
-        rate, duration = self.steps[i]
-        return periods * self.per_period + self.before[i] + rate * min(rest - self.starts[i], duration)
+        super().__init__(config, share, read_csv=read_rate_file)
 
 
 def read_rate_file(path: str) -> list[float]:
