@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -15,6 +17,20 @@ import yaml
 from elastream.control.backends.local import LocalCluster
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.topology import Topology, load_manifest
+
+
+def start_run(
+    directory: str, path: str, redis_url: str, *extra: str, duration_s: float = 150.0
+) -> tuple[subprocess.Popen[str], str]:
+    """`elastream run` of the manifest at `path` as a user starts it (Python analysis engine), its output in
+    `<directory>/run.log`; returns the process and the log's path."""
+    log_path = os.path.join(directory, "run.log")
+    command = [sys.executable, "-m", "elastream", "run", path, "--redis", redis_url, "--engine", "python"]
+    with open(log_path, "w", encoding="utf-8") as log:
+        run = subprocess.Popen(
+            [*command, "--duration", f"{duration_s:g}", *extra], stdout=log, stderr=subprocess.STDOUT, text=True
+        )
+    return run, log_path
 
 
 def write_manifest(directory: str, doc: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,23 +14,11 @@ import redis
 
 from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
-from harness import write_manifest
+from harness import start_run, write_manifest
 from helpers import edge, manifest, src, work
 
 pytestmark = pytest.mark.integration
 ELASTREAM = (sys.executable, "-m", "elastream")
-
-
-def start_run(tmp_path, path: str, redis_url: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    log_path = os.path.join(str(tmp_path), "run.log")
-    with open(log_path, "w", encoding="utf-8") as log:
-        run = subprocess.Popen(
-            [*ELASTREAM, "run", path, "--redis", redis_url, "--engine", "python", "--duration", "150", *extra],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    return run, log_path
 
 
 def wait_for(predicate, timeout_s: float, what: str, log_path: str):
@@ -60,7 +47,7 @@ def test_the_autoscaler_scales_a_congested_vertex_out_on_real_workers(tmp_path, 
         },
     )
     path = write_manifest(str(tmp_path), doc)
-    run, log_path = start_run(tmp_path, path, redis_url, "--interval", "0.5")
+    run, log_path = start_run(str(tmp_path), path, redis_url, "--interval", "0.5")
     client = redis.Redis.from_url(redis_url)
     prefix = load_manifest(path).redis_prefix
     try:
@@ -100,7 +87,7 @@ def test_scale_sets_a_vertex_parallelism_on_a_running_topology(tmp_path, redis_u
         slotsPerNode=4,
     )
     path = write_manifest(str(tmp_path), doc)
-    run, log_path = start_run(tmp_path, path, redis_url)
+    run, log_path = start_run(str(tmp_path), path, redis_url)
     client = redis.Redis.from_url(redis_url)
     prefix = load_manifest(path).redis_prefix
     try:

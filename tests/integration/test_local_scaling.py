@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from elastream.core.topology import load_manifest
-from harness import write_manifest
+from harness import start_run, write_manifest
 from helpers import edge, manifest, src, work
 from tests_paths import EXAMPLES
 
@@ -36,14 +36,7 @@ def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_pa
         slotsPerNode=3,
     )
     path = write_manifest(str(tmp_path), doc)
-    log_path = os.path.join(str(tmp_path), "run.log")
-    with open(log_path, "w", encoding="utf-8") as log:
-        run = subprocess.Popen(
-            [*ELASTREAM, "run", path, "--redis", redis_url, "--engine", "python", "--duration", "120"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    run, log_path = start_run(str(tmp_path), path, redis_url, duration_s=120)
     try:
         client = redis.Redis.from_url(redis_url)
         prefix = load_manifest(path).redis_prefix
