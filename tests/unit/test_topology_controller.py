@@ -319,13 +319,18 @@ class WindowedMetrics(SimulatedMetrics):
         super().__init__(topology, backend)
         self.clock = clock
         self.analysed = 0
+        self.snapshots = 0
+
+    def snapshot(self, window: int) -> MetricSnapshot:
+        self.snapshots += 1
+        return super().snapshot(window)
 
     def analyse(self, window: int):
         from elastream.core.metrics import Analysis
 
         self.analysed += 1
         end = self.clock.t
-        return Analysis(self.snapshot(window), {}, {}, {}, end - window, end, 100)
+        return Analysis(SimulatedMetrics.snapshot(self, window), {}, {}, {}, end - window, end, 100)
 
 
 def autoscaled(nodes: int = 2, **auto):
@@ -358,6 +363,7 @@ def test_autoscale_scales_the_critical_vertex_out_by_eq_11_and_publishes_why() -
     assert evaluation["vertices"]["parse"]["lal"] == pytest.approx(4.0)
     assert [e[0] for e in events.events if e[0].startswith("Autoscaler")] == ["AutoscalerDecided"]
     assert status.fields["lastScaling"][-1]["trigger"] == "autoscaler"
+    assert (controller.metrics.analysed, controller.metrics.snapshots) == (1, 0)  # the plan reused the window
 
 
 def test_autoscale_holds_after_a_change_until_it_settled_and_stabilized() -> None:

@@ -28,6 +28,7 @@ from elastream.control.monitor import LiveRates
 from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.scaling import PrintEvents, ScalingRecord
 from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
+from elastream.core.metrics import MetricSnapshot
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (
     Backend,
@@ -180,10 +181,14 @@ class TopologyController:
 
     # -------------------------------------------------------------------------------------------- scaling
 
-    def plan(self, nodes: int, parallelism: Mapping[str, int] | None = None) -> tuple[Plan, float]:
-        """Analyse the current window and plan a move to `nodes` with the spec's strategy (or to the vertex
-        degrees in `parallelism`); also returns the sinks' throughput in that window."""
-        snapshot = self.metrics.snapshot(self.topology.scaling.window)
+    def plan(
+        self, nodes: int, parallelism: Mapping[str, int] | None = None, snapshot: MetricSnapshot | None = None
+    ) -> tuple[Plan, float]:
+        """Analyse the current window (unless `snapshot` is that analysis already) and plan a move to `nodes`
+        with the spec's strategy (or to the vertex degrees in `parallelism`); also returns the sinks'
+        throughput in that window."""
+        if snapshot is None:
+            snapshot = self.metrics.snapshot(self.topology.scaling.window)
         throughput = sum(snapshot.vertices[s].processing_rate for s in self.topology.sinks)
         plan = make_plan(
             self.topology,
@@ -197,12 +202,16 @@ class TopologyController:
         return plan, throughput
 
     def scale_to(
-        self, nodes: int, parallelism: Mapping[str, int] | None = None, trigger: str = "request"
+        self,
+        nodes: int,
+        parallelism: Mapping[str, int] | None = None,
+        trigger: str = "request",
+        snapshot: MetricSnapshot | None = None,
     ) -> ScalingRecord:
         """Analyse, plan, migrate; the record is published as `lastScaling` and, once measured, again with
         catch-up and stabilization. `parallelism`: vertex degrees to move to (the autoscaler's, the spec's);
-        `trigger` says who asked (request | autoscaler | spec)."""
-        record = self._scale(nodes, parallelism)
+        `trigger` says who asked (request | autoscaler | spec); `snapshot`: the window already analysed."""
+        record = self._scale(nodes, parallelism, snapshot)
         record.trigger = trigger
         status = record.to_status()
         status["requestedNodes"] = nodes
@@ -228,13 +237,15 @@ class TopologyController:
             self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)
         self.status.publish("lastScaling", status)
 
-    def _scale(self, nodes: int, parallelism: Mapping[str, int] | None = None) -> ScalingRecord:
+    def _scale(
+        self, nodes: int, parallelism: Mapping[str, int] | None, snapshot: MetricSnapshot | None
+    ) -> ScalingRecord:
         started = self.clock.now()
         current = len(self.backend.current_schedule().nodes)
         scaling = self.topology.scaling
         record = ScalingRecord("none", current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
         try:
-            plan, before = self.plan(nodes, parallelism)
+            plan, before = self.plan(nodes, parallelism, snapshot)
         except PlanningError as exc:
             record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
             self.events.emit("ScalingRejected", str(exc), warning=True)
@@ -323,7 +334,8 @@ class TopologyController:
             self.events.emit("AutoscalerRecommends", f"{message} (execute: false, nothing changed)")
             return None
         self.events.emit("AutoscalerDecided", message)
-        record = self.scale_to(target, recommendation.parallelism, trigger="autoscaler")
+        # the plan reads the window just analysed: one analysis per evaluation, not two
+        record = self.scale_to(target, recommendation.parallelism, "autoscaler", analysis.snapshot)
         if record.outcome == "succeeded" and self.on_nodes_changed is not None and record.to_nodes != record.from_nodes:
             self.on_nodes_changed(record.to_nodes)
         return record

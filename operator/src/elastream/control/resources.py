@@ -324,8 +324,17 @@ class ManagedTopologies:
         )
         return ManagedTopology(controller, status)
 
-    def scale(self, managed: ManagedTopology, nodes: int, generation: int, events: EventSink) -> ScalingRecord:
-        """`spec.nodes` changed: analyse, plan, migrate; the status shows Scaling meanwhile."""
+    def scale(
+        self,
+        managed: ManagedTopology,
+        nodes: int,
+        generation: int,
+        events: EventSink,
+        parallelism: Mapping[str, int] | None = None,
+        trigger: str = "request",
+    ) -> ScalingRecord:
+        """`spec.nodes` (or, with `parallelism`, vertices' degrees) changed: analyse, plan, migrate; the
+        status shows Scaling meanwhile."""
         with managed.lock:
             managed.controller.events = events
             managed.generation = generation
@@ -333,7 +342,7 @@ class ManagedTopologies:
             managed.set(scaling=True)
             managed.resource.patch(managed.status())
             try:
-                record = managed.controller.scale_to(nodes)
+                record = managed.controller.scale_to(nodes, parallelism, trigger)
             finally:
                 managed.set(scaling=False)
             managed.set(scaling_failed="" if record.outcome != "failed" else record.reason)
@@ -359,9 +368,8 @@ class ManagedTopologies:
                 for name in ("slotsPerNode", "streams", "resources", "image")
                 if (running.spec.get(name) != new.spec.get(name))
             ]
-            scaling = dataclasses.replace(new.scaling, auto=new.scaling.auto)
-            fixed = {k: v for k, v in running.scaling.__dict__.items() if k != "auto"}
-            if fixed != {k: v for k, v in scaling.__dict__.items() if k != "auto"}:
+            scaling = dataclasses.replace(running.scaling, auto=new.scaling.auto)
+            if scaling != new.scaling:
                 ignored.append("spec.scaling (other than auto)")
             same_shape = [_without_parallelism(v) for v in running.spec.get("vertices") or []] == [
                 _without_parallelism(v) for v in new.spec.get("vertices") or []
@@ -370,7 +378,7 @@ class ManagedTopologies:
                 ignored.append("spec.vertices (other than parallelism)")
             controller.topology = dataclasses.replace(
                 running,
-                scaling=dataclasses.replace(running.scaling, auto=new.scaling.auto),
+                scaling=scaling,
                 spec={**running.spec, "scaling": new.spec.get("scaling"), "vertices": new.spec.get("vertices")}
                 if same_shape
                 else running.spec,
@@ -382,17 +390,7 @@ class ManagedTopologies:
         schedule = controller.backend.current_schedule()
         wanted = {v: new.vertices[v].parallelism for v in new.order}
         if wanted != schedule.parallelism():
-            with managed.lock:
-                controller.events = events
-                managed.set(scaling=True)
-                managed.resource.patch(managed.status())
-                try:
-                    record = controller.scale_to(len(schedule.nodes), wanted, trigger="spec")
-                finally:
-                    managed.set(scaling=False)
-                managed.set(scaling_failed="" if record.outcome != "failed" else record.reason)
-                SCALINGS.labels(record.direction, record.outcome).inc()
-                managed.resource.patch(managed.status())
+            self.scale(managed, len(schedule.nodes), managed.generation, events, wanted, trigger="spec")
         return ignored
 
     def tick(self, managed: ManagedTopology, events: EventSink) -> dict[str, Any] | None:
