@@ -318,9 +318,7 @@ def _local(
     estim_input = forecast_input(rate, trend, settings.period_s, window_s, pending)
     ahead_input = forecast_input(rate, trend, settings.period_s, window_s, pending, settings.rising_horizon_s)
     selectivity = metrics.emit_rate / metrics.processing_rate if metrics.processing_rate > 0.0 else 1.0
-    # the true processing rate is the vertex's with all its executors busy: one executor does 1/k of it
-    total = metrics.true_processing_rate
-    executor_rate = None if total is None or metrics.executors <= 0 else total / metrics.executors
+    executor_rate = metrics.executor_rate
     if executor_rate is None or executor_rate <= 0.0:
         return _Local(estim_input, ahead_input, None, None, None, None, trend, selectivity)
     current = capacity(executor_rate, window_s, degree)

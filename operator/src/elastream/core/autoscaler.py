@@ -264,9 +264,9 @@ def _remember_capacity(
 ) -> AutoscalerState:
     history = dict(state.capacity_history)
     for v in topology.order:
-        metrics = snapshot.vertices[v]
-        if metrics.true_processing_rate is None or metrics.executors <= 0:
+        rate = snapshot.vertices[v].executor_rate
+        if rate is None:
             continue
-        point = (now, metrics.true_processing_rate / metrics.executors)
+        point = (now, rate)
         history[v] = (*history.get(v, ())[-(CAPACITY_HISTORY - 1) :], point)
     return replace(state, capacity_history=history)

@@ -83,6 +83,13 @@ class VertexMetrics:
     #: items waiting: the sum over the vertex's executors of their latest queue length in the window
     queue_length: float | None = None
 
+    @property
+    def executor_rate(self) -> float | None:
+        """One executor's true processing rate (1/Lat): the vertex's over its executors; None unmeasured."""
+        if self.true_processing_rate is None:
+            return None
+        return self.true_processing_rate / max(self.executors, 1)
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 

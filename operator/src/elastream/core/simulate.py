@@ -80,11 +80,11 @@ class SimulationModel:
 
 
 def _calibrated_capacity(metrics: VertexMetrics) -> float:
-    executors = max(metrics.executors, 1)
-    if metrics.true_processing_rate is not None and metrics.true_processing_rate > 0:
-        return metrics.true_processing_rate / executors
+    rate = metrics.executor_rate
+    if rate is not None and rate > 0:
+        return rate
     if metrics.input_rate is not None and metrics.input_rate > metrics.processing_rate * 1.05:
-        return metrics.processing_rate / executors
+        return metrics.processing_rate / max(metrics.executors, 1)
     return INF
 
 
