@@ -213,6 +213,7 @@ def test_enums_are_the_parsers(schema: dict[str, Any]) -> None:
         f"{vertex}.sink.mode": topology.COST_MODES,
         f"{vertex}.sink.delivery": topology.SINK_DELIVERIES,
         "spec.streams[].grouping": topology.GROUPINGS,
+        "spec.streams[].balance": topology.BALANCES,
         "spec.scaling.strategy": topology.STRATEGIES,
         "spec.scaling.migration": topology.MIGRATIONS,
         "spec.scaling.auto.policy": topology.AUTOSCALE_POLICIES,
@@ -276,6 +277,10 @@ CEL_RULES: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
     "self.grouping != 'fields' || (has(self.key) && size(self.key) > 0)": (
         "stream",
         lambda stream: stream["grouping"] != "fields" or bool(stream.get("key")),
+    ),
+    "!has(self.balance) || !has(self.grouping) || self.grouping == 'shuffle'": (
+        "stream",
+        lambda stream: "balance" not in stream or stream["grouping"] == "shuffle",
     ),
     "!has(self.minNodes) || !has(self.maxNodes) || self.minNodes <= self.maxNodes": (
         "auto",
@@ -421,6 +426,7 @@ def test_the_parser_rejects_what_the_schema_rejects_on_the_same_field(demo: dict
             "spec.vertices[1]: parallelism within maxParallelism",
         ),
         (lambda s: s["streams"][2].pop("key"), "spec.streams[2]: fields grouping needs a key"),
+        (lambda s: s["streams"][2].update(balance="round-robin"), "spec.streams[2]: only a shuffle stream"),
         (lambda s: s["scaling"].update(auto={"minNodes": 5, "maxNodes": 3}), "spec.scaling.auto: autoscaler bounds"),
         (lambda s: s["scaling"].update(auto={"minNodes": 21}), "spec.scaling.auto: autoscaler bounds"),
         (lambda s: s["vertices"][1].update(sink={"type": "log"}), "spec.vertices[1]: one block per vertex"),

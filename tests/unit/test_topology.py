@@ -193,6 +193,8 @@ def _streams(d: dict) -> list:
         ),
         (lambda d: _streams(d)[1].__setitem__("grouping", "hash"), "spec.streams[1].grouping: unknown grouping"),
         (lambda d: _streams(d)[1].pop("key"), "spec.streams[1].key: fields grouping needs a key"),
+        (lambda d: _streams(d)[0].__setitem__("balance", "fastest"), "spec.streams[0].balance: unknown balance"),
+        (lambda d: _streams(d)[1].__setitem__("balance", "round-robin"), "spec.streams[1].balance: only a shuffle"),
         (lambda d: _streams(d)[2].pop("from"), "spec.streams[2].from: is missing; set it to one of: spout"),
         (lambda d: _streams(d)[2].__setitem__("to", "otu"), "spec.streams[2].to: unknown vertex 'otu'"),
         (lambda d: _streams(d)[0].__setitem__("from", "sput"), "spec.streams[0].from: unknown vertex 'sput'"),

@@ -29,7 +29,9 @@ DEFAULT_SLOTS_PER_NODE = 4
 DEFAULT_CONGESTION_RATE = 1.2
 #: metric intervals per analysis window
 DEFAULT_WINDOW = 20
-STRATEGIES = ("stela", "round-robin", "least-link-load", "random")
+STRATEGIES = ("stela", "stela-plus", "round-robin", "least-link-load", "random")
+#: how a shuffle stream deals events over the receiving executors (`Stream.balance`)
+BALANCES = ("load-aware", "round-robin")
 MIGRATIONS = ("ccr", "dcr", "restart")
 AUTOSCALE_POLICIES = ("autoscale", "rules")
 #: AUTOSCALE's `combine` of a vertex's own input estimate with its parents' estimated output
@@ -98,6 +100,9 @@ class Stream:
     dst: str
     grouping: Grouping = "shuffle"
     key: str | None = None
+    #: shuffle only: `load-aware` sends each frame to the receiver with the most free credit (the one that
+    #: drains fastest), `round-robin` deals events in turn (Storm's plain shuffle)
+    balance: str = "load-aware"
 
 
 @dataclass(frozen=True)
@@ -503,6 +508,12 @@ def _parse_streams(
         key = item.get("key")
         if grouping == "fields" and not (isinstance(key, str) and key):
             problems.append(f"{path}.key: fields grouping needs a key; set key to the field to partition by")
+        balance = item.get("balance", "load-aware")
+        if balance not in BALANCES:
+            problems.append(f"{path}.balance: unknown balance {balance!r}; use one of: {', '.join(BALANCES)}")
+            balance = "load-aware"
+        elif "balance" in item and grouping != "shuffle":
+            problems.append(f"{path}.balance: only a shuffle stream is balanced; remove balance or use grouping shuffle")
         if not ends_known:
             if isinstance(src, str) and src in entries:
                 unresolved.has_out.add(src)
@@ -521,7 +532,7 @@ def _parse_streams(
             problems.append(f"{path}: duplicate stream {src} -> {dst} (also spec.streams[{seen[src, dst]}]); keep one")
             continue
         seen[src, dst] = i
-        streams.append(Stream(src, dst, cast(Grouping, grouping), key if grouping == "fields" else None))
+        streams.append(Stream(src, dst, cast(Grouping, grouping), key if grouping == "fields" else None, balance))
     return streams, unresolved
 
 
