@@ -1,5 +1,5 @@
-"""Channels on real ZeroMQ sockets in one process: credit windows bound what is in flight in events, and a
-sender blocked on a channel says which one."""
+"""Channels on real ZeroMQ sockets in one process: credit windows bound what is in flight in events, a sender
+blocked on a channel says which one, and a shuffle stream's balance decides who gets what."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import time
 
 import zmq
 
+from elastream.core.topology import Stream
 from elastream.runtime import transport
+from elastream.runtime.executor import OutputStream, Router
 from elastream.runtime.transport import DATA, Channel, Inbox
 
 
@@ -71,3 +73,69 @@ def test_a_sender_blocked_on_a_peer_that_never_reads_says_which(monkeypatch, cap
     channel.close(0)
     context.term()
     assert f"blocked on channel parse#0 -> transform#3 (tcp://127.0.0.1:{port}) for" in caplog.text
+
+
+def _shuffle_split(balance: str, seconds_per_frame: tuple[float, float]) -> tuple[list[list[int]], float]:
+    """Route 6,000 events over a shuffle stream with `balance` to two receivers that take a frame every
+    `seconds_per_frame[i]`; returns the event ids each received, in order, and the sender's blocked time."""
+    context = zmq.Context()
+    inboxes = [Inbox(context, "127.0.0.1") for _ in range(2)]
+    channels = [Channel(context, "a#0", f"b#{i}", inbox.endpoint) for i, inbox in enumerate(inboxes)]
+    output = OutputStream(Stream("a", "b", "shuffle", None, balance), 128, channels)
+    stop = threading.Event()
+    router = Router([output], stop)
+    received: list[list[int]] = [[], []]
+    total = 6_000
+
+    def receiver(i: int) -> None:
+        while sum(map(len, received)) < total and not stop.is_set():
+            frame = inboxes[i].receive(20)
+            if frame is not None:
+                time.sleep(seconds_per_frame[i])
+                inboxes[i].ack(frame[3])
+                received[i].extend(e[0] for e in frame[2])
+
+    threads = [threading.Thread(target=receiver, args=(i,), daemon=True) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for i in range(total):
+            router.route([i, 0, i, 0.0])
+            if i % 100 == 99:
+                router.flush()  # as an executor does at the end of each input batch
+        router.flush()
+        deadline = time.monotonic() + 30
+        while sum(map(len, received)) < total and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        for channel in channels:
+            channel.close(0)
+        for inbox in inboxes:
+            inbox.close()
+        context.term()
+    return received, router.take_blocked()
+
+
+def test_load_aware_shuffle_sends_more_to_the_receiver_that_drains_faster() -> None:
+    received, _ = _shuffle_split("load-aware", (0.0, 0.02))
+    fast, slow = received
+    assert sorted(fast + slow) == list(range(6_000))  # every event exactly once
+    assert fast == sorted(fast) and slow == sorted(slow)  # FIFO per channel
+    assert len(fast) > 3 * len(slow), (len(fast), len(slow))
+
+
+def test_round_robin_shuffle_deals_equal_shares_whatever_the_receivers_manage() -> None:
+    received, _ = _shuffle_split("round-robin", (0.0, 0.005))
+    fast, slow = received
+    assert sorted(fast + slow) == list(range(6_000))
+    assert fast == sorted(fast) and slow == sorted(slow)
+    assert len(fast) == len(slow) == 3_000
+
+
+def test_load_aware_shuffle_deals_equal_receivers_in_turn() -> None:
+    received, _ = _shuffle_split("load-aware", (0.0, 0.0))
+    assert sorted(received[0] + received[1]) == list(range(6_000))
+    assert min(map(len, received)) > 1_000, list(map(len, received))  # ties go to the next channel

@@ -1,8 +1,13 @@
 """Executors: one thread per executor, running an operator over its inbox and routing what it emits.
 
-`Router` implements the groupings of DESIGN.md over the schedule's parallelism: shuffle (round-robin per
-sender), fields (key -> key group -> owning executor, contiguous key-group ranges as `key_group_owner` says),
-all (broadcast) and global (executor 0). `Counters` are what the worker publishes every interval.
+`Router` implements the groupings of DESIGN.md over the schedule's parallelism: shuffle, fields (key -> key
+group -> owning executor, contiguous key-group ranges as `key_group_owner` says), all (broadcast) and global
+(executor 0). A shuffle stream is load-aware by default: events collect in one buffer and each full frame
+goes to the receiver whose channel has the most free credit, i.e. the one draining fastest (Storm's answer
+to the same problem, its load-aware shuffle), so a vertex goes at the sum of its executors' speeds instead
+of k times its slowest one's. `balance: round-robin` keeps the plain deal in turn. Either way a channel
+stays FIFO and every event goes down exactly one channel, so the migration protocols' in-band markers and
+exactly-once accounting see no difference. `Counters` are what the worker publishes every interval.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context
 from elastream.runtime.participant import Migration
-from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Channel, Inbox
+from elastream.runtime.transport import (
+    BLOCKED_LOG_S,
+    CONTROL,
+    DATA,
+    MAX_BATCH,
+    Channel,
+    Inbox,
+    wait_for_any_credit,
+)
 
 log = logging.getLogger("elastream.worker")
 
@@ -71,7 +84,10 @@ def grouping_key(event: Any, field: str | None) -> Any:
 
 
 class OutputStream:
-    """One output stream of an executor: its grouping and a channel per downstream executor (by index)."""
+    """One output stream of an executor: its grouping and a channel per downstream executor (by index).
+
+    A load-aware shuffle stream has one buffer, `pending`, sent as a whole frame to the channel `choose`
+    picks; every other stream has a buffer per channel."""
 
     def __init__(self, stream: Stream, max_parallelism: int, channels: Sequence[Channel]) -> None:
         self.stream = stream
@@ -81,6 +97,48 @@ class OutputStream:
         self.channels = list(channels)
         self.buffers: list[list[Any]] = [[] for _ in channels]
         self.next_index = 0
+        self.load_aware = stream.grouping == "shuffle" and stream.balance == "load-aware" and len(channels) > 1
+        self.pending: list[Any] = []
+        #: the pending buffer goes out when it holds this many events: the frame limit of the channel with
+        #: the most free credit when the last frame went (the likely next target)
+        self.pending_limit = self.channels[0].frame_limit if self.channels else MAX_BATCH
+
+    def choose(self, n: int, stop: threading.Event) -> tuple[Channel, float]:
+        """The channel for the next frame of `n` events: the one with the most free credit, ties going to the
+        channel after the last one chosen (so equal receivers are dealt in turn). When no channel has room
+        for the frame, waits until one has (the seconds waited are returned: blocked, not busy)."""
+        blocked = 0.0
+        k = len(self.channels)
+        while True:
+            best, best_free = self.next_index, -1
+            for offset in range(k):
+                index = (self.next_index + offset) % k
+                free = self.channels[index].free_credit()
+                if free > best_free:
+                    best, best_free = index, free
+            channel = self.channels[best]
+            if best_free >= n or channel.in_flight == 0 or stop.is_set():
+                self.next_index = (best + 1) % k
+                return channel, blocked
+            waited = wait_for_any_credit(self.channels, stop)
+            if int((blocked + waited) / BLOCKED_LOG_S) > int(blocked / BLOCKED_LOG_S):
+                log.warning(
+                    "blocked on all %d channels of %s -> %s for %.0f s: none has room for %d events",
+                    k,
+                    self.channels[0].sender,
+                    self.stream.dst,
+                    blocked + waited,
+                    n,
+                )
+            blocked += waited
+
+    def send_pending(self, stop: threading.Event) -> float:
+        """Send the pending buffer as one frame to the channel `choose` picks; returns the seconds blocked."""
+        events, self.pending = self.pending, []
+        channel, blocked = self.choose(len(events), stop)
+        blocked += channel.send_events(events, stop)
+        self.pending_limit = max(self.channels, key=Channel.free_credit).frame_limit
+        return blocked
 
     def targets(self, event: Any) -> Sequence[int]:
         k = len(self.channels)
@@ -107,6 +165,11 @@ class Router:
 
     def route(self, event: Any) -> None:
         for output in self.outputs:
+            if output.load_aware:
+                output.pending.append(event)
+                if len(output.pending) >= output.pending_limit:
+                    self.blocked_s += output.send_pending(self.stop)
+                continue
             for index in output.targets(event):
                 buffer = output.buffers[index]
                 buffer.append(event)
@@ -117,6 +180,8 @@ class Router:
 
     def flush(self) -> None:
         for output in self.outputs:
+            if output.pending:
+                self.blocked_s += output.send_pending(self.stop)
             for index, buffer in enumerate(output.buffers):
                 if buffer:
                     self.blocked_s += output.channels[index].send_events(buffer, self.stop)

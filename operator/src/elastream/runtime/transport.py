@@ -261,3 +261,22 @@ class Channel:
             self.socket.disable_monitor()
         self.monitor.close(0)
         self.socket.close(linger_ms)
+
+
+def wait_for_any_credit(channels: list[Channel], stop: threading.Event, timeout_ms: int = 100) -> float:
+    """Wait up to `timeout_ms` for an ack (or a lost receiver) on any of `channels`, then take what came;
+    returns the seconds waited. A load-aware sender calls it while none of its channels has room."""
+    start = time.perf_counter()
+    if stop.is_set():
+        return 0.0
+    poller = zmq.Poller()
+    for channel in channels:
+        poller.register(channel.socket, zmq.POLLIN)
+        poller.register(channel.monitor, zmq.POLLIN)
+    ready = dict(poller.poll(timeout_ms))
+    for channel in channels:
+        if channel.monitor in ready:
+            channel._on_monitor_event()
+        if channel.socket in ready:
+            channel._take_acks()
+    return time.perf_counter() - start
