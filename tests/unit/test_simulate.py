@@ -67,10 +67,54 @@ def test_fields_grouping_follows_key_group_shares() -> None:
         )
     )
     result = simulate(topology, initial_schedule(topology))
-    # key groups 3 over 2 executors: 1 and 2 groups -> inputs 100 and 200, each capped at 100/s.
-    assert result.executors["c#0"] == pytest.approx(100.0)
-    assert result.executors["c#1"] == pytest.approx(100.0)
-    assert result.throughput == pytest.approx(200.0)
+    # key groups 3 over 2 executors: one gets 2/3 of the input, the other 1/3, each manages 100/s; the one
+    # with 2/3 blocks the source at 150/s (back-pressure), so the other processes 50/s.
+    assert sorted(result.executors[e] for e in ("c#0", "c#1")) == pytest.approx([50.0, 100.0])
+    assert result.vertices["s"].processing_rate == pytest.approx(150.0)
+    assert result.vertices["s"].input_rate == pytest.approx(300.0)  # offered
+    assert result.throughput == pytest.approx(150.0)
+    assert result.capacity["c"] == pytest.approx(150.0)  # of this key mix
+
+
+def test_a_source_feeding_two_branches_goes_at_the_slowest_branch_pace() -> None:
+    topology = parse_manifest(
+        manifest(
+            [src("s", 1, rate=1000), work("fast", 1, costMs=0.1), work("slow", 1, costMs=4), sink("y"), sink("z")],
+            [edge("s", "fast"), edge("s", "slow"), edge("fast", "y"), edge("slow", "z")],
+        )
+    )
+    result = simulate(topology, initial_schedule(topology))
+    # every tuple goes to both branches and a full channel blocks the source: 250/s for both
+    assert result.vertices["s"].processing_rate == pytest.approx(250.0)
+    assert result.vertices["fast"].processing_rate == pytest.approx(250.0)
+    assert result.throughput == pytest.approx(500.0)
+
+
+def _crowded(balance: str) -> float:
+    """a#0 shares node-0's one core with h (half a core); a#1 has node-1's core to itself."""
+    topology = parse_manifest(
+        manifest(
+            [
+                src("s", 1, rate=10_000),
+                work("a", 2, costMs=4),
+                sink("z"),
+                src("h", 1, rate=250, costMs=2),
+                sink("hz"),
+            ],
+            [edge("s", "a", balance=balance), edge("a", "z"), edge("h", "hz")],
+            nodes=2,
+            resources={"limits": {"cpu": "1"}},
+        )
+    )
+    nodes = ("node-0", "node-1")
+    assignment = {"s#0": "node-1", "a#0": "node-0", "a#1": "node-1", "z#0": "node-1", "h#0": "node-0", "hz#0": "node-0"}
+    return simulate(topology, Schedule(assignment, nodes, 8)).vertices["a"].processing_rate
+
+
+def test_load_aware_shuffle_pools_the_executors_and_round_robin_waits_for_the_slowest() -> None:
+    # a#0 gets half of node-0's core (125/s at 4 ms), a#1 a whole core (250/s)
+    assert _crowded("load-aware") == pytest.approx(375.0, rel=1e-6)
+    assert _crowded("round-robin") == pytest.approx(250.0, rel=1e-6)  # 2 x the slower one
 
 
 def test_unbounded_source_is_refused() -> None:

@@ -1,22 +1,27 @@
-"""Fluid model: the steady-state throughput of a topology under a schedule. The yardstick for planners.
+"""Fluid model: the steady-state throughput of a topology under a schedule, as the runtime delivers it.
 
-Model (the one Stela's ETP reasons in: a congested vertex limits its own subtree, queues absorb the rest,
-there is no back-pressure to the sources):
+The yardstick for planners and the prediction `elastream plan` shows. Model (the runtime's data plane):
 
 - An executor of vertex v processes at most `capacity(v)` tuples/s (1000 / costMs: one thread) and uses
   `cost(v)` CPU-seconds per tuple. Executors on one node share its `node_cpu` cores (the worker pod's CPU
-  limit) max-min fairly, as an OS scheduler shares cores among busy threads; without a limit, nodes are
-  unconstrained and only per-executor capacity binds.
-- A source vertex is offered `source_rate` tuples/s in total, split evenly over its executors; without a
-  rate it emits as fast as its executors can.
-- An executor processes min(its input, its capacity, its CPU share / cost) and emits processed × selectivity
-  on every outgoing stream. Streams split a vertex's output over the child's executors by grouping:
-  shuffle evenly, fields by each executor's share of key groups (keys uniform over key groups), all to every
-  executor, global to executor 0.
+  limit) max-min fairly, as an OS scheduler (and the runtime's emulated cores) share cores among busy
+  threads; without a limit, nodes are unconstrained and only per-executor capacity binds.
+- Back-pressure: channels are bounded, so in the steady state every vertex processes all it receives and a
+  full channel holds its sender back, up to the sources. A source is offered `source_rate` tuples/s (split
+  evenly over its executors; without a rate it emits as fast as it may) and emits what its downstream
+  takes. A source feeding several branches therefore goes at its slowest branch's pace, and several
+  sources held back by one bottleneck share it max-min fairly (progressive filling).
+- What an executor receives depends on each input stream's grouping: load-aware shuffle (the default) pools
+  the vertex's executors (each frame goes to the executor with room, so the vertex manages the sum of its
+  executors' rates); round-robin shuffle gives each executor an equal share (k times the slowest
+  executor); fields each executor's share of key groups (keys uniform over key groups); all the whole
+  stream to every executor; global everything to executor 0.
 - Throughput = the sum of the sinks' processing rates.
 
-CPU shares depend on demands, which depend on upstream flows, which depend on shares: the steady state is
-found by damped fixed-point iteration (to 1e-9 relative, or 500 rounds).
+CPU shares depend on which executors are saturated, which depends on the flows, which depend on shares:
+the steady state is found by damped fixed-point iteration (to 1e-9 relative, or 200 rounds). For given
+shares the flows are exact: every vertex's rate is linear in the source rates, and the source rates are
+the max-min fair solution of the executors' and vertices' linear capacity constraints.
 
 `optimal_scale_out` and `optimal_scale_in` search exhaustively (small cases) for the best schedule a planner
 could have produced, so planners can be compared against the optimum.
@@ -138,40 +143,235 @@ def simulate(topology: Topology, schedule: Schedule, model: SimulationModel | No
                 f"source {v} has neither a rate nor a costMs, so its output is unbounded; give it source.rate"
             )
     node_of = dict(schedule.assignment)
-    shares = {v: input_shares(topology, v, len(by_vertex[v])) for v in topology.order}
+    network = _Network.build(topology, model, by_vertex)
     cpu_share: dict[str, float] = dict.fromkeys(node_of, INF)
-    processed: dict[str, float] = {}
-    previous = -1.0
-    iterations = 0
-    for iterations in range(1, 501):
-        new_processed, demand, vertex_flows = _flows(topology, model, by_vertex, shares, cpu_share)
-        if processed and iterations > 2:
-            # Damping keeps the share <-> demand feedback from oscillating.
-            new_processed = {e: 0.5 * (processed[e] + new_processed[e]) for e in new_processed}
-        processed = new_processed
-        if model.node_cpu is not None:
-            cpu_share = fair_shares(demand, node_of, model.node_cpu, schedule.nodes)
-        throughput = sum(vertex_flows[s].processing_rate for s in topology.sinks)
-        if model.node_cpu is None or abs(throughput - previous) <= 1e-9 * max(1.0, throughput):
-            break
-        previous = throughput
-    executor_rates, demand, vertex_flows = _flows(topology, model, by_vertex, shares, cpu_share)
+    flows = network.solve(cpu_share)
+    iterations = 1
+    if model.node_cpu is not None:
+        previous = -1.0
+        for iterations in range(2, 201):
+            # What each executor would use with the node to itself: a saturated one (its CPU share binds)
+            # wants a whole thread's worth, the others what their load needs. The node's cores go to these
+            # demands max-min fairly, as the OS scheduler (and the runtime's emulated cores) share them.
+            demand = {
+                e: model.vertices[network.vertex_of[e]].cost_s
+                * (network.thread_rate(e) if flows.saturated(e) else flows.load[e])
+                for e in node_of
+            }
+            fresh = fair_shares(demand, node_of, model.node_cpu, schedule.nodes)
+            if iterations > 3:  # damping keeps the share <-> saturation feedback from oscillating
+                fresh = {e: _average(cpu_share[e], fresh[e]) for e in fresh}
+            cpu_share = fresh
+            flows = network.solve(cpu_share)
+            if abs(flows.throughput - previous) <= 1e-9 * max(1.0, flows.throughput):
+                break
+            previous = flows.throughput
     used: dict[str, float] = dict.fromkeys(schedule.nodes, 0.0)
-    for executor, d in demand.items():
-        used[node_of[executor]] += min(d, cpu_share[executor])
-    capacity: dict[str, float | None] = {}
-    for v in topology.order:
-        vm = model.vertices[v]
-        limits = [_executor_rate(vm, INF, cpu_share[e]) for e in by_vertex[v]]
-        capacity[v] = None if any(math.isinf(x) for x in limits) else sum(limits)
+    for executor, node in node_of.items():
+        cost_s = model.vertices[network.vertex_of[executor]].cost_s
+        used[node] += min(flows.load[executor] * cost_s, cpu_share[executor])
     return SimulationResult(
-        throughput=sum(vertex_flows[s].processing_rate for s in topology.sinks),
-        capacity=capacity,
-        vertices=vertex_flows,
-        executors=executor_rates,
+        throughput=flows.throughput,
+        capacity=flows.capacity,
+        vertices=flows.vertices,
+        executors=dict(flows.load),
         node_cpu_used=used,
         iterations=iterations,
     )
+
+
+def _average(old: float, new: float) -> float:
+    return new if math.isinf(old) or math.isinf(new) else 0.5 * (old + new)
+
+
+@dataclass(frozen=True)
+class _Flows:
+    """One solution of the network for given executor rate limits."""
+
+    load: Mapping[str, float]  # executor -> events/s it processes
+    limit: Mapping[str, float]  # executor -> events/s it could process (thread and CPU share)
+    vertices: Mapping[str, VertexFlow]
+    capacity: Mapping[str, float | None]
+    throughput: float
+
+    def saturated(self, executor: str) -> bool:
+        limit = self.limit[executor]
+        return not math.isinf(limit) and self.load[executor] >= limit * (1.0 - 1e-6)
+
+
+@dataclass
+class _Network:
+    """The topology as linear flows of its source rates, under back-pressure.
+
+    Every vertex processes all of its input (blocked senders wait instead of queues growing), so each
+    vertex's rate is a linear function of the sources' rates: `gain[v][s]` events/s at v per event/s that
+    source s emits. What an executor receives depends on the grouping of each input stream: a fixed
+    fraction of the stream (fields, all, global, round-robin shuffle: `fixed[e][s]`) or a share of the
+    vertex's pooled input (load-aware shuffle: `pooled[v][s]`), which goes to whichever executors have
+    room, as a load-aware sender sends each frame to the channel that drains fastest."""
+
+    topology: Topology
+    model: SimulationModel
+    by_vertex: Mapping[str, list[str]]
+    vertex_of: dict[str, str]
+    gain: dict[str, dict[str, float]]
+    fixed: dict[str, dict[str, float]]
+    pooled: dict[str, dict[str, float]]
+
+    @staticmethod
+    def build(topology: Topology, model: SimulationModel, by_vertex: Mapping[str, list[str]]) -> _Network:
+        vertex_of = {e: v for v, executors in by_vertex.items() for e in executors}
+        sources = topology.sources
+        gain: dict[str, dict[str, float]] = {}
+        fixed: dict[str, dict[str, float]] = {}
+        pooled: dict[str, dict[str, float]] = {}
+        for v in topology.order:
+            executors = by_vertex[v]
+            k = len(executors)
+            if v in sources:
+                gain[v] = {v: 1.0}
+                for e in executors:
+                    fixed[e] = {v: 1.0 / k}  # each source executor generates its share of the offered rate
+                continue
+            total: dict[str, float] = defaultdict(float)
+            pool: dict[str, float] = defaultdict(float)
+            per_executor: list[dict[str, float]] = [defaultdict(float) for _ in executors]
+            for parent in topology.parents(v):
+                stream = topology.stream(parent, v)
+                emitted = {s: g * model.vertices[parent].selectivity for s, g in gain[parent].items()}
+                for s, g in emitted.items():
+                    total[s] += g
+                if stream.grouping == "shuffle" and stream.balance == "load-aware" and k > 1:
+                    for s, g in emitted.items():
+                        pool[s] += g
+                    continue
+                fractions = input_shares(topology, v, k)[parent]
+                for i, fraction in enumerate(fractions):
+                    if fraction > 0:
+                        for s, g in emitted.items():
+                            per_executor[i][s] += g * fraction
+            gain[v] = dict(total)
+            pooled[v] = dict(pool)
+            for e, coefficients in zip(executors, per_executor, strict=True):
+                fixed[e] = dict(coefficients)
+        return _Network(topology, model, by_vertex, vertex_of, gain, fixed, pooled)
+
+    def thread_rate(self, executor: str) -> float:
+        """What the executor's one thread manages with a whole core: its vertex's capacity."""
+        return self.model.vertices[self.vertex_of[executor]].capacity
+
+    def constraints(self, limit: Mapping[str, float]) -> list[tuple[dict[str, float], float, str]]:
+        """Linear constraints on the source rates, (coefficients, bound, vertex): every executor processes at
+        most its limit of its fixed input; a vertex with pooled input processes at most its executors'
+        summed limits of everything it receives."""
+        result: list[tuple[dict[str, float], float, str]] = []
+        for v in self.topology.order:
+            executors = self.by_vertex[v]
+            for e in executors:
+                if self.fixed[e] and not math.isinf(limit[e]):
+                    result.append((self.fixed[e], limit[e], v))
+            if self.pooled.get(v):
+                bound = sum(limit[e] for e in executors)
+                if not math.isinf(bound):
+                    result.append((self.gain[v], bound, v))
+        return result
+
+    def source_rates(self, constraints: list[tuple[dict[str, float], float, str]]) -> dict[str, float]:
+        """Max-min fair source rates (progressive filling): every source not yet held grows at the same rate
+        per executor until it reaches its offered rate or a constraint it feeds binds, which holds it."""
+        sources = self.topology.sources
+        offered = {s: self.model.vertices[s].source_rate for s in sources}
+        x = dict.fromkeys(sources, 0.0)
+        active = {s for s in sources if offered[s] is None or (offered[s] or 0.0) > 0}
+        direction = {s: float(len(self.by_vertex[s])) for s in sources}
+        while active:
+            step = INF
+            for coefficients, bound, _ in constraints:
+                rise = sum(coefficients.get(s, 0.0) * direction[s] for s in active)
+                if rise > 0:
+                    used = sum(a * x[s] for s, a in coefficients.items())
+                    step = min(step, max(0.0, bound - used) / rise)
+            for s in active:
+                rate = offered[s]
+                if rate is not None:
+                    step = min(step, (rate - x[s]) / direction[s])
+            if math.isinf(step):
+                raise ValueError(f"sources {', '.join(sorted(active))} are unbounded: give them source.rate")
+            for s in active:
+                x[s] += step * direction[s]
+            held = set()
+            for s in active:
+                rate = offered[s]
+                if rate is not None and x[s] >= rate * (1.0 - 1e-12):
+                    held.add(s)
+            for coefficients, bound, _ in constraints:
+                used = sum(a * x[s] for s, a in coefficients.items())
+                if used >= bound - 1e-9 * max(1.0, bound):
+                    held.update(s for s in active if coefficients.get(s, 0.0) > 0)
+            if not held:  # numerical corner: nothing bound although a step was taken; stop rather than loop
+                break
+            active -= held
+        return x
+
+    def solve(self, cpu_share: Mapping[str, float]) -> _Flows:
+        model = self.model
+        limit = {e: _executor_rate(model.vertices[self.vertex_of[e]], INF, cpu_share[e]) for e in self.vertex_of}
+        constraints = self.constraints(limit)
+        x = self.source_rates(constraints)
+        load: dict[str, float] = {}
+        vertices: dict[str, VertexFlow] = {}
+        capacity: dict[str, float | None] = {}
+        for v in self.topology.order:
+            executors = self.by_vertex[v]
+            vm = model.vertices[v]
+            total = sum(g * x[s] for s, g in self.gain[v].items())
+            for e in executors:
+                load[e] = sum(a * x[s] for s, a in self.fixed[e].items())
+            pool = sum(g * x[s] for s, g in self.pooled.get(v, {}).items())
+            if pool > 0:
+                self._spread(executors, pool, load, limit)
+            offered = vm.source_rate if v in self.topology.sources else None
+            input_rate = offered if offered is not None else total
+            vertices[v] = VertexFlow(input_rate, total, total * vm.selectivity, len(executors))
+            capacity[v] = self._capacity(v, total, x, limit, constraints)
+        throughput = sum(vertices[s].processing_rate for s in self.topology.sinks)
+        return _Flows(load, limit, vertices, capacity, throughput)
+
+    @staticmethod
+    def _spread(executors: Sequence[str], pool: float, load: dict[str, float], limit: Mapping[str, float]) -> None:
+        """Deal a vertex's pooled input over its executors in proportion to their room (all to the unlimited
+        ones, evenly, when some have no limit)."""
+        unlimited = [e for e in executors if math.isinf(limit[e])]
+        if unlimited:
+            for e in unlimited:
+                load[e] += pool / len(unlimited)
+            return
+        room = {e: max(0.0, limit[e] - load[e]) for e in executors}
+        total_room = sum(room.values())
+        for e in executors:
+            share = room[e] / total_room if total_room > 0 else 1.0 / len(executors)
+            load[e] += pool * share
+
+    def _capacity(
+        self,
+        v: str,
+        total: float,
+        x: Mapping[str, float],
+        limit: Mapping[str, float],
+        constraints: list[tuple[dict[str, float], float, str]],
+    ) -> float | None:
+        """What the vertex could process with unlimited input of its current mix: its input scaled until one
+        of its own constraints binds (None: nothing bounds it)."""
+        if total <= 0:
+            limits = [limit[e] for e in self.by_vertex[v]]
+            return None if any(math.isinf(rate) for rate in limits) else sum(limits)
+        scale = INF
+        for coefficients, bound, vertex in constraints:
+            if vertex == v:
+                used = sum(a * x[s] for s, a in coefficients.items())
+                if used > 0:
+                    scale = min(scale, bound / used)
+        return None if math.isinf(scale) else total * scale
 
 
 def input_shares(topology: Topology, vertex: str, k: int) -> dict[str, list[float]]:
@@ -196,58 +396,6 @@ def _executor_rate(vm: VertexModel, input_rate: float, cpu: float) -> float:
     if vm.cost_s > 0 and not math.isinf(cpu):
         limit = min(limit, cpu / vm.cost_s)
     return min(input_rate, limit)
-
-
-def _executor_inputs(
-    topology: Topology,
-    model: SimulationModel,
-    vertex: str,
-    executors: Sequence[str],
-    shares: Mapping[str, list[float]],
-    emit: Mapping[str, float],
-) -> list[float]:
-    k = len(executors)
-    vm = model.vertices[vertex]
-    if topology.graph.in_degree(vertex) == 0:
-        if vm.source_rate is None:
-            return [INF] * k
-        return [vm.source_rate / k] * k
-    inputs = [0.0] * k
-    for parent, fractions in shares.items():
-        for i in range(k):
-            inputs[i] += emit[parent] * fractions[i]
-    return inputs
-
-
-def _flows(
-    topology: Topology,
-    model: SimulationModel,
-    by_vertex: Mapping[str, list[str]],
-    shares: Mapping[str, Mapping[str, list[float]]],
-    cpu_share: Mapping[str, float],
-) -> tuple[dict[str, float], dict[str, float], dict[str, VertexFlow]]:
-    processed: dict[str, float] = {}
-    demand: dict[str, float] = {}
-    emit: dict[str, float] = {}
-    flows: dict[str, VertexFlow] = {}
-    for v in topology.order:
-        vm = model.vertices[v]
-        executors = by_vertex[v]
-        inputs = _executor_inputs(topology, model, v, executors, shares[v], emit)
-        total_in = 0.0
-        total_proc = 0.0
-        for executor, inp in zip(executors, inputs, strict=True):
-            rate = _executor_rate(vm, inp, cpu_share[executor])
-            processed[executor] = rate
-            # Demand is what the executor would use with the node to itself.
-            demand[executor] = min(inp, vm.capacity) * vm.cost_s if vm.cost_s > 0 else 0.0
-            total_in += inp
-            total_proc += rate
-        if math.isinf(total_in):
-            total_in = total_proc
-        emit[v] = total_proc * vm.selectivity
-        flows[v] = VertexFlow(total_in, total_proc, emit[v], len(executors))
-    return processed, demand, flows
 
 
 def fair_shares(
