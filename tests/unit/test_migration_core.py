@@ -15,11 +15,13 @@ from elastream.core.migration import (
     Phase,
     Timeouts,
     affected_executors,
+    convergence_time,
     missing_and_duplicates,
     rate_timeline,
     recovery_times,
     replayed_events,
     state_moves,
+    time_at_zero,
     upstream_executors,
 )
 from elastream.core.schedule import Schedule, initial_schedule, key_group_owner, key_group_ranges
@@ -264,3 +266,23 @@ def test_rate_timeline_buckets_rates_per_incarnation_and_fills_gaps_with_zero() 
     # two buckets in a row afterwards (0/s, then 80/s)
     assert recovery_times(timeline["output"], tolerance=0.1, hold=2) == (0.0, None)
     assert recovery_times([(-1.0, 50.0), (0.0, 10.0), (1.0, 48.0), (2.0, 50.0)], hold=2) == (1.0, 1.0)
+
+
+def test_convergence_time_waits_for_two_crossings_each_way_within_five_percent() -> None:
+    # before, a dip, an overshoot (above the post-scale average but far from it), then oscillation at ~200
+    timeline = [(-1.0, 100.0), (0.0, 0.0), (1.0, 50.0), (2.0, 260.0), (3.0, 190.0)]
+    timeline += [(4.0, 205.0), (5.0, 195.0), (6.0, 204.0), (7.0, 198.0)]
+    assert convergence_time(timeline, reference=200.0) == 3.0
+    # the same points around a post-scale average of 150 never stay within 5 % of it
+    assert convergence_time(timeline, reference=150.0) is None
+    # never below the average: no oscillation, no convergence
+    assert convergence_time([(0.0, 210.0), (1.0, 220.0), (2.0, 230.0)], reference=200.0) is None
+    assert convergence_time(timeline, reference=0.0) is None
+    # the clock starts at the scale operation, not at the timeline's first point
+    assert convergence_time(timeline, reference=200.0, started_at=1.0) == 2.0
+
+
+def test_time_at_zero_counts_the_buckets_without_throughput_in_the_span() -> None:
+    timeline = [(-0.5, 0.0), (0.0, 10.0), (0.5, 0.0), (1.0, 0.0), (1.5, 3.0), (2.0, 0.0)]
+    assert time_at_zero(timeline, 0.0, 1.5, bucket_s=0.5) == 1.0
+    assert time_at_zero(timeline, 0.0, 2.0, bucket_s=0.5, floor=5.0) == 2.0
