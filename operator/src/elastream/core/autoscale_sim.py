@@ -74,11 +74,11 @@ class MigrationDelays:
     """CCR's phases as measured (docs/benchmarks/migration.md, medians over the five DAGs)."""
 
     #: prepare when nodes are added (they start and bind their inboxes), while everything runs
-    prepare_out_s: float = 1.214
+    prepare_out_s: float = 0.568
     #: prepare without new nodes (staying workers bind new executors' inboxes)
-    prepare_in_s: float = 0.014
+    prepare_in_s: float = 0.007
     #: sources held: PREPARE sent until every source is told to resume
-    pause_s: float = 0.152
+    pause_s: float = 0.116
 
 
 @dataclass(frozen=True)
