@@ -513,7 +513,9 @@ def _parse_streams(
             problems.append(f"{path}.balance: unknown balance {balance!r}; use one of: {', '.join(BALANCES)}")
             balance = "load-aware"
         elif "balance" in item and grouping != "shuffle":
-            problems.append(f"{path}.balance: only a shuffle stream is balanced; remove balance or use grouping shuffle")
+            problems.append(
+                f"{path}.balance: only a shuffle stream is balanced; remove balance or use grouping shuffle"
+            )
         if not ends_known:
             if isinstance(src, str) and src in entries:
                 unresolved.has_out.add(src)
