@@ -16,7 +16,10 @@ and the search is a greedy instead of NSGA-II:
   (processing / what its executors could process: the bottleneck) wins, then the earlier in topological
   order. When no single executor gains, two at a time are tried on the saturated vertices (two bottlenecks
   in a row: neither increment alone helps), then one on every saturated vertex with the needless ones taken
-  back (three or more in a row); when none of that gains, the greedy stops.
+  back (three or more in a row); then a plateau walk: up to PLATEAU_STEPS executors, one at a time, each
+  to the saturated vertex that keeps throughput highest, accepted up to the first point that gains (a keyed
+  vertex whose slowest executor shares a CPU-bound node only gains once several executors each spread it and
+  its consumer over more nodes); when none of that gains, the greedy stops.
 - `pareto_plan` runs it for each node count, also continuing from the previous count's configuration (it
   fits: more slots) and keeping the better. `pareto_front` keeps the configurations no cheaper one matches:
   more throughput (by more than 1%) for more cost. The recommendation (`knee`) is the cheapest configuration
@@ -46,6 +49,8 @@ KNEE_FRACTION = 0.99
 PATIENCE = 2
 #: a vertex processing at least this fraction of what its executors could process is saturated
 SATURATED = 1.0 - 1e-6
+#: the longest plateau walk (executors added without a gain) before the greedy gives up
+PLATEAU_STEPS = 12
 
 
 class ParetoError(ValueError):
@@ -207,6 +212,8 @@ def best_configuration(
         if step is None:
             step = _cut_step(topology, model, nodes, parallelism, fixed, throughput, result, budget - used)
         if step is None:
+            step = _plateau_step(topology, model, nodes, parallelism, fixed, throughput, result, budget - used)
+        if step is None:
             break
         added, throughput, result = step
         for v in added:
@@ -289,6 +296,51 @@ def _cut_step(
         else:
             candidate[v] += 1
     return tuple(added), t, r
+
+
+def _plateau_step(
+    topology: Topology,
+    model: SimulationModel,
+    nodes: int,
+    parallelism: Mapping[str, int],
+    fixed: Sequence[str],
+    throughput: float,
+    result: SimulationResult,
+    room: int,
+) -> tuple[tuple[str, ...], float, SimulationResult] | None:
+    """When no step of one, two or a cut gains: add executors one at a time (at most PLATEAU_STEPS and `room`),
+    each to the saturated vertex whose increment keeps throughput highest (ties: most utilised, then earliest),
+    and return the walk up to the first point that gains more than MIN_GAIN over `throughput`; None when the
+    walk loses throughput, runs out of saturated vertices or of steps first."""
+    candidate = dict(parallelism)
+    added: list[str] = []
+    current_t, current_r = throughput, result
+    for _ in range(min(PLATEAU_STEPS, room)):
+        saturated = [
+            v
+            for v in topology.order
+            if v not in fixed
+            and candidate[v] < topology.vertices[v].max_parallelism
+            and _utilisation(current_r, v) >= SATURATED
+        ]
+        trials: list[tuple[float, tuple[float, int], str, SimulationResult]] = []
+        for v in saturated:
+            candidate[v] += 1
+            t, r = evaluate(topology, model, nodes, candidate)
+            candidate[v] -= 1
+            trials.append((t, (-_utilisation(current_r, v), topology.position[v]), v, r))
+        if not trials:
+            return None
+        top = max(trial[0] for trial in trials)
+        t, _, v, r = min((trial for trial in trials if _close(trial[0], top)), key=lambda trial: trial[1])
+        if t < current_t and not _close(t, current_t):
+            return None  # the walk loses throughput: not a plateau
+        candidate[v] += 1
+        added.append(v)
+        current_t, current_r = t, r
+        if t > throughput and not _close(t, throughput):
+            return tuple(added), t, r
+    return None
 
 
 def _limit(
