@@ -1,19 +1,21 @@
-"""Planner benchmark: post-scale throughput of Stela vs the baselines and the exhaustive optimum, and run time.
+"""Planner benchmark: post-scale throughput of Stela and Stela+ vs the baselines and the exhaustive optimum,
+and run time.
 
 All throughputs are the fluid simulator's steady state (`elastream.core.simulate`): the same yardstick for
 every planner. For each topology the metric snapshot a planner sees is the simulated steady state of the
 initial schedule.
 
 1. Example topologies (examples/*.yaml): scale-out by one node (the paper's Table I: N -> N+1) with stela,
-   round-robin (Storm's default), least-link-load and the exhaustive optimum; scale-in to half the nodes
-   rounded up (the paper: 8 -> 4) with stela, random removal (mean over 20 seeds), round-robin,
-   least-link-load and the optimum.
+   stela-plus (Stela's plan improved by a bounded local search on the fluid model), round-robin (Storm's
+   default), least-link-load and the exhaustive optimum; scale-in to half the nodes rounded up (the paper:
+   8 -> 4) with stela, stela-plus, random removal (mean over 20 seeds), round-robin, least-link-load and the
+   optimum.
 2. Random layered DAGs (a few hundred of each kind): the same comparisons, summarised as geometric means of
    ratios, separately for DAGs whose streams are all shuffle/fields (where Stela's (k+1)/k projection
    holds) and DAGs that also use all/global.
-3. Run time of Stela scale-out for 100, 1,000 and 10,000 vertices, next to the literal Algorithm 1
-   (a DFS per operator, paths summed), with growth factors; and one ETP pass on ladders of diamonds, where
-   Algorithm 1 follows 2^rungs paths.
+3. Run time of Stela and Stela+ scale-out for 100, 1,000 and 10,000 vertices, next to the literal
+   Algorithm 1 (a DFS per operator, paths summed), with growth factors; and one ETP pass on ladders of
+   diamonds, where Algorithm 1 follows 2^rungs paths.
 
 Writes docs/benchmarks/planners.md and planners.png. `--quick` runs a smaller set (used by CI smoke test).
 """
@@ -28,6 +30,7 @@ import os
 import random
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Mapping
 
@@ -42,6 +45,7 @@ from elastream.core.metrics import MetricSnapshot, rates_from_snapshot
 from elastream.core.planner import make_plan
 from elastream.core.planner.etp import congested_vertices, etp_map
 from elastream.core.planner.stela import stela_scale_out
+from elastream.core.planner.stela_plus import stela_plus_scale_out
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import (
     SearchTooLarge,
@@ -65,6 +69,8 @@ PAPER = {  # Stela paper, section IV: Stela's post-scale-out throughput over Sto
     "netmon": "+21% vs before",
 }
 RANDOM_SEEDS = 20
+#: the deterministic planners every comparison runs
+PLANNERS = ("stela", "stela-plus", "round-robin", "least-link-load")
 #: random-DAG families: streams only shuffle/fields, or the default mix with all and global
 FAMILIES = {
     "shuffle/fields only": PARTITIONED_GROUPINGS,
@@ -106,7 +112,7 @@ def scale_out_row(name: str, topology: Topology, with_optimum: bool) -> Row:
     before, snapshot = steady(topology, schedule)
     target = len(schedule.nodes) + 1
     results: dict[str, float | None] = {}
-    for strategy in ("stela", "round-robin", "least-link-load"):
+    for strategy in PLANNERS:
         plan = make_plan(topology, schedule, snapshot, target, strategy)
         results[strategy] = simulate(topology, plan.new_schedule).throughput
     results["optimum"] = None
@@ -127,7 +133,7 @@ def scale_in_row(name: str, topology: Topology, with_optimum: bool) -> Row:
     schedule = initial_schedule(topology)
     before, snapshot = steady(topology, schedule)
     results: dict[str, float | None] = {}
-    for strategy in ("stela", "round-robin", "least-link-load"):
+    for strategy in PLANNERS:
         plan = make_plan(topology, schedule, snapshot, target, strategy)
         results[strategy] = simulate(topology, plan.new_schedule).throughput
     randoms = [
@@ -183,16 +189,20 @@ def time_it(fn: Callable[[], object], budget: float = 20.0) -> float:
     return statistics.median(times)
 
 
-def runtime_rows(sizes: list[int]) -> list[dict[str, float | int | None]]:
-    rows: list[dict[str, float | int | None]] = []
+def runtime_rows(sizes: list[int]) -> list[dict[str, float | int | str | None]]:
+    rows: list[dict[str, float | int | str | None]] = []
     for n in sizes:
         topology = random_topology(random.Random(n), n, nodes=max(4, n // 20), node_cpu=None)
         schedule = initial_schedule(topology)
         _, snapshot = steady(topology, schedule)
         rates = rates_from_snapshot(topology, snapshot)
         congested = congested_vertices(topology, rates.input, rates.processing, 1.2)
-        iterations = len(stela_scale_out(topology, schedule, rates, len(schedule.nodes) + 1, 1.2)[1])
-        stela_s = time_it(lambda: stela_scale_out(topology, schedule, rates, len(schedule.nodes) + 1, 1.2))  # noqa: B023
+        target = len(schedule.nodes) + 1
+        iterations = len(stela_scale_out(topology, schedule, rates, target, 1.2)[1])
+        stela_s = time_it(lambda: stela_scale_out(topology, schedule, rates, target, 1.2))  # noqa: B023
+        model = SimulationModel.from_topology(topology, snapshot)
+        search = stela_plus_scale_out(topology, schedule, rates, target, 1.2, model)[1][-1]["search"]
+        plus_s = time_it(lambda: stela_plus_scale_out(topology, schedule, rates, target, 1.2, model))  # noqa: B023
         ours = time_it(lambda: etp_map(topology, rates.processing, congested))  # noqa: B023
         literal: float | None = None
         if n <= 1000:
@@ -203,12 +213,20 @@ def runtime_rows(sizes: list[int]) -> list[dict[str, float | int | None]]:
                 "edges": topology.graph.number_of_edges(),
                 "iterations": iterations,
                 "stela_s": stela_s,
+                "plus_s": plus_s,
+                "plus_simulations": search["simulations"],
+                "plus_moves": search["moves"],
+                "plus_before": (search["predicted"] or [None, None])[0],
+                "plus_after": (search["predicted"] or [None, None])[1],
+                "plus_stopped": search["stopped"],
                 "etp_s": ours,
                 "alg1_s": literal,
             }
         )
         log(
-            f"  runtime n={n}: stela {stela_s * 1000:.1f} ms ({iterations} iterations), ETP pass {ours * 1000:.2f} ms"
+            f"  runtime n={n}: stela {stela_s * 1000:.1f} ms ({iterations} iterations), stela-plus "
+            f"{plus_s * 1000:.1f} ms ({search['simulations']} simulations, {search['stopped']}), "
+            f"ETP pass {ours * 1000:.2f} ms"
             + (f", Algorithm 1 {literal * 1000:.1f} ms" if literal is not None else ", Algorithm 1 skipped")
         )
     return rows
@@ -339,6 +357,96 @@ def summary(rows: list[Row], a: str, b: str) -> tuple[float, float, int]:
     return geomean(ratios), (wins / len(ratios) if ratios else float("nan")), len(ratios)
 
 
+def stela_plus_summary(families: Mapping[str, tuple[list[Row], list[Row]]]) -> list[str]:
+    """Stela+ against Stela and the optimum on the small random DAGs: how often it reaches 0.98 of it."""
+    table: list[str] = []
+    out_means: dict[str, tuple[float, float]] = {}
+    for name, (rows_out, rows_in) in families.items():
+        for direction, rows in (("scale-out", rows_out), ("scale-in", rows_in)):
+            plus = [r for r in (row.ratio("stela-plus", "optimum") for row in rows) if r is not None]
+            stela = summary(rows, "stela", "optimum")[0]
+            gains = [r for r in (row.ratio("stela-plus", "stela") for row in rows) if r is not None]
+            better = sum(1 for r in gains if r > 1 + 1e-9)
+            reached = sum(1 for r in plus if r >= 0.98) / max(len(plus), 1)
+            if direction == "scale-out":
+                out_means[name] = (stela, geomean(plus))
+            table.append(
+                f"| {name} | {direction} | {len(plus)} | {stela:.3f} | {geomean(plus):.3f} | {reached:.0%} "
+                f"| {min(plus, default=float('nan')):.3f} | {better} of {len(gains)} |"
+            )
+    reach = "; ".join(f"{name}: {plus:.3f} (Stela {stela:.3f})" for name, (stela, plus) in out_means.items())
+    ratios = [
+        r
+        for rows_out, rows_in in families.values()
+        for row in (*rows_out, *rows_in)
+        if (r := row.ratio("stela-plus", "stela")) is not None
+    ]
+    below = sum(1 for r in ratios if r < 1 - 1e-9)
+    never = (
+        f"so it is never below Stela (none of the {len(ratios):,} random-DAG plans here is)."
+        if below == 0
+        else f"so it is not below Stela in the model it plans with ({below} of {len(ratios):,} plans here are, by"
+        f" at most {1 - min(ratios):.1%}: the benchmark evaluates with the manifest's model)."
+    )
+    prose = (
+        "Stela+ starts from Stela's plan and keeps a move only when the fluid model predicts more throughput, "
+        f"{never} Scale-out searches Stela's own space (new executors on the new nodes, Stela's slot budget, "
+        "nothing existing moves), the space the optimum enumerates; geometric mean of Stela+ / optimum there: "
+        f"{reach}. The scale-in optimum only chooses which nodes to remove (their executors dealt round-robin, "
+        "the rule Stela uses); Stela+ keeps Stela's choice and then moves executors among the remaining nodes, "
+        "so it can exceed that optimum."
+    )
+    return [
+        "",
+        "### Stela+ against the optimum (small random DAGs)",
+        "",
+        *textwrap.wrap(prose, 104),
+        "",
+        "| DAGs | direction | cases | stela / optimum | stela+ / optimum | stela+ ≥ 0.98 optimum "
+        "| worst stela+ / optimum | stela+ > stela (all DAGs) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        *table,
+    ]
+
+
+def stela_plus_runtime(runtime: list[dict[str, float | int | str | None]]) -> list[str]:
+    """Stela+ scale-out run time (Stela's plan included) and what its search found."""
+    skipped = [f"{int(row['vertices'] or 0):,}" for row in runtime if row["plus_before"] is None]
+    searched = [row for row in runtime if row["plus_before"] is not None]
+    slowest = max(searched, key=lambda row: float(row["plus_s"] or 0), default=None)
+    prose = (
+        "Stela+ on the same cases (Stela's plan, then the local search within its work budget; no node CPU "
+        "limit here, so only which vertices get the new executors matters). The budget counts simulation work "
+        "(iterations × (executors + streams + vertices × executors / 200)), so a large topology gets few "
+        "candidates, the most promising first."
+    )
+    if slowest is not None:
+        prose += (
+            f" Where it searched, Stela+ took at most {float(slowest['plus_s'] or 0) * 1000:,.0f} ms, Stela's plan "
+            f"included ({int(slowest['vertices'] or 0):,} vertices, {slowest['plus_simulations']} simulations)."
+        )
+    if skipped:
+        prose += (
+            f" At {', '.join(skipped)} vertices one simulation does not fit twice in the budget, so Stela+ returns "
+            "Stela's plan, in Stela's run time plus a size check."
+        )
+    lines = ["", *textwrap.wrap(prose, 104)]
+    lines += [
+        "",
+        "| vertices | stela+ total (ms) | stela (ms) | simulations | moves | predicted: stela -> stela+ "
+        "| search stopped |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in runtime:
+        before, after = row["plus_before"], row["plus_after"]
+        predicted = "n/a" if before is None or after is None else f"{float(before):,.1f} -> {float(after):,.1f}"
+        lines.append(
+            f"| {row['vertices']:,} | {float(row['plus_s'] or 0) * 1000:.1f} | {float(row['stela_s'] or 0) * 1000:.1f} "
+            f"| {row['plus_simulations']} | {row['plus_moves']} | {predicted} | {row['plus_stopped']} |"
+        )
+    return lines
+
+
 def growth_exponent(small: float, large: float, n_small: float, n_large: float) -> float:
     """k in time ~ n^k between two sizes."""
     return math.log(max(large, 1e-12) / max(small, 1e-12)) / math.log(n_large / n_small)
@@ -349,7 +457,7 @@ def write_report(
     out_rows: list[Row],
     in_rows: list[Row],
     families: Mapping[str, tuple[list[Row], list[Row]]],
-    runtime: list[dict[str, float | int | None]],
+    runtime: list[dict[str, float | int | str | None]],
     ladders: list[dict[str, float | int | None]],
     n_random: int,
 ) -> None:
@@ -358,20 +466,23 @@ def write_report(
         "",
         "Produced by `make bench` (`python bench/planners.py`). Throughputs are the fluid simulator's steady",
         "state in tuples/s (the same yardstick for every planner); the snapshot each planner sees is the",
-        "simulated steady state before scaling. Ratios > 1 favour Stela.",
+        "simulated steady state before scaling. A ratio a / b > 1 favours a. `stela-plus` (Stela+) is",
+        "Stela's plan improved by a bounded local search on the same fluid model",
+        "([planning.md](../planning.md#stela-a-local-search-past-stela-stela-plus)).",
         "",
         "## Scale-out by one node (examples)",
         "",
-        "| topology | before | stela | round-robin | least-link-load | optimum | stela / round-robin "
-        "| stela / LLL | stela / optimum | paper: stela vs Storm |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| topology | before | stela | stela-plus | round-robin | least-link-load | optimum | stela / round-robin "
+        "| stela / LLL | stela / optimum | stela+ / optimum | paper: stela vs Storm |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in out_rows:
         r = row.results
         lines.append(
-            f"| {row.name} | {fmt(row.before)} | {fmt(r['stela'])} | {fmt(r['round-robin'])} | "
-            f"{fmt(r['least-link-load'])} | {fmt(r['optimum'])} | {pct(row.ratio('stela', 'round-robin'))} | "
-            f"{pct(row.ratio('stela', 'least-link-load'))} | {fmt(row.ratio('stela', 'optimum'), 3)} | "
+            f"| {row.name} | {fmt(row.before)} | {fmt(r['stela'])} | {fmt(r['stela-plus'])} | "
+            f"{fmt(r['round-robin'])} | {fmt(r['least-link-load'])} | {fmt(r['optimum'])} | "
+            f"{pct(row.ratio('stela', 'round-robin'))} | {pct(row.ratio('stela', 'least-link-load'))} | "
+            f"{fmt(row.ratio('stela', 'optimum'), 3)} | {fmt(row.ratio('stela-plus', 'optimum'), 3)} | "
             f"{PAPER.get(row.name, '')} |"
         )
     lines += [
@@ -383,17 +494,18 @@ def write_report(
         "placement on them. The paper reports Stela 2-5x above random removal after scale-in (Yahoo Page Load,",
         "8 -> 4 nodes; pageload here goes 7 -> 4).",
         "",
-        "| topology | before | stela | random (mean) | random (worst) | round-robin | least-link-load | optimum "
-        "| stela / random | stela / round-robin | stela / LLL | stela / optimum |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| topology | before | stela | stela-plus | random (mean) | random (worst) | round-robin | least-link-load "
+        "| optimum | stela / random | stela / round-robin | stela / LLL | stela / optimum | stela+ / optimum |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in in_rows:
         r = row.results
         lines.append(
-            f"| {row.name} | {fmt(row.before)} | {fmt(r['stela'])} | {fmt(r['random'])} | {fmt(r['random-worst'])} "
-            f"| {fmt(r['round-robin'])} | {fmt(r['least-link-load'])} | {fmt(r['optimum'])} "
-            f"| {fmt(row.ratio('stela', 'random'), 2)}x | {fmt(row.ratio('stela', 'round-robin'), 2)}x "
-            f"| {fmt(row.ratio('stela', 'least-link-load'), 2)}x | {fmt(row.ratio('stela', 'optimum'), 3)} |"
+            f"| {row.name} | {fmt(row.before)} | {fmt(r['stela'])} | {fmt(r['stela-plus'])} | {fmt(r['random'])} "
+            f"| {fmt(r['random-worst'])} | {fmt(r['round-robin'])} | {fmt(r['least-link-load'])} "
+            f"| {fmt(r['optimum'])} | {fmt(row.ratio('stela', 'random'), 2)}x "
+            f"| {fmt(row.ratio('stela', 'round-robin'), 2)}x | {fmt(row.ratio('stela', 'least-link-load'), 2)}x "
+            f"| {fmt(row.ratio('stela', 'optimum'), 3)} | {fmt(row.ratio('stela-plus', 'optimum'), 3)} |"
         )
     lines += [
         "",
@@ -421,18 +533,20 @@ def write_report(
         "",
     ]
     names = list(families)
-    lines.append(
-        "| comparison | " + " | ".join(f"{n}: geo. mean | {n}: Stela ≥ other | {n}: cases" for n in names) + " |"
-    )
+    lines.append("| comparison | " + " | ".join(f"{n}: geo. mean | {n}: a ≥ b | {n}: cases" for n in names) + " |")
     lines.append("|---|" + "---:|---:|---:|" * len(names))
     comparisons = (
         ("scale-out: stela / round-robin", 0, "stela", "round-robin"),
         ("scale-out: stela / least-link-load", 0, "stela", "least-link-load"),
         ("scale-out: stela / optimum (small DAGs)", 0, "stela", "optimum"),
+        ("scale-out: stela-plus / stela", 0, "stela-plus", "stela"),
+        ("scale-out: stela-plus / optimum (small DAGs)", 0, "stela-plus", "optimum"),
         ("scale-in: stela / random (mean of seeds)", 1, "stela", "random"),
         ("scale-in: stela / round-robin", 1, "stela", "round-robin"),
         ("scale-in: stela / least-link-load", 1, "stela", "least-link-load"),
         ("scale-in: stela / optimum (small DAGs)", 1, "stela", "optimum"),
+        ("scale-in: stela-plus / stela", 1, "stela-plus", "stela"),
+        ("scale-in: stela-plus / optimum (small DAGs)", 1, "stela-plus", "optimum"),
     )
     for label, which, a, b in comparisons:
         cells = []
@@ -440,13 +554,27 @@ def write_report(
             g, wins, count = summary(families[name][which], a, b)
             cells.append(f"{g:.3f} | {wins:.0%} | {count}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += stela_plus_summary(families)
+    alg1_ratios = [
+        float(row["alg1_s"] or 0) / max(float(row["etp_s"] or 0), 1e-12) for row in runtime if row["alg1_s"] is not None
+    ]
+    spread = (
+        (
+            f"{min(alg1_ratios):.0f}x"
+            if f"{min(alg1_ratios):.0f}" == f"{max(alg1_ratios):.0f}"
+            else f"{min(alg1_ratios):.0f}-{max(alg1_ratios):.0f}x"
+        )
+        if alg1_ratios
+        else "n/a"
+    )
     lines += [
         "",
         "## Planner run time (Stela scale-out by one node, random DAGs)",
         "",
         "Stela's ETP here is one O(V+E) bitset pass per iteration; Algorithm 1 as printed is a DFS per congested",
         "operator that follows every path (skipped above 1,000 vertices). On these layered DAGs few paths",
-        "overlap, so Algorithm 1 is only about as slow as ours; the ladders below are where it is not.",
+        f"overlap, so one Algorithm 1 pass is only {spread} slower than ours; the ladders below are where the",
+        "gap grows without bound.",
         "",
         "| vertices | edges | iterations | stela total (ms) | ms / iteration | one ETP pass (ms) "
         "| Algorithm 1 pass (ms) | Alg. 1 / ours |",
@@ -489,6 +617,7 @@ def write_report(
             "at least O(V·(V+E))). These are single runs on a shared machine, so one step's exponent swings by a",
             "few tenths between runs; the overall exponent is the figure to read.",
         ]
+    lines += stela_plus_runtime(runtime)
     lines += [
         "",
         "## One ETP pass on a ladder of diamonds (source congested)",
@@ -520,25 +649,25 @@ def plot(
     out: str,
     out_rows: list[Row],
     in_rows: list[Row],
-    runtime: list[dict[str, float | int | None]],
+    runtime: list[dict[str, float | int | str | None]],
     ladders: list[dict[str, float | int | None]],
 ) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(15, 9))
     names = [row.name for row in out_rows]
     x = range(len(names))
-    width = 0.2
-    for offset, key in enumerate(("stela", "round-robin", "least-link-load", "optimum")):
+    width = 0.16
+    for offset, key in enumerate(("stela", "stela-plus", "round-robin", "least-link-load", "optimum")):
         values = [(row.results[key] or 0) / row.before if row.before else 0 for row in out_rows]
-        axes[0][0].bar([i + (offset - 1.5) * width for i in x], values, width, label=key)
+        axes[0][0].bar([i + (offset - 2) * width for i in x], values, width, label=key)
     axes[0][0].axhline(1.0, color="grey", linewidth=0.8)
     axes[0][0].set_xticks(list(x), names, rotation=45, ha="right")
     axes[0][0].set_ylabel("throughput after / before")
     axes[0][0].set_title("Scale-out +1 node (examples)")
     axes[0][0].legend(fontsize=8)
-    width = 0.16
-    for offset, key in enumerate(("stela", "random", "round-robin", "least-link-load", "optimum")):
+    width = 0.135
+    for offset, key in enumerate(("stela", "stela-plus", "random", "round-robin", "least-link-load", "optimum")):
         values = [(row.results[key] or 0) / row.before if row.before else 0 for row in in_rows]
-        axes[0][1].bar([i + (offset - 2) * width for i in range(len(in_rows))], values, width, label=key)
+        axes[0][1].bar([i + (offset - 2.5) * width for i in range(len(in_rows))], values, width, label=key)
     axes[0][1].set_xticks(list(range(len(in_rows))), [row.name for row in in_rows], rotation=45, ha="right")
     axes[0][1].set_title("Scale-in to half the nodes (examples)")
     axes[0][1].set_ylabel("throughput after / before")
@@ -546,6 +675,7 @@ def plot(
     sizes = [int(row["vertices"] or 0) for row in runtime]
     ax = axes[1][0]
     ax.loglog(sizes, [float(row["stela_s"] or 0) for row in runtime], "o-", label="Stela scale-out (total)")
+    ax.loglog(sizes, [float(row["plus_s"] or 0) for row in runtime], "D-", label="Stela+ scale-out (total)")
     ax.loglog(sizes, [float(row["etp_s"] or 0) for row in runtime], "s-", label="one ETP pass (ours)")
     alg = [(int(row["vertices"] or 0), float(row["alg1_s"])) for row in runtime if row["alg1_s"] is not None]
     if alg:

@@ -1,8 +1,11 @@
 """Planners: from a topology, its current schedule and a metric snapshot to a new schedule for N nodes.
 
-`make_plan` is the one entry point; `strategy` picks Stela (`stela`) or a baseline (`round-robin`,
+`make_plan` is the one entry point; `strategy` picks Stela (`stela`), Stela+ (`stela-plus`: Stela's plan
+improved by a bounded local search on the fluid model, `stela_plus`) or a baseline (`round-robin`,
 `least-link-load`, `random`). Every plan carries the fluid simulator's predicted throughput of its new
-schedule and the steps that justified it.
+schedule and the steps that justified it. Stela+ searches with the model the prediction uses (`model`, by
+default calibrated from the snapshot), so its prediction is never below Stela's; with `parallelism` given,
+every strategy resizes as Stela does (no search).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from elastream.core.planner.etp import DEFAULT_CONGESTION_RATE, EtpTable, conges
 from elastream.core.planner.parallelism import executor_need, fit_parallelism, resize
 from elastream.core.planner.plan import Direction, Plan, PlanningError
 from elastream.core.planner.stela import stela_scale_in, stela_scale_out
+from elastream.core.planner.stela_plus import stela_plus_scale_in, stela_plus_scale_out
 from elastream.core.schedule import Schedule, fresh_node_names
 from elastream.core.simulate import SimulationModel, simulate
 from elastream.core.topology import STRATEGIES, Topology
@@ -46,6 +50,7 @@ def make_plan(
         raise PlanningError(f"nodes: {target_nodes} is below 1; ask for at least 1 node")
     current = len(schedule.nodes)
     rates = rates_from_snapshot(topology, snapshot)
+    model = model or SimulationModel.from_topology(topology, snapshot)
     steps: list[dict[str, object]] = []
     if parallelism is not None:
         unknown = sorted(set(parallelism) - set(topology.vertices))
@@ -60,7 +65,7 @@ def make_plan(
         new_schedule, steps = _resize_to(topology, schedule, rates, wanted, target_nodes, congestion_rate)
     else:
         new_schedule, steps = _strategy_plan(
-            topology, schedule, snapshot, rates, target_nodes, strategy, congestion_rate, seed
+            topology, schedule, snapshot, rates, target_nodes, strategy, congestion_rate, seed, model
         )
     if new_schedule == schedule:
         direction: Direction = "none"
@@ -68,7 +73,6 @@ def make_plan(
         direction = "out" if target_nodes > current else "in"
     else:
         direction = "out" if len(new_schedule) > len(schedule) else "in"
-    model = model or SimulationModel.from_topology(topology, snapshot)
     try:
         predicted: float | None = simulate(topology, new_schedule, model).throughput
     except ValueError:
@@ -85,6 +89,7 @@ def _strategy_plan(
     strategy: str,
     congestion_rate: float,
     seed: int,
+    model: SimulationModel,
 ) -> tuple[Schedule, list[dict[str, object]]]:
     current = len(schedule.nodes)
     steps: list[dict[str, object]] = []
@@ -100,11 +105,22 @@ def _strategy_plan(
     if strategy == "random":
         new_schedule, random_steps = random_plan(topology, schedule, target_nodes, seed)
         return new_schedule, steps + list(random_steps)
+    plus = strategy == "stela-plus"
     if target_nodes > current:
         measured = frozenset(v for v in topology.sources if snapshot.vertices[v].input_rate is not None)
-        new_schedule, out_steps = stela_scale_out(topology, schedule, rates, target_nodes, congestion_rate, measured)
+        if plus:
+            new_schedule, out_steps = stela_plus_scale_out(
+                topology, schedule, rates, target_nodes, congestion_rate, model, measured
+            )
+        else:
+            new_schedule, out_steps = stela_scale_out(
+                topology, schedule, rates, target_nodes, congestion_rate, measured
+            )
         return new_schedule, steps + out_steps
-    new_schedule, in_steps = stela_scale_in(topology, schedule, rates, target_nodes, congestion_rate)
+    if plus:
+        new_schedule, in_steps = stela_plus_scale_in(topology, schedule, rates, target_nodes, congestion_rate, model)
+    else:
+        new_schedule, in_steps = stela_scale_in(topology, schedule, rates, target_nodes, congestion_rate)
     return new_schedule, steps + in_steps
 
 
