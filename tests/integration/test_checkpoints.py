@@ -66,6 +66,27 @@ def test_checkpointer_runs_periodically_and_a_migration_waits_for_a_round(tmp_pa
         check_exactly_once(cluster, topology)
 
 
+def test_a_migration_whose_claim_meets_a_checkpoint_ending_that_moment_retries(tmp_path, redis_url: str) -> None:
+    # The race the Stela benchmark hit: `begin` fails because a periodic checkpoint holds the claim, and the
+    # checkpoint has released it by the time the driver looks who holds it. The driver claims again.
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-linear"), EVENTS))
+    with running(path, redis_url) as (cluster, topology):
+        time.sleep(1.0)
+        driver = MigrationDriver(topology, cluster, cluster.client, "ccr")
+        begin = driver.store.begin
+        claims: list[str] = []
+
+        def first_claim_lost(migration_id: str, record: dict) -> bool:
+            claims.append(migration_id)
+            return len(claims) > 1 and begin(migration_id, record)
+
+        driver.store.begin = first_claim_lost  # type: ignore[method-assign]
+        report = driver.migrate(plan_for(topology, cluster.current_schedule(), topology.nodes + 1))
+        assert report.outcome == "succeeded", report.reason
+        assert len(claims) == 2
+        check_exactly_once(cluster, topology)
+
+
 @pytest.mark.parametrize("direction", ["out", "in"])
 def test_restart_restores_the_last_checkpoint_and_counts_the_replay(direction: str, tmp_path, redis_url: str) -> None:
     doc = with_audit(load("ccr-linear"), EVENTS)

@@ -119,10 +119,11 @@ class MigrationDriver:
         deadline = self.clock.now() + self.timeouts.prepare_s
         while not self.store.begin(mid, record):
             current = self.store.current()
-            if current is not None and current.startswith("ckpt-") and self.clock.now() < deadline:
-                self.clock.sleep(self.poll_s)  # a periodic checkpoint is being taken: it takes a moment
+            if self.clock.now() < deadline and (current is None or current.startswith("ckpt-")):
+                # a periodic checkpoint is being taken: it takes a moment (None: it ended since `begin`)
+                if current is not None:
+                    self.clock.sleep(self.poll_s)
                 continue
-            current = self.store.current()
             self.backend.discard(new)
             raise MigrationError(
                 f"migration {current} of {self.topology.name} is in progress; wait for it to finish "
