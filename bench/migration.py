@@ -40,7 +40,7 @@ from elastream.core.schedule import initial_schedule  # noqa: E402
 from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
 from elastream.core.topology import Topology, load_manifest  # noqa: E402
 from elastream.store.metric_stream import MetricStream  # noqa: E402
-from harness import expected_copies, id_counts, sink_events, with_audit  # noqa: E402
+from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit  # noqa: E402
 
 NODES = {"ccr-grid": 4, "ccr-traffic": 3}
 PROTOCOLS = ("ccr", "dcr", "restart")
@@ -57,19 +57,6 @@ def write(directory: str, doc: dict[str, Any]) -> str:
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(doc, handle)
     return path
-
-
-def settle(cluster: LocalCluster, topology: Topology, timeout_s: float) -> None:
-    """Wait until no sink grows for 2 s (the sources are finite)."""
-    keys = [f"{topology.redis_prefix}sink:{s}" for s in topology.sinks]
-    last, stable_since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        total = sum(int(cluster.client.xlen(k)) for k in keys)
-        if total != last:
-            last, stable_since = total, time.monotonic()
-        elif time.monotonic() - stable_since > 2.0:
-            return
-        time.sleep(0.25)
 
 
 def one_run(directory: str, url: str, name: str, direction: str, protocol: str, seconds: float) -> dict[str, Any]:
@@ -93,7 +80,7 @@ def one_run(directory: str, url: str, name: str, direction: str, protocol: str, 
         checkpointer.stop()
         migration_at = time.time()
         report = MigrationDriver(topology, cluster, cluster.client, protocol).migrate(new).to_status()
-        settle(cluster, topology, timeout_s=6 * seconds)
+        wait_for_sinks_idle(cluster, topology, quiet_s=2.0, timeout_s=6 * seconds)
         lost = duplicated = 0
         for sink, expected in expected_copies(topology, range(events)).items():
             got = id_counts(sink_events(cluster.client, topology, sink))

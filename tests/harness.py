@@ -77,6 +77,19 @@ def wait_for_sink(
     return int(cluster.client.xlen(sink_key(topology, sink)))
 
 
+def wait_for_sinks_idle(cluster: LocalCluster, topology: Topology, quiet_s: float, timeout_s: float) -> None:
+    """Wait until no sink stream has grown for `quiet_s` (finite sources drained), or the timeout."""
+    keys = [sink_key(topology, s) for s in topology.sinks]
+    last, stable_since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        total = sum(int(cluster.client.xlen(k)) for k in keys)
+        if total != last:
+            last, stable_since = total, time.monotonic()
+        elif time.monotonic() - stable_since > quiet_s:
+            return
+        time.sleep(0.25)
+
+
 def sink_events(client: redis.Redis, topology: Topology, sink: str) -> list[dict[str, str]]:
     entries = client.xrange(sink_key(topology, sink), "-", "+")
     return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
