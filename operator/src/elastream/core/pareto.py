@@ -35,6 +35,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from elastream.core.schedule import executor_order, node_name, round_robin
 from elastream.core.simulate import SearchTooLarge, SimulationModel, SimulationResult, VertexModel, simulate
@@ -51,6 +52,9 @@ PATIENCE = 2
 SATURATED = 1.0 - 1e-6
 #: the longest plateau walk (executors added without a gain) before the greedy gives up
 PLATEAU_STEPS = 12
+
+_Rank = TypeVar("_Rank", bound=tuple[object, ...])
+_Choice = TypeVar("_Choice")
 
 
 class ParetoError(ValueError):
@@ -236,9 +240,11 @@ def _best_step(
     gains more than MIN_GAIN. Choices within MIN_GAIN of the best tie: the one with the most utilised vertex
     wins (the bottleneck in `result`), then the one earliest in topological order. Two at a time (after no
     single executor helped) are tried on saturated vertices only: two bottlenecks in a row."""
-    growable = [v for v in topology.order if v not in fixed and parallelism[v] < topology.vertices[v].max_parallelism]
-    if size > 1:
-        growable = [v for v in growable if _utilisation(result, v) >= SATURATED]
+    growable = (
+        _saturated_growable(topology, parallelism, fixed, result)
+        if size > 1
+        else _growable(topology, parallelism, fixed)
+    )
     trials: list[tuple[float, tuple[float, tuple[int, ...]], tuple[str, ...], SimulationResult]] = []
     for added in itertools.combinations_with_replacement(growable, size):
         candidate = dict(parallelism)
@@ -252,9 +258,27 @@ def _best_step(
             trials.append((t, rank, added, r))
     if not trials:
         return None
-    top = max(trial[0] for trial in trials)
-    t, _, added, r = min((trial for trial in trials if _close(trial[0], top)), key=lambda trial: trial[1])
+    t, added, r = _pick(trials)
     return added, t, r
+
+
+def _growable(topology: Topology, parallelism: Mapping[str, int], fixed: Sequence[str]) -> list[str]:
+    """The vertices that may take another executor (not fixed, below maxParallelism), in topological order."""
+    return [v for v in topology.order if v not in fixed and parallelism[v] < topology.vertices[v].max_parallelism]
+
+
+def _saturated_growable(
+    topology: Topology, parallelism: Mapping[str, int], fixed: Sequence[str], result: SimulationResult
+) -> list[str]:
+    """The growable vertices processing what their executors can in `result`, in topological order."""
+    return [v for v in _growable(topology, parallelism, fixed) if _utilisation(result, v) >= SATURATED]
+
+
+def _pick(trials: Sequence[tuple[float, _Rank, _Choice, SimulationResult]]) -> tuple[float, _Choice, SimulationResult]:
+    """The trial with the highest throughput; those within MIN_GAIN of it tie, and the lowest rank wins."""
+    top = max(trial[0] for trial in trials)
+    t, _, choice, r = min((trial for trial in trials if _close(trial[0], top)), key=lambda trial: trial[1])
+    return t, choice, r
 
 
 def _cut_step(
@@ -270,13 +294,7 @@ def _cut_step(
     """When neither one executor nor two help, the saturated vertices form a cut (three equal stages in a
     row): one executor for each (most utilised first, as many as `room` allows), then, latest vertex first,
     every one of them whose removal keeps the gain is dropped again. None when that gains nothing."""
-    saturated = [
-        v
-        for v in topology.order
-        if v not in fixed
-        and parallelism[v] < topology.vertices[v].max_parallelism
-        and _utilisation(result, v) >= SATURATED
-    ]
+    saturated = _saturated_growable(topology, parallelism, fixed, result)
     saturated.sort(key=lambda v: (-_utilisation(result, v), topology.position[v]))
     added = sorted(saturated[:room], key=lambda v: topology.position[v])
     if len(added) < 3:
@@ -316,23 +334,15 @@ def _plateau_step(
     added: list[str] = []
     current_t, current_r = throughput, result
     for _ in range(min(PLATEAU_STEPS, room)):
-        saturated = [
-            v
-            for v in topology.order
-            if v not in fixed
-            and candidate[v] < topology.vertices[v].max_parallelism
-            and _utilisation(current_r, v) >= SATURATED
-        ]
         trials: list[tuple[float, tuple[float, int], str, SimulationResult]] = []
-        for v in saturated:
+        for v in _saturated_growable(topology, candidate, fixed, current_r):
             candidate[v] += 1
             t, r = evaluate(topology, model, nodes, candidate)
             candidate[v] -= 1
             trials.append((t, (-_utilisation(current_r, v), topology.position[v]), v, r))
         if not trials:
             return None
-        top = max(trial[0] for trial in trials)
-        t, _, v, r = min((trial for trial in trials if _close(trial[0], top)), key=lambda trial: trial[1])
+        t, v, r = _pick(trials)
         if t < current_t and not _close(t, current_t):
             return None  # the walk loses throughput: not a plateau
         candidate[v] += 1
