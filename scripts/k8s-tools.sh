@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes test tier's binaries from Go modules and caches them outside the repository:
-# kube-apiserver, kube-controller-manager and kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3)
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3)
 # and helm (helm.sh/helm/vN). No container registry is needed: only the Go module proxy.
 #
 #   BIN=$(scripts/k8s-tools.sh | tail -1)      # progress goes to stderr, the bin dir is the last line
 #
 # Cache: ${ELASTREAM_TOOLS_CACHE:-$HOME/.cache/elastream/tools}/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin, plus the
 # module and build caches (gomod/, gocache/) beside it so re-builds reuse them. Delete the directory to reclaim
-# the space (about 5 GB after a full build, mostly gocache/). When all five binaries exist nothing is built; otherwise only the
+# the space (about 5 GB after a full build, mostly gocache/). When all six binaries exist nothing is built; otherwise only the
 # missing ones are. A binary is built under a temporary name, checked (--version) and then moved into place, so
 # an interrupted run never leaves a half-built binary that counts as cached: just run the script again.
 # A cold build takes 20-30 minutes on 2 cores; it runs at nice 19 with GOFLAGS=-p=2.
@@ -26,7 +26,7 @@ CACHE_ROOT="${ELASTREAM_TOOLS_CACHE:-$HOME/.cache/elastream/tools}"
 DIR="$CACHE_ROOT/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
 BIN="$DIR/bin"
 WRAPPER="$DIR/wrapper"
-TOOLS=(kube-apiserver kube-controller-manager kubectl etcd helm)
+TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm)
 
 log() { printf '[k8s-tools %s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -173,6 +173,7 @@ import (
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 EOF
@@ -258,10 +259,10 @@ build_helm() {   # `go install` in helm's own module (no replaces there), stampe
 
 needs() { case " $MISSING" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-if needs kube-apiserver || needs kube-controller-manager || needs kubectl || needs etcd; then
+if needs kube-apiserver || needs kube-controller-manager || needs kube-scheduler || needs kubectl || needs etcd; then
     step "wrapper module (go mod tidy)" prepare_wrapper
 fi
-for t in kube-apiserver kube-controller-manager kubectl; do
+for t in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     if needs "$t"; then step "build $t" build_k8s "$t"; fi
 done
 if needs etcd; then step "build etcd" build_etcd; fi
@@ -275,6 +276,7 @@ log "versions:"
 {
     echo "\$ kube-apiserver --version";         "$BIN/kube-apiserver" --version
     echo "\$ kube-controller-manager --version"; "$BIN/kube-controller-manager" --version
+    echo "\$ kube-scheduler --version";         "$BIN/kube-scheduler" --version
     echo "\$ etcd --version";                   "$BIN/etcd" --version
     echo "\$ helm version --short";             "$BIN/helm" version --short
     echo "\$ kubectl version --client";         "$BIN/kubectl" version --client
