@@ -374,3 +374,41 @@ def test_a_worker_serves_ready_once_its_executors_run(tmp_path, redis_url: str) 
             assert response.status == 200 and response.read() == b"ok\n"
         with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
             assert response.status == 200
+
+
+def test_a_worker_listening_on_every_interface_is_reached_at_its_advertised_address(
+    tmp_path, redis_url: str, monkeypatch
+) -> None:
+    """What a worker pod runs by default (`--bind 0.0.0.0:7000 --advertise $(POD_IP)`), on a real process:
+    inboxes and /ready listen on every interface (localhost included, as `kubectl port-forward` needs), and
+    the endpoints registered for peers name the advertised address."""
+    from conftest import free_port
+    from elastream.control.backends import local
+
+    doc = manifest(
+        [src("s", 1, rate=500, limit=300), rsink("out")], [edge("s", "out")], name="anywhere", nodes=1, slotsPerNode=2
+    )
+    path = write_manifest(str(tmp_path), doc)
+    topology = load_manifest(path)
+    health = free_port()
+    argv: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(command, **kwargs):  # type: ignore[no-untyped-def]
+        # the local backend's `--bind 127.0.0.2:PORT` becomes the pod's form; ephemeral inbox ports, as
+        # 0.0.0.0 is shared with every other test's workers on this machine
+        command = list(command)
+        i = command.index("--bind")
+        command[i + 1 : i + 2] = ["0.0.0.0", "--advertise", node_host("node-0")]
+        argv.append(command)
+        return real_popen(command, **kwargs)
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    with running(path, redis_url, health_port=health) as (cluster, _):
+        assert argv and argv[0][argv[0].index("--bind") + 1] == "0.0.0.0"
+        endpoints = cluster.registry.endpoints(cluster.version)
+        assert endpoints and all(e.startswith(f"tcp://{node_host('node-0')}:") for e in endpoints.values())
+        assert wait_for_sink(cluster, topology, "out", 300) == 300  # the source reached the sink through it
+        for host in ("127.0.0.1", node_host("node-0")):
+            with urllib.request.urlopen(f"http://{host}:{health}/ready", timeout=5) as response:
+                assert response.status == 200

@@ -92,6 +92,25 @@ def test_simulate_schedule_from_plan_output(files, capsys, tmp_path) -> None:
         (["plan", "{topo}", "--metrics", "{snap}", "--nodes", "0"], "at least 1 node"),
         (["plan", "{topo}", "--metrics", "{wrong}", "--nodes", "3"], "snapshot.vertices: no rates for"),
         (["etp", "{topo}", "--metrics", "{snap}", "--congestion-rate", "0.5"], "--congestion-rate"),
+        # every interface needs the address peers reach the worker at
+        (
+            [
+                "worker",
+                "--topology",
+                "{topo}",
+                "--node",
+                "node-0",
+                "--redis",
+                "redis://127.0.0.1:1/0",
+                "--bind",
+                "0.0.0.0:7000",
+            ],
+            "--advertise: --bind 0.0.0.0 listens on every interface",
+        ),
+        (
+            ["operator", "--redis", "redis://127.0.0.1:1/0", "--worker-start-timeout", "0"],
+            "--worker-start-timeout: 0 s; give 1 to 3600 seconds",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(files, tmp_path, argv, message) -> None:

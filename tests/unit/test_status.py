@@ -52,6 +52,17 @@ def test_a_failed_scaling_degrades_but_stays_available() -> None:
     assert conditions["Degraded"] == ("True", "ScalingFailed")
 
 
+def test_pods_no_node_can_take_are_named_in_the_available_condition() -> None:
+    why = "pod demo-node-3 cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu."
+    facts = StatusFacts(4, 3, started=False, pending=why)
+    conditions = {c["type"]: c for c in desired_conditions(facts)}
+    assert (conditions["Available"]["status"], conditions["Available"]["reason"]) == ("False", "WorkersPending")
+    assert conditions["Available"]["message"] == f"3 of 4 nodes ready; {why}"
+    assert conditions["Progressing"]["reason"] == "Starting" and phase(facts) == "Pending"
+    # once started, a worker pod that lost its place is Degraded, still named
+    assert phase(StatusFacts(4, 3, started=True, pending=why)) == "Degraded"
+
+
 def test_last_transition_time_changes_only_with_the_status() -> None:
     first = merge_conditions(None, desired_conditions(StatusFacts(3, 3, started=True)), "T1", 1)
     same = merge_conditions(first, desired_conditions(StatusFacts(3, 3, started=True)), "T2", 2)
@@ -73,7 +84,7 @@ def test_worker_pod_is_owned_labelled_hardened_and_reads_redis_from_the_secret()
     container = pod["spec"]["containers"][0]
     assert container["image"] == "w:1"
     assert container["args"][-2:] == ["--schedule-version", "7"]
-    assert "$(POD_IP):7000" in container["args"]
+    assert container["args"][5:9] == ["--bind", "0.0.0.0:7000", "--advertise", "$(POD_IP)"]
     env = {e["name"]: e for e in container["env"]}
     assert env["ELASTREAM_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "pageload-redis", "key": "url"}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

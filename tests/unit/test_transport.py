@@ -139,3 +139,19 @@ def test_load_aware_shuffle_deals_equal_receivers_in_turn() -> None:
     received, _ = _shuffle_split("load-aware", (0.0, 0.0))
     assert sorted(received[0] + received[1]) == list(range(6_000))
     assert min(map(len, received)) > 1_000, list(map(len, received))  # ties go to the next channel
+
+
+def test_an_inbox_on_every_interface_advertises_the_address_peers_reach_it_at() -> None:
+    context = zmq.Context()
+    inbox = Inbox(context, "0.0.0.0", 0, advertise="127.0.0.1")
+    channel = Channel(context, "a#0", "b#0", inbox.endpoint)
+    stop = threading.Event()
+    try:
+        assert inbox.endpoint.startswith("tcp://127.0.0.1:")
+        channel.send_events([[7, 0, 7, 0.0]], stop)
+        frame = inbox.receive(5000)
+        assert frame is not None and frame[0] == DATA and [e[0] for e in frame[2]] == [7]
+    finally:
+        channel.close(0)
+        inbox.close()
+        context.term()

@@ -86,7 +86,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Redis URL: redis://[:PASSWORD@]HOST:PORT/DB, rediss://… (TLS), unix://PATH (default: "
         "$ELASTREAM_REDIS_URL, which keeps a password out of the process list)",
     )
-    worker.add_argument("--bind", default="127.0.0.1", help="HOST[:PORT] for the executors' inboxes")
+    worker.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        help="HOST[:PORT] the executors' inboxes, /healthz and metrics listen on (0.0.0.0: every interface)",
+    )
+    worker.add_argument(
+        "--advertise",
+        default="",
+        help="the address other workers reach this one at (needed when --bind listens on every interface; "
+        "default: the --bind host)",
+    )
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     worker.add_argument(
         "--health-port", type=int, default=0, help="serve /healthz and /ready (executors ready) on this port"
@@ -103,17 +113,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from elastream.runtime.worker import Worker, WorkerOptions, configure_logging
+    from elastream.runtime.worker import ALL_INTERFACES, Worker, WorkerOptions, configure_logging
 
     if not args.redis:
         raise CommandError("--redis: no URL; pass one or set ELASTREAM_REDIS_URL")
     topology = load_manifest(args.topology)
     host, _, port = args.bind.partition(":")
+    if host in ALL_INTERFACES and not args.advertise:
+        raise CommandError(
+            f"--advertise: --bind {host} listens on every interface, so peers need the address to reach this "
+            "worker at; pass --advertise HOST (on Kubernetes the pod IP, e.g. --advertise $(POD_IP))"
+        )
     configure_logging(args.node)
     options = WorkerOptions(
         node=args.node,
         redis_url=args.redis,
         host=host,
+        advertise=args.advertise,
         port=int(port or 0),
         metrics_port=args.metrics_port,
         interval_s=args.interval,

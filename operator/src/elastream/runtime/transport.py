@@ -70,12 +70,14 @@ _SEQ_BYTES = 8
 
 
 class Inbox:
-    """An executor's ROUTER socket, bound to `host` (on `port`, or an ephemeral port when 0).
+    """An executor's ROUTER socket, bound to `host` (on `port`, or an ephemeral port when 0). Its `endpoint`,
+    which peers connect to, names `advertise` instead when given (a socket listening on 0.0.0.0 is reached
+    at the pod's address).
 
     `receive` returns ``[kind, sender, payload, ack]``; the executor calls `ack(frame)` when it takes the
     frame for processing, which returns the credit to the sender."""
 
-    def __init__(self, context: zmq.Context[Any], host: str, port: int = 0) -> None:
+    def __init__(self, context: zmq.Context[Any], host: str, port: int = 0, advertise: str = "") -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
         self.socket.setsockopt(zmq.SNDHWM, 0)  # acks are tiny and cumulative; never drop them for a full pipe
@@ -85,7 +87,7 @@ class Inbox:
             self.socket.bind(f"tcp://{host}:{port}")
         else:
             port = self.socket.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        self.endpoint = f"tcp://{advertise or host}:{port}"
 
     def receive(self, timeout_ms: int) -> list[Any] | None:
         """The next frame, decoded, with its ack token last, or None after `timeout_ms` (0: do not wait)."""

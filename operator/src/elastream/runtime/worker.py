@@ -3,7 +3,8 @@
 Start-up, each step retried with backoff and a log line saying what it waits for:
 1. connect to Redis; 2. read the current schedule; 3. load the operators (a missing `module:Class` stops the
 worker at once with a one-line reason); 4. bind an inbox per executor on `--bind HOST[:PORT]` and register the
-endpoints; 5. wait for the endpoints of every downstream executor and connect; 6. start the executors and
+endpoints (at `--advertise HOST` when it listens on every interface);
+5. wait for the endpoints of every downstream executor and connect; 6. start the executors and
 mark the node ready; 7. once every node of the schedule is ready, start the sources.
 Then, every interval, it publishes one `MetricSample` per executor to `<prefix>metrics` and serves the same
 counters as Prometheus metrics. SIGTERM or SIGINT stops it cleanly.
@@ -45,13 +46,18 @@ from elastream.store.retry import backoff
 log = logging.getLogger("elastream.worker")
 
 EXIT_USER_ERROR = 2
+#: `--bind` hosts that listen on every interface (peers then need `--advertise`)
+ALL_INTERFACES = ("0.0.0.0", "::")
 
 
 @dataclass(frozen=True)
 class WorkerOptions:
     node: str
     redis_url: str
+    #: the address the inboxes, /healthz and metrics listen on (0.0.0.0: every interface)
     host: str = "127.0.0.1"
+    #: the address peers reach this worker at (registered with the endpoints); empty: `host`
+    advertise: str = ""
     port: int = 0
     metrics_port: int = 0
     interval_s: float = 1.0
@@ -62,6 +68,11 @@ class WorkerOptions:
     schedule_version: int = 0
     #: serve /healthz and /ready (a pod's probes) on this port of `host` (0: off)
     health_port: int = 0
+
+    @property
+    def address(self) -> str:
+        """The address other workers connect to."""
+        return self.advertise or self.host
 
 
 @dataclass
@@ -188,7 +199,9 @@ class Worker:
         try:
             for slot, executor in enumerate(mine):
                 if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
-                    inboxes[executor] = Inbox(self.zmq, self.options.host, self._port_for(version, slot))
+                    inboxes[executor] = Inbox(
+                        self.zmq, self.options.host, self._port_for(version, slot), self.options.address
+                    )
         except zmq.ZMQError:
             for inbox in inboxes.values():
                 inbox.close()
@@ -252,7 +265,7 @@ class Worker:
             self.node,
             {
                 "pid": os.getpid(),
-                "host": self.options.host,
+                "host": self.options.address,
                 "metricsPort": self.options.metrics_port,
                 "version": version,
                 "startedAt": time.time(),
