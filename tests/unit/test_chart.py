@@ -53,6 +53,7 @@ SCENARIOS: dict[str, list[str]] = {
         "redis.persistence.size=5Gi",
         "redis.persistence.storageClass=fast",
     ],
+    "listen-on-pod-ip": ["listenOnPodIP=true"],
 }
 
 
@@ -337,7 +338,14 @@ def test_the_operator_container(render: Any) -> None:
     assert operator["image"] == "elastream-operator:dev"
     assert operator["imagePullPolicy"] == "IfNotPresent"
     assert operator["command"] == ["elastream", "operator"]
-    assert operator["args"] == ["--all-namespaces", "--standalone", "--engine", "spark"]
+    assert operator["args"] == [
+        "--all-namespaces",
+        "--standalone",
+        "--engine",
+        "spark",
+        "--worker-start-timeout",
+        "180",
+    ]
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     probe = operator["livenessProbe"]["httpGet"]
@@ -349,11 +357,48 @@ def test_the_operator_container(render: Any) -> None:
     assert env["ELASTREAM_SPARK_MASTER"] == "" and env["ELASTREAM_SPARK_CONF"] == ""
     assert env["ELASTREAM_LOG_LEVEL"] == "INFO"
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # metrics and health bind it
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # what workers are reached at
     assert not any("redis://" in arg for arg in operator["args"] + operator["command"])
     service = one(docs, "Service", f"{FULLNAME}-metrics")
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
     assert service["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize("scenario", ["default", "listen-on-pod-ip"])
+def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: Any, scenario: str, monkeypatch) -> None:
+    """Redis, the operator's metrics and health, and the worker pods the operator creates (read through the
+    operator's own command line, as the rendered Deployment runs it) listen on every interface, so
+    `kubectl port-forward` and `kubectl exec ... redis-cli` (localhost in the pod) work; on the pod IP only
+    with listenOnPodIP (pods sharing the host's network)."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.core.topology import load_manifest
+    from elastream.handlers.main import listen_address, worker_pod_settings
+
+    on_pod_ip = scenario == "listen-on-pod-ip"
+    docs = render(scenario)
+    [redis] = one(docs, "StatefulSet", REDIS)["spec"]["template"]["spec"]["containers"]
+    bind = redis["command"][redis["command"].index("--bind") + 1 :]
+    bind = bind[: next((i for i, a in enumerate(bind) if a.startswith("--")), len(bind))]
+    assert bind == (["$(POD_IP)"] if on_pod_ip else ["*", "-::*"])
+
+    operator = container(docs)
+    monkeypatch.setenv("POD_IP", "127.0.0.9")
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    args = build_parser().parse_args(operator["command"][1:] + operator["args"])
+    options = operator_options(args)
+    assert listen_address(options.listen_on_pod_ip) == ("127.0.0.9" if on_pod_ip else "0.0.0.0")
+    pod = worker_pod(
+        load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0", {"name": "demo", "uid": "u"},
+        worker_pod_settings(options),
+    )  # fmt: skip
+    worker_args = pod["spec"]["containers"][0]["args"]
+    worker_bind = worker_args[worker_args.index("--bind") + 1]
+    if on_pod_ip:
+        assert worker_bind == "$(POD_IP):7000" and "--advertise" not in worker_args
+    else:
+        assert worker_bind == "0.0.0.0:7000" and worker_args[worker_args.index("--advertise") + 1] == "$(POD_IP)"
 
 
 def test_spark_settings_reach_the_operator(helm: str) -> None:

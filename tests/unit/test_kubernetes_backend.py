@@ -1,12 +1,16 @@
 """The Kubernetes backend against an in-memory CoreV1Api: the objects it creates, which pods count as failed,
-and that a pod of a node it removed on purpose is not a failure."""
+that a pod of a node it removed on purpose is not a failure, which pending pods are reported (and while a
+start waits), and where a worker pod's listeners bind."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from elastream.control.backends.kubernetes import KubernetesBackend
+import pytest
+
+from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, worker_pod
+from elastream.core.ports import BackendError
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
 from helpers import edge, manifest, sink, src
@@ -18,6 +22,9 @@ class FakeCore:
         self.config_maps: dict[str, dict[str, Any]] = {}
         self.secrets: dict[str, dict[str, Any]] = {}
         self.phase: dict[str, str] = {}
+        #: pod -> (PodScheduled status, its message) and pod -> a container's waiting reason
+        self.scheduled: dict[str, tuple[str, str]] = {}
+        self.waiting: dict[str, str] = {}
 
     def _missing(self, store: dict[str, Any], name: str) -> None:
         from kubernetes.client.exceptions import ApiException as Real
@@ -52,12 +59,23 @@ class FakeCore:
             labels = pod["metadata"]["labels"]
             if all(labels.get(k) == v for k, v in wanted.items()):
                 terminated = SimpleNamespace(exit_code=137, reason="OOMKilled")
-                state = SimpleNamespace(terminated=terminated if self.phase[name] == "Failed" else None)
+                waiting = SimpleNamespace(reason=self.waiting[name], message="") if name in self.waiting else None
+                state = SimpleNamespace(
+                    terminated=terminated if self.phase[name] == "Failed" else None, waiting=waiting
+                )
+                conditions = []
+                if name in self.scheduled:
+                    status, message = self.scheduled[name]
+                    conditions.append(
+                        SimpleNamespace(type="PodScheduled", status=status, reason="Unschedulable", message=message)
+                    )
                 items.append(
                     SimpleNamespace(
                         metadata=SimpleNamespace(name=name, labels=labels, deletion_timestamp=None),
                         status=SimpleNamespace(
-                            phase=self.phase[name], conditions=[], container_statuses=[SimpleNamespace(state=state)]
+                            phase=self.phase[name],
+                            conditions=conditions,
+                            container_statuses=[SimpleNamespace(state=state)],
                         ),
                     )
                 )
@@ -109,3 +127,71 @@ def test_stop_workers_deletes_every_pod_of_the_topology() -> None:
     core.create_namespaced_pod("default", {"metadata": {"name": "other", "labels": {"app": "x"}}})
     kube.stop_workers()
     assert list(core.pods) == ["other"]
+
+
+UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available."
+
+
+def test_pods_no_node_can_take_and_missing_images_are_reported_as_pending() -> None:
+    kube, core = backend()
+    for node in ("node-0", "node-1"):
+        kube.spawn(node)
+        core.phase[f"web-{node}"] = "Pending"
+    core.scheduled["web-node-0"] = ("False", UNSCHEDULABLE)
+    assert kube.pending_nodes() == {"node-0": f"pod web-node-0 cannot be scheduled: {UNSCHEDULABLE}"}
+    # a scheduled pod whose container is being created is on its way: not reported
+    core.waiting["web-node-1"] = "ContainerCreating"
+    kube._pods_at = 0.0
+    assert set(kube.pending_nodes()) == {"node-0"}
+    # an image that is not there (on kind: not `kind load`ed) is
+    core.waiting["web-node-1"] = "ErrImageNeverPull"
+    kube._pods_at = 0.0
+    assert kube.pending_nodes()["node-1"] == "pod web-node-1 cannot start: ErrImageNeverPull"
+    assert "cannot be scheduled" in kube.describe("node-0")
+
+
+def test_a_start_reports_pending_pods_while_it_waits_and_fails_at_its_bound() -> None:
+    kube, core = backend()
+    kube.start_timeout_s = 1.0
+    kube.spawn("node-0")
+    core.phase["web-node-0"] = "Pending"
+    core.scheduled["web-node-0"] = ("False", UNSCHEDULABLE)
+    seen: list[dict[str, str]] = []
+    kube.on_waiting = lambda pending: seen.append(dict(pending))
+    with pytest.raises(BackendError, match=r"not ready after 1 s .*Insufficient cpu"):
+        kube._wait_for(["node-0"], set, "ready")
+    assert seen == [{"node-0": f"pod web-node-0 cannot be scheduled: {UNSCHEDULABLE}"}]  # once, not every poll
+
+
+def test_once_the_pods_are_placed_the_wait_reports_nothing_pending() -> None:
+    kube, core = backend()
+    kube.spawn("node-0")
+    core.phase["web-node-0"] = "Pending"
+    core.scheduled["web-node-0"] = ("False", UNSCHEDULABLE)
+    seen: list[dict[str, str]] = []
+    polls = iter([set(), set(), set(), {"node-0"}])
+
+    def reached() -> set[str]:
+        value = next(polls)
+        if value:
+            core.scheduled["web-node-0"] = ("True", "")
+        return value
+
+    kube.on_waiting = lambda pending: seen.append(dict(pending))
+    kube._wait_for(["node-0"], reached, "ready")
+    assert seen[0] and seen[-1] == {}
+
+
+@pytest.mark.parametrize("on_pod_ip", [False, True])
+def test_worker_listeners_bind_every_interface_unless_the_setting_says_the_pod_ip(on_pod_ip: bool) -> None:
+    kube, _ = backend()
+    pod = worker_pod(kube.topology, "node-0", kube.owner, WorkerPodSettings(listen_on_pod_ip=on_pod_ip))
+    args = pod["spec"]["containers"][0]["args"]
+    bind = args[args.index("--bind") + 1]
+    if on_pod_ip:
+        assert bind == "$(POD_IP):7000" and "--advertise" not in args
+    else:
+        # inboxes, /ready and metrics all listen on --bind's host; peers are told the pod IP
+        assert bind == "0.0.0.0:7000" and args[args.index("--advertise") + 1] == "$(POD_IP)"
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 from elastream.cli import CommandError
 
@@ -32,6 +33,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="worker image when a topology's spec.image is empty (default $ELASTREAM_WORKER_IMAGE)",
     )
     parser.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
+    parser.add_argument(
+        "--listen-on-pod-ip",
+        action="store_true",
+        help="metrics, health and the worker pods listen on the pod IP ($POD_IP) instead of every interface: "
+        "for clusters whose pods share the host's network (the chart's listenOnPodIP)",
+    )
+    parser.add_argument(
+        "--worker-start-timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="how long worker pods may take to be scheduled and ready before a start or scale fails (180)",
+    )
     parser.set_defaults(func=cmd_operator)
 
 
@@ -45,7 +59,17 @@ def cmd_operator(args: argparse.Namespace) -> int:
     )
     # loaded only for this command: kopf (which only `elastream.handlers` imports) stays out of every other one
     main = importlib.import_module("elastream.handlers.main")
-    options = main.OperatorOptions(
+    return int(main.run(operator_options(args)))
+
+
+def operator_options(args: argparse.Namespace) -> Any:
+    """The parsed command line as `elastream.handlers.main.OperatorOptions`."""
+    import importlib
+
+    if not 0 < args.worker_start_timeout <= 3600:
+        raise CommandError(f"--worker-start-timeout: {args.worker_start_timeout:g} s; give 1 to 3600 seconds")
+    main = importlib.import_module("elastream.handlers.main")
+    return main.OperatorOptions(
         redis_url=args.redis,
         namespaces=tuple(args.namespace),
         standalone=args.peering is None,
@@ -54,5 +78,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
         health_port=args.health_port,
         worker_image=args.worker_image,
         engine=args.engine,
+        listen_on_pod_ip=args.listen_on_pod_ip,
+        worker_start_timeout_s=args.worker_start_timeout,
     )
-    return int(main.run(options))

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 from prometheus_client import Counter, Histogram
@@ -29,7 +29,7 @@ from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSe
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.core.ports import BackendError, EventSink, ScaleRequest
-from elastream.core.status import StatusFacts, desired_conditions, merge_conditions, phase
+from elastream.core.status import WORKERS_PENDING, StatusFacts, desired_conditions, merge_conditions, phase
 from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest
 from elastream.store.registry import Registry
 
@@ -193,20 +193,28 @@ class ManagedTopology:
     def topology(self) -> Topology:
         return self.controller.topology
 
+    @property
+    def backend(self) -> KubernetesBackend:
+        """The controller's backend as what `ManagedTopologies` built it: worker pods."""
+        return cast(KubernetesBackend, self.controller.backend)
+
     def set(self, **changes: Any) -> None:
         self.facts = StatusFacts(**{**self.facts.__dict__, **changes})
 
     def status(self) -> dict[str, Any]:
         """The status subresource's content now (rates from the live view)."""
         controller, topology = self.controller, self.topology
-        backend = controller.backend
+        backend = self.backend
         try:
             schedule = backend.current_schedule()
         except BackendError:
             schedule = None
         ready = 0
         if schedule is not None:
-            ready = len(set(schedule.nodes) - set(backend.failed_nodes()))
+            try:  # a pod that is scheduled but not started (or not placed at all) is not ready
+                ready = len((set(schedule.nodes) & backend.ready_nodes()) - set(backend.failed_nodes()))
+            except redis.RedisError:
+                ready = self.facts.ready_nodes
         self.set(ready_nodes=ready, desired_nodes=topology.nodes)
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.conditions = merge_conditions(self.conditions, desired_conditions(self.facts), now, self.generation)
@@ -252,6 +260,8 @@ class ManagedTopologies:
     analyzer: Any
     settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
     interval_s: float = 1.0
+    #: how long worker pods may take to be scheduled, started and ready
+    start_timeout_s: float = 180.0
     topologies: dict[str, ManagedTopology] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -305,6 +315,7 @@ class ManagedTopologies:
             {"name": metadata["name"], "uid": metadata["uid"]},
             self.redis_url,
             self.settings,
+            self.start_timeout_s,
         )
         status = CustomResourceStatus(self.custom_api, topology.namespace, topology.name)
         controller = TopologyController(
@@ -322,7 +333,21 @@ class ManagedTopologies:
             interval_s=self.interval_s,
             on_nodes_changed=status.set_nodes,
         )
-        return ManagedTopology(controller, status)
+        managed = ManagedTopology(controller, status)
+        backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)
+        return managed
+
+    def report_pending(self, managed: ManagedTopology, pending: Mapping[str, str], write: bool = False) -> None:
+        """Worker pods that cannot start (the scheduler's or the kubelet's reason) go into the Available
+        condition and a Warning event; with `write`, the status is written at once (a start or migration
+        waiting for them holds the handler that would write it)."""
+        message = "; ".join(pending[n] for n in sorted(pending))
+        changed = message != managed.facts.pending
+        managed.set(pending=message)
+        if message:
+            managed.controller.events.emit(WORKERS_PENDING, message, warning=True)
+        if write and changed:
+            managed.resource.patch(managed.status())
 
     def scale(
         self,
@@ -400,6 +425,7 @@ class ManagedTopologies:
             return None
         try:
             managed.controller.events = events
+            self.report_pending(managed, managed.backend.pending_nodes())
             failed = managed.controller.backend.failed_nodes()
             if failed:
                 managed.set(worker_lost="; ".join(failed.values()), recovering=True)

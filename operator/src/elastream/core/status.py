@@ -17,6 +17,7 @@ DEGRADED = "Degraded"
 # reasons (CamelCase, constant: alerts and scripts match on them)
 ALL_NODES_READY = "AllNodesReady"
 NODES_NOT_READY = "NodesNotReady"
+WORKERS_PENDING = "WorkersPending"
 STARTING = "Starting"
 SCALING = "Scaling"
 RECOVERING = "Recovering"
@@ -47,6 +48,8 @@ class StatusFacts:
     backend_error: str = ""
     #: workers died and their recovery has not finished
     worker_lost: str = ""
+    #: worker pods that cannot start for now (no cluster node can take them, an image is missing): why
+    pending: str = ""
 
 
 def phase(facts: StatusFacts) -> str:
@@ -72,6 +75,13 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
     elif facts.started and facts.ready_nodes >= facts.desired_nodes and not facts.worker_lost:
         available = _condition(
             AVAILABLE, True, ALL_NODES_READY, f"{facts.ready_nodes} of {facts.desired_nodes} nodes ready"
+        )
+    elif facts.pending:
+        available = _condition(
+            AVAILABLE,
+            False,
+            WORKERS_PENDING,
+            f"{facts.ready_nodes} of {facts.desired_nodes} nodes ready; {facts.pending}",
         )
     else:
         available = _condition(

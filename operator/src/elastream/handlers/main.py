@@ -29,6 +29,11 @@ class OperatorOptions:
     worker_image: str = "elastream-worker:dev"
     engine: Literal["spark", "python"] = "spark"
     interval_s: float = 1.0
+    #: metrics and health listen on the pod IP ($POD_IP) instead of every interface, and so do the worker
+    #: pods: for clusters whose pods share the host's network (one port space), like the e2e tier
+    listen_on_pod_ip: bool = False
+    #: how long a worker pod may take to be scheduled, started and ready before a start or scale fails
+    worker_start_timeout_s: float = 180.0
 
 
 def load_kubernetes_config() -> None:
@@ -39,6 +44,26 @@ def load_kubernetes_config() -> None:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
+    """What the operator's options decide for every worker pod."""
+    return WorkerPodSettings(
+        image=options.worker_image,
+        log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
+        listen_on_pod_ip=options.listen_on_pod_ip,
+    )
+
+
+def listen_address(on_pod_ip: bool) -> str:
+    """Every interface (so `kubectl port-forward`, which connects to localhost in the pod, works), or the
+    pod's own address when asked (host-network clusters share one port space)."""
+    if not on_pod_ip:
+        return "0.0.0.0"
+    pod_ip = os.environ.get("POD_IP")
+    if not pod_ip:
+        raise SystemExit("--listen-on-pod-ip: POD_IP is not set (the chart sets it from status.podIP)")
+    return pod_ip
 
 
 def run(options: OperatorOptions) -> int:
@@ -56,11 +81,11 @@ def run(options: OperatorOptions) -> int:
         core_api=client.CoreV1Api(),
         custom_api=client.CustomObjectsApi(),
         analyzer=Analyzer(engine=options.engine),
-        settings=WorkerPodSettings(image=options.worker_image, log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO")),
+        settings=worker_pod_settings(options),
         interval_s=options.interval_s,
+        start_timeout_s=options.worker_start_timeout_s,
     )
-    # in a pod: the pod's own address (host-network test clusters share one port space); elsewhere all
-    host = os.environ.get("POD_IP") or "0.0.0.0"
+    host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
         start_http_server(options.metrics_port, addr=host)
     scope = f"namespaces {', '.join(options.namespaces)}" if options.namespaces else "all namespaces"

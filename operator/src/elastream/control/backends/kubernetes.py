@@ -2,7 +2,9 @@
 
 Pods are bare (no StatefulSet or Deployment): a scale-in must delete exactly the pods whose nodes the plan
 removes (lowest ETPSum), which neither controller can do. Pod `<topology>-<node>` runs
-`elastream worker --node <node> --bind $(POD_IP):7000` from the topology's image, reads the manifest from
+`elastream worker --node <node> --bind 0.0.0.0:7000 --advertise $(POD_IP)` from the topology's image (every
+listener on every interface, so `kubectl port-forward` reaches it; `--bind $(POD_IP):7000` with
+`listen_on_pod_ip`, for clusters whose pods share the host's network), reads the manifest from
 the ConfigMap `<topology>-topology` (which also shows the running schedule) and the Redis URL from the
 Secret `<topology>-redis` (never on a command line). Its readiness probe (`/ready` on port 8081) means its
 executors are bound and registered (or, for a node a migration adds, staged and idle). The in-place
@@ -50,6 +52,9 @@ class WorkerPodSettings:
     interval_s: float = 1.0
     service_account: str | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    #: listen on the pod IP only instead of every interface: for pods on the host's network (one port space
+    #: shared by every pod, as in the e2e tier), where two workers on 0.0.0.0 would take each other's ports
+    listen_on_pod_ip: bool = False
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -109,8 +114,11 @@ def worker_pod(
         "/etc/elastream/topology.yaml",
         "--node",
         node,
-        "--bind",
-        f"$(POD_IP):{INBOX_PORT}",
+        *(
+            ["--bind", f"$(POD_IP):{INBOX_PORT}"]
+            if settings.listen_on_pod_ip
+            else ["--bind", f"0.0.0.0:{INBOX_PORT}", "--advertise", "$(POD_IP)"]
+        ),
         "--metrics-port",
         str(METRICS_PORT),
         "--health-port",
@@ -366,7 +374,19 @@ class KubernetesBackend(NodeBackend):
         if pod is None:
             return "no pod"
         conditions = ", ".join(f"{c.type}={c.status}" for c in pod.status.conditions or [])
-        return f"pod {pod.metadata.name} {pod.status.phase} ({conditions}) {_termination(pod)}".strip()
+        why = _waiting_reason(pod)
+        return f"pod {pod.metadata.name} {pod.status.phase} ({conditions}) {why or _termination(pod)}".strip()
+
+    def pending_nodes(self) -> dict[str, str]:
+        """Pods the scheduler cannot place (its message: which resources or constraints fail) and containers
+        that cannot be created (an image that is not there: on kind, an image not `kind load`ed)."""
+        pending = {}
+        for node, pod in self.pods().items():
+            if (pod.status.phase or "Pending") == "Pending":
+                why = _waiting_reason(pod)
+                if why:
+                    pending[node] = f"pod {pod.metadata.name} {why}"
+        return pending
 
     # ---------------------------------------------------------------------------------------------- adopt
     def start(self, schedule: Schedule) -> None:
@@ -397,6 +417,24 @@ class KubernetesBackend(NodeBackend):
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("deleting pod %s: %s", name, exc.reason)
+
+
+#: container waiting reasons that need someone to act (a pod merely starting waits with ContainerCreating)
+STUCK_WAITING = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}
+)
+
+
+def _waiting_reason(pod: Any) -> str:
+    """Why a pending pod is not running, when it is stuck: not schedulable, or its container not creatable."""
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return f"cannot be scheduled: {condition.message or condition.reason or 'no reason given'}"
+    for status in pod.status.container_statuses or []:
+        waiting = status.state.waiting if status.state else None
+        if waiting is not None and waiting.reason in STUCK_WAITING:
+            return f"cannot start: {waiting.reason}: {waiting.message or ''}".rstrip(": ")
+    return ""
 
 
 def _termination(pod: Any) -> str:

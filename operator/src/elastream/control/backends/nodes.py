@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
@@ -42,6 +42,9 @@ class NodeBackend:
         self.prepared: tuple[Schedule, int] | None = None
         #: executor -> inbox endpoint of the running schedule
         self.endpoints: dict[str, str] = {}
+        #: while a start or a migration waits for workers: called with `pending_nodes()` (of the nodes waited
+        #: for) whenever it changes, so a pod the scheduler cannot place is reported while it waits
+        self.on_waiting: Callable[[Mapping[str, str]], None] | None = None
 
     # ------------------------------------------------------------------------------ what subclasses provide
     def running_nodes(self) -> set[str]:
@@ -69,6 +72,11 @@ class NodeBackend:
     def describe(self, node: str) -> str:
         """A line on what a node's worker is doing (the tail of its log), for timeout messages."""
         return ""
+
+    def pending_nodes(self) -> dict[str, str]:
+        """Nodes whose worker cannot start for now, with why (a pod no cluster node can take, an image that
+        cannot be pulled); waiting goes on, as the cluster may change."""
+        return {}
 
     def preflight(self) -> None:
         """Checks before any worker starts (raise `BackendError`)."""
@@ -141,6 +149,10 @@ class NodeBackend:
         self.release_nodes([n for n in alive if n not in schedule.nodes])
         self.wait_ready(schedule.nodes)
 
+    def ready_nodes(self) -> set[str]:
+        """Nodes whose worker runs the current schedule and said it is ready."""
+        return self.registry.ready_nodes(self.version) if self.schedule is not None else set()
+
     def check_alive(self) -> None:
         failed = self.failed_nodes()
         if failed:
@@ -168,12 +180,22 @@ class NodeBackend:
         deadline = time.monotonic() + self.start_timeout_s
         wanted = set(nodes)
         pause = 0.005
+        reported: dict[str, str] = {}
+        next_report = 0.0
         while time.monotonic() < deadline:
             failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
             if failed:
                 raise BackendError("; ".join(failed.values()))
             if reached() >= wanted:
+                if reported and self.on_waiting is not None:
+                    self.on_waiting({})
                 return
+            if self.on_waiting is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + 1.0
+                pending = {n: why for n, why in self.pending_nodes().items() if n in wanted}
+                if pending != reported:
+                    reported = pending
+                    self.on_waiting(pending)
             time.sleep(pause)
             pause = min(0.1, pause * 1.2)  # quick for a switch, gentle on the API for a pod start
         missing = sorted(wanted - reached())
