@@ -35,6 +35,8 @@ RELEASE, NAMESPACE = "es", "elastream-system"
 FULLNAME = f"{RELEASE}-elastream"
 REDIS = f"{RELEASE}-redis"
 KUBERNETES_VERSION = "1.34.0"
+#: the operator's default wait for worker pods, as the chart passes it
+TIMEOUT_ARGS = ["--worker-start-timeout", "180"]
 
 #: rendering scenarios: name -> --set arguments
 SCENARIOS: dict[str, list[str]] = {
@@ -338,14 +340,7 @@ def test_the_operator_container(render: Any) -> None:
     assert operator["image"] == "elastream-operator:dev"
     assert operator["imagePullPolicy"] == "IfNotPresent"
     assert operator["command"] == ["elastream", "operator"]
-    assert operator["args"] == [
-        "--all-namespaces",
-        "--standalone",
-        "--engine",
-        "spark",
-        "--worker-start-timeout",
-        "180",
-    ]
+    assert operator["args"] == ["--all-namespaces", "--standalone", "--engine", "spark", *TIMEOUT_ARGS]
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     probe = operator["livenessProbe"]["httpGet"]
@@ -500,7 +495,10 @@ def test_two_replicas_peer_through_kopf(render: Any) -> None:
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     args = container(docs)["args"]
-    assert args == ["--all-namespaces", "--peering", "elastream", "--engine", "spark"] and "--standalone" not in args
+    assert (
+        args == ["--all-namespaces", "--peering", "elastream", "--engine", "spark", *TIMEOUT_ARGS]
+        and "--standalone" not in args
+    )
     crds = {d["metadata"]["name"]: d for d in objects(docs, "CustomResourceDefinition")}
     for name, scope in PEERING_CRDS.items():
         crd = crds[name]
@@ -516,7 +514,15 @@ def test_two_replicas_peer_through_kopf(render: Any) -> None:
 
 def test_one_watched_namespace(render: Any) -> None:
     docs = render("replicas-2-watch-namespace")
-    assert container(docs)["args"] == ["--namespace", "streams", "--peering", "elastream", "--engine", "spark"]
+    assert container(docs)["args"] == [
+        "--namespace",
+        "streams",
+        "--peering",
+        "elastream",
+        "--engine",
+        "spark",
+        *TIMEOUT_ARGS,
+    ]
     peering = one(docs, "KopfPeering", "elastream")
     assert peering["metadata"]["namespace"] == "streams"
     assert objects(docs, "ClusterKopfPeering") == []
@@ -526,6 +532,7 @@ def test_one_watched_namespace(render: Any) -> None:
         "--standalone",
         "--engine",
         "spark",
+        *TIMEOUT_ARGS,
     ]
 
 
