@@ -1,9 +1,10 @@
-"""The e2e tier: a real Kubernetes API server (etcd + kube-apiserver + kube-controller-manager built from Go
-modules by scripts/k8s-tools.sh), a kubelet stand-in running pods as Docker containers (host network) or as local
-processes, and the real kubectl and helm. See docs/e2e.md.
+"""The e2e tier: a real Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager + kube-scheduler
+built from Go modules by scripts/k8s-tools.sh), a kubelet stand-in that registers several Nodes (DEFAULT_NODES:
+e2e-node-a/b/c, 4 CPU and 8Gi each, one zone each) and runs the pods the scheduler binds to them as Docker containers
+(host network) or as local processes, all on this machine, and the real kubectl and helm. See docs/e2e.md.
 
 Preparation happens once, after collection and outside any test's timeout, when e2e tests are selected:
-`scripts/k8s-tools.sh` runs in the background (the tests that do not need helm start as soon as the four
+`scripts/k8s-tools.sh` runs in the background (the tests that do not need helm start as soon as the five
 control-plane binaries exist; the `helm` fixture waits for the script to finish), then `scripts/docker-setup.sh`
 and `BASE_IMAGE=elastream-base:bookworm scripts/images.sh`. Docker mode is used when `docker info` works
 afterwards; otherwise local processes. ELASTREAM_E2E_RUNTIME=docker|process forces one (docker then fails
@@ -26,11 +27,11 @@ from typing import Any
 import pytest
 
 from .controlplane import ControlPlane, ControlPlaneError
-from .kubelet import KubeletStandIn
+from .kubelet import DEFAULT_NODES, KubeletStandIn, describe_nodes
 
 E2E_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(E2E_DIR))
-CORE_TOOLS = ("kube-apiserver", "kube-controller-manager", "kubectl", "etcd")
+CORE_TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd")
 TOOLS_WAIT_S = 60 * 60  # a cold build of everything takes 20-30 min on 2 cores
 BASE_IMAGE = "elastream-base:bookworm"
 
@@ -264,7 +265,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         runtime = f"local processes ({PREP.mode_reason}; pods run as processes, not images)"
     line = (
         f"e2e: Kubernetes {PREP.k8s_version or '(binaries missing)'} (kube-apiserver + etcd + "
-        f"kube-controller-manager from Go modules), {runtime}, Helm {helm}"
+        f"kube-controller-manager + kube-scheduler from Go modules), {describe_nodes(DEFAULT_NODES)} on one "
+        f"machine, {runtime}, Helm {helm}"
     )
     write("=" * min(len(line), 120))
     write(line)
@@ -318,7 +320,8 @@ def control_plane(k8s_bin: str, e2e_workdir: str) -> Iterator[ControlPlane]:
     print(
         f"\ne2e: control plane {cp.version.get('gitVersion')} at {cp.server} up in {cp.timings['total']:.1f} s "
         f"(etcd {cp.timings['etcd']:.1f} s, kube-apiserver {cp.timings['kube-apiserver']:.1f} s, "
-        f"kube-controller-manager {cp.timings['kube-controller-manager']:.1f} s); files in {cp.workdir}"
+        f"kube-controller-manager {cp.timings['kube-controller-manager']:.1f} s, "
+        f"kube-scheduler {cp.timings['kube-scheduler']:.1f} s); files in {cp.workdir}"
     )
     yield cp
     cp.stop()
@@ -344,6 +347,7 @@ def kubelet(control_plane: ControlPlane, runtime_mode: str, e2e_workdir: str) ->
         mode=runtime_mode,
         server=control_plane.server,
         ca_file=control_plane.ca_file,
+        nodes=DEFAULT_NODES,
         kubelet_version=str(control_plane.version.get("gitVersion", "v1.34.3")),
     )
     t0 = time.monotonic()
@@ -429,6 +433,7 @@ def e2e_namespace(request: pytest.FixtureRequest, kubectl: CommandRunner, kubele
     if report is not None and report.failed:
         print(f"\n---- e2e: state of namespace {name} after the failure ----")
         kubectl("get", "all,events", "-n", name, "-o", "wide", check=False)
+        kubectl("get", "nodes", "-o", "wide", check=False)
         pods = kubectl("get", "pods", "-n", name, "-o", "name", check=False, quiet=True).stdout.split()
         for pod in pods:
             print(kubelet.logs(name, pod.split("/", 1)[1]))

@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane for the e2e tier: etcd, kube-apiserver and kube-controller-manager.
+"""A real Kubernetes control plane for the e2e tier: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler.
 
 The binaries come from `scripts/k8s-tools.sh` (built from Go modules, cached under ~/.cache/elastream/tools).
 Everything listens on 127.0.0.1 on free ports; every file (data, certificates, tokens, kubeconfigs, logs) lives
@@ -6,6 +7,9 @@ in `workdir`, so two runs never collide and a failed run leaves its logs behind 
 
     with ControlPlane(bin_dir, workdir) as cp:
         subprocess.run([f"{bin_dir}/kubectl", "--kubeconfig", cp.kubeconfig, "get", "ns"])
+
+kube-scheduler is the real one with its default profile (resources, node selectors and affinity, pod
+(anti-)affinity, topology spread, taints): it binds the pods to the Nodes the kubelet stand-in registers.
 
 The Service range is 127.96.0.0/16 (loopback, on purpose: nothing of ours may send traffic to a private range,
 and there is no kube-proxy; the kubelet stand-in forwards ClusterIP:port to pods, see kubelet.py).
@@ -29,6 +33,7 @@ from typing import Any
 
 SERVICE_CIDR = "127.96.0.0/16"
 KCM_CONTROLLERS = "*"  # every default-enabled controller; the cloud ones skip themselves without a cloud
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
 class ControlPlaneError(RuntimeError):
@@ -88,7 +93,7 @@ class _Proc:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager on loopback, started from `bin_dir`."""
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler on loopback, started from `bin_dir`."""
 
     def __init__(self, bin_dir: str, workdir: str, *, extra_users: Iterable[tuple[str, str]] = ()) -> None:
         """`extra_users`: (user, comma-separated groups) pairs that get a static token (see `tokens`)."""
@@ -97,12 +102,17 @@ class ControlPlane:
         os.makedirs(self.workdir, exist_ok=True)
         self.admin_token = secrets.token_hex(16)
         self.kcm_token = secrets.token_hex(16)
+        self.scheduler_token = secrets.token_hex(16)
         self.tokens: dict[str, str] = {"admin": self.admin_token}
         self._token_lines = [
             f"{self.admin_token},admin,uid-admin,system:masters",
             # the controller manager's own identity; with --use-service-account-credentials=false every
             # controller runs as it, so it needs all rights (what system:masters gives)
             f"{self.kcm_token},system:kube-controller-manager,uid-kcm,system:masters",
+            # the scheduler's own identity, no group: the bootstrap RBAC binds the user system:kube-scheduler to
+            # the ClusterRoles system:kube-scheduler and system:volume-scheduler (and lets it read
+            # kube-system/extension-apiserver-authentication), exactly what a real cluster gives it
+            f"{self.scheduler_token},system:kube-scheduler,uid-kube-scheduler",
         ]
         for user, groups in extra_users:
             token = secrets.token_hex(16)
@@ -111,6 +121,7 @@ class ControlPlane:
         self.etcd_port = 0
         self.port = 0
         self.kcm_port = 0
+        self.scheduler_port = 0
         self.server = ""
         self.ca_file = os.path.join(self.workdir, "ca.crt")
         self.cert_dir = os.path.join(self.workdir, "apiserver-certs")
@@ -130,6 +141,7 @@ class ControlPlane:
 
     def start(self) -> None:
         t0 = time.monotonic()
+        self._check_binaries()
         try:
             self._prepare_files()
             self._start_etcd()
@@ -140,6 +152,9 @@ class ControlPlane:
             t2 = time.monotonic()
             self._start_controller_manager()
             self.timings["kube-controller-manager"] = time.monotonic() - t2
+            t3 = time.monotonic()
+            self._start_scheduler()
+            self.timings["kube-scheduler"] = time.monotonic() - t3
         except BaseException:
             self.stop()
             raise
@@ -163,6 +178,21 @@ class ControlPlane:
         if not os.access(path, os.X_OK):
             raise ControlPlaneError(f"{path} is missing: run `bash scripts/k8s-tools.sh`")
         return path
+
+    def _check_binaries(self) -> None:
+        """All four, before anything starts: a tool cache built before the tier had a scheduler lacks one."""
+        missing = [name for name in BINARIES if not os.access(os.path.join(self.bin_dir, name), os.X_OK)]
+        if missing == ["kube-scheduler"]:
+            raise ControlPlaneError(
+                f"{os.path.join(self.bin_dir, 'kube-scheduler')} is missing: this tool cache was built before the "
+                "e2e tier had a scheduler. Re-run `bash scripts/k8s-tools.sh`; it builds only what is missing "
+                "(kube-scheduler: a few minutes with the warm build cache)"
+            )
+        if missing:
+            raise ControlPlaneError(
+                f"missing from {self.bin_dir}: {', '.join(missing)}: run `bash scripts/k8s-tools.sh` (it builds only "
+                "what is missing)"
+            )
 
     def _prepare_files(self) -> None:
         os.makedirs(self.cert_dir, exist_ok=True)
@@ -374,3 +404,56 @@ class ControlPlane:
                     pass
             time.sleep(0.2)
         raise self._fail(proc, "did not get healthy (default ServiceAccount, kube-root-ca.crt) within 60 s")
+
+    def _start_scheduler(self) -> None:
+        kubeconfig = os.path.join(self.workdir, "kube-scheduler.kubeconfig")
+        self._write_kubeconfig(kubeconfig, self.scheduler_token, "system:kube-scheduler")
+        # a config file, not the deprecated --kubeconfig flag (ignored next to --config); the default profile and
+        # back-off (1 s doubling to 10 s) of kube-scheduler, only the client is ours
+        config = os.path.join(self.workdir, "kube-scheduler.yaml")
+        with open(config, "w", encoding="utf-8") as handle:
+            json.dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": kubeconfig},
+                    "leaderElection": {"leaderElect": False},  # one scheduler: no Lease to wait for
+                },
+                handle,
+                indent=2,
+            )
+        self.scheduler_port = free_port()
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                self._bin("kube-scheduler"),
+                "--config", config,
+                "--leader-elect=false",
+                "--bind-address", "127.0.0.1",
+                "--secure-port", str(self.scheduler_port),
+                "--cert-dir", os.path.join(self.workdir, "scheduler-certs"),
+                "--profiling=false",
+                "--v", "1",
+            ],
+        )  # fmt: skip
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate
+        deadline = time.monotonic() + 60
+        last = ""
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise self._fail(proc, "failed to start")
+            # /readyz: serving, and its informers have synced (the check sched-handler-sync)
+            try:
+                url = f"https://127.0.0.1:{self.scheduler_port}/readyz"
+                with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+                    last = resp.read().decode(errors="replace")
+                    if last.strip() == "ok":
+                        return
+            except urllib.error.HTTPError as exc:
+                last = exc.read().decode(errors="replace")
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise self._fail(proc, f"was not ready within 60 s (last /readyz: {last[-1000:]})")

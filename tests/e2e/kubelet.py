@@ -1,17 +1,18 @@
-"""A test-only kubelet stand-in: one Node, a scheduler, pods run as Docker containers or local processes.
+"""A test-only kubelet stand-in: several Nodes on one machine, pods run as Docker containers or local processes.
 
 There is no kubelet, no container runtime for one, no kube-proxy and no cluster DNS in the e2e tier (see
 docs/e2e.md). `KubeletStandIn` plays those parts against the real API server, as the admin, with the
 `kubernetes` Python client, from threads of the test process:
 
-- registers the Node `e2e-node` (Ready, capacity from this machine, InternalIP 127.0.0.1) and renews its Lease
-  in kube-node-lease every 10 s, so kube-controller-manager's node lifecycle controller keeps it healthy;
-- binds every pending pod without a nodeName (and without scheduling gates) to it (pods/binding);
-- runs the pods bound to it: a fresh loopback pod IP each (127.0.0.10, .11, ...), environment (value,
-  fieldRef, resourceFieldRef, secretKeyRef, configMapKeyRef, envFrom, service links, `$(VAR)` expansion),
-  volumes (configMap, secret, emptyDir, downwardAPI, hostPath, projected with a real TokenRequest for the
-  service-account token, kube-root-ca.crt and the namespace), probes (httpGet, tcpSocket, exec; startup,
-  liveness, readiness), restarts with back-off, and pod status through the pods/status subresource;
+- registers several Nodes (by default `e2e-node-a/b/c`, 4 CPU and 8Gi each, zones zone-a/b/c; see `NodeSpec`),
+  each Ready with its own declared capacity/allocatable and labels, InternalIP 127.0.0.1, and renews each one's
+  Lease in kube-node-lease every 10 s, so kube-controller-manager's node lifecycle controller keeps them healthy;
+- binds nothing: the real kube-scheduler (started by controlplane.py) assigns pods to those Nodes;
+- runs every pod bound to one of its Nodes, all on this machine: a fresh loopback pod IP each (127.0.0.10, .11, ...;
+  hostIP 127.0.0.1), environment (value, fieldRef, resourceFieldRef, secretKeyRef, configMapKeyRef, envFrom, service
+  links, `$(VAR)` expansion), volumes (configMap, secret, emptyDir, downwardAPI, hostPath, projected with a real
+  TokenRequest for the service-account token, kube-root-ca.crt and the namespace), probes (httpGet, tcpSocket, exec;
+  startup, liveness, readiness), restarts with back-off, and pod status through the pods/status subresource;
 - docker mode: `docker run -d --network host ...` per container; process mode: a local process per container
   (see `_ProcessRuntime` for how a command is found and how mount paths are rewritten);
 - graceful deletion: SIGTERM, SIGKILL after terminationGracePeriodSeconds (capped at 10 s), then the pod is
@@ -19,7 +20,8 @@ docs/e2e.md). `KubeletStandIn` plays those parts against the real API server, as
 - Services: a userspace TCP forwarder on ClusterIP:port (127.96.0.0/16) to one ready pod matching the selector
   (what kube-proxy's old userspace mode did), names in a per-pod /etc/hosts (docker) or in this machine's
   /etc/hosts between marker comments (process mode);
-- serves /containerLogs on 127.0.0.1 (the Node's kubelet endpoint), so `kubectl logs` works.
+- serves /containerLogs on 127.0.0.1 (every Node's kubelet endpoint: one server for all), so `kubectl logs`
+  works for pods on any node.
 
 Every pod IP is a 127.0.0.x address and every container shares the host's network namespace: a workload that
 binds 0.0.0.0:PORT takes PORT on every pod IP at once, so two such pods collide; workloads bind $(POD_IP).
@@ -61,7 +63,9 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-NODE_NAME = "e2e-node"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+RUNTIME_LABEL = "elastream.dev/e2e-runtime"
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 HOSTS_MARK = "# elastream-e2e"
 LABEL = "elastream.e2e"
@@ -69,6 +73,51 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MAX_GRACE_S = 10
 
 log = logging.getLogger("e2e.kubelet")
+
+
+# ---- the nodes -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeSpec:
+    """One Node the stand-in registers. The CPUs and memory are declared (what the scheduler counts and what a
+    `resourceFieldRef` without a limit reads), not reserved: every node's pods share this one machine."""
+
+    name: str
+    cpu: str = "4"  # a quantity: "4", "3500m"
+    memory: str = "8Gi"
+    zone: str = ""  # topology.kubernetes.io/zone (none when empty)
+    labels: dict[str, str] = field(default_factory=dict)  # more labels (may override the defaults)
+    pods: int = 110
+    taints: tuple[dict[str, str], ...] = ()  # Node.spec.taints, e.g. {"key": "k", "value": "v", "effect": "NoSchedule"}
+
+    def capacity(self) -> dict[str, str]:
+        return {"cpu": str(self.cpu), "memory": str(self.memory), "pods": str(self.pods), "ephemeral-storage": "20Gi"}
+
+    def node_labels(self, mode: str) -> dict[str, str]:
+        labels = {
+            HOSTNAME_LABEL: self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            RUNTIME_LABEL: mode,
+        }
+        if self.zone:
+            labels[ZONE_LABEL] = self.zone
+        labels.update(self.labels)
+        return labels
+
+
+NODE_NAMES = ("e2e-node-a", "e2e-node-b", "e2e-node-c")
+ZONES = ("zone-a", "zone-b", "zone-c")
+DEFAULT_NODES = tuple(NodeSpec(name, zone=zone) for name, zone in zip(NODE_NAMES, ZONES, strict=True))  # 4 CPU, 8Gi
+
+
+def describe_nodes(nodes: tuple[NodeSpec, ...] | list[NodeSpec]) -> str:
+    """E.g. `3 nodes x 4 CPU, 8Gi (e2e-node-a/zone-a, e2e-node-b/zone-b, e2e-node-c/zone-c)`."""
+    where = ", ".join(f"{n.name}/{n.zone}" if n.zone else n.name for n in nodes)
+    if len({(str(n.cpu), str(n.memory)) for n in nodes}) == 1:
+        return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} x {nodes[0].cpu} CPU, {nodes[0].memory} ({where})"
+    return f"{len(nodes)} nodes: " + ", ".join(
+        f"{n.name} ({n.cpu} CPU, {n.memory}{', ' + n.zone if n.zone else ''})" for n in nodes
+    )
 
 
 # ---- small helpers ---------------------------------------------------------------------------------------------
@@ -660,6 +709,7 @@ class _PodWorker(threading.Thread):
         self.pod_name: str = meta["name"]
         self.uid: str = meta["uid"]
         self.key = f"{self.namespace}/{self.pod_name}"
+        self.node: str = pod["spec"]["nodeName"]  # one of the stand-in's Nodes (set by the scheduler, immutable)
         self.wake = threading.Event()
         self.gone = False  # the API object is gone (force deletion): stop without deleting
         self.finished = threading.Event()
@@ -917,7 +967,7 @@ class _PodWorker(threading.Thread):
             "metadata.name": self.pod_name,
             "metadata.namespace": self.namespace,
             "metadata.uid": self.uid,
-            "spec.nodeName": self.kubelet.node_name,
+            "spec.nodeName": self.node,
             "spec.serviceAccountName": pod["spec"].get("serviceAccountName") or "default",
             "status.podIP": self.ip,
             "status.podIPs": self.ip,
@@ -941,9 +991,10 @@ class _PodWorker(threading.Thread):
         value = ((container.get("resources") or {}).get(kind) or {}).get(res)
         if value is None and kind == "requests":
             value = ((container.get("resources") or {}).get("limits") or {}).get(res)
-        if value is None:  # no limit: the node's allocatable, as the kubelet reports
-            value = self.kubelet.capacity.get(res, "0")
-        divisor = parse_quantity(ref.get("divisor") or "1")
+        if value is None:  # no limit: the allocatable of the pod's node, as the kubelet reports
+            value = self.kubelet.allocatable(self.node).get(res, "0")
+        # the API server stores an unset divisor as "0"; the kubelet reads 0 as 1
+        divisor = parse_quantity(ref.get("divisor") or "0") or parse_quantity("1")
         return str(math.ceil(parse_quantity(value) / divisor))
 
     def _downward_item(self, item: dict[str, Any]) -> str:
@@ -1483,7 +1534,7 @@ class _LogServer(threading.Thread):
         self.kubelet = kubelet
         cert, key = os.path.join(workdir, "kubelet.crt"), os.path.join(workdir, "kubelet.key")
         out = subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={NODE_NAME}",
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=e2e-kubelet",
              "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
@@ -1570,7 +1621,7 @@ class KubeletStandIn:
         *,
         server: str,
         ca_file: str,
-        node_name: str = NODE_NAME,
+        nodes: tuple[NodeSpec, ...] | list[NodeSpec] = DEFAULT_NODES,
         kubelet_version: str = "v1.34.3",
         bin_dir: str | None = None,
         entrypoints: dict[str, list[str]] | None = None,
@@ -1586,7 +1637,14 @@ class KubeletStandIn:
         self.server = server
         self.api_port = int(urllib.parse.urlparse(server).port or 443)
         self.ca_file = ca_file
-        self.node_name = node_name
+        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
+        if not self.nodes:
+            raise ValueError("at least one node")
+        if len({n.name for n in self.nodes}) != len(self.nodes):
+            raise ValueError(f"node names must be unique: {[n.name for n in self.nodes]}")
+        self.node_names: tuple[str, ...] = tuple(n.name for n in self.nodes)
+        self._node_specs = {n.name: n for n in self.nodes}
+        self.node_uids: dict[str, str] = {}
         self.kubelet_version = kubelet_version
         self.session = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.bin_dir = bin_dir or os.path.join(REPO, ".venv", "bin")
@@ -1594,12 +1652,6 @@ class KubeletStandIn:
         self._docker_binary = docker_binary
         self.runtime: Any = None
         self.api: _Api | None = None  # type: ignore[assignment]
-        self.capacity = {
-            "cpu": str(os.cpu_count() or 1),
-            "memory": f"{_mem_kib()}Ki",
-            "pods": "110",
-            "ephemeral-storage": "20Gi",
-        }
         self._stopping = threading.Event()
         self._lock = threading.RLock()
         self._ip_counter = 10
@@ -1618,7 +1670,6 @@ class KubeletStandIn:
         self._errors: list[str] = []
         self._log_server: _LogServer | None = None
         self._log_handler: logging.Handler | None = None
-        self.node_uid = ""
 
     # ---- lifecycle ----
     def __enter__(self) -> KubeletStandIn:
@@ -1633,7 +1684,14 @@ class KubeletStandIn:
         return self.runtime.version if self.runtime is not None else "?"
 
     def describe(self) -> str:
-        return f"kubelet stand-in ({self.mode} mode: {self.runtime_version}) as Node {self.node_name}"
+        return f"kubelet stand-in ({self.mode} mode: {self.runtime_version}) for {describe_nodes(self.nodes)}"
+
+    def node(self, name: str) -> NodeSpec:
+        return self._node_specs[name]
+
+    def allocatable(self, node: str) -> dict[str, str]:
+        """What Node `node` declares (capacity = allocatable: nothing is reserved)."""
+        return self._node_specs[node].capacity()
 
     def start(self) -> None:
         handler = logging.FileHandler(os.path.join(self.workdir, "kubelet.log"))
@@ -1651,7 +1709,7 @@ class KubeletStandIn:
         self._cleanup_stale_hosts()
         self._log_server = _LogServer(self, self.workdir)
         self._log_server.start()
-        self._register_node()
+        self._register_nodes()
         for target, name in ((self._watch_services, "watch-services"), (self._watch_pods, "watch-pods"),
                              (self._housekeeping, "housekeeping")):  # fmt: skip
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -1781,6 +1839,7 @@ class KubeletStandIn:
                component: str = "kubelet") -> None:  # fmt: skip
         meta = pod["metadata"]
         now = micro_time()
+        host = (pod.get("spec") or {}).get("nodeName") or self.node_names[0]
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -1790,9 +1849,9 @@ class KubeletStandIn:
             "reason": reason,
             "message": message[:1024],
             "type": etype,
-            "source": {"component": component, "host": self.node_name},
+            "source": {"component": component, "host": host},
             "reportingComponent": component,
-            "reportingInstance": self.node_name,
+            "reportingInstance": host,
             "firstTimestamp": rfc3339(),
             "lastTimestamp": rfc3339(),
             "eventTime": now,
@@ -1806,30 +1865,13 @@ class KubeletStandIn:
         except ApiException as exc:
             log.debug("event not recorded: %s", exc.status)
 
-    # ---- node ----
-    def _register_node(self) -> None:
-        assert self.api is not None and self._log_server is not None
-        body = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.node_name,
-                "labels": {
-                    "kubernetes.io/hostname": self.node_name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "elastream.dev/e2e-runtime": self.mode,
-                },
-            },
-            "spec": {},
-        }
-        try:
-            node = self.api.request("POST", "/api/v1/nodes", body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            node = self.api.get(f"/api/v1/nodes/{self.node_name}")
-        self.node_uid = node["metadata"]["uid"]
+    # ---- nodes ----
+    def _register_nodes(self) -> None:
+        for spec in self.nodes:
+            self._register_node(spec)
+
+    def _node_status(self, spec: NodeSpec) -> dict[str, Any]:
+        assert self._log_server is not None
         now = rfc3339()
         cond = lambda t, s, r, m: {  # noqa: E731
             "type": t,
@@ -1840,9 +1882,9 @@ class KubeletStandIn:
             "lastTransitionTime": now,
         }
         uname = os.uname()
-        status = {
-            "capacity": self.capacity,
-            "allocatable": self.capacity,
+        return {
+            "capacity": spec.capacity(),
+            "allocatable": spec.capacity(),
             "conditions": [
                 cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory"),
                 cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
@@ -1851,33 +1893,52 @@ class KubeletStandIn:
             ],
             "addresses": [
                 {"type": "InternalIP", "address": "127.0.0.1"},
-                {"type": "Hostname", "address": self.node_name},
+                {"type": "Hostname", "address": spec.name},
             ],
+            # one endpoint for every node: /containerLogs finds a pod by namespace and name
             "daemonEndpoints": {"kubeletEndpoint": {"Port": self._log_server.port}},
             "nodeInfo": {
-                "machineID": "e2e", "systemUUID": "e2e", "bootID": self.session,
+                "machineID": "e2e", "systemUUID": f"e2e-{spec.name}", "bootID": self.session,
                 "kernelVersion": uname.release, "osImage": "elastream e2e kubelet stand-in",
                 "containerRuntimeVersion": f"{self.mode}://{self.runtime.engine_version}",
                 "kubeletVersion": self.kubelet_version, "kubeProxyVersion": "",
                 "operatingSystem": "linux", "architecture": "amd64",
             },
         }  # fmt: skip
-        self.api.patch(f"/api/v1/nodes/{self.node_name}/status", {"status": status})
-        self._renew_lease()
 
-    def _renew_lease(self) -> None:
+    def _register_node(self, spec: NodeSpec) -> None:
         assert self.api is not None
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node_name}"
+        status = self._node_status(spec)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": spec.name, "labels": spec.node_labels(self.mode)},
+            "spec": {"taints": [dict(t) for t in spec.taints]} if spec.taints else {},
+            "status": status,  # Ready from the start, as a kubelet registers: no window with a not-ready taint
+        }
         try:
-            self.api.patch(path, {"spec": {"renewTime": micro_time(), "holderIdentity": self.node_name}}, "merge")
+            node = self.api.request("POST", "/api/v1/nodes", body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            node = self.api.patch(f"/api/v1/nodes/{spec.name}", {"metadata": body["metadata"], "spec": body["spec"]})
+        self.node_uids[spec.name] = node["metadata"]["uid"]
+        self.api.patch(f"/api/v1/nodes/{spec.name}/status", {"status": status})
+        self._renew_lease(spec.name)
+
+    def _renew_lease(self, name: str) -> None:
+        assert self.api is not None
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        try:
+            self.api.patch(path, {"spec": {"renewTime": micro_time(), "holderIdentity": name}}, "merge")
         except ApiException as exc:
             if exc.status != 404:
                 raise
             self.api.request("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.node_name, "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node_uid}]},
-                "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": 40, "renewTime": micro_time()},
+                "metadata": {"name": name, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": name, "uid": self.node_uids[name]}]},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro_time()},
             })  # fmt: skip
 
     def _housekeeping(self) -> None:
@@ -1891,11 +1952,12 @@ class KubeletStandIn:
                     log.error("hosts update failed:\n%s", traceback.format_exc())
             if time.monotonic() >= next_lease:
                 next_lease = time.monotonic() + 10
-                try:
-                    self._renew_lease()
-                except Exception as exc:
-                    if not self._stopping.is_set():
-                        log.warning("lease renewal failed: %s", exc)
+                for name in self.node_names:
+                    try:
+                        self._renew_lease(name)
+                    except Exception as exc:
+                        if not self._stopping.is_set():
+                            log.warning("lease renewal of %s failed: %s", name, exc)
 
     # ---- watches ----
     def _watch(self, list_fn: Callable[..., Any], on_sync: Callable[[list[dict[str, Any]]], None],
@@ -1982,12 +2044,8 @@ class KubeletStandIn:
             if worker is not None:
                 worker.removed()
             return
-        node = spec.get("nodeName")
-        if not node:
-            self._maybe_bind(pod)
-            return
-        if node != self.node_name:
-            return
+        if spec.get("nodeName") not in self._node_specs:
+            return  # not scheduled yet (kube-scheduler binds it), or bound to a Node that is not ours
         with self._lock:
             if meta["uid"] in self._done_uids:
                 return  # a late event for a pod this stand-in already ran and deleted
@@ -2001,30 +2059,6 @@ class KubeletStandIn:
                 worker.start()
                 return
         worker.update(pod)
-
-    def _maybe_bind(self, pod: dict[str, Any]) -> None:
-        meta, spec = pod["metadata"], pod.get("spec") or {}
-        if meta.get("deletionTimestamp") or spec.get("schedulingGates"):
-            return
-        if (spec.get("schedulerName") or "default-scheduler") != "default-scheduler":
-            return
-        if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
-            return
-        assert self.api is not None
-        try:
-            self.api.request(
-                "POST",
-                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
-                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"], "uid": meta["uid"]},
-                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}},
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                log.warning("binding %s/%s failed: %s %s", meta["namespace"], meta["name"], exc.status, exc.body)
-            return
-        self._event(pod, "Normal", "Scheduled",
-                    f"Successfully assigned {meta['namespace']}/{meta['name']} to {self.node_name}",
-                    component="default-scheduler")  # fmt: skip
 
     # ---- services ----
     def _reconcile_forwarders(self) -> None:
@@ -2226,14 +2260,3 @@ def _read_etc_hosts() -> list[str]:
             return handle.read().splitlines()
     except OSError:
         return ["127.0.0.1 localhost"]
-
-
-def _mem_kib() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 4 * 1024 * 1024

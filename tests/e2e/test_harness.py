@@ -1,19 +1,25 @@
-"""The e2e harness itself, end to end with the real binaries: API server, controller manager, kubelet stand-in
+"""The e2e harness itself, end to end with the real binaries: API server, controller manager, scheduler (requests,
+Pending pods, node selectors, pod anti-affinity, topology spread over the stand-in's three Nodes), kubelet stand-in
 (pods, probes, status, service-account tokens, Service forwarders and names), kubectl and helm."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from kubernetes.utils import parse_quantity
 
 from .conftest import BASE_IMAGE, CommandRunner
-from .controlplane import ControlPlane
-from .kubelet import SA_MOUNT, KubeletStandIn
+from .controlplane import ControlPlane, ControlPlaneError
+from .kubelet import HOSTNAME_LABEL, NODE_NAMES, RUNTIME_LABEL, SA_MOUNT, ZONE_LABEL, ZONES, KubeletStandIn
 
 pytestmark = pytest.mark.e2e
 
@@ -80,12 +86,45 @@ def test_api_server_answers_kubectl_version(kubectl: CommandRunner, control_plan
     assert svc["spec"]["clusterIP"].startswith("127.96."), svc["spec"]
 
 
-def test_node_is_registered_and_ready(kubectl: CommandRunner, kubelet: KubeletStandIn) -> None:
-    kubectl("get", "nodes", "-o", "wide")
-    kubectl("wait", "--for=condition=Ready", f"node/{kubelet.node_name}", "--timeout=30s")
-    node = get_json(kubectl, "node", kubelet.node_name)
-    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
-    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.34.")
+def test_a_tool_cache_without_kube_scheduler_is_named(k8s_bin: str, tmp_path: Any) -> None:
+    """A cache built before the tier had a scheduler: the control plane says what to run, before starting anything."""
+    old_cache = tmp_path / "bin"
+    old_cache.mkdir()
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
+        (old_cache / name).symlink_to(os.path.join(k8s_bin, name))
+    plane = ControlPlane(str(old_cache), str(tmp_path / "cp"))
+    with pytest.raises(ControlPlaneError, match=r"kube-scheduler is missing.*Re-run `bash scripts/k8s-tools.sh`"):
+        plane.start()
+    assert plane.alive() == {}  # nothing was started
+
+
+def test_nodes_are_registered_and_ready(
+    kubectl: CommandRunner, kubelet: KubeletStandIn, control_plane: ControlPlane
+) -> None:
+    assert kubelet.node_names == NODE_NAMES
+    kubectl("get", "nodes", "-o", "wide", "-L", ZONE_LABEL)
+    kubectl("wait", "--for=condition=Ready", *(f"node/{name}" for name in NODE_NAMES), "--timeout=30s")
+    nodes = {n["metadata"]["name"]: n for n in get_json(kubectl, "nodes")["items"]}
+    assert set(NODE_NAMES) <= set(nodes), sorted(nodes)
+    for name, zone in zip(NODE_NAMES, ZONES, strict=True):
+        node = nodes[name]
+        conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert conditions == {"Ready": "True", "MemoryPressure": "False", "DiskPressure": "False",
+                              "PIDPressure": "False"}, conditions  # fmt: skip
+        labels = node["metadata"]["labels"]
+        assert labels[HOSTNAME_LABEL] == name and labels[ZONE_LABEL] == zone, labels
+        assert labels["kubernetes.io/os"] == "linux" and labels[RUNTIME_LABEL] == kubelet.mode, labels
+        for key in ("capacity", "allocatable"):
+            assert {k: node["status"][key][k] for k in ("cpu", "memory", "pods")} == {
+                "cpu": "4", "memory": "8Gi", "pods": "110"
+            }, node["status"][key]  # fmt: skip
+        assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+        assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.34.")
+        assert not node["spec"].get("taints"), node["spec"]  # Ready from the start: no not-ready taint left
+        lease = get_json(kubectl, "lease", name, "-n", "kube-node-lease")
+        assert lease["spec"]["holderIdentity"] == name
+    # the scheduler is up (the tests below show it at work)
+    assert control_plane.alive()["kube-scheduler"], control_plane.logs()["kube-scheduler"]
 
 
 def test_deployment_becomes_available_and_its_service_forwards(
@@ -110,7 +149,7 @@ def test_deployment_becomes_available_and_its_service_forwards(
     assert conditions["Ready"] == conditions["ContainersReady"] == conditions["PodScheduled"] == "True"
     (cstatus,) = status["containerStatuses"]
     assert cstatus["ready"] and cstatus["started"] and "running" in cstatus["state"]
-    assert pod["spec"]["nodeName"] == kubelet.node_name
+    assert pod["spec"]["nodeName"] in kubelet.node_names  # bound by kube-scheduler
 
     # the pod's own process bound its pod IP (from $(POD_IP))
     with urllib.request.urlopen(f"http://{status['podIP']}:8000/", timeout=5) as resp:
@@ -340,7 +379,8 @@ def test_pod_environment_and_volumes(kubectl: CommandRunner, kubelet: KubeletSta
     line = [ln for ln in kubectl("logs", "-n", ns, "envcheck").stdout.splitlines() if ln.startswith("{")][-1]
     seen = json.loads(line)
     env, files = seen["env"], seen["files"]
-    assert env["POD_NAME"] == "envcheck" and env["POD_NS"] == ns and env["NODE"] == kubelet.node_name
+    assert env["POD_NAME"] == "envcheck" and env["POD_NS"] == ns
+    assert env["NODE"] == pod["spec"]["nodeName"] and env["NODE"] in kubelet.node_names
     assert env["SA"] == "default"
     assert env["POD_IP"] == pod["status"]["podIP"] and LOOPBACK_POD_IP.match(env["POD_IP"])
     assert env["MODE"] == "fast" and env["CFG_mode"] == "fast" and env["PASSWORD"] == "s3cret"
@@ -387,6 +427,234 @@ def test_failing_liveness_probe_restarts_the_container(
     events = get_json(kubectl, "events", "-n", ns, "--field-selector", "involvedObject.name=unhealthy")["items"]
     reasons = {e["reason"] for e in events}
     assert {"Unhealthy", "Killing"} <= reasons, reasons
+    assert kubelet.errors() == []
+
+
+# ---- scheduling: the real kube-scheduler over the stand-in's three Nodes (4 CPU, 8Gi, one zone each) ----------
+def sleeper(name: str, labels: dict[str, str] | None = None, cpu: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A pod that only sleeps (coreutils `sleep`: in the base image and on this machine; PID 1 of a container ignores
+    SIGTERM, so the grace period is 1 s). `cpu`: its CPU request; `spec`: more pod spec fields."""
+    container: dict[str, Any] = {"name": "sleep", "image": BASE_IMAGE, "command": ["sleep", "600"]}
+    if cpu is not None:
+        container["resources"] = {"requests": {"cpu": cpu}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [container], **spec},
+    }
+
+
+def sleepers(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
+    """A Deployment of `sleeper` pods labelled app=<name>."""
+    pod = sleeper(name, labels={"app": name}, **spec)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]},
+        },
+    }
+
+
+def apply(kubectl: CommandRunner, ns: str, *objects: dict[str, Any]) -> None:
+    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(items, indent=1))
+
+
+def pod_scheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's PodScheduled condition ({} before the scheduler looked at it)."""
+    return next((c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), {})
+
+
+def split(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(bound to a node, Unschedulable: the scheduler tried and found no node)."""
+    bound = [p for p in pods if p["spec"].get("nodeName")]
+    unschedulable = [
+        p
+        for p in pods
+        if not p["spec"].get("nodeName")
+        and pod_scheduled(p).get("status") == "False"
+        and pod_scheduled(p).get("reason") == "Unschedulable"
+    ]
+    return bound, unschedulable
+
+
+def counts(bound: int, unschedulable: int) -> Callable[[list[dict[str, Any]]], bool]:
+    def done(pods: list[dict[str, Any]]) -> bool:
+        b, u = split(pods)
+        return len(pods) == bound + unschedulable and (len(b), len(u)) == (bound, unschedulable)
+
+    return done
+
+
+def wait_for_pods(
+    kubectl: CommandRunner,
+    ns: str,
+    done: Callable[[list[dict[str, Any]]], bool],
+    what: str,
+    selector: str | None = None,
+    timeout: float = 30,
+) -> list[dict[str, Any]]:
+    """Polls the namespace's pods (`-l selector`) until `done(pods)`; prints them with their nodes."""
+    args = ["pods", "-n", ns, *(["-l", selector] if selector else [])]
+    t0 = time.monotonic()
+    while True:
+        pods = get_json(kubectl, *args)["items"]
+        if done(pods):
+            break
+        if time.monotonic() - t0 > timeout:
+            kubectl("get", *args, "-o", "wide", check=False)
+            kubectl("get", "events", "-n", ns, check=False)
+            pytest.fail(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.3)
+    print(f"{what}: after {time.monotonic() - t0:.1f} s")
+    kubectl("get", *args, "-o", "wide")
+    return pods
+
+
+def wait_event(kubectl: CommandRunner, ns: str, pod: str, reason: str, timeout: float = 20) -> dict[str, Any]:
+    """The newest event of `reason` about `pod` (the scheduler records them asynchronously)."""
+    t0 = time.monotonic()
+    while True:
+        selector = f"involvedObject.name={pod},reason={reason}"
+        events = get_json(kubectl, "events", "-n", ns, "--field-selector", selector)["items"]
+        if events:
+            event = events[-1]
+            print(f"event {reason} for {pod}: {event.get('message')}")
+            return event
+        if time.monotonic() - t0 > timeout:
+            kubectl("get", "events", "-n", ns, check=False)
+            pytest.fail(f"no {reason} event for pod {ns}/{pod} within {timeout:.0f} s")
+        time.sleep(0.3)
+
+
+def wait_for_free_cpu(kubectl: CommandRunner, kubelet: KubeletStandIn, millicores: int, timeout: float = 60) -> None:
+    """Until every node has `millicores` not requested by a pod (pods of earlier tests may still be terminating)."""
+    t0 = time.monotonic()
+    while True:
+        used = dict.fromkeys(NODE_NAMES, 0)
+        for pod in get_json(kubectl, "pods", "-A")["items"]:
+            node = pod["spec"].get("nodeName")
+            if node not in used or pod["status"].get("phase") in ("Succeeded", "Failed"):
+                continue
+            for c in pod["spec"]["containers"]:
+                cpu = ((c.get("resources") or {}).get("requests") or {}).get("cpu")
+                used[node] += int(parse_quantity(cpu) * 1000) if cpu else 0
+        free = {n: int(parse_quantity(kubelet.allocatable(n)["cpu"]) * 1000) - m for n, m in used.items()}
+        if all(m >= millicores for m in free.values()):
+            return
+        if time.monotonic() - t0 > timeout:
+            kubectl("get", "pods", "-A", "-o", "wide", check=False)
+            pytest.fail(f"CPU not requested per node {free} (millicores): less than {millicores}m on some node")
+        time.sleep(0.5)
+
+
+def test_pod_larger_than_every_node_stays_pending(
+    kubectl: CommandRunner, kubelet: KubeletStandIn, e2e_namespace: str
+) -> None:
+    ns = e2e_namespace
+    apply(kubectl, ns, sleeper("huge", cpu="5"))  # every node declares 4 CPUs
+    (pod,) = wait_for_pods(kubectl, ns, counts(0, 1), "pod huge Unschedulable")
+    cond = pod_scheduled(pod)
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable"), cond
+    assert "0/3 nodes are available" in cond["message"] and "3 Insufficient cpu" in cond["message"], cond
+    event = wait_event(kubectl, ns, "huge", "FailedScheduling")
+    assert event["type"] == "Warning" and "Insufficient cpu" in event["message"], event
+    assert event.get("reportingComponent") == "default-scheduler", event
+    time.sleep(1)  # stays so: not bound, no pod IP, nothing run by the stand-in
+    pod = get_json(kubectl, "pod", "huge", "-n", ns)
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName"), pod["status"]
+    assert kubelet.pod_ip(ns, "huge") is None
+    assert kubelet.errors() == []
+
+
+def test_cpu_requests_spread_pods_and_queue_the_rest(
+    kubectl: CommandRunner, kubelet: KubeletStandIn, e2e_namespace: str
+) -> None:
+    """2.5 CPU each on 4-CPU nodes: no two share a node, three fill the three nodes, the fourth waits
+    (Unschedulable: Insufficient cpu) until one of the three is deleted, then gets its node."""
+    ns = e2e_namespace
+    require_base_image(kubelet)
+    wait_for_free_cpu(kubectl, kubelet, 2500)
+    apply(kubectl, ns, *(sleeper(f"cpu-{i}", labels={"app": "cpu"}, cpu="2500m") for i in range(4)))
+    pods = wait_for_pods(kubectl, ns, counts(3, 1), "3 pods bound, 1 Unschedulable")
+    bound, (waiting,) = split(pods)
+    assert sorted(p["spec"]["nodeName"] for p in bound) == sorted(NODE_NAMES)
+    assert "Insufficient cpu" in pod_scheduled(waiting)["message"], pod_scheduled(waiting)
+    waiting_name = waiting["metadata"]["name"]
+    assert kubelet.pod_ip(ns, waiting_name) is None
+    # the stand-in runs what the scheduler bound, on whichever node
+    running = [f"pod/{p['metadata']['name']}" for p in bound]
+    kubectl("wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", *running, "--timeout=60s")
+
+    victim = bound[0]
+    kubectl("delete", "pod", victim["metadata"]["name"], "-n", ns, "--timeout=60s")
+    t0 = time.monotonic()
+    pods = wait_for_pods(kubectl, ns, counts(3, 0), f"{waiting_name} bound once {victim['metadata']['name']} is gone")
+    print(f"bound {time.monotonic() - t0:.1f} s after the deletion")
+    (now,) = [p for p in pods if p["metadata"]["name"] == waiting_name]
+    assert now["spec"]["nodeName"] == victim["spec"]["nodeName"]
+    assert pod_scheduled(now)["status"] == "True"
+    kubectl("wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", f"pod/{waiting_name}", "--timeout=60s")
+    # give the CPU back before the next test (the namespace itself is deleted without waiting)
+    kubectl("delete", "pods", "--all", "-n", ns, "--timeout=60s")
+    assert kubelet.errors() == []
+
+
+def test_node_selector_on_the_zone_label(kubectl: CommandRunner, kubelet: KubeletStandIn, e2e_namespace: str) -> None:
+    """zone-b -> e2e-node-b, whose name and declared resources the pod sees; a zone no node has -> Pending."""
+    ns = e2e_namespace
+    require_base_image(kubelet)
+    shows = sleeper("in-zone-b", restartPolicy="Never", nodeSelector={ZONE_LABEL: "zone-b"})
+    container = shows["spec"]["containers"][0]
+    container["command"] = ["sh", "-c", 'echo "node=$NODE cpu=$CPU mem=$MEM"']
+    container["env"] = [
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        # no limits: the node's allocatable, as the kubelet gives
+        {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+    ]
+    nowhere = sleeper("in-zone-x", labels={"app": "nowhere"}, nodeSelector={ZONE_LABEL: "zone-x"})
+    apply(kubectl, ns, shows, nowhere)
+
+    pod = wait_phase(kubectl, ns, "in-zone-b", "Succeeded", kubelet)
+    assert pod["spec"]["nodeName"] == "e2e-node-b"
+    assert "node=e2e-node-b cpu=4 mem=8192" in kubectl("logs", "-n", ns, "in-zone-b").stdout
+    event = wait_event(kubectl, ns, "in-zone-b", "Scheduled")
+    assert event["message"] == f"Successfully assigned {ns}/in-zone-b to e2e-node-b", event
+    assert event.get("reportingComponent") == "default-scheduler", event
+
+    (pending,) = wait_for_pods(kubectl, ns, counts(0, 1), "in-zone-x Unschedulable", selector="app=nowhere")
+    assert "3 node(s) didn't match Pod's node affinity/selector" in pod_scheduled(pending)["message"]
+    assert kubelet.errors() == []
+
+
+def test_required_pod_anti_affinity_puts_one_replica_per_node(
+    kubectl: CommandRunner, kubelet: KubeletStandIn, e2e_namespace: str
+) -> None:
+    ns = e2e_namespace
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "anti"}}, "topologyKey": HOSTNAME_LABEL}]}}  # fmt: skip
+    apply(kubectl, ns, sleepers("anti", 4, affinity=affinity))
+    pods = wait_for_pods(kubectl, ns, counts(3, 1), "3 replicas on 3 nodes, the 4th Unschedulable", "app=anti")
+    bound, (waiting,) = split(pods)
+    assert sorted(p["spec"]["nodeName"] for p in bound) == sorted(NODE_NAMES)
+    assert "didn't match pod anti-affinity rules" in pod_scheduled(waiting)["message"], pod_scheduled(waiting)
+    assert kubelet.errors() == []
+
+
+def test_topology_spread_over_zones(kubectl: CommandRunner, kubelet: KubeletStandIn, e2e_namespace: str) -> None:
+    ns = e2e_namespace
+    spread = [{"maxSkew": 1, "topologyKey": ZONE_LABEL, "whenUnsatisfiable": "DoNotSchedule",
+               "labelSelector": {"matchLabels": {"app": "zones"}}}]  # fmt: skip
+    apply(kubectl, ns, sleepers("zones", 6, topologySpreadConstraints=spread))
+    pods = wait_for_pods(kubectl, ns, counts(6, 0), "6 replicas bound", "app=zones")
+    per_zone = Counter(kubelet.node(p["spec"]["nodeName"]).zone for p in pods)
+    assert per_zone == dict.fromkeys(ZONES, 2), per_zone
     assert kubelet.errors() == []
 
 
