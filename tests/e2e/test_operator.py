@@ -1,8 +1,11 @@
-"""What a user does, end to end, with the real kubectl and helm against a real API server: install the chart,
-apply a topology, wait for it, scale it out with `kubectl patch` and in with `kubectl scale`, read its status
-and events, lose a worker pod, restart the operator in the middle of a migration, delete it. Every event
-the sources emit reaches the sinks exactly once across all of it (exactly-once sinks, checked in Redis
-through the bundled Redis Service), and invalid manifests are refused with the schema's or CEL's message.
+"""What a user does, end to end, with the real kubectl and helm against a real API server and a real
+kube-scheduler placing pods on three 4-CPU nodes: install the chart, apply the README's demo as shipped,
+wait for it, scale it out with `kubectl patch` and in with `kubectl scale`, read its status and events, lose
+a worker pod, restart the operator in the middle of a migration, delete it. Every event the sources emit
+reaches the sinks exactly once across all of it (exactly-once sinks, checked in Redis through the bundled
+Redis Service), invalid manifests are refused with the schema's or CEL's message, a topology that asks for
+more CPU than the nodes have is reported Pending with the scheduler's reason, and `spreadOverNodes` and
+`placement` reach the scheduler.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEMO = os.path.join(REPO, "examples", "demo.yaml")
 RELEASE = "elastream"
 SYSTEM = "elastream-system"
 EVENTS = 9000  # 300 events/s: half a minute of input, long enough to scale twice mid-stream
@@ -92,11 +96,13 @@ def worker_pods(kubectl, namespace: str, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def installed(helm, kubectl, kubelet) -> dict[str, Any]:
-    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) and wait for it."""
+    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) with its defaults and wait for it. Two
+    values differ, both for what this tier is, not for elastream: pods share the host's network (one port
+    space: everything listens on its pod IP) and no registry can be reached (the bundled Redis comes from the
+    local base image)."""
     helm(
         "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
-        "--set", "operator.image.tag=dev", "--set", "worker.image.tag=dev", "--set", "operator.logLevel=DEBUG",
-        # the bundled Redis from the local base image (no registry here to pull the default redis image from)
+        "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
         "--set", "redis.image=elastream-redis:dev",
         "--wait", "--timeout", "6m",
     )  # fmt: skip
@@ -312,3 +318,182 @@ def test_the_autoscaler_recommends_then_scales_and_a_spec_parallelism_migrates(
     assert sum(later.values()) > sum(seen.values()) > 0
     assert max(later.values()) == 1, f"{sum((later - Counter(set(later))).values())} events twice"
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def pods_of(kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kubectl(
+        "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker",
+        "-o", "json", quiet=True,
+    )  # fmt: skip
+    return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def scheduled_by_the_scheduler(kubectl, namespace: str, pods: list[dict[str, Any]]) -> dict[str, str]:
+    """pod -> its node, asserting that kube-scheduler bound it (a `Scheduled` event from default-scheduler)."""
+    events = json.loads(
+        kubectl(
+            "get", "events", "-n", namespace, "--field-selector", "reason=Scheduled", "-o", "json", quiet=True
+        ).stdout
+    )["items"]
+    by_scheduler = {
+        e["involvedObject"]["name"]
+        for e in events
+        if "default-scheduler" in (e.get("reportingComponent"), (e.get("source") or {}).get("component"))
+    }
+    placed = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert scheduled["status"] == "True", (name, scheduled)
+        assert name in by_scheduler, f"{name}: no Scheduled event from default-scheduler"
+        placed[name] = pod["spec"]["nodeName"]
+    return placed
+
+
+def test_the_readme_demo_as_shipped_fits_the_nodes_and_scales_out_and_in_exactly_once(
+    installed, kubectl, e2e_namespace, tmp_path
+):
+    """examples/demo.yaml as the README applies it (4 nodes, each requesting 500m of a 2-CPU limit), on
+    4-CPU nodes beside the chart's operator and Redis, scaled by the README's own commands. For the test
+    only: an exactly-once sink fed by `parse`, and a finite source so that every event can be accounted for."""
+    client: redis.Redis = installed["redis"]
+    with open(DEMO, encoding="utf-8") as handle:
+        doc = yaml.safe_load(handle)
+    name = doc["metadata"]["name"]
+    total = 150_000
+    doc["spec"]["vertices"][0]["source"]["limit"] = total
+    doc["spec"]["vertices"].append(
+        {"name": "check", "sink": {"type": "redis-stream", "delivery": "exactly-once"}, "maxParallelism": 16}
+    )
+    doc["spec"]["streams"].append({"from": "parse", "to": "check", "grouping": "shuffle"})
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=300s")
+    kubectl("get", "topo,pods", "-n", e2e_namespace, "-o", "wide")
+    placed = scheduled_by_the_scheduler(kubectl, e2e_namespace, pods_of(kubectl, e2e_namespace, name))
+    assert len(placed) == 4
+    print(f"  placed by kube-scheduler: {placed}")
+    for pod in pods_of(kubectl, e2e_namespace, name):
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["cpu"] == "500m" and resources["limits"]["cpu"] == "2"
+    time.sleep(10)  # a window of metrics before the first decision
+
+    # README step 6 and 7, word for word but for the namespace
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":5}}')
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("nodes") == 5 and (s.get("lastScaling") or {}).get("toNodes") == 5, 300, "scale-out to 5",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
+    placed = scheduled_by_the_scheduler(kubectl, e2e_namespace, pods_of(kubectl, e2e_namespace, name))
+    assert len(placed) == 5
+    kubectl("get", "pods", "-n", e2e_namespace, "-o", "wide")
+
+    kubectl("scale", "topo", name, "-n", e2e_namespace, "--replicas=3")
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("nodes") == 3 and (s.get("lastScaling") or {}).get("toNodes") == 3, 300, "scale-in to 3",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    deadline = time.monotonic() + 60
+    while len(pods_of(kubectl, e2e_namespace, name)) != 3 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(pods_of(kubectl, e2e_namespace, name)) == 3
+    kubectl("get", "topo", "-n", e2e_namespace)
+    described = kubectl("describe", "topo", name, "-n", e2e_namespace).stdout
+    assert "ScalingPlanned" in described and "Migrated" in described
+
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        if sum(sink_ids(client, e2e_namespace, name, "check").values()) >= total:
+            break
+        time.sleep(3)
+    time.sleep(12)  # past the next checkpoint: a duplicate would be committed by now
+    ids = sink_ids(client, e2e_namespace, name, "check")
+    assert ids == Counter(range(total)), f"{len(set(range(total)) - set(ids))} lost, " + (
+        f"{sum((ids - Counter(range(total))).values())} twice"
+    )
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def hog(name: str, cpu: str) -> dict[str, Any]:
+    """A pod that only holds CPU requests (the worker image's `sleep`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "hog"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "hog",
+                    "image": "elastream-worker:dev",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"requests": {"cpu": cpu}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_topology_that_does_not_fit_is_reported_pending_then_starts_when_room_is_made(
+    installed, kubectl, e2e_namespace, tmp_path
+):
+    # three pods hold 3 of each node's 4 CPUs; the operator and Redis hold 0.35 more somewhere
+    hogs = [hog(f"hog-{i}", "3") for i in range(3)]
+    path = tmp_path / "hogs.yaml"
+    path.write_text(yaml.safe_dump_all(hogs))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=PodScheduled", "pod", "-l", "app=hog", "-n", e2e_namespace, "--timeout=60s")
+    name = "too-big"
+    doc = topology_manifest(name, nodes=2)
+    doc["spec"]["resources"] = {"requests": {"cpu": "1500m"}, "limits": {"cpu": "2"}}
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: any(c["reason"] == "WorkersPending" for c in s.get("conditions") or []), 120, "WorkersPending",
+    )  # fmt: skip
+    available = next(c for c in out["conditions"] if c["type"] == "Available")
+    assert available["status"] == "False" and "Insufficient cpu" in available["message"], available
+    assert f"{name}-node-0" in available["message"]
+    assert out["phase"] == "Pending" and out.get("readyNodes", 0) == 0
+    described = kubectl("describe", "topo", name, "-n", e2e_namespace).stdout
+    assert "WorkersPending" in described and "Insufficient cpu" in described
+    kubectl("get", "topo,pods", "-n", e2e_namespace, "-o", "wide")
+
+    # room is made: the scheduler places the waiting pods and the topology starts, no one touches it
+    kubectl("delete", "pod", "hog-0", "hog-1", "-n", e2e_namespace, "--wait=false")
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    out = status(kubectl, e2e_namespace, name)
+    assert out["readyNodes"] == 2 and out["phase"] == "Running"
+    assert not any(c["reason"] == "WorkersPending" for c in out["conditions"])
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def test_spread_over_nodes_and_placement_reach_the_scheduler(installed, kubectl, e2e_namespace, tmp_path):
+    spread = topology_manifest("spread", nodes=3)
+    spread["spec"]["spreadOverNodes"] = True
+    pinned = topology_manifest("pinned", nodes=2)
+    pinned["spec"]["placement"] = {"nodeSelector": {"topology.kubernetes.io/zone": "zone-c"}}
+    for doc in (spread, pinned):
+        path = tmp_path / f"{doc['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    for name in ("spread", "pinned"):
+        kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    kubectl("get", "pods", "-n", e2e_namespace, "-o", "wide")
+    spread_nodes = scheduled_by_the_scheduler(kubectl, e2e_namespace, pods_of(kubectl, e2e_namespace, "spread"))
+    assert len(set(spread_nodes.values())) == 3, spread_nodes  # one worker per Kubernetes node
+    pinned_nodes = scheduled_by_the_scheduler(kubectl, e2e_namespace, pods_of(kubectl, e2e_namespace, "pinned"))
+    zones = {
+        n["metadata"]["name"]: n["metadata"]["labels"].get("topology.kubernetes.io/zone")
+        for n in json.loads(kubectl("get", "nodes", "-o", "json", quiet=True).stdout)["items"]
+    }
+    assert {zones[node] for node in pinned_nodes.values()} == {"zone-c"}, pinned_nodes
+    for name in ("spread", "pinned"):
+        kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
