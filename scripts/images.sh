@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Builds the elastream container images from the repository root and prints their sizes:
 #
-#   elastream-operator:$TAG   images/operator/Dockerfile  (controller + PySpark + headless JRE 17)
-#   elastream-worker:$TAG     images/worker/Dockerfile    (one node's executors; no Java, no Spark)
-#   elastream-redis:$TAG      images/redis/Dockerfile     (only when named: Debian's Redis for the e2e tier)
+#   operator         elastream-operator:$TAG         images/operator/Dockerfile  (controller + PySpark + a jlink'ed
+#                                                                                   Java 17 runtime)
+#   operator-python  elastream-operator:$TAG-python  images/operator/Dockerfile --target python (only when named:
+#                                                    no JVM, no Spark; for `elastream operator --engine python`)
+#   worker           elastream-worker:$TAG           images/worker/Dockerfile    (one node's executors; no Java)
+#   redis            elastream-redis:$TAG            images/redis/Dockerfile     (only when named: Debian's Redis
+#                                                                                   for the e2e tier)
 #
-#   scripts/images.sh                                         # FROM python:3.11-slim-bookworm (pulled)
+#   scripts/images.sh                                         # operator + worker, FROM python:3.11-slim-bookworm
 #   BASE_IMAGE=elastream-base:bookworm scripts/images.sh      # CI: the local base of scripts/docker-setup.sh
 #   TAG=0.1.0 scripts/images.sh worker                        # one image, another tag
+#   scripts/images.sh operator-python                         # the Spark-free operator image
 #
 # Environment:
 #   TAG         image tag (default: dev)
@@ -16,6 +21,9 @@
 #   BUILD_CA    CA bundle for pip in the build stage (default: the `cert` that `pip config list` names on this
 #               machine, when there is one); copied to images/certs/build-ca.crt, which git ignores and the final
 #               images never contain. BUILD_CA=none builds without one (and removes a copy from an earlier run).
+#   SPARK_KEEP  Spark jar groups the operator image keeps although the local analysis does not load them
+#               (default: none), e.g. SPARK_KEEP=kubernetes for ELASTREAM_SPARK_MASTER=k8s://...; the groups are
+#               hive mllib graphx streaming repl kubernetes yarn mesos rocksdb (docs/images.md)
 #
 # Builds use the legacy builder (DOCKER_BUILDKIT=0: BuildKit/buildx is not packaged by Debian) and ALWAYS the host
 # network: the Docker engine here has no bridge (see scripts/docker-setup.sh).
@@ -36,8 +44,15 @@ fi
 
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(operator worker)
+# image name, Dockerfile directory and build target of a name given on the command line
+image_of() {
+    case "$1" in operator-python) echo "elastream-operator:$TAG-python" ;; *) echo "elastream-$1:$TAG" ;; esac
+}
+dir_of() { case "$1" in operator-python) echo operator ;; *) echo "$1" ;; esac; }
+target_of() { case "$1" in operator-python) echo python ;; *) echo "" ;; esac; }
 for t in "${targets[@]}"; do
-    [ -f "$ROOT/images/$t/Dockerfile" ] || die "no image '$t' (expected images/$t/Dockerfile)"
+    [ -f "$ROOT/images/$(dir_of "$t")/Dockerfile" ] \
+        || die "no image '$t' (expected images/$t/Dockerfile, or operator-python)"
 done
 
 # The optional build CA (the usual corporate-proxy option, see images/certs/README.md).
@@ -65,7 +80,14 @@ fi
 log "base image: $BASE_IMAGE; tag: $TAG; engine: $(docker version -f '{{.Server.Version}}')"
 built=()
 for t in "${targets[@]}"; do
-    image="elastream-$t:$TAG"
+    image=$(image_of "$t")
+    extra=()
+    target=$(target_of "$t")
+    [ -z "$target" ] || extra+=(--target "$target")
+    if [ "$(dir_of "$t")" = operator ] && [ -n "${SPARK_KEEP:-}" ]; then
+        extra+=(--build-arg "SPARK_KEEP=$SPARK_KEEP")
+        log "keeping Spark jar groups: $SPARK_KEEP"
+    fi
     # one log per run: two runs at once (e.g. a developer and the e2e tier) must not write the same file
     build_log=$(mktemp "${TMPDIR:-/tmp}/elastream-image-$t.XXXXXX")
     log "building $image (log: $build_log, kept when the build fails)"
@@ -73,7 +95,8 @@ for t in "${targets[@]}"; do
     if ! DOCKER_BUILDKIT=0 docker build \
             --network host \
             --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-            -f "$ROOT/images/$t/Dockerfile" \
+            ${extra[@]+"${extra[@]}"} \
+            -f "$ROOT/images/$(dir_of "$t")/Dockerfile" \
             -t "$image" \
             "$ROOT" >"$build_log" 2>&1; then
         tail -n 30 "$build_log" >&2
