@@ -6,7 +6,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 eval "$(grep -E '^(K8S|ETCD|HELM)_VERSION=' "$ROOT/scripts/k8s-tools.sh")"
 cache="${ELASTREAM_TOOLS_CACHE:-$HOME/.cache/elastream/tools}/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}/bin"
-if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/helm" ]; then tools="cached"; else tools="built from Go modules on first use, ~30 min"; fi
+if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/kube-scheduler" ] && [ -x "$cache/helm" ]; then tools="cached"; else tools="built from Go modules on first use, ~30 min"; fi
 if engine=$(docker version -f '{{.Server.Version}}' 2>/dev/null); then
     docker="Docker engine $engine"
 elif command -v dockerd >/dev/null 2>&1; then
@@ -14,4 +14,4 @@ elif command -v dockerd >/dev/null 2>&1; then
 else
     docker="Debian's docker.io (installed by scripts/docker-setup.sh)"
 fi
-echo "elastream test tiers: unit; integration (real Redis, local Spark); e2e: Kubernetes ${K8S_VERSION} (kube-apiserver, etcd ${ETCD_VERSION}, kube-controller-manager; ${tools}), ${docker}, Helm ${HELM_VERSION}"
+echo "elastream test tiers: unit; integration (real Redis, local Spark); e2e: Kubernetes ${K8S_VERSION} (kube-apiserver, etcd ${ETCD_VERSION}, kube-controller-manager, kube-scheduler with 3 nodes x 4 CPU; ${tools}), ${docker}, Helm ${HELM_VERSION}"
