@@ -57,7 +57,8 @@ OPERATOR_MAIN = (
     "sys.argv[0] = 'elastream'\n"
     "sys.exit(main())\n"
 )
-OPERATOR_ARGS = ["operator", "--engine", "spark", "--metrics-port", "0", "--health-port", "0"]
+# the stand-in runs worker pods as processes on this machine's network: they bind their pod IPs
+OPERATOR_ARGS = ["operator", "--engine", "spark", "--metrics-port", "0", "--health-port", "0", "--listen-on-pod-ip"]
 EVENT_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ elastream\.operator: (\S+)/(\S+) (\w+): (.*)$")
 #: seconds after a scaling's status is seen before the next patch: 2 settle intervals + a full 5 s window + 1
 GAP_S = 8.0
