@@ -27,7 +27,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,22 +284,7 @@ class ControlPlane:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # the serving cert does not exist before the server writes it
-        deadline = time.monotonic() + 90
-        last = ""
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise self._fail(proc, "failed to start")
-            try:
-                last = self._get("/readyz", ctx).decode()
-                if last.strip() == "ok":
-                    break
-            except urllib.error.HTTPError as exc:
-                last = exc.read().decode(errors="replace")
-            except OSError as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        else:
-            raise self._fail(proc, f"was not ready within 90 s (last /readyz: {last[-2000:]})")
+        self._await_readyz(proc, lambda: self._get("/readyz", ctx), 90, 2000)
         self._write_ca()
         self.version = json.loads(self._get("/version"))
         self._write_kubeconfig(self.kubeconfig, self.admin_token, "admin")
@@ -327,6 +312,25 @@ class ControlPlane:
         )
         if check.returncode != 0:
             raise ControlPlaneError(f"{bundle} does not verify against {self.ca_file}: {check.stdout}{check.stderr}")
+
+    def _await_readyz(self, proc: _Proc, fetch: Callable[[], bytes], timeout_s: float, tail: int) -> None:
+        """Poll `fetch` (a GET of /readyz) until it answers "ok"; fail with the process's log when it exits or
+        `timeout_s` passes, quoting the last `tail` characters it answered."""
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise self._fail(proc, "failed to start")
+            try:
+                last = fetch().decode(errors="replace")
+                if last.strip() == "ok":
+                    return
+            except urllib.error.HTTPError as exc:
+                last = exc.read().decode(errors="replace")
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise self._fail(proc, f"was not ready within {timeout_s:.0f} s (last /readyz: {last[-tail:]})")
 
     def _get(self, path: str, ctx: ssl.SSLContext | None = None, token: str | None = None) -> bytes:
         if ctx is None:
@@ -439,21 +443,10 @@ class ControlPlane:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate
-        deadline = time.monotonic() + 60
-        last = ""
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise self._fail(proc, "failed to start")
-            # /readyz: serving, and its informers have synced (the check sched-handler-sync)
-            try:
-                url = f"https://127.0.0.1:{self.scheduler_port}/readyz"
-                with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
-                    last = resp.read().decode(errors="replace")
-                    if last.strip() == "ok":
-                        return
-            except urllib.error.HTTPError as exc:
-                last = exc.read().decode(errors="replace")
-            except OSError as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        raise self._fail(proc, f"was not ready within 60 s (last /readyz: {last[-1000:]})")
+        url = f"https://127.0.0.1:{self.scheduler_port}/readyz"
+
+        def readyz() -> bytes:  # serving, and its informers have synced (the check sched-handler-sync)
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+                return bytes(resp.read())
+
+        self._await_readyz(proc, readyz, 60, 1000)
