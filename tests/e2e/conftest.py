@@ -438,3 +438,17 @@ def e2e_namespace(request: pytest.FixtureRequest, kubectl: CommandRunner, kubele
         for pod in pods:
             print(kubelet.logs(name, pod.split("/", 1)[1]))
     kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def sleeper(name: str, labels: dict[str, str] | None = None, cpu: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A pod that only sleeps (coreutils `sleep`: in the base image and on this machine; PID 1 of a container ignores
+    SIGTERM, so the grace period is 1 s). `cpu`: its CPU request; `spec`: more pod spec fields."""
+    container: dict[str, Any] = {"name": "sleep", "image": BASE_IMAGE, "command": ["sleep", "600"]}
+    if cpu is not None:
+        container["resources"] = {"requests": {"cpu": cpu}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [container], **spec},
+    }

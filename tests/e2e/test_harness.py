@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes.utils import parse_quantity
 
-from .conftest import BASE_IMAGE, CommandRunner
+from .conftest import BASE_IMAGE, CommandRunner, sleeper
 from .controlplane import ControlPlane, ControlPlaneError
 from .kubelet import HOSTNAME_LABEL, NODE_NAMES, RUNTIME_LABEL, SA_MOUNT, ZONE_LABEL, ZONES, KubeletStandIn
 
@@ -431,20 +431,6 @@ def test_failing_liveness_probe_restarts_the_container(
 
 
 # ---- scheduling: the real kube-scheduler over the stand-in's three Nodes (4 CPU, 8Gi, one zone each) ----------
-def sleeper(name: str, labels: dict[str, str] | None = None, cpu: str | None = None, **spec: Any) -> dict[str, Any]:
-    """A pod that only sleeps (coreutils `sleep`: in the base image and on this machine; PID 1 of a container ignores
-    SIGTERM, so the grace period is 1 s). `cpu`: its CPU request; `spec`: more pod spec fields."""
-    container: dict[str, Any] = {"name": "sleep", "image": BASE_IMAGE, "command": ["sleep", "600"]}
-    if cpu is not None:
-        container["resources"] = {"requests": {"cpu": cpu}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"terminationGracePeriodSeconds": 1, "containers": [container], **spec},
-    }
-
-
 def sleepers(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
     """A Deployment of `sleeper` pods labelled app=<name>."""
     pod = sleeper(name, labels={"app": name}, **spec)

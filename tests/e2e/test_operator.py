@@ -20,6 +20,8 @@ import pytest
 import redis
 import yaml
 
+from .conftest import sleeper
+
 pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -86,12 +88,18 @@ def wait_status(kubectl, namespace: str, name: str, predicate, timeout_s: float,
     pytest.fail(f"{what} not reached in {timeout_s:.0f} s; status: {json.dumps(last, indent=1)[:3000]}")
 
 
-def worker_pods(kubectl, namespace: str, name: str) -> list[str]:
+def pods_of(kubectl, namespace: str, name: str, terminating: bool = False) -> list[dict[str, Any]]:
+    """The topology's worker pods (with those being deleted when `terminating`)."""
     out = kubectl(
         "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker",
-        "-o", "jsonpath={.items[*].metadata.name}", quiet=True,
+        "-o", "json", quiet=True,
     )  # fmt: skip
-    return sorted(out.stdout.split())
+    return [p for p in json.loads(out.stdout)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
+
+
+def worker_pods(kubectl, namespace: str, name: str) -> list[str]:
+    """The names of the topology's worker pods, those being deleted included."""
+    return sorted(p["metadata"]["name"] for p in pods_of(kubectl, namespace, name, terminating=True))
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +138,18 @@ def installed(helm, kubectl, kubelet) -> dict[str, Any]:
 def sink_ids(client: redis.Redis, namespace: str, name: str, sink: str) -> Counter[int]:
     entries = client.xrange(f"elastream:{namespace}/{name}:sink:{sink}", "-", "+")
     return Counter(int(fields[b"id"]) for _, fields in entries)
+
+
+def sink_ids_when_complete(
+    client: redis.Redis, namespace: str, name: str, sink: str, total: int, timeout_s: float, settle_s: float
+) -> Counter[int]:
+    """The sink's ids once it holds `total` entries (or `timeout_s` passed), read again `settle_s` later:
+    anything beyond (a duplicate) would have arrived by then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and sum(sink_ids(client, namespace, name, sink).values()) < total:
+        time.sleep(2)
+    time.sleep(settle_s)
+    return sink_ids(client, namespace, name, sink)
 
 
 def test_invalid_manifests_are_refused_with_the_schema_or_cel_message(installed, kubectl, e2e_namespace, tmp_path):
@@ -204,14 +224,7 @@ def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, ku
     assert "ScalingPlanned" in described and "Scaled" in described
 
     # every event exactly once at the sinks (they commit with each checkpoint)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        out_ids = sink_ids(client, e2e_namespace, name, "out")
-        if sum(out_ids.values()) >= EVENTS:
-            break
-        time.sleep(2)
-    time.sleep(5)  # anything beyond (a duplicate) would arrive now
-    out_ids = sink_ids(client, e2e_namespace, name, "out")
+    out_ids = sink_ids_when_complete(client, e2e_namespace, name, "out", EVENTS, 240, 5)
     assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
         f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
     )
@@ -251,11 +264,7 @@ def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, ku
     kubectl("delete", "pod", "-n", SYSTEM, "-l", "app.kubernetes.io/component=operator", "--wait=false")
     wait_status(kubectl, e2e_namespace, name, lambda s: s.get("nodes") == 3 and s.get("readyNodes") == 3, 300,
                 "three ready nodes after the operator restart")  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and sum(sink_ids(client, e2e_namespace, name, "out").values()) < EVENTS:
-        time.sleep(2)
-    time.sleep(5)
-    out_ids = sink_ids(client, e2e_namespace, name, "out")
+    out_ids = sink_ids_when_complete(client, e2e_namespace, name, "out", EVENTS, 300, 5)
     assert set(out_ids) == set(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost"
     assert max(out_ids.values()) == 1, f"{sum((out_ids - Counter(range(EVENTS))).values())} delivered twice"
 
@@ -318,14 +327,6 @@ def test_the_autoscaler_recommends_then_scales_and_a_spec_parallelism_migrates(
     assert sum(later.values()) > sum(seen.values()) > 0
     assert max(later.values()) == 1, f"{sum((later - Counter(set(later))).values())} events twice"
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
-
-
-def pods_of(kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    out = kubectl(
-        "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker",
-        "-o", "json", quiet=True,
-    )  # fmt: skip
-    return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
 def scheduled_by_the_scheduler(kubectl, namespace: str, pods: list[dict[str, Any]]) -> dict[str, str]:
@@ -405,45 +406,19 @@ def test_the_readme_demo_as_shipped_fits_the_nodes_and_scales_out_and_in_exactly
     described = kubectl("describe", "topo", name, "-n", e2e_namespace).stdout
     assert "ScalingPlanned" in described and "Migrated" in described
 
-    deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
-        if sum(sink_ids(client, e2e_namespace, name, "check").values()) >= total:
-            break
-        time.sleep(3)
-    time.sleep(12)  # past the next checkpoint: a duplicate would be committed by now
-    ids = sink_ids(client, e2e_namespace, name, "check")
+    # 12 s: past the next checkpoint (10 s), so a duplicate would be committed by then
+    ids = sink_ids_when_complete(client, e2e_namespace, name, "check", total, 420, 12)
     assert ids == Counter(range(total)), f"{len(set(range(total)) - set(ids))} lost, " + (
         f"{sum((ids - Counter(range(total))).values())} twice"
     )
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
 
 
-def hog(name: str, cpu: str) -> dict[str, Any]:
-    """A pod that only holds CPU requests (the worker image's `sleep`)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "hog"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "hog",
-                    "image": "elastream-worker:dev",
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"requests": {"cpu": cpu}},
-                }
-            ],
-        },
-    }
-
-
 def test_a_topology_that_does_not_fit_is_reported_pending_then_starts_when_room_is_made(
     installed, kubectl, e2e_namespace, tmp_path
 ):
     # three pods hold 3 of each node's 4 CPUs; the operator and Redis hold 0.35 more somewhere
-    hogs = [hog(f"hog-{i}", "3") for i in range(3)]
+    hogs = [sleeper(f"hog-{i}", labels={"app": "hog"}, cpu="3") for i in range(3)]
     path = tmp_path / "hogs.yaml"
     path.write_text(yaml.safe_dump_all(hogs))
     kubectl("apply", "-n", e2e_namespace, "-f", str(path))
