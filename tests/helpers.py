@@ -1,4 +1,5 @@
-"""Small builders for unit tests: manifests as dicts and snapshots from rate tables."""
+"""Small builders for unit tests: manifests as dicts and snapshots from rate tables; what a worker pod's
+listeners bind."""
 
 from __future__ import annotations
 
@@ -45,3 +46,14 @@ def snapshot(
         },
         placement or {},
     )
+
+
+def assert_worker_binds(pod: dict[str, Any], on_pod_ip: bool) -> None:
+    """A worker pod's inboxes, /ready and metrics listen on every interface and tell peers the pod IP, or
+    (`on_pod_ip`) listen on the pod IP only."""
+    args = pod["spec"]["containers"][0]["args"]
+    bind = args[args.index("--bind") + 1]
+    if on_pod_ip:
+        assert bind == "$(POD_IP):7000" and "--advertise" not in args
+    else:
+        assert bind == "0.0.0.0:7000" and args[args.index("--advertise") + 1] == "$(POD_IP)"

@@ -27,6 +27,7 @@ import jsonschema
 import pytest
 import yaml
 
+from helpers import assert_worker_binds
 from tests_paths import REPO
 
 CHART = os.path.join(REPO, "charts", "elastream")
@@ -388,12 +389,7 @@ def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: An
         load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0", {"name": "demo", "uid": "u"},
         worker_pod_settings(options),
     )  # fmt: skip
-    worker_args = pod["spec"]["containers"][0]["args"]
-    worker_bind = worker_args[worker_args.index("--bind") + 1]
-    if on_pod_ip:
-        assert worker_bind == "$(POD_IP):7000" and "--advertise" not in worker_args
-    else:
-        assert worker_bind == "0.0.0.0:7000" and worker_args[worker_args.index("--advertise") + 1] == "$(POD_IP)"
+    assert_worker_binds(pod, on_pod_ip)
 
 
 def test_spark_settings_reach_the_operator(helm: str) -> None:

@@ -13,7 +13,7 @@ from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSe
 from elastream.core.ports import BackendError
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, src
+from helpers import assert_worker_binds, edge, manifest, sink, src
 
 
 class FakeCore:
@@ -186,12 +186,6 @@ def test_once_the_pods_are_placed_the_wait_reports_nothing_pending() -> None:
 def test_worker_listeners_bind_every_interface_unless_the_setting_says_the_pod_ip(on_pod_ip: bool) -> None:
     kube, _ = backend()
     pod = worker_pod(kube.topology, "node-0", kube.owner, WorkerPodSettings(listen_on_pod_ip=on_pod_ip))
-    args = pod["spec"]["containers"][0]["args"]
-    bind = args[args.index("--bind") + 1]
-    if on_pod_ip:
-        assert bind == "$(POD_IP):7000" and "--advertise" not in args
-    else:
-        # inboxes, /ready and metrics all listen on --bind's host; peers are told the pod IP
-        assert bind == "0.0.0.0:7000" and args[args.index("--advertise") + 1] == "$(POD_IP)"
+    assert_worker_binds(pod, on_pod_ip)
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
