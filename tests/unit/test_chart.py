@@ -1,7 +1,9 @@
 """The Helm chart (charts/elastream): `helm lint --strict`, and `helm template` with the default values, an
-external Redis, two replicas and one watched namespace, parsed and checked: the CRD is the repository's, RBAC
-is exactly the rules the operator needs, the operator runs locked down, the Redis URL sits in a Secret, two
-replicas peer through kopf. Every rendered Kubernetes object is validated offline against the Kubernetes
+external Redis, two replicas, no leader election, Redis without persistence and one watched namespace, parsed and
+checked: the CRD is the repository's, RBAC is exactly the rules the operator needs (and a Role for its Lease), the
+operator runs locked down and takes the Lease `elastream-operator` before it works, the Redis URL sits in a
+Secret, the bundled Redis keeps an append-only file on a PersistentVolumeClaim and reads its password from a file
+of that Secret. Every rendered Kubernetes object is validated offline against the Kubernetes
 1.34 OpenAPI schemas (`kubernetes-validate`), and every value is typed in values.schema.json, commented in
 values.yaml and listed in docs/chart.md.
 
@@ -38,6 +40,15 @@ REDIS = f"{RELEASE}-redis"
 KUBERNETES_VERSION = "1.34.0"
 #: the operator's default wait for worker pods, as the chart passes it
 TIMEOUT_ARGS = ["--worker-start-timeout", "180"]
+#: leader election with the chart's defaults: the Lease in the release namespace (the kubelet expands the variable)
+ELECTION_ARGS = [
+    "--leader-elect",
+    "--leader-elect-lease-duration", "15",
+    "--leader-elect-renew-deadline", "10",
+    "--leader-elect-retry-period", "2",
+    "--leader-elect-namespace", "$(POD_NAMESPACE)",
+]  # fmt: skip
+LEASE = "elastream-operator"
 
 #: rendering scenarios: name -> --set arguments
 SCENARIOS: dict[str, list[str]] = {
@@ -49,13 +60,22 @@ SCENARIOS: dict[str, list[str]] = {
         "redis.external.existingSecretKey=uri",
     ],
     "replicas-2": ["operator.replicas=2"],
+    "no-leader-election": ["operator.leaderElection.enabled=false"],
+    "leader-election-timing": [
+        "operator.leaderElection.leaseDurationSeconds=30",
+        "operator.leaderElection.renewDeadlineSeconds=20",
+        "operator.leaderElection.retryPeriodSeconds=5",
+    ],
     "watch-namespace": ["operator.watchNamespace=streams"],
     "replicas-2-watch-namespace": ["operator.replicas=2", "operator.watchNamespace=streams"],
     "persistence": [
-        "redis.persistence.enabled=true",
         "redis.persistence.size=5Gi",
         "redis.persistence.storageClass=fast",
+        "redis.persistence.accessModes={ReadWriteOncePod}",
+        "redis.appendfsync=always",
     ],
+    "persistence-no-class": ["redis.persistence.storageClass=-"],
+    "no-persistence": ["redis.persistence.enabled=false"],
     "listen-on-pod-ip": ["listenOnPodIP=true"],
 }
 
@@ -149,6 +169,16 @@ def test_lint_strict(helm: str, scenario: str) -> None:
         (["redis.enabled=maybe"], "/redis/enabled"),
         (["operator.logLevel=LOUD"], "/operator/logLevel"),
         (["redis.external.url=http://redis:6379"], "/redis/external/url"),
+        (["operator.peering.name=elastream"], "peering"),
+        (["operator.leaderElection.enabled=yes"], "/operator/leaderElection/enabled"),
+        (["operator.leaderElection.leaseDurationSeconds=0"], "/operator/leaderElection/leaseDurationSeconds"),
+        (["operator.leaderElection.renewDeadlineSeconds=2.5"], "/operator/leaderElection/renewDeadlineSeconds"),
+        (["operator.leaderElection.retryPeriodSeconds=0"], "/operator/leaderElection/retryPeriodSeconds"),
+        (["redis.appendfsync=sometimes"], "/redis/appendfsync"),
+        (["redis.persistence.enabled=1"], "/redis/persistence/enabled"),
+        (["redis.persistence.size=lots"], "/redis/persistence/size"),
+        (["redis.persistence.storageClass=Fast_Disks"], "/redis/persistence/storageClass"),
+        (["redis.persistence.accessModes={ReadWriteSometimes}"], "/redis/persistence/accessModes"),
     ],
 )
 def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], message: str) -> None:
@@ -162,9 +192,21 @@ def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], me
     [
         (["redis.enabled=false"], "set redis.external.url"),
         (["redis.enabled=false", "redis.external.url=redis://r:6379", "redis.external.existingSecret=s"], "not both"),
+        (
+            ["operator.replicas=2", "operator.leaderElection.enabled=false"],
+            "more than one operator replica needs operator.leaderElection.enabled=true",
+        ),
+        (
+            ["operator.leaderElection.renewDeadlineSeconds=15"],
+            "renewDeadlineSeconds (15) must be less than leaseDurationSeconds (15)",
+        ),
+        (
+            ["operator.leaderElection.retryPeriodSeconds=9"],
+            "renewDeadlineSeconds (10) must be more than 1.2 x retryPeriodSeconds (9)",
+        ),
     ],
 )
-def test_redis_settings_that_cannot_work_fail_the_render(helm: str, values: list[str], message: str) -> None:
+def test_settings_that_cannot_work_fail_the_render(helm: str, values: list[str], message: str) -> None:
     proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
     assert proc.returncode != 0 and message in proc.stderr
 
@@ -271,27 +313,45 @@ NAMESPACED_RULES = {
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
-PEERING_VERBS = {"get", "list", "watch", "patch"}
+ELECTION_ROLE = f"{FULLNAME}-leader-election"
 
 
-def rules_of(role: Mapping[str, Any]) -> dict[tuple[str, str], set[str]]:
-    found: dict[tuple[str, str], set[str]] = {}
+def rules_of(role: Mapping[str, Any], names: bool = False) -> dict[tuple[str, ...], set[str]]:
+    """(group, resource) -> verbs; with `names`, (group, resource, resourceName or "") -> verbs."""
+    found: dict[tuple[str, ...], set[str]] = {}
     for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        assert "nonResourceURLs" not in rule
+        assert names or "resourceNames" not in rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 assert "*" not in (group, resource, *rule["verbs"]), rule
-                found.setdefault((group, resource), set()).update(rule["verbs"])
+                for name in rule.get("resourceNames") or [""]:
+                    key = (group, resource, name) if names else (group, resource)
+                    found.setdefault(key, set()).update(rule["verbs"])
     return found
+
+
+def assert_leader_election_rbac(docs: tuple[dict[str, Any], ...]) -> None:
+    """A Role in the release namespace: create a Lease, get and update exactly `elastream-operator`."""
+    role = one(docs, "Role", ELECTION_ROLE)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(role, names=True) == {
+        ("coordination.k8s.io", "leases", ""): {"create"},
+        ("coordination.k8s.io", "leases", LEASE): {"get", "update"},
+    }
+    binding = one(docs, "RoleBinding", ELECTION_ROLE)
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ELECTION_ROLE}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
 
 @pytest.mark.parametrize("scenario", ["default", "replicas-2"])
 def test_cluster_wide_rbac_is_exactly_the_operators_rules(render: Any, scenario: str) -> None:
     docs = render(scenario)
-    assert objects(docs, "Role") == [] and objects(docs, "RoleBinding") == []
+    assert [r["metadata"]["name"] for r in objects(docs, "Role")] == [ELECTION_ROLE]
+    assert [r["metadata"]["name"] for r in objects(docs, "RoleBinding")] == [ELECTION_ROLE]
+    assert_leader_election_rbac(docs)
     expected = {**NAMESPACED_RULES, **CRD_RULES}
-    if scenario == "replicas-2":
-        expected[("kopf.dev", "clusterkopfpeerings")] = PEERING_VERBS
     assert rules_of(one(docs, "ClusterRole", FULLNAME)) == expected
     binding = one(docs, "ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
@@ -303,10 +363,8 @@ def test_one_namespace_rbac_is_a_role_there_and_crd_reading(render: Any, scenari
     docs = render(scenario)
     role = one(docs, "Role", FULLNAME)
     assert role["metadata"]["namespace"] == "streams"
-    expected = dict(NAMESPACED_RULES)
-    if scenario.startswith("replicas-2"):
-        expected[("kopf.dev", "kopfpeerings")] = PEERING_VERBS
-    assert rules_of(role) == expected
+    assert rules_of(role) == NAMESPACED_RULES
+    assert_leader_election_rbac(docs)  # the Lease stays in the release namespace
     binding = one(docs, "RoleBinding", FULLNAME)
     assert binding["metadata"]["namespace"] == "streams"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
@@ -341,7 +399,7 @@ def test_the_operator_container(render: Any) -> None:
     assert operator["image"] == "elastream-operator:dev"
     assert operator["imagePullPolicy"] == "IfNotPresent"
     assert operator["command"] == ["elastream", "operator"]
-    assert operator["args"] == ["--all-namespaces", "--standalone", "--engine", "spark", *TIMEOUT_ARGS]
+    assert operator["args"] == ["--all-namespaces", *ELECTION_ARGS, "--engine", "spark", *TIMEOUT_ARGS]
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     probe = operator["livenessProbe"]["httpGet"]
@@ -353,6 +411,7 @@ def test_the_operator_container(render: Any) -> None:
     assert env["ELASTREAM_SPARK_MASTER"] == "" and env["ELASTREAM_SPARK_CONF"] == ""
     assert env["ELASTREAM_LOG_LEVEL"] == "INFO"
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the Lease holder's identity
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # what workers are reached at
     assert not any("redis://" in arg for arg in operator["args"] + operator["command"])
     service = one(docs, "Service", f"{FULLNAME}-metrics")
@@ -426,6 +485,20 @@ def decoded(secret: Mapping[str, Any]) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
+def redis_pod(docs: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The bundled Redis' StatefulSet, its pod spec and its one container."""
+    statefulset = one(docs, "StatefulSet", REDIS)
+    pod = statefulset["spec"]["template"]["spec"]
+    [redis] = pod["containers"]
+    return statefulset, pod, redis
+
+
+def option(command: list[str], name: str) -> str:
+    """The value after `--name` on a redis-server command line (given once)."""
+    assert command.count(f"--{name}") == 1, command
+    return command[command.index(f"--{name}") + 1]
+
+
 def test_the_bundled_redis(render: Any) -> None:
     docs = render("default")
     data = decoded(one(docs, "Secret", REDIS))
@@ -435,27 +508,81 @@ def test_the_bundled_redis(render: Any) -> None:
     service = one(docs, "Service", REDIS)
     assert service["spec"]["type"] == "ClusterIP" and "clusterIP" not in service["spec"]
     assert service["spec"]["ports"][0]["port"] == 6379
-    statefulset = one(docs, "StatefulSet", REDIS)
+    statefulset, pod, redis = redis_pod(docs)
     assert statefulset["spec"]["replicas"] == 1
-    pod = statefulset["spec"]["template"]["spec"]
-    [redis] = pod["containers"]
     assert redis["image"] == "redis:7-bookworm"
-    assert redis["command"][:5] == ["redis-server", "--requirepass", "$(REDIS_PASSWORD)", "--appendonly", "yes"]
-    assert env_of(redis)["REDIS_PASSWORD"] == {"secretKeyRef": {"name": REDIS, "key": "password"}}
     assert pod["securityContext"]["runAsNonRoot"] is True and redis["securityContext"]["runAsNonRoot"] is True
     assert redis["securityContext"]["allowPrivilegeEscalation"] is False
-    assert [v for v in pod["volumes"] if v["name"] == "data"] == [{"name": "data", "emptyDir": {}}]
-    assert "volumeClaimTemplates" not in statefulset["spec"]
     assert service["spec"]["selector"] == statefulset["spec"]["selector"]["matchLabels"]
 
 
-def test_redis_persistence_uses_a_claim(render: Any) -> None:
-    statefulset = one(render("persistence"), "StatefulSet", REDIS)
+def test_the_bundled_redis_reads_its_password_from_a_file_of_the_secret(render: Any) -> None:
+    """Not on the command line (`ps`), not in the environment (/proc/PID/environ), not in the pod spec: redis-server
+    includes a configuration file the Secret holds, mounted read-only for the redis group only."""
+    for scenario in ("default", "no-persistence", "listen-on-pod-ip"):
+        docs = render(scenario)
+        data = decoded(one(docs, "Secret", REDIS))
+        password = data["password"]
+        assert data["redis-auth.conf"] == f"requirepass {password}\n"
+        _, pod, redis = redis_pod(docs)
+        command = redis["command"]
+        assert command[0] == "redis-server" and "args" not in redis
+        assert "--requirepass" not in command and not any(password in arg for arg in command)
+        assert not any("PASSWORD" in e["name"] or "secretKeyRef" in (e.get("valueFrom") or {}) for e in redis["env"])
+        assert "envFrom" not in redis
+        assert password not in json.dumps(pod)
+        mounts = {m["mountPath"]: m for m in redis["volumeMounts"]}
+        include = option(command, "include")
+        mount = mounts[os.path.dirname(include)]
+        assert mount["readOnly"] is True
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"] == {
+            "secretName": REDIS,
+            "items": [{"key": "redis-auth.conf", "path": os.path.basename(include)}],
+            "defaultMode": 0o440,
+        }
+        assert pod["securityContext"]["fsGroup"] == redis["securityContext"]["runAsUser"] == 999
+
+
+def test_the_bundled_redis_persists_by_default(render: Any) -> None:
+    """A volumeClaimTemplate (the cluster's default StorageClass, 1Gi, ReadWriteOnce) mounted where Redis keeps its
+    append-only file, fsynced every second."""
+    statefulset, pod, redis = redis_pod(render("default"))
+    command = redis["command"]
+    assert option(command, "appendonly") == "yes"
+    assert option(command, "appendfsync") == "everysec"
+    assert option(command, "port") == "6379"
+    data_dir = option(command, "dir")
+    [mount] = [m for m in redis["volumeMounts"] if m["mountPath"] == data_dir]
+    assert not mount.get("readOnly")
     [claim] = statefulset["spec"]["volumeClaimTemplates"]
-    assert claim["metadata"]["name"] == "data"
+    assert claim["metadata"]["name"] == mount["name"] == "data"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    assert "storageClassName" not in claim["spec"]  # the cluster's default StorageClass
+    assert "data" not in {v["name"] for v in pod["volumes"]}
+    # the claim outlives the pod (and, by default, the StatefulSet and the release)
+    assert "persistentVolumeClaimRetentionPolicy" not in statefulset["spec"]
+
+
+def test_redis_persistence_settings(render: Any) -> None:
+    statefulset, _, redis = redis_pod(render("persistence"))
+    [claim] = statefulset["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert claim["spec"]["storageClassName"] == "fast"
-    assert "volumes" not in statefulset["spec"]["template"]["spec"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOncePod"]
+    assert option(redis["command"], "appendfsync") == "always"
+    # "-": no class at all (only a PersistentVolume without a class binds), as charts spell it
+    [claim] = one(render("persistence-no-class"), "StatefulSet", REDIS)["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == ""
+
+
+def test_redis_without_persistence_uses_an_empty_dir(render: Any) -> None:
+    statefulset, pod, redis = redis_pod(render("no-persistence"))
+    assert "volumeClaimTemplates" not in statefulset["spec"]
+    data_dir = option(redis["command"], "dir")
+    [mount] = [m for m in redis["volumeMounts"] if m["mountPath"] == data_dir]
+    assert [v for v in pod["volumes"] if v["name"] == mount["name"]] == [{"name": "data", "emptyDir": {}}]
+    assert option(redis["command"], "appendonly") == "yes"  # still survives a container restart
 
 
 def test_an_external_redis_url_goes_into_a_secret(render: Any) -> None:
@@ -473,63 +600,71 @@ def test_an_existing_secret_is_used_as_it_is(render: Any) -> None:
     assert env_of(container(docs))["ELASTREAM_REDIS_URL"] == {"secretKeyRef": {"name": "my-redis", "key": "uri"}}
 
 
-PEERING_CRDS = {"kopfpeerings.kopf.dev": "Namespaced", "clusterkopfpeerings.kopf.dev": "Cluster"}
+def test_no_kopf_peering_is_left(render: Any) -> None:
+    """Leader election replaced kopf peering: no peering objects, CRDs, rules or arguments in any scenario."""
+    for scenario in SCENARIOS:
+        docs = render(scenario)
+        assert not [d for d in docs if "kopf" in json.dumps(d).lower()], scenario
+        if objects(docs, "Deployment"):
+            assert "--peering" not in container(docs)["args"]
 
 
-def test_one_replica_is_standalone(render: Any) -> None:
+def test_one_replica_takes_the_lease_and_rolls(render: Any) -> None:
     docs = render("default")
     deployment = one(docs, "Deployment", FULLNAME)
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
-    assert "--standalone" in container(docs)["args"] and "--peering" not in container(docs)["args"]
-    assert objects(docs, "ClusterKopfPeering") == [] and objects(docs, "KopfPeering") == []
+    # only the Lease holder works: the new pod may start beside the old one
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    args = container(docs)["args"]
+    assert args[args.index("--leader-elect") :][: len(ELECTION_ARGS)] == ELECTION_ARGS
+    assert "--standalone" not in args  # kopf's standalone mode is the operator's only mode now
+    env = env_of(container(docs))
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert_leader_election_rbac(docs)
+    # the Lease is the operator's to create: the chart need not ship one
+    assert objects(docs, "Lease") == []
 
 
-def test_two_replicas_peer_through_kopf(render: Any) -> None:
+def test_two_replicas_elect_a_leader(render: Any) -> None:
     docs = render("replicas-2")
     deployment = one(docs, "Deployment", FULLNAME)
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert container(docs)["args"] == [
+        "--all-namespaces", *ELECTION_ARGS, "--engine", "spark", *TIMEOUT_ARGS,
+    ]  # fmt: skip
+    assert_leader_election_rbac(docs)
+
+
+def test_leader_election_timing_reaches_the_operator(render: Any) -> None:
+    args = container(render("leader-election-timing"))["args"]
+    assert option(args, "leader-elect-lease-duration") == "30"
+    assert option(args, "leader-elect-renew-deadline") == "20"
+    assert option(args, "leader-elect-retry-period") == "5"
+
+
+def test_without_leader_election_one_operator_is_recreated(render: Any) -> None:
+    docs = render("no-leader-election")
+    deployment = one(docs, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators side by side
     args = container(docs)["args"]
-    assert (
-        args == ["--all-namespaces", "--peering", "elastream", "--engine", "spark", *TIMEOUT_ARGS]
-        and "--standalone" not in args
-    )
-    crds = {d["metadata"]["name"]: d for d in objects(docs, "CustomResourceDefinition")}
-    for name, scope in PEERING_CRDS.items():
-        crd = crds[name]
-        assert crd["spec"]["group"] == "kopf.dev" and crd["spec"]["scope"] == scope
-        [version] = crd["spec"]["versions"]
-        assert version["name"] == "v1" and version["served"] and version["storage"]
-        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-        assert status["x-kubernetes-preserve-unknown-fields"] is True
-    # kopf refuses to start with --peering unless the peering object exists
-    peering = one(docs, "ClusterKopfPeering", "elastream")
-    assert peering["apiVersion"] == "kopf.dev/v1"
+    assert args == ["--all-namespaces", "--engine", "spark", *TIMEOUT_ARGS]
+    assert objects(docs, "Role") == [] and objects(docs, "RoleBinding") == []
 
 
 def test_one_watched_namespace(render: Any) -> None:
     docs = render("replicas-2-watch-namespace")
     assert container(docs)["args"] == [
-        "--namespace",
-        "streams",
-        "--peering",
-        "elastream",
-        "--engine",
-        "spark",
-        *TIMEOUT_ARGS,
-    ]
-    peering = one(docs, "KopfPeering", "elastream")
-    assert peering["metadata"]["namespace"] == "streams"
-    assert objects(docs, "ClusterKopfPeering") == []
+        "--namespace", "streams", *ELECTION_ARGS, "--engine", "spark", *TIMEOUT_ARGS,
+    ]  # fmt: skip
     assert container(render("watch-namespace"))["args"] == [
-        "--namespace",
-        "streams",
-        "--standalone",
-        "--engine",
-        "spark",
-        *TIMEOUT_ARGS,
-    ]
+        "--namespace", "streams", *ELECTION_ARGS, "--engine", "spark", *TIMEOUT_ARGS,
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -551,8 +686,6 @@ def test_rendered_objects_pass_the_kubernetes_schemas(render: Any, scenario: str
     version = kubernetes_version(kubernetes_validate)
     checked = set()
     for obj in render(scenario):
-        if obj["apiVersion"].startswith("kopf.dev/"):
-            continue  # a custom resource: its CRD is the schema (checked above)
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:

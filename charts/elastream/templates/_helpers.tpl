@@ -57,10 +57,11 @@ helm.sh/chart: {{ include "elastream.chart" .context }}
 {{- end }}
 {{- end }}
 
-{{/* kopf peering (more than one operator replica) or standalone. */}}
-{{- define "elastream.peering" -}}
-{{- if gt (int .Values.operator.replicas) 1 }}true{{ end }}
-{{- end }}
+{{/*
+The Lease the operator takes with operator.leaderElection.enabled, in the release namespace (a fixed name: the
+operator's own default; it creates the Lease when it is missing).
+*/}}
+{{- define "elastream.leaseName" -}}elastream-operator{{- end }}
 
 {{/* The bundled Redis' StatefulSet, Service and Secret: "<release>-redis". */}}
 {{- define "elastream.redisName" -}}
@@ -84,6 +85,18 @@ helm.sh/chart: {{ include "elastream.chart" .context }}
 
 {{/* Checks across values that the schema cannot express; fails the render with what to set. */}}
 {{- define "elastream.validateValues" -}}
+{{- $election := .Values.operator.leaderElection }}
+{{- if and (gt (int .Values.operator.replicas) 1) (not $election.enabled) }}
+{{- fail (printf "operator.replicas is %d: more than one operator replica needs operator.leaderElection.enabled=true (only the Lease holder works)" (int .Values.operator.replicas)) }}
+{{- end }}
+{{- if $election.enabled }}
+{{- if ge (int $election.renewDeadlineSeconds) (int $election.leaseDurationSeconds) }}
+{{- fail (printf "operator.leaderElection: renewDeadlineSeconds (%d) must be less than leaseDurationSeconds (%d)" (int $election.renewDeadlineSeconds) (int $election.leaseDurationSeconds)) }}
+{{- end }}
+{{- if le (mul 10 (int $election.renewDeadlineSeconds)) (mul 12 (int $election.retryPeriodSeconds)) }}
+{{- fail (printf "operator.leaderElection: renewDeadlineSeconds (%d) must be more than 1.2 x retryPeriodSeconds (%d)" (int $election.renewDeadlineSeconds) (int $election.retryPeriodSeconds)) }}
+{{- end }}
+{{- end }}
 {{- if not .Values.redis.enabled }}
 {{- if and .Values.redis.external.url .Values.redis.external.existingSecret }}
 {{- fail "redis.external: set either url or existingSecret, not both" }}
