@@ -2,13 +2,15 @@
 in-memory CoordinationV1Api with the API server's resourceVersion rules (404 on a missing Lease, 409 on a
 stale write or a second create, a "down" mode whose calls raise) and a fake clock: two replicas never both
 lead, a standby takes over when the leader's claim expires and not before, a leader the API cannot hear
-gives up at its renew deadline, a release hands over at once."""
+gives up at its renew deadline, a release hands over at once. Last, the operator's command-line flags."""
 
 from __future__ import annotations
 
 import copy
 import datetime
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -482,3 +484,112 @@ def test_real_threads_renew_and_a_lost_lease_is_reported_once() -> None:
     api.down = False
     assert b.acquire(no_stop())  # a's claim expires; b is the leader
     b.release()
+
+
+# ---- the operator's flags ------------------------------------------------------------------------------------------
+def parse(*argv: str) -> Any:
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+
+    return operator_options(build_parser().parse_args(["operator", "--redis", "redis://127.0.0.1:1/0", *argv]))
+
+
+def test_without_leader_elect_the_operator_acts_alone(monkeypatch) -> None:
+    options = parse()
+    assert options.leader_election is None
+    assert not hasattr(options, "peering") and not hasattr(options, "standalone")
+    assert parse("--standalone").leader_election is None  # still accepted: kopf always runs standalone
+
+
+def test_leader_elect_flags(monkeypatch) -> None:
+    monkeypatch.setenv("POD_NAME", "elastream-0")
+    monkeypatch.setenv("POD_NAMESPACE", "elastream-system")
+    election = parse("--leader-elect").leader_election
+    assert (election.namespace, election.identity, election.name) == (
+        "elastream-system", "elastream-0", "elastream-operator"
+    )  # fmt: skip
+    assert (election.lease_duration_s, election.renew_deadline_s, election.retry_period_s) == (15, 10.0, 2.0)
+    # what the chart passes
+    election = parse(
+        "--leader-elect", "--leader-elect-lease-duration", "30", "--leader-elect-renew-deadline", "20",
+        "--leader-elect-retry-period", "4", "--leader-elect-namespace", "ops",
+    ).leader_election  # fmt: skip
+    assert (election.namespace, election.lease_duration_s, election.renew_deadline_s, election.retry_period_s) == (
+        "ops", 30, 20.0, 4.0
+    )  # fmt: skip
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert parse("--leader-elect").leader_election.namespace == "default"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--leader-elect-renew-deadline", "15"],
+            "error: --leader-elect-renew-deadline: 15 s must be shorter than --leader-elect-lease-duration (15 s)",
+        ),
+        (
+            ["--leader-elect-lease-duration", "8"],
+            "error: --leader-elect-renew-deadline: 10 s must be shorter than --leader-elect-lease-duration (8 s)",
+        ),
+        (
+            ["--leader-elect-retry-period", "10"],
+            "error: --leader-elect-renew-deadline: 10 s must be longer than --leader-elect-retry-period (10 s)",
+        ),
+        (["--leader-elect-retry-period", "0"], "error: --leader-elect-retry-period: 0 s; give a positive number"),
+        (["--leader-elect-lease-duration", "0"], "error: --leader-elect-lease-duration: 0 s; give at least 1"),
+    ],
+)
+def test_bad_leader_election_timings_are_one_line_and_exit_1(argv: list[str], message: str, capsys) -> None:
+    from elastream.cli import main
+
+    assert main(["operator", "--redis", "redis://127.0.0.1:1/0", "--leader-elect", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_bad_timing_is_refused_before_anything_starts_without_a_traceback() -> None:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    argv = ["operator", "--redis", "redis://127.0.0.1:1/0", "--leader-elect", "--leader-elect-renew-deadline", "15"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr == (
+        "error: --leader-elect-renew-deadline: 15 s must be shorter than --leader-elect-lease-duration (15 s), "
+        "so a leader gives up before a standby may take over\n"
+    )
+
+
+def test_the_standby_health_endpoint_answers_until_closed() -> None:
+    import urllib.error
+    import urllib.request
+
+    from conftest import free_port
+    from elastream.handlers.main import standby_health
+
+    port = free_port()
+    with standby_health("127.0.0.1", port):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.status == 200 and b"standby" in response.read()
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_a_lost_lease_ends_the_process_at_once_with_code_1() -> None:
+    code = (
+        "import logging, threading, time\n"
+        "logging.basicConfig(level='INFO', format='%(levelname)s %(name)s: %(message)s')\n"
+        "from elastream.handlers.main import exit_on_lost_lease\n"
+        "threading.Thread(target=exit_on_lost_lease, args=('the Lease was taken by pod-b',)).start()\n"
+        "time.sleep(30)\n"
+        "print('still running')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "still running" not in proc.stdout
+    assert (
+        "CRITICAL elastream.operator: leader election lost (the Lease was taken by pod-b): exiting with code 1 so "
+        "that only the new leader acts"
+    ) in proc.stderr

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from elastream.cli import CommandError
+from elastream.control.leader import LEASE_NAME
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,10 +21,46 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get("ELASTREAM_REDIS_URL"),
         help="Redis URL (default $ELASTREAM_REDIS_URL, which keeps a password out of the process list)",
     )
-    peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--standalone", action="store_true", help="one replica, no peering (the default)")
-    peering.add_argument(
-        "--peering", default=None, help="kopf peering name, for more than one replica (one is active at a time)"
+    # kopf always runs standalone now (leader election decides which replica acts); accepted, so a manifest
+    # or chart that still passes it keeps working
+    parser.add_argument("--standalone", action="store_true", help=argparse.SUPPRESS)
+    election = parser.add_argument_group(
+        "leader election",
+        "With more than one replica exactly one acts: the one holding the coordination.k8s.io Lease "
+        f"{LEASE_NAME!r}; a standby takes over within a lease duration when it dies, at once when it stops.",
+    )
+    election.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="acquire the Lease before acting, and exit when it is lost (off: this process acts alone, at once)",
+    )
+    election.add_argument(
+        "--leader-elect-lease-duration",
+        type=int,
+        default=15,
+        metavar="SECONDS",
+        help="how long a standby waits, after the Lease was last renewed, before taking it (15)",
+    )
+    election.add_argument(
+        "--leader-elect-renew-deadline",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long the leader keeps acting without renewing before it exits; below the lease duration (10)",
+    )
+    election.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often a standby tries to acquire and the leader renews (2)",
+    )
+    election.add_argument(
+        "--leader-elect-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "default",
+        metavar="NAMESPACE",
+        help="the Lease's namespace (default $POD_NAMESPACE, else default); the identity is $POD_NAME, "
+        "else <hostname>-<pid>-<random>",
     )
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     parser.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz port (0: off)")
@@ -54,12 +91,13 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     if not args.redis:
         raise CommandError("--redis: no URL; pass one or set ELASTREAM_REDIS_URL (the chart sets it from a Secret)")
+    options = operator_options(args)
     logging.basicConfig(
         level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # loaded only for this command: kopf (which only `elastream.handlers` imports) stays out of every other one
     main = importlib.import_module("elastream.handlers.main")
-    return int(main.run(operator_options(args)))
+    return int(main.run(options))
 
 
 def operator_options(args: argparse.Namespace) -> Any:
@@ -72,12 +110,47 @@ def operator_options(args: argparse.Namespace) -> Any:
     return main.OperatorOptions(
         redis_url=args.redis,
         namespaces=tuple(args.namespace),
-        standalone=args.peering is None,
-        peering=args.peering,
+        leader_election=leader_election(args, main.LeaderElection) if args.leader_elect else None,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         worker_image=args.worker_image,
         engine=args.engine,
         listen_on_pod_ip=args.listen_on_pod_ip,
         worker_start_timeout_s=args.worker_start_timeout,
+    )
+
+
+def leader_election(args: argparse.Namespace, settings: Any) -> Any:
+    """`--leader-elect-*` as `settings` (`elastream.handlers.main.LeaderElection`), after checking that the
+    timings guarantee one leader: a renew deadline shorter than the lease duration, longer than the retry
+    period."""
+    from elastream.control.leader import default_identity
+
+    duration, deadline, retry = (
+        args.leader_elect_lease_duration,
+        args.leader_elect_renew_deadline,
+        args.leader_elect_retry_period,
+    )
+    if duration < 1:
+        raise CommandError(f"--leader-elect-lease-duration: {duration} s; give at least 1 second")
+    if retry <= 0:
+        raise CommandError(f"--leader-elect-retry-period: {retry:g} s; give a positive number of seconds")
+    if deadline >= duration:
+        raise CommandError(
+            f"--leader-elect-renew-deadline: {deadline:g} s must be shorter than --leader-elect-lease-duration "
+            f"({duration} s), so a leader gives up before a standby may take over"
+        )
+    if deadline <= retry:
+        raise CommandError(
+            f"--leader-elect-renew-deadline: {deadline:g} s must be longer than --leader-elect-retry-period "
+            f"({retry:g} s), so one failed renew does not lose the Lease"
+        )
+    if not args.leader_elect_namespace:
+        raise CommandError("--leader-elect-namespace: empty; give the namespace the Lease lives in")
+    return settings(
+        namespace=args.leader_elect_namespace,
+        identity=default_identity(),
+        lease_duration_s=duration,
+        renew_deadline_s=deadline,
+        retry_period_s=retry,
     )

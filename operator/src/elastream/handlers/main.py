@@ -1,29 +1,53 @@
 """Running the operator: wire the shared pieces (Redis, the Kubernetes API, one analysis session, Prometheus)
-and hand over to kopf, which calls the handlers in `elastream.handlers.topology`."""
+and hand over to kopf, which calls the handlers in `elastream.handlers.topology`.
+
+kopf always runs standalone (no kopf peering). With leader election (`--leader-elect`, what the chart runs)
+the process first acquires the Lease (`elastream.control.leader`), answering /healthz meanwhile, and only then
+starts kopf; losing the Lease ends the process at once with exit code `LOST_LEASE_EXIT`, so a replica that
+lost it never acts next to the new leader; a clean shutdown releases it, so a standby takes over at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import random
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import kopf
 
 from elastream.control.backends.kubernetes import WorkerPodSettings
+from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers
 
 log = logging.getLogger("elastream.operator")
+
+#: the exit code of an operator that lost its Lease (as controller-runtime, it exits rather than carry on)
+LOST_LEASE_EXIT = 1
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """`--leader-elect` and its timings: one active replica, holding the Lease `name` in `namespace`."""
+
+    namespace: str
+    identity: str
+    lease_duration_s: int = 15
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    name: str = LEASE_NAME
 
 
 @dataclass(frozen=True)
 class OperatorOptions:
     redis_url: str
     namespaces: tuple[str, ...] = ()
-    standalone: bool = True
-    peering: str | None = None
+    #: None: this process acts alone, at once (outside a cluster, one replica); else first the Lease
+    leader_election: LeaderElection | None = None
     metrics_port: int = 8080
     health_port: int = 8081
     worker_image: str = "elastream-worker:dev"
@@ -66,6 +90,72 @@ def listen_address(on_pod_ip: bool) -> str:
     return pod_ip
 
 
+@contextlib.contextmanager
+def standby_health(host: str, port: int) -> Iterator[None]:
+    """/healthz answers 200 while the process waits for the Lease: kopf's liveness endpoint only starts with
+    kopf, and the kubelet must not restart a standby that is merely waiting. Closed before kopf binds the port."""
+    if not port:
+        yield
+        return
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path.split("?", 1)[0] == "/healthz"
+            body = b'{"standby": true}\n' if ok else b"not found\n"
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "application/json" if ok else "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # the kubelet probes every few seconds
+            pass
+
+    server = ThreadingHTTPServer((host, port), Health)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def exit_on_lost_lease(reason: str) -> None:
+    """Called by the elector's renew thread when the Lease is lost: end the process now, whatever kopf and the
+    topology controllers are doing, so this replica never acts next to the new leader."""
+    log.critical("leader election lost (%s): exiting with code %d so that only the new leader acts",
+                 reason, LOST_LEASE_EXIT)  # fmt: skip
+    for handler in logging.getLogger().handlers:  # os._exit skips every cleanup: flush the line above
+        handler.flush()
+    os._exit(LOST_LEASE_EXIT)
+
+
+def elect(election: LeaderElection, host: str, health_port: int) -> LeaderElector | None:
+    """Block until this replica holds the Lease (renewing from then on); None when stopped first."""
+    from kubernetes import client
+
+    elector = LeaderElector(
+        client.CoordinationV1Api(),
+        namespace=election.namespace,
+        identity=election.identity,
+        name=election.name,
+        lease_duration_s=election.lease_duration_s,
+        renew_deadline_s=election.renew_deadline_s,
+        retry_period_s=election.retry_period_s,
+        on_lost=exit_on_lost_lease,
+    )
+    stop = threading.Event()  # SIGTERM/SIGINT reach the main thread as KeyboardInterrupt (elastream.cli)
+    try:
+        with standby_health(host, health_port):
+            acquired = elector.acquire(stop)
+    except BaseException:
+        elector.release()  # interrupted, perhaps right after a write that made us the holder
+        raise
+    return elector if acquired else None
+
+
 def run(options: OperatorOptions) -> int:
     from kubernetes import client
     from prometheus_client import start_http_server
@@ -88,15 +178,22 @@ def run(options: OperatorOptions) -> int:
     host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
         start_http_server(options.metrics_port, addr=host)
+    elector = None
+    if options.leader_election is not None:
+        elector = elect(options.leader_election, host, options.health_port)
+        if elector is None:
+            return 0
     scope = f"namespaces {', '.join(options.namespaces)}" if options.namespaces else "all namespaces"
     log.info("elastream operator: watching StreamTopology resources in %s", scope)
-    kopf.run(
-        standalone=options.standalone,
-        peering_name=options.peering,
-        # replicas with equal priorities would all pause: a random one makes exactly one of them active
-        priority=random.randint(1, 1_000_000) if options.peering else 0,
-        clusterwide=not options.namespaces,
-        namespaces=list(options.namespaces),
-        liveness_endpoint=f"http://{host}:{options.health_port}/healthz" if options.health_port else None,
-    )
+    try:
+        # always standalone: which replica acts is the Lease's decision, not kopf peering's
+        kopf.run(
+            standalone=True,
+            clusterwide=not options.namespaces,
+            namespaces=list(options.namespaces),
+            liveness_endpoint=f"http://{host}:{options.health_port}/healthz" if options.health_port else None,
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
