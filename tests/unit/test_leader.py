@@ -116,7 +116,8 @@ def test_still_leader_within_the_renew_deadline(last: float | None, now: float, 
     [
         (15, 15, 2, "renew deadline 15 s must be shorter than the lease duration 15 s"),
         (15, 20, 2, "renew deadline 20 s must be shorter than the lease duration 15 s"),
-        (15, 2, 2, "renew deadline 2 s must be longer than the retry period 2 s"),
+        (15, 2, 2, "renew deadline 2 s must be longer than 1.2 x the retry period 2 s"),
+        (15, 2.4, 2, "renew deadline 2.4 s must be longer than 1.2 x the retry period 2 s"),
         (15, 10, 0, "retry period 0 s: give a positive number of seconds"),
         (0, -1, 1, "lease duration 0 s: give a whole number of seconds, at least 1"),
         (2.5, 2, 1, "lease duration 2.5 s: give a whole number of seconds"),
@@ -132,6 +133,7 @@ def test_timings_that_cannot_guarantee_one_leader_are_refused(
 
 def test_the_default_timings_are_client_gos() -> None:
     assert timing_problems(15, 10, 2) == [] and LeaseTiming() == LeaseTiming(15, 10.0, 2.0)
+    assert timing_problems(15, 2.5, 2) == [] and timing_problems(1, 0.5, 0.1) == []
 
 
 # ---- an in-memory API server and a fake clock ----------------------------------------------------------------------
@@ -533,8 +535,8 @@ def test_leader_elect_flags(monkeypatch) -> None:
             "error: --leader-elect-renew-deadline: 10 s must be shorter than --leader-elect-lease-duration (8 s)",
         ),
         (
-            ["--leader-elect-retry-period", "10"],
-            "error: --leader-elect-renew-deadline: 10 s must be longer than --leader-elect-retry-period (10 s)",
+            ["--leader-elect-retry-period", "9"],
+            "error: --leader-elect-renew-deadline: 10 s must be longer than 1.2 x --leader-elect-retry-period (9 s)",
         ),
         (["--leader-elect-retry-period", "0"], "error: --leader-elect-retry-period: 0 s; give a positive number"),
         (["--leader-elect-lease-duration", "0"], "error: --leader-elect-lease-duration: 0 s; give at least 1"),

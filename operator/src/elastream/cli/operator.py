@@ -122,9 +122,10 @@ def operator_options(args: argparse.Namespace) -> Any:
 
 def leader_election(args: argparse.Namespace, settings: Any) -> Any:
     """`--leader-elect-*` as `settings` (`elastream.handlers.main.LeaderElection`), after checking that the
-    timings guarantee one leader: a renew deadline shorter than the lease duration, longer than the retry
-    period."""
+    timings guarantee one leader (client-go's rules, which the chart checks too): a renew deadline shorter than
+    the lease duration and longer than 1.2 x the retry period."""
     from elastream.control.leader import default_identity
+    from elastream.core.lease import JITTER_FACTOR
 
     duration, deadline, retry = (
         args.leader_elect_lease_duration,
@@ -140,10 +141,10 @@ def leader_election(args: argparse.Namespace, settings: Any) -> Any:
             f"--leader-elect-renew-deadline: {deadline:g} s must be shorter than --leader-elect-lease-duration "
             f"({duration} s), so a leader gives up before a standby may take over"
         )
-    if deadline <= retry:
+    if deadline <= JITTER_FACTOR * retry:
         raise CommandError(
-            f"--leader-elect-renew-deadline: {deadline:g} s must be longer than --leader-elect-retry-period "
-            f"({retry:g} s), so one failed renew does not lose the Lease"
+            f"--leader-elect-renew-deadline: {deadline:g} s must be longer than {JITTER_FACTOR:g} x "
+            f"--leader-elect-retry-period ({retry:g} s), so one failed renew does not lose the Lease"
         )
     if not args.leader_elect_namespace:
         raise CommandError("--leader-elect-namespace: empty; give the namespace the Lease lives in")

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+#: client-go's rule: the renew deadline must exceed the retry period by this factor (its retries are jittered)
+JITTER_FACTOR = 1.2
+
 
 class LeaseConfigError(ValueError):
     """Timings that cannot guarantee one leader (e.g. a renew deadline not shorter than the lease duration)."""
@@ -50,7 +53,7 @@ class LeaseTiming:
     lease_duration_s: int = 15
     #: how long a leader keeps acting without a successful renew (must be shorter than the lease duration)
     renew_deadline_s: float = 10.0
-    #: how often a standby tries to acquire and a leader renews (must be shorter than the renew deadline)
+    #: how often a standby tries to acquire and a leader renews (1.2 x it must be shorter than the renew deadline)
     retry_period_s: float = 2.0
 
     def __post_init__(self) -> None:
@@ -71,10 +74,10 @@ def timing_problems(lease_duration_s: float, renew_deadline_s: float, retry_peri
             f"renew deadline {renew_deadline_s:g} s must be shorter than the lease duration {lease_duration_s:g} s "
             "(a leader must give up before a standby may take over)"
         )
-    if retry_period_s > 0 and renew_deadline_s <= retry_period_s:
+    if retry_period_s > 0 and renew_deadline_s <= JITTER_FACTOR * retry_period_s:
         problems.append(
-            f"renew deadline {renew_deadline_s:g} s must be longer than the retry period {retry_period_s:g} s "
-            "(else one failed renew loses the Lease)"
+            f"renew deadline {renew_deadline_s:g} s must be longer than {JITTER_FACTOR:g} x the retry period "
+            f"{retry_period_s:g} s (else one failed renew loses the Lease)"
         )
     return problems
 
