@@ -11,8 +11,13 @@ docs/e2e.md). `KubeletStandIn` plays those parts against the real API server, as
 - runs every pod bound to one of its Nodes, all on this machine: a fresh loopback pod IP each (127.0.0.10, .11, ...;
   hostIP 127.0.0.1), environment (value, fieldRef, resourceFieldRef, secretKeyRef, configMapKeyRef, envFrom, service
   links, `$(VAR)` expansion), volumes (configMap, secret, emptyDir, downwardAPI, hostPath, projected with a real
-  TokenRequest for the service-account token, kube-root-ca.crt and the namespace), probes (httpGet, tcpSocket, exec;
+  TokenRequest for the service-account token, kube-root-ca.crt and the namespace, and persistentVolumeClaim and
+  generic ephemeral volumes: the bound PersistentVolume's hostPath or local path), probes (httpGet, tcpSocket, exec;
   startup, liveness, readiness), restarts with back-off, and pod status through the pods/status subresource;
+- storage, as kind's local-path-provisioner: a default StorageClass `standard` (WaitForFirstConsumer, Delete) whose
+  claims it provisions as hostPath PersistentVolumes under its own workdir (`<workdir>/volumes`), pinned to the
+  node the scheduler chose; kube-controller-manager's PV controller binds them, and deletes nothing itself: a
+  Released volume of the class is removed by the provisioner (its directory, then the PersistentVolume);
 - docker mode: `docker run -d --network host ...` per container; process mode: a local process per container
   (see `_ProcessRuntime` for how a command is found and how mount paths are rewritten);
 - graceful deletion: SIGTERM, SIGKILL after terminationGracePeriodSeconds (capped at 10 s), then the pod is
@@ -68,6 +73,11 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 RUNTIME_LABEL = "elastream.dev/e2e-runtime"
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 HOSTS_MARK = "# elastream-e2e"
+#: the default StorageClass the stand-in creates and provisions (kind's is named `standard` too)
+STORAGE_CLASS = "standard"
+PROVISIONER = "e2e.elastream.dev/hostpath"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"  # set on a claim by kube-scheduler (WaitForFirstConsumer)
+PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 LABEL = "elastream.e2e"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_GRACE_S = 10
@@ -806,7 +816,8 @@ class _PodWorker(threading.Thread):
         for vol in spec.get("volumes") or []:
             path = os.path.join(vol_root, vol["name"])
             self.volume_dirs[vol["name"]] = self._make_volume(vol, path)
-            if fs_group is not None and "hostPath" not in vol:
+            if fs_group is not None and not any(k in vol for k in ("hostPath", "persistentVolumeClaim", "ephemeral")):
+                # a claim's volume is a host directory (hostPath, local): its owner is the provisioner's business
                 _chgrp_tree(self.volume_dirs[vol["name"]], int(fs_group))
         if self._wants_sa_token():
             path = os.path.join(vol_root, "kube-api-access-e2e")
@@ -864,6 +875,12 @@ class _PodWorker(threading.Thread):
             if vol["hostPath"].get("type") in ("DirectoryOrCreate",) and not os.path.exists(host):
                 os.makedirs(host, exist_ok=True)
             return str(host)
+        if "persistentVolumeClaim" in vol:
+            return self._claim_path(vol["persistentVolumeClaim"]["claimName"])
+        if "ephemeral" in vol:
+            # a generic ephemeral volume: kube-controller-manager's ephemeral-volume controller creates the claim
+            # <pod>-<volume>, owned by the pod
+            return self._claim_path(f"{self.pod_name}-{vol['name']}", owner=self.uid)
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path, exist_ok=True)
         if "configMap" in vol or "secret" in vol:
@@ -901,6 +918,37 @@ class _PodWorker(threading.Thread):
             raise _ConfigError("FailedMount", f"volume {vol['name']!r}: {kind} volumes are not supported here")
         _ = api
         return path
+
+    def _claim_path(self, claim_name: str, owner: str = "") -> str:
+        """The host directory behind a PersistentVolumeClaim: its bound PersistentVolume's hostPath or local path.
+        Until the claim exists and is bound, the pod waits (a FailedMount event, retried), as with a kubelet."""
+        api = self.kubelet.api
+        claim = api.try_get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim_name}")
+        if claim is None:
+            raise _ConfigError("ContainerCreating", f'persistentvolumeclaim "{claim_name}" not found')
+        if owner and not any(ref.get("uid") == owner for ref in claim["metadata"].get("ownerReferences") or []):
+            raise _ConfigError("ContainerCreating", f'persistentvolumeclaim "{claim_name}" was not created for the pod')
+        volume_name = claim["spec"].get("volumeName")
+        if not volume_name or (claim.get("status") or {}).get("phase") != "Bound":
+            raise _ConfigError("ContainerCreating", f'persistentvolumeclaim "{claim_name}" is not bound')
+        volume = api.try_get(f"/api/v1/persistentvolumes/{volume_name}")
+        if volume is None:
+            raise _ConfigError("ContainerCreating", f'persistentvolume "{volume_name}" not found')
+        spec = volume["spec"]
+        if "hostPath" in spec:
+            host = str(spec["hostPath"]["path"])
+            if spec["hostPath"].get("type") == "DirectoryOrCreate":
+                os.makedirs(host, exist_ok=True)
+        elif "local" in spec:
+            host = str(spec["local"]["path"])
+        else:
+            kind = next((k for k in spec if k not in _PV_COMMON_FIELDS), "?")
+            raise _ConfigError(
+                "FailedMount", f'persistentvolume "{volume_name}": {kind} volumes are not supported here'
+            )
+        if not os.path.isdir(host):
+            raise _ConfigError("FailedMount", f'persistentvolume "{volume_name}": {host} is not a directory')
+        return host
 
     def _write_source(self, path: str, vol: dict[str, Any], ref: dict[str, Any], is_cm: bool) -> None:
         api = self.kubelet.api
@@ -1088,8 +1136,10 @@ class _PodWorker(threading.Thread):
                 if not os.path.exists(host):
                     os.makedirs(host, exist_ok=True)
             vol = volumes.get(m["name"], {})
-            read_only = bool(m.get("readOnly")) or any(
-                k in vol for k in ("configMap", "secret", "projected", "downwardAPI")
+            read_only = (
+                bool(m.get("readOnly"))
+                or any(k in vol for k in ("configMap", "secret", "projected", "downwardAPI"))
+                or bool((vol.get("persistentVolumeClaim") or {}).get("readOnly"))
             )
             mounts.append((host, m["mountPath"], read_only))
         if "kube-api-access-e2e" in self.volume_dirs:
@@ -1442,6 +1492,13 @@ def _chgrp_tree(path: str, gid: int) -> None:
                 os.chmod(name, st.st_mode | 0o060)
 
 
+#: PersistentVolume spec fields that are not its volume source
+_PV_COMMON_FIELDS = {
+    "accessModes", "capacity", "claimRef", "persistentVolumeReclaimPolicy", "storageClassName", "mountOptions",
+    "volumeMode", "nodeAffinity", "volumeAttributesClassName",
+}  # fmt: skip
+
+
 def _default_sa_volume() -> dict[str, Any]:
     return {
         "name": "kube-api-access-e2e",
@@ -1610,6 +1667,149 @@ class _LogServer(threading.Thread):
 
 
 # ---- the stand-in ----------------------------------------------------------------------------------------------
+# ---- storage: a host-path provisioner, as kind's local-path-provisioner -------------------------------------------
+class _HostPathProvisioner:
+    """Dynamic provisioning for the StorageClass `standard` (provisioner `e2e.elastream.dev/hostpath`), the part
+    kind's local-path-provisioner plays on a kind cluster, with the external-provisioner protocol of Kubernetes:
+
+    - kube-controller-manager's PV controller marks a claim of the class with `volume.kubernetes.io/
+      storage-provisioner` (for WaitForFirstConsumer, once kube-scheduler has put the pod's node in
+      `volume.kubernetes.io/selected-node`);
+    - this provisioner then creates a PersistentVolume `pvc-<claim uid>`: a hostPath directory (mode 0777, as
+      local-path-provisioner makes it) under `<kubelet workdir>/volumes`, pre-bound to the claim (`claimRef`),
+      with the claim's size and access modes, the class's reclaim policy and, for a selected node, a node affinity
+      to it (so a re-created pod is scheduled where its data is);
+    - the PV controller binds the claim; the kubelet stand-in mounts the PersistentVolume's path;
+    - when the claim is deleted the PV controller marks the volume Released, and (reclaim policy Delete) this
+      provisioner removes the directory and the PersistentVolume.
+
+    Nothing outside `root` is ever created or removed."""
+
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self.kubelet = kubelet
+        self.root = os.path.join(kubelet.workdir, "volumes")
+        os.makedirs(self.root, exist_ok=True)
+        self._done: set[str] = set()  # claim uids provisioned, volume names deleted
+
+    @property
+    def api(self) -> _Api:
+        assert self.kubelet.api is not None
+        return self.kubelet.api
+
+    def storage_class(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "WaitForFirstConsumer",
+        }
+
+    def create_storage_class(self) -> None:
+        try:
+            self.api.request("POST", "/apis/storage.k8s.io/v1/storageclasses", self.storage_class())
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    # ---- claims ----
+    def sync_claims(self, items: list[dict[str, Any]]) -> None:
+        for claim in items:
+            self.on_claim("ADDED", claim)
+
+    def on_claim(self, etype: str, claim: dict[str, Any]) -> None:
+        meta, spec = claim["metadata"], claim.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        provisioner = annotations.get("volume.kubernetes.io/storage-provisioner") or annotations.get(
+            "volume.beta.kubernetes.io/storage-provisioner"
+        )
+        if etype == "DELETED" or meta.get("deletionTimestamp") or spec.get("volumeName") or provisioner != PROVISIONER:
+            return
+        if meta["uid"] in self._done:
+            return
+        try:
+            self._provision(claim)
+        except Exception as exc:
+            log.warning("provisioning %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+            self._event(claim, "Warning", "ProvisioningFailed", f"failed to provision volume: {exc}")
+
+    def _provision(self, claim: dict[str, Any]) -> None:
+        meta, spec = claim["metadata"], claim["spec"]
+        cls = self.api.try_get(f"/apis/storage.k8s.io/v1/storageclasses/{spec.get('storageClassName') or ''}")
+        if cls is None or cls.get("provisioner") != PROVISIONER:
+            return
+        node = (meta.get("annotations") or {}).get(SELECTED_NODE, "")
+        if cls.get("volumeBindingMode") == "WaitForFirstConsumer" and not node:
+            return  # the PV controller waits for the scheduler too; the next update carries the node
+        if (spec.get("volumeMode") or "Filesystem") != "Filesystem":
+            raise ValueError("only volumeMode Filesystem is supported")
+        name = f"pvc-{meta['uid']}"
+        path = os.path.join(self.root, f"{name}_{meta['namespace']}_{meta['name']}")
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, 0o777)  # any runAsUser may write, as local-path-provisioner's directories
+        volume: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name, "annotations": {PROVISIONED_BY: PROVISIONER}},
+            "spec": {
+                "capacity": {"storage": ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")},
+                "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": cls.get("reclaimPolicy") or "Delete",
+                "storageClassName": cls["metadata"]["name"],
+                "volumeMode": "Filesystem",
+                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": meta["namespace"],
+                             "name": meta["name"], "uid": meta["uid"]},
+                "hostPath": {"path": path, "type": "DirectoryOrCreate"},
+            },
+        }  # fmt: skip
+        if node:
+            volume["spec"]["nodeAffinity"] = {"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}]}}  # fmt: skip
+        try:
+            self.api.request("POST", "/api/v1/persistentvolumes", volume)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: provisioned already (a repeated event)
+                raise
+        self._done.add(meta["uid"])
+        log.info("provisioned %s for claim %s/%s at %s (node %s)", name, meta["namespace"], meta["name"], path,
+                 node or "any")  # fmt: skip
+        self._event(claim, "Normal", "ProvisioningSucceeded", f"Successfully provisioned volume {name}")
+
+    # ---- volumes ----
+    def sync_volumes(self, items: list[dict[str, Any]]) -> None:
+        for volume in items:
+            self.on_volume("ADDED", volume)
+
+    def on_volume(self, etype: str, volume: dict[str, Any]) -> None:
+        meta, spec = volume["metadata"], volume.get("spec") or {}
+        if etype == "DELETED" or (meta.get("annotations") or {}).get(PROVISIONED_BY) != PROVISIONER:
+            return
+        if (volume.get("status") or {}).get("phase") != "Released" or meta["name"] in self._done:
+            return
+        if spec.get("persistentVolumeReclaimPolicy") != "Delete":
+            return  # Retain: the volume and its directory stay until someone deletes them
+        path = os.path.realpath((spec.get("hostPath") or {}).get("path", ""))
+        if os.path.dirname(path) != os.path.realpath(self.root):
+            log.warning("not deleting %s: its path %s is not one of the provisioner's", meta["name"], path)
+            return
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            self.api.request("DELETE", f"/api/v1/persistentvolumes/{meta['name']}")
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("deleting %s: %s %s", meta["name"], exc.status, exc.reason)
+                return
+        self._done.add(meta["name"])
+        log.info("deleted %s (released) and %s", meta["name"], path)
+
+    def _event(self, claim: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        self.kubelet._event(claim, etype, reason, message, component=PROVISIONER, kind="PersistentVolumeClaim")
+
+
 class KubeletStandIn:
     """See the module docstring. `start()`/`stop()`, or use it as a context manager."""
 
@@ -1626,7 +1826,9 @@ class KubeletStandIn:
         bin_dir: str | None = None,
         entrypoints: dict[str, list[str]] | None = None,
         docker_binary: str | None = None,
+        storage: bool = True,
     ) -> None:
+        """`storage`: create the default StorageClass `standard` and provision its claims (`_HostPathProvisioner`)."""
         if mode not in ("docker", "process"):
             raise ValueError(f"mode must be 'docker' or 'process', not {mode!r}")
         self.kubeconfig = kubeconfig
@@ -1670,6 +1872,7 @@ class KubeletStandIn:
         self._errors: list[str] = []
         self._log_server: _LogServer | None = None
         self._log_handler: logging.Handler | None = None
+        self.provisioner: _HostPathProvisioner | None = _HostPathProvisioner(self) if storage else None
 
     # ---- lifecycle ----
     def __enter__(self) -> KubeletStandIn:
@@ -1710,8 +1913,14 @@ class KubeletStandIn:
         self._log_server = _LogServer(self, self.workdir)
         self._log_server.start()
         self._register_nodes()
-        for target, name in ((self._watch_services, "watch-services"), (self._watch_pods, "watch-pods"),
-                             (self._housekeeping, "housekeeping")):  # fmt: skip
+        targets: list[tuple[Callable[[], None], str]] = [
+            (self._watch_services, "watch-services"), (self._watch_pods, "watch-pods"),
+            (self._housekeeping, "housekeeping"),
+        ]  # fmt: skip
+        if self.provisioner is not None:
+            self.provisioner.create_storage_class()
+            targets += [(self._watch_claims, "watch-claims"), (self._watch_volumes, "watch-volumes")]
+        for target, name in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -1836,7 +2045,8 @@ class KubeletStandIn:
         self._hosts_dirty.set()
 
     def _event(self, pod: dict[str, Any], etype: str, reason: str, message: str,
-               component: str = "kubelet") -> None:  # fmt: skip
+               component: str = "kubelet", kind: str = "Pod") -> None:  # fmt: skip
+        """An event about `pod` (or another namespaced core object of `kind`, e.g. a PersistentVolumeClaim)."""
         meta = pod["metadata"]
         now = micro_time()
         host = (pod.get("spec") or {}).get("nodeName") or self.node_names[0]
@@ -1844,7 +2054,7 @@ class KubeletStandIn:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+            "involvedObject": {"apiVersion": "v1", "kind": kind, "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta["uid"]},
             "reason": reason,
             "message": message[:1024],
@@ -2003,6 +2213,16 @@ class KubeletStandIn:
 
     def _watch_services(self) -> None:
         self._watch(k8s_client.CoreV1Api.list_service_for_all_namespaces, self._sync_services, self._on_service)
+
+    def _watch_claims(self) -> None:
+        assert self.provisioner is not None
+        self._watch(k8s_client.CoreV1Api.list_persistent_volume_claim_for_all_namespaces,
+                    self.provisioner.sync_claims, self.provisioner.on_claim)  # fmt: skip
+
+    def _watch_volumes(self) -> None:
+        assert self.provisioner is not None
+        self._watch(k8s_client.CoreV1Api.list_persistent_volume, self.provisioner.sync_volumes,
+                    self.provisioner.on_volume)  # fmt: skip
 
     def _sync_pods(self, items: list[dict[str, Any]]) -> None:
         seen = set()

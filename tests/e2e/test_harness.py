@@ -1,6 +1,7 @@
-"""The e2e harness itself, end to end with the real binaries: API server, controller manager, scheduler (requests,
-Pending pods, node selectors, pod anti-affinity, topology spread over the stand-in's three Nodes), kubelet stand-in
-(pods, probes, status, service-account tokens, Service forwarders and names), kubectl and helm."""
+"""The e2e harness itself, end to end with the real binaries: API server, controller manager,
+scheduler (requests, Pending pods, node selectors, pod anti-affinity, topology spread over the stand-in's three
+Nodes), kubelet stand-in (pods, probes, status, service-account tokens, Service forwarders and names, persistent
+volumes from its host-path provisioner), kubectl and helm."""
 
 from __future__ import annotations
 
@@ -19,7 +20,18 @@ from kubernetes.utils import parse_quantity
 
 from .conftest import BASE_IMAGE, CommandRunner, sleeper
 from .controlplane import ControlPlane, ControlPlaneError
-from .kubelet import HOSTNAME_LABEL, NODE_NAMES, RUNTIME_LABEL, SA_MOUNT, ZONE_LABEL, ZONES, KubeletStandIn
+from .kubelet import (
+    HOSTNAME_LABEL,
+    NODE_NAMES,
+    PROVISIONED_BY,
+    PROVISIONER,
+    RUNTIME_LABEL,
+    SA_MOUNT,
+    STORAGE_CLASS,
+    ZONE_LABEL,
+    ZONES,
+    KubeletStandIn,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -648,3 +660,115 @@ def test_helm_reaches_the_api_server(helm: CommandRunner, kubectl: CommandRunner
     version = helm("version", "--short").stdout.strip()
     assert version.startswith("v"), version
     helm("list", "-n", e2e_namespace)
+
+
+# ---- persistent volumes: the default StorageClass, the stand-in's provisioner, kube-controller-manager's binder ----
+def keeper_manifest() -> dict[str, Any]:
+    """A StatefulSet whose pod writes its own uid to /data/first on a claim from its volumeClaimTemplate, or, when
+    the file is there already, prints what an earlier pod wrote; as a non-root user (the chart's Redis runs as 999)."""
+    script = textwrap.dedent("""\
+        import os, sys, time
+        path, uid = sys.argv[1], sys.argv[2]
+        if os.path.exists(path):
+            print("found", open(path).read(), flush=True)
+        else:
+            with open(path, "w") as out:
+                out.write(uid)
+            print("wrote", uid, flush=True)
+        time.sleep(600)
+        """)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "keeper"},
+        "spec": {
+            "serviceName": "keeper",
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "keeper"}},
+            "template": {
+                "metadata": {"labels": {"app": "keeper"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "securityContext": {"runAsUser": 999, "runAsGroup": 999, "fsGroup": 999},
+                    "containers": [{
+                        "name": "keeper",
+                        "image": BASE_IMAGE,
+                        # a mount path in the arguments: process mode rewrites it to the volume's directory
+                        "command": ["python3", "-c", script, "/data/first", "$(POD_UID)"],
+                        "env": [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}},
+            }],
+        },
+    }  # fmt: skip
+
+
+def running_pod(kubectl: CommandRunner, ns: str, name: str, not_uid: str = "", timeout: float = 90) -> dict[str, Any]:
+    """Pod `name` once Ready (and, with `not_uid`, a different pod than that one: the StatefulSet's re-creation)."""
+    t0 = time.monotonic()
+    while True:
+        out = kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False, quiet=True)
+        if out.returncode == 0:
+            pod = json.loads(out.stdout)
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+            if ready and pod["metadata"]["uid"] != not_uid and not pod["metadata"].get("deletionTimestamp"):
+                print(f"pod {name} ({pod['metadata']['uid']}) ready after {time.monotonic() - t0:.1f} s")
+                return pod
+        if time.monotonic() - t0 > timeout:
+            kubectl("get", "pods,pvc,events", "-n", ns, "-o", "wide", check=False)
+            kubectl("get", "pv", check=False)
+            pytest.fail(f"pod {ns}/{name} not ready within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def test_a_statefulset_pod_keeps_its_volume_when_re_created(
+    kubectl: CommandRunner, kubelet: KubeletStandIn, e2e_namespace: str
+) -> None:
+    """The default StorageClass `standard` (WaitForFirstConsumer): the StatefulSet controller creates the claim,
+    kube-scheduler picks the node, the stand-in's provisioner creates a hostPath PersistentVolume under its workdir
+    pinned to that node, kube-controller-manager's PV controller binds it, the pod writes to it. The pod deleted,
+    its replacement is scheduled to the same node and reads what the first one wrote. Deleting the claim deletes
+    the volume and its directory (reclaim policy Delete)."""
+    ns = e2e_namespace
+    require_base_image(kubelet)
+    storage_class = get_json(kubectl, "storageclass", STORAGE_CLASS)
+    assert storage_class["provisioner"] == PROVISIONER and storage_class["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert storage_class["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"] == "true"
+
+    apply(kubectl, ns, keeper_manifest())
+    first = running_pod(kubectl, ns, "keeper-0")
+    node = first["spec"]["nodeName"]
+    claim = get_json(kubectl, "pvc", "data-keeper-0", "-n", ns)
+    assert claim["status"]["phase"] == "Bound" and claim["spec"]["storageClassName"] == STORAGE_CLASS, claim
+    assert claim["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node  # by kube-scheduler
+    volume = get_json(kubectl, "pv", claim["spec"]["volumeName"])
+    assert volume["metadata"]["annotations"][PROVISIONED_BY] == PROVISIONER
+    assert volume["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+    assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    assert volume["spec"]["capacity"] == {"storage": "16Mi"}
+    [term] = volume["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]
+    directory = volume["spec"]["hostPath"]["path"]
+    assert directory.startswith(os.path.join(kubelet.workdir, "volumes") + os.sep), directory  # never a system path
+    wait_event(kubectl, ns, "data-keeper-0", "ProvisioningSucceeded")
+    assert f"wrote {first['metadata']['uid']}" in kubectl("logs", "-n", ns, "keeper-0").stdout
+    with open(os.path.join(directory, "first"), encoding="utf-8") as handle:
+        assert handle.read() == first["metadata"]["uid"]
+
+    kubectl("delete", "pod", "keeper-0", "-n", ns, "--wait=true", "--timeout=60s")
+    second = running_pod(kubectl, ns, "keeper-0", not_uid=first["metadata"]["uid"])
+    assert second["spec"]["nodeName"] == node  # the volume's node affinity
+    assert f"found {first['metadata']['uid']}" in kubectl("logs", "-n", ns, "keeper-0").stdout
+
+    # the claim outlives the StatefulSet; deleting it (once no pod uses it) releases and deletes the volume
+    kubectl("delete", "statefulset", "keeper", "-n", ns, "--wait=true", "--timeout=60s")
+    kubectl("wait", "-n", ns, "--for=delete", "pod/keeper-0", "--timeout=60s")
+    kubectl("delete", "pvc", "data-keeper-0", "-n", ns, "--wait=true", "--timeout=60s")
+    kubectl("wait", "--for=delete", f"pv/{volume['metadata']['name']}", "--timeout=60s")
+    assert not os.path.exists(directory)
+    assert kubelet.errors() == []
