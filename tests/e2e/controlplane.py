@@ -13,10 +13,18 @@ kube-scheduler is the real one with its default profile (resources, node selecto
 
 The Service range is 127.96.0.0/16 (loopback, on purpose: nothing of ours may send traffic to a private range,
 and there is no kube-proxy; the kubelet stand-in forwards ClusterIP:port to pods, see kubelet.py).
+
+kube-apiserver keeps an audit log (JSON lines, `AUDIT_POLICY`: level Metadata for the elastream.dev group, pods
+and their subresources, events, configmaps, secrets and leases) in `<workdir>/audit/audit.log`, so tests and
+benchmarks can count the API requests something made:
+
+    cp.audit_count(verb="patch", resource="streamtopologies", subresource="status", namespace=ns, name="demo",
+                   since=t0)
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -24,16 +32,119 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 SERVICE_CIDR = "127.96.0.0/16"
 KCM_CONTROLLERS = "*"  # every default-enabled controller; the cloud ones skip themselves without a cloud
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+#: kube-apiserver's audit policy: one event per request (ResponseComplete; the RequestReceived and ResponseStarted
+#: stages are left out) at level Metadata (who, what, when, the response code; never a request or response body)
+#: for what elastream and its tests read and write. First match wins: the nodes' and the API server's own Lease
+#: renewals (every 10 s, all session long) are left out, and everything else too.
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "None", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
+         "namespaces": ["kube-node-lease", "kube-system"]},
+        {"level": "Metadata", "resources": [
+            {"group": "elastream.dev"},  # every resource and subresource (status, scale) of the group
+            {"group": "", "resources": ["pods", "pods/*", "events", "configmaps", "secrets"]},
+            {"group": "events.k8s.io", "resources": ["events"]},
+            {"group": "coordination.k8s.io", "resources": ["leases"]},  # e.g. the operator's leader election
+        ]},
+        {"level": "None"},
+    ],
+}  # fmt: skip
+AUDIT_LOG_MAX_MB = 200  # then kube-apiserver rotates it (audit-<time>.log beside it); the counts read them all
+AUDIT_LOG_BACKUPS = 20
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One API request in kube-apiserver's audit log (its ResponseComplete event)."""
+
+    verb: str  # get, list, watch, create, update, patch, delete, deletecollection
+    group: str  # "" for the core group
+    resource: str  # e.g. "pods", "streamtopologies"
+    subresource: str  # e.g. "status", "scale", "log"; "" for the resource itself
+    namespace: str
+    name: str
+    user: str  # e.g. "admin", "system:kube-scheduler", "system:serviceaccount:NS:SA"
+    code: int  # the response code (0 when the request did not complete, e.g. a panic)
+    received: float  # requestReceivedTimestamp in seconds since the epoch (comparable to time.time())
+    uri: str
+    user_agent: str
+
+    @classmethod
+    def from_json(cls, event: dict[str, Any]) -> AuditEvent:
+        ref = event.get("objectRef") or {}
+        return cls(
+            verb=str(event.get("verb", "")),
+            group=str(ref.get("apiGroup", "")),
+            resource=str(ref.get("resource", "")),
+            subresource=str(ref.get("subresource", "")),
+            namespace=str(ref.get("namespace", "")),
+            name=str(ref.get("name", "")),
+            user=str((event.get("user") or {}).get("username", "")),
+            code=int((event.get("responseStatus") or {}).get("code", 0)),
+            received=datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp(),
+            uri=str(event.get("requestURI", "")),
+            user_agent=str(event.get("userAgent", "")),
+        )
+
+
+def _as_epoch(value: float | datetime | None) -> float | None:
+    return value.timestamp() if isinstance(value, datetime) else value
+
+
+def _matches(value: str, wanted: str | Collection[str] | None) -> bool:
+    if wanted is None:
+        return True
+    return value == wanted if isinstance(wanted, str) else value in wanted
+
+
+class _AuditReader:
+    """Reads kube-apiserver's audit log incrementally: the current file and the backups it rotated to (followed by
+    inode, so a file renamed by the rotation is read on from where it was left). Only whole lines are taken."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.events: list[AuditEvent] = []
+        self._offsets: dict[int, int] = {}  # inode -> bytes consumed
+        self._lock = threading.Lock()
+
+    def read(self) -> list[AuditEvent]:
+        with self._lock:
+            stem, ext = os.path.splitext(self.path)
+            backups = sorted(glob.glob(f"{glob.escape(stem)}-*{ext}"))  # audit-2006-01-02T15-04-05.000.log
+            for path in [*backups, self.path]:
+                try:
+                    with open(path, "rb") as handle:
+                        inode = os.fstat(handle.fileno()).st_ino
+                        handle.seek(self._offsets.get(inode, 0))
+                        data = handle.read()
+                except FileNotFoundError:
+                    continue  # rotated away between the listing and the open: the next read finds it
+                end = data.rfind(b"\n") + 1
+                if not end:
+                    continue
+                self._offsets[inode] = self._offsets.get(inode, 0) + end
+                for line in data[:end].splitlines():
+                    if line.strip():
+                        event = json.loads(line)
+                        if event.get("stage") in ("ResponseComplete", "Panic"):
+                            self.events.append(AuditEvent.from_json(event))
+            return list(self.events)
 
 
 class ControlPlaneError(RuntimeError):
@@ -127,6 +238,9 @@ class ControlPlane:
         self.cert_dir = os.path.join(self.workdir, "apiserver-certs")
         self.sa_key = os.path.join(self.workdir, "sa.key")
         self.kubeconfig = os.path.join(self.workdir, "admin.kubeconfig")
+        self.audit_policy = os.path.join(self.workdir, "audit-policy.yaml")
+        self.audit_log = os.path.join(self.workdir, "audit", "audit.log")
+        self._audit = _AuditReader(self.audit_log)
         self.version: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self._procs: list[_Proc] = []
@@ -172,6 +286,43 @@ class ControlPlane:
         """name -> log file of each process."""
         return {proc.name: proc.log for proc in self._procs}
 
+    # ---- the audit log ---------------------------------------------------------------------------------------
+    def audit_events(
+        self,
+        *,
+        verb: str | Collection[str] | None = None,
+        resource: str | Collection[str] | None = None,
+        subresource: str | Collection[str] | None = None,
+        namespace: str | Collection[str] | None = None,
+        name: str | Collection[str] | None = None,
+        group: str | Collection[str] | None = None,
+        user: str | Collection[str] | None = None,
+        since: float | datetime | None = None,
+        until: float | datetime | None = None,
+    ) -> list[AuditEvent]:
+        """The requests in kube-apiserver's audit log (see `AUDIT_POLICY` for which are kept), in the order they
+        completed. Each filter left at None matches anything; a string must be equal, a collection contain the
+        value. `subresource=""` is the resource itself (no subresource); `resource="pods/status"` is short for
+        `resource="pods", subresource="status"`. `since` (inclusive) and `until` (exclusive) bound when the
+        request was received, as seconds since the epoch (`time.time()`) or a datetime.
+
+        The log is written in blocking mode: a request's event is on disk before its response completes, so a
+        request that has returned is already counted."""
+        if isinstance(resource, str) and "/" in resource:
+            resource, subresource = resource.split("/", 1)
+        start, end = _as_epoch(since), _as_epoch(until)
+        return [
+            e for e in self._audit.read()
+            if _matches(e.verb, verb) and _matches(e.resource, resource) and _matches(e.subresource, subresource)
+            and _matches(e.namespace, namespace) and _matches(e.name, name) and _matches(e.group, group)
+            and _matches(e.user, user) and (start is None or e.received >= start) and (end is None or e.received < end)
+        ]  # fmt: skip
+
+    def audit_count(self, **filters: Any) -> int:
+        """How many requests match; the filters of `audit_events`, e.g.
+        `audit_count(verb="patch", resource="streamtopologies", subresource="status", name="demo", since=t0)`."""
+        return len(self.audit_events(**filters))
+
     # ---- pieces ----------------------------------------------------------------------------------------------
     def _bin(self, name: str) -> str:
         path = os.path.join(self.bin_dir, name)
@@ -207,6 +358,9 @@ class ControlPlane:
         with open(tokens, "w", encoding="utf-8") as handle:
             handle.write("\n".join(self._token_lines) + "\n")
         os.chmod(tokens, 0o600)
+        os.makedirs(os.path.dirname(self.audit_log), exist_ok=True)
+        with open(self.audit_policy, "w", encoding="utf-8") as handle:
+            json.dump(AUDIT_POLICY, handle, indent=2)  # JSON is YAML
 
     def _spawn(self, name: str, argv: list[str]) -> _Proc:
         proc = _Proc(name, argv, os.path.join(self.workdir, f"{name}.log"))
@@ -277,6 +431,14 @@ class ControlPlane:
                 "--service-node-port-range", "30000-32767",
                 # the kubelet stand-in serves /containerLogs on the node's InternalIP (127.0.0.1)
                 "--kubelet-preferred-address-types", "InternalIP",
+                # the audit log: one JSON line per request of AUDIT_POLICY, written before the response completes
+                "--audit-policy-file", self.audit_policy,
+                "--audit-log-path", self.audit_log,
+                "--audit-log-format", "json",
+                "--audit-log-mode", "blocking",
+                "--audit-log-maxsize", str(AUDIT_LOG_MAX_MB),
+                "--audit-log-maxbackup", str(AUDIT_LOG_BACKUPS),
+                "--audit-log-maxage", "0",
                 "--profiling=false",
                 "--v", "1",
             ],

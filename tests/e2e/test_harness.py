@@ -1,4 +1,4 @@
-"""The e2e harness itself, end to end with the real binaries: API server, controller manager,
+"""The e2e harness itself, end to end with the real binaries: API server (and its audit log), controller manager,
 scheduler (requests, Pending pods, node selectors, pod anti-affinity, topology spread over the stand-in's three
 Nodes), kubelet stand-in (pods, probes, status, service-account tokens, Service forwarders and names, persistent
 volumes from its host-path provisioner), kubectl and helm."""
@@ -772,3 +772,39 @@ def test_a_statefulset_pod_keeps_its_volume_when_re_created(
     kubectl("wait", "--for=delete", f"pv/{volume['metadata']['name']}", "--timeout=60s")
     assert not os.path.exists(directory)
     assert kubelet.errors() == []
+
+
+# ---- the API server's audit log ------------------------------------------------------------------------------------
+def test_the_audit_log_counts_a_pod_status_patch(
+    kubectl: CommandRunner, control_plane: ControlPlane, e2e_namespace: str
+) -> None:
+    """`ControlPlane.audit_count` counts requests by verb, resource, subresource, namespace, name, user and time:
+    a pod created, the scheduler's status patch (it fits no node), and one status patch of ours."""
+    ns = e2e_namespace
+    t0 = time.time()
+    apply(kubectl, ns, sleeper("audited", nodeSelector={"elastream.dev/no-such-node": "x"}))
+    kubectl("wait", "-n", ns, "--for=condition=PodScheduled=False", "pod/audited", "--timeout=30s")
+    before = time.time()
+    kubectl(
+        "patch", "pod", "audited", "-n", ns, "--subresource=status", "--type=strategic",
+        "-p", json.dumps({"status": {"conditions": [{"type": "e2e.elastream.dev/Audited", "status": "True"}]}}),
+    )  # fmt: skip
+    after = time.time()
+    pod = dict(namespace=ns, name="audited")
+    # counted as soon as the request returned (the log is written in blocking mode)
+    assert control_plane.audit_count(verb="patch", resource="pods", subresource="status", user="admin", **pod) == 1
+    assert control_plane.audit_count(verb="patch", resource="pods/status", user="admin", since=before, **pod) == 1
+    assert control_plane.audit_count(verb="patch", resource="pods/status", user="admin", until=before, **pod) == 0
+    assert control_plane.audit_count(verb="patch", resource="pods/status", user="admin", since=after, **pod) == 0
+    # kube-scheduler's PodScheduled=False went through the same subresource, as its own user
+    assert control_plane.audit_count(verb="patch", resource="pods/status", user="system:kube-scheduler", **pod) >= 1
+    assert control_plane.audit_count(verb="patch", resource="pods/status", since=t0, **pod) >= 2
+    # the object itself: created once (kubectl apply), never patched; reads are counted too
+    assert control_plane.audit_count(verb="create", resource="pods", subresource="", user="admin", **pod) == 1
+    assert control_plane.audit_count(verb="patch", resource="pods", subresource="", **pod) == 0
+    assert control_plane.audit_count(verb={"get", "list", "watch"}, resource="pods", namespace=ns, since=t0) >= 1
+    [event] = control_plane.audit_events(verb="patch", resource="pods", subresource="status", user="admin", **pod)
+    assert event.code == 200 and event.group == "" and before <= event.received <= after + 1, event
+    assert "/status" in event.uri and event.user_agent.startswith("kubectl"), event
+    # outside the policy: not in the log
+    assert control_plane.audit_count(resource="namespaces", name=ns) == 0
