@@ -41,10 +41,20 @@ def test_a_new_controller_finishes_a_migration_whose_controller_died_after_commi
             if action.kind == ActionKind.APPLY_SCHEDULE:  # every COMMIT is acked: state is in Redis
                 raise ControllerCrash
 
+        dead = MigrationDriver(
+            topology, cluster, cluster.client, "ccr", before_action=crash, identity="a-dead-controller", owner_ttl_s=3
+        )
         with pytest.raises(ControllerCrash):
-            MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=crash).migrate(new)
+            dead.migrate(new)
         assert cluster.current_schedule() != new  # the old workers still wait, checkpointed
-        report = MigrationDriver(topology, cluster, cluster.client, "ccr").resume()
+        successor = MigrationDriver(topology, cluster, cluster.client, "ccr", identity="a-new-controller")
+        # while the dead controller's owner lease runs, it counts as alive: not pre-empted
+        assert successor.unfinished() is None and successor.resume() is None
+        deadline = time.monotonic() + 15.0
+        while dead.owner.holder() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert successor.unfinished() is not None
+        report = successor.resume()
         assert report is not None and report.outcome == "succeeded"
         assert cluster.current_schedule() == new
         check_exactly_once(cluster, topology)

@@ -22,6 +22,7 @@ from elastream.core.migration import CheckpointPhase, CheckpointRound, ControlTy
 from elastream.core.ports import Backend, BackendError, Clock, SystemClock
 from elastream.core.topology import Topology, split_executor_id
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.claim import OwnerLease, controller_identity
 from elastream.store.control import ControlChannel
 
 log = logging.getLogger("elastream.checkpoint")
@@ -47,13 +48,18 @@ class CheckpointDriver:
     timeout_s: float = 30.0
     clock: Clock = field(default_factory=SystemClock)
     poll_s: float = 0.02
+    #: the controller as the owner of the claim (the migration driver's identity: one owner per controller)
+    identity: str = field(default_factory=controller_identity)
 
     def __post_init__(self) -> None:
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
+        self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity)
 
     def take(self) -> CheckpointResult:
         """One checkpoint round; never raises for a failed round (the result says why)."""
         schedule = self.backend.current_schedule()
+        if not self.owner.renew():
+            return CheckpointResult(None, "skipped", reason=f"{self.owner.holder()} drives this topology now")
         checkpoint_id = self.store.next_checkpoint_id()
         if not self.store.claim(checkpoint_id, CLAIM_TTL_S):
             return CheckpointResult(None, "skipped", reason=f"migration {self.store.current()} in progress")
@@ -100,34 +106,50 @@ def abandon_checkpoint(
 
 @dataclass
 class Checkpointer:
-    """Takes a checkpoint every `interval_s` until stopped (a migration in progress skips a round; one that
-    starts during a round waits for it: both claim the topology in Redis)."""
+    """Takes a checkpoint every `interval_s` (a migration in progress skips a round; one that starts during
+    a round waits for it: both claim the topology in Redis). `tick()` takes a round when one is due: a
+    controller calls it from its own loop (no thread per topology); with `own_thread` (benchmarks and tests
+    that have no control loop) `start()` runs a thread that calls it."""
 
     driver: CheckpointDriver
     interval_s: float
+    own_thread: bool = True
     last: CheckpointResult | None = None
     completed: int = 0
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
+        self._due: float | None = None
 
     def start(self) -> Checkpointer:
         if self.interval_s > 0:
-            self._thread.start()
+            self._due = self.driver.clock.now() + self.interval_s
+            if self.own_thread:
+                self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        self._due = None
         if self._thread.is_alive():
             self._thread.join(timeout=self.driver.timeout_s + 5.0)
 
+    def tick(self) -> CheckpointResult | None:
+        """Take a round if one is due (returns its result); never raises."""
+        now = self.driver.clock.now()
+        if self._due is None or now < self._due:
+            return None
+        self._due = now + self.interval_s
+        try:
+            self.last = self.driver.take()
+        except Exception as exc:  # Redis away, the backend not started: the next round tries again
+            log.warning("checkpoint not taken: %s", exc)
+            return None
+        if self.last.outcome == "completed":
+            self.completed += 1
+        return self.last
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.last = self.driver.take()
-            except Exception as exc:  # the controller goes on; the next round tries again
-                log.warning("checkpoint not taken: %s", exc)
-                continue
-            if self.last.outcome == "completed":
-                self.completed += 1
+        while not self._stop.wait(min(self.interval_s, 0.2)):
+            self.tick()

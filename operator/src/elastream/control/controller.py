@@ -80,6 +80,10 @@ class TopologyController:
     #: told the new node count after an automatic change (the operator writes it to spec.nodes)
     on_nodes_changed: Callable[[int], None] | None = None
 
+    #: recovery retries back off from this many seconds, doubling, up to `recovery_backoff_cap_s`
+    recovery_backoff_s: float = 2.0
+    recovery_backoff_cap_s: float = 60.0
+
     def __post_init__(self) -> None:
         self.live = LiveRates(self.topology, stale_s=3 * self.interval_s)
         self.follow_up = RecoveryFollowUp(
@@ -88,6 +92,12 @@ class TopologyController:
         self._since: float | None = None
         self._started: list[Background] = []
         self._evaluated_at: float | None = None
+        #: why Redis cannot be used now ("" when it can), and since when
+        self.store_error = ""
+        self.store_down_since: float | None = None
+        #: failed recoveries in a row, and when the next may start
+        self.recovery_failures = 0
+        self.recovery_due = 0.0
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -101,17 +111,22 @@ class TopologyController:
         self.backend.start(target or schedule or initial_schedule(self.topology))
         self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
         self._since = self.clock.now()
+        self._resume()
+        for task in self.background:
+            task.start()
+            self._started.append(task)
+
+    def _resume(self) -> None:
+        """Finish or abort a migration (or abandon a checkpoint) that no live controller drives: left by an
+        earlier controller, or by this one when Redis went away in the middle of it."""
         report = self.migrator.resume()
         if report is not None:
             self.events.emit(
                 "MigrationResumed" if report.outcome == "succeeded" else "MigrationFailed",
-                f"migration {report.migration_id} left by an earlier controller: {report.outcome}"
+                f"migration {report.migration_id} left unfinished: {report.outcome}"
                 + (f" ({report.reason})" if report.reason else ""),
                 warning=report.outcome != "succeeded",
             )
-        for task in self.background:
-            task.start()
-            self._started.append(task)
 
     def close(self) -> None:
         """Stop the periodic work (newest first), then the workers, then the archive's last pass. Safe to
@@ -133,27 +148,56 @@ class TopologyController:
     # ------------------------------------------------------------------------------------------------ tick
 
     def tick(self) -> ScalingRecord | None:
-        """Once per interval: recover from dead workers, carry out a pending scale request (returned), refresh
-        the live rates and the recovery measurements."""
+        """Once per interval: finish a migration nobody drives, recover from dead workers (backing off after a
+        failed attempt), carry out a pending scale request (returned), take a checkpoint when one is due,
+        refresh the live rates and the recovery measurements. Redis away is not an error here: it is noted
+        (`store_error`, a RedisUnavailable event) and the next tick tries again."""
+        try:
+            samples = self.feed.read_since(self._since)  # the first read of the tick: also tells if Redis is up
+            self.note_store("")
+            record = self._tick()
+        except redis.RedisError as exc:
+            self.note_store(f"{type(exc).__name__}: {exc}")
+            return None
+        if samples:
+            self._since = max(s.ts for s in samples) + 0.001
+            self.live.add(samples)
+        return record
+
+    def _tick(self) -> ScalingRecord | None:
+        if self.migrator.unfinished() is not None:
+            self._resume()
         failed = self.backend.failed_nodes()
-        if failed:
+        if failed and self.clock.now() >= self.recovery_due:
             self.recover(failed)
         record = None
         request = self.requests.take()
         if request is not None:
             record = self.scale_to(request.nodes, request.parallelism)
-        elif self.topology.scaling.auto.enabled:
+        elif self.topology.scaling.auto.enabled and not failed:
             record = self.autoscale()
-        samples = self.feed.read_since(self._since)
-        if samples:
-            self._since = max(s.ts for s in samples) + 0.001
-            self.live.add(samples)
+        for task in self._started:
+            task.tick()
         self.follow_up.tick()
         return record
 
+    def note_store(self, error: str) -> None:
+        """Redis went away (`error` says how) or is back (""): one event each way, `store_error` meanwhile."""
+        now = self.clock.now()
+        if error and not self.store_error:
+            self.store_down_since = now
+            self.events.emit("RedisUnavailable", f"Redis cannot be reached: {error}; retrying", warning=True)
+        elif not error and self.store_error:
+            down = now - (self.store_down_since or now)
+            self.store_down_since = None
+            self.events.emit("RedisAvailable", f"Redis reachable again after {down:.0f} s")
+        self.store_error = error
+
     def recover(self, failed: dict[str, str]) -> dict[str, Any]:
         """Workers died outside a migration: roll back to the last checkpoint (or restart them empty) and
-        record what was replayed as `lastRecovery`."""
+        record what was replayed as `lastRecovery`. A failed attempt is retried after a backoff (doubling up
+        to `recovery_backoff_cap_s`), announced in an event, so a quota or a missing image does not make
+        the controller create pods in a tight loop."""
         started = self.clock.now()
         self.events.emit("WorkerLost", "; ".join(failed.values()), warning=True)
         try:
@@ -161,6 +205,7 @@ class TopologyController:
         except BackendError as exc:
             status = {"nodes": sorted(failed), "outcome": "failed", "reason": str(exc), "startedAt": started}
             self.events.emit("RecoveryFailed", str(exc), warning=True)
+            self._recovery_failed()
         else:
             status = {"nodes": sorted(failed), "startedAt": started, "finishedAt": self.clock.now()}
             if report is None:
@@ -174,10 +219,24 @@ class TopologyController:
                     else report.reason,
                     warning=report.outcome != "succeeded",
                 )
+            if report is not None and report.outcome != "succeeded":
+                self._recovery_failed()
+            else:
+                self.recovery_failures, self.recovery_due = 0, 0.0
         self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
         self.last_recovery = status
         self.status.publish("lastRecovery", status)
         return status
+
+    def _recovery_failed(self) -> None:
+        self.recovery_failures += 1
+        delay = min(self.recovery_backoff_cap_s, self.recovery_backoff_s * 2 ** (self.recovery_failures - 1))
+        self.recovery_due = self.clock.now() + delay
+        self.events.emit(
+            "RecoveryBackoff",
+            f"recovery attempt {self.recovery_failures} failed; the next in {delay:.0f} s",
+            warning=True,
+        )
 
     # -------------------------------------------------------------------------------------------- scaling
 
@@ -246,6 +305,10 @@ class TopologyController:
         record = ScalingRecord("none", current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
         try:
             plan, before = self.plan(nodes, parallelism, snapshot)
+        except redis.RedisError as exc:
+            record.outcome, record.reason, record.finished_at = "failed", f"Redis: {exc}", self.clock.now()
+            self.note_store(f"{type(exc).__name__}: {exc}")
+            return record
         except PlanningError as exc:
             record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
             self.events.emit("ScalingRejected", str(exc), warning=True)
@@ -270,6 +333,11 @@ class TopologyController:
         )
         try:
             report = self.migrator.migrate(plan.new_schedule)
+        except redis.RedisError as exc:
+            record.outcome, record.reason, record.finished_at = "failed", f"Redis: {exc}", self.clock.now()
+            self.note_store(f"{type(exc).__name__}: {exc}")
+            self.events.emit("ScalingFailed", record.reason, warning=True)
+            return record
         except BackendError as exc:
             record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
             self.events.emit("ScalingFailed", str(exc), warning=True)
@@ -424,14 +492,16 @@ def local_controller(
     client = cluster.client
     driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)  # type: ignore[arg-type]
     checkpointer = Checkpointer(
-        CheckpointDriver(topology, cluster, client), float(topology.scaling.checkpoint_interval_s)
+        CheckpointDriver(topology, cluster, client, identity=driver.identity),
+        float(topology.scaling.checkpoint_interval_s),
+        own_thread=False,
     )
     archiver = (
         MetricArchiver(archive_client or client, topology, archive, analyzer, every_s=archive_every_s)
         if archive
         else None
     )
-    return TopologyController(
+    controller = TopologyController(
         topology=topology,
         backend=cluster,
         metrics=StreamMetricSource(client, topology, analyzer, cluster.interval_s),
@@ -444,3 +514,5 @@ def local_controller(
         archiver=archiver,
         interval_s=cluster.interval_s,
     )
+    driver.on_redis = controller.note_store
+    return controller

@@ -155,6 +155,10 @@ class MetricArchiver:
         self._thread.start()
         return self
 
+    def tick(self) -> None:
+        """Nothing: the passes run on the archive's own thread (local mode only), because a Spark write
+        can take seconds and must not hold the control loop."""
+
     def stop(self) -> int:
         """Stop the passes, run a last one; returns the samples archived in all."""
         self._stop.set()

@@ -24,12 +24,15 @@ last periodic checkpoint, so what the dead process held is replayed, not lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import redis
@@ -42,6 +45,7 @@ from elastream.core.migration import (
     ControlType,
     MigrationCoordinator,
     MigrationReport,
+    MigrationStalled,
     Phase,
     Timeouts,
     replayed_events,
@@ -52,7 +56,9 @@ from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
 from elastream.store.control import ControlChannel
+from elastream.store.retry import backoff
 
 log = logging.getLogger("elastream.migration")
 
@@ -61,6 +67,11 @@ ACK_PHASES = {Phase.PREPARING: "preparing", Phase.COMMITTING: "committing", Phas
 
 class MigrationError(BackendError):
     """A migration cannot start (another one is in progress) or cannot finish; the message says why."""
+
+
+class MigrationInterrupted(MigrationError):
+    """A migration in flight had to stop waiting (Redis away too long, a stalled phase, the topology being
+    deleted): its record stays in Redis and `resume` finishes or aborts it."""
 
 
 class _Quiet:
@@ -83,9 +94,57 @@ class MigrationDriver:
     poll_s: float = 0.005
     #: called before each action is carried out (fault tests kill a worker or the controller here)
     before_action: Callable[[Action, MigrationCoordinator], None] | None = None
+    #: this controller as the owner of its migrations (`store.claim`), and how long its lease lasts unrenewed
+    identity: str = field(default_factory=controller_identity)
+    owner_ttl_s: int = OWNER_TTL_S
+    #: how long a migration in flight waits for Redis to come back before it is left for `resume`
+    redis_wait_s: float = 120.0
+    #: set to make a migration in flight stop waiting (the topology is being deleted)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: told when Redis goes away (with why) and comes back (""), while a migration waits for it
+    on_redis: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
+        self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity, self.owner_ttl_s)
+
+    def redis_step(self, step: Callable[[], Any], what: str) -> Any:
+        """Run `step` (which talks to Redis), retrying while Redis is away for up to `redis_wait_s`; then
+        raise `MigrationInterrupted` (the record stays for `resume`)."""
+        down_since: float | None = None
+        for delay in backoff(0.1, 2.0, 2.0):
+            if self.cancelled.is_set():
+                raise MigrationInterrupted(f"{what}: stopped, the topology is being deleted")
+            try:
+                result = step()
+            except redis.RedisError as exc:
+                now = self.clock.now()
+                if down_since is None:
+                    down_since = now
+                    log.warning("%s: Redis unavailable (%s); waiting up to %.0f s", what, exc, self.redis_wait_s)
+                    if self.on_redis is not None:
+                        self.on_redis(f"{type(exc).__name__}: {exc}")
+                if now - down_since > self.redis_wait_s:
+                    raise MigrationInterrupted(
+                        f"{what}: Redis unavailable for {now - down_since:.0f} s ({exc}); the migration's record "
+                        "stays in Redis and is finished or rolled back when Redis is back"
+                    ) from None
+                self.clock.sleep(delay)
+                continue
+            if down_since is not None:
+                log.warning("%s: Redis is back after %.1f s", what, self.clock.now() - down_since)
+                if self.on_redis is not None:
+                    self.on_redis("")
+            return result
+        raise AssertionError("unreachable")  # backoff() never ends
+
+    def unfinished(self) -> str | None:
+        """The id of a migration or checkpoint that holds the topology with no live owner driving it (its
+        controller died, or gave up waiting for Redis): `resume` finishes or abandons it. None otherwise."""
+        current = self.store.current()
+        if current is None or self.owner.held_by_another() is not None:
+            return None
+        return current
 
     def _control(self) -> ControlChannel:
         return ControlChannel(self.client, self.topology.redis_prefix, self.backend.current_schedule())
@@ -117,7 +176,7 @@ class MigrationDriver:
             latest = self.store.latest_checkpoint()
             record["restoreFrom"] = latest["id"] if latest else ""
         deadline = self.clock.now() + self.timeouts.prepare_s
-        while not self.store.begin(mid, record):
+        while not self._begin(mid, record, new):
             current = self.store.current()
             if self.clock.now() < deadline and (current is None or current.startswith("ckpt-")):
                 # a periodic checkpoint is being taken: it takes a moment (None: it ended since `begin`)
@@ -138,6 +197,20 @@ class MigrationDriver:
             "MigrationStarted", f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes"
         )
         return run.go(coordinator.start(self.clock.now()))
+
+    def _begin(self, mid: str, record: dict[str, Any], new: Schedule) -> bool:
+        """Claim the topology for `mid` and take the owner lease; Redis away: nothing was paused yet, so the
+        prepared schedule is discarded and the migration fails cleanly."""
+        try:
+            if not self.owner.renew():
+                return False  # another live controller drives this topology's migrations
+            return self.store.begin(mid, record)
+        except redis.RedisError as exc:
+            try:
+                self.backend.discard(new)
+            except (BackendError, redis.RedisError) as again:
+                log.warning("discarding the prepared schedule: %s", again)
+            raise MigrationError(f"Redis unavailable, the migration did not start: {exc}") from None
 
     def _not_started(self, mid: str, old: Schedule, new: Schedule, reason: str) -> MigrationReport:
         self.events.emit("MigrationFailed", f"{self.protocol} migration {mid} not started: {reason}", warning=True)
@@ -172,6 +245,11 @@ class MigrationDriver:
         mid = self.store.current()
         if mid is None:
             return None
+        holder = self.owner.held_by_another()
+        if holder is not None:
+            log.info("%s is driven by %s, a live controller: not taken over", mid, holder)
+            return None
+        self.owner.renew()
         if mid.startswith("ckpt-"):
             # a periodic checkpoint whose controller died: abandon it, the previous one stays the latest
             abandon_checkpoint(self._control(), self.store, self.backend.current_schedule().assignment, mid)
@@ -218,27 +296,43 @@ class _Run:
     resumed_at: float | None = None
 
     def go(self, actions: list[Action]) -> MigrationReport:
+        """Carry out the coordinator's actions and feed it acks until it is done or aborted. Every step that
+        talks to Redis is retried while Redis is away (`redis_step`); past that, or when a phase after COMMIT
+        stalls, `MigrationInterrupted` leaves the record for `resume`."""
         driver, coordinator = self.driver, self.coordinator
+        mid = coordinator.migration_id
         self.target = self.new
-        while True:
-            queue = list(actions)
-            while queue:
-                action = queue.pop(0)
-                if action.kind == ActionKind.APPLY_SCHEDULE:
-                    # from here on the migration only goes forward: a new controller must finish it
-                    driver.store.update_record(coordinator.migration_id, {"phase": Phase.REBALANCING.value})
-                if driver.before_action is not None:
-                    driver.before_action(action, coordinator)
-                queue.extend(self.do(action))
-            if coordinator.phase in (Phase.DONE, Phase.ABORTED):
-                break
-            time.sleep(driver.poll_s)
-            actions = self.poll()
+        heartbeat = 0.0
+        try:
+            while True:
+                queue = list(actions)
+                while queue:
+                    action = queue.pop(0)
+                    if action.kind == ActionKind.APPLY_SCHEDULE:
+                        # from here on the migration only goes forward: a new controller must finish it
+                        driver.redis_step(
+                            lambda: driver.store.update_record(mid, {"phase": Phase.REBALANCING.value}),
+                            f"migration {mid}",
+                        )
+                    if driver.before_action is not None:
+                        driver.before_action(action, coordinator)
+                    queue.extend(driver.redis_step(partial(self.do, action), f"migration {mid} {action.kind.value}"))
+                if coordinator.phase in (Phase.DONE, Phase.ABORTED):
+                    break
+                time.sleep(driver.poll_s)
+                if driver.clock.now() - heartbeat >= 2.0:
+                    heartbeat = driver.clock.now()
+                    driver.redis_step(driver.owner.renew, f"migration {mid}")
+                actions = driver.redis_step(self.poll, f"migration {mid} {coordinator.phase.value}")
+        except MigrationStalled as exc:
+            raise MigrationInterrupted(f"{exc}; its state stays in Redis and it is resumed later") from None
         if coordinator.phase == Phase.ABORTED:
-            driver.backend.discard(self.new)
+            driver.redis_step(lambda: driver.backend.discard(self.new), f"migration {mid} discard")
             failed = driver.backend.failed_nodes()
             if failed:
                 self.rollback = recover_from_failure(driver, failed)
+        with contextlib.suppress(redis.RedisError):  # the lease runs out by itself
+            driver.owner.release()
         return self.report()
 
     def poll(self) -> list[Action]:

@@ -134,6 +134,14 @@ class Timeouts:
     rebalance_s: float = 120.0
     init_s: float = 120.0
     init_resend_s: float = 1.0
+    #: after COMMIT a timed-out phase is retried this many times, then the migration stalls
+    #: (`MigrationStalled`): its state stays in Redis and the controller resumes it later, with backoff
+    retries_after_commit: int = 2
+
+
+class MigrationStalled(Exception):
+    """A migration past COMMIT could not finish within its retries (a worker that does not come back, Redis
+    away): nothing is lost, its record and state stay in Redis for a later `resume`."""
 
 
 @dataclass
@@ -154,6 +162,8 @@ class MigrationCoordinator:
     captured: int = 0
     replayed: int = 0
     failure: str | None = None
+    #: phases retried after COMMIT so far
+    retries: int = 0
 
     def start(self, now: float) -> list[Action]:
         self.times.started_at = now
@@ -249,6 +259,12 @@ class MigrationCoordinator:
             ]
         self.failure = reason
         self.phase_started = now
+        self.retries += 1
+        if self.retries > self.timeouts.retries_after_commit:
+            raise MigrationStalled(
+                f"migration {self.migration_id} stalled in {self.phase.value} after "
+                f"{self.timeouts.retries_after_commit} retries: {reason}"
+            )
         if self.phase == Phase.REBALANCING:
             return [Action(ActionKind.APPLY_SCHEDULE, reason=f"retry: {reason}")]
         pending = tuple(sorted(self.new_executors - self.acked))

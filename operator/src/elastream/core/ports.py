@@ -63,6 +63,11 @@ class Migrator(Protocol):
         """Finish or abort a migration a previous controller left; None when there is none."""
         ...
 
+    def unfinished(self) -> str | None:
+        """The id of a migration or checkpoint holding the topology that no live controller drives (`resume`
+        takes it over), or None."""
+        ...
+
     def recover(self, failed: dict[str, str]) -> MigrationReport | None:
         """Workers died (node -> why): roll back to the last checkpoint, or restart them empty (None)."""
         ...
@@ -92,9 +97,13 @@ class StatusSink(Protocol):
 
 @runtime_checkable
 class Background(Protocol):
-    """A periodic task the controller owns (checkpoints, the metric archive)."""
+    """A periodic task the controller owns (checkpoints, the metric archive): started with the topology,
+    given a `tick` on every controller tick (it decides whether its work is due), stopped before the
+    workers."""
 
     def start(self) -> Any: ...
+
+    def tick(self) -> Any: ...
 
     def stop(self) -> Any: ...
 

@@ -303,6 +303,9 @@ class KubernetesBackend(NodeBackend):
     def preflight(self) -> None:
         self.ensure_config()
 
+    def is_transient(self, exc: Exception) -> bool:
+        return super().is_transient(exc) or is_api_unavailable(exc)
+
     def running_nodes(self) -> set[str]:
         return {n for n, p in self.pods(fresh=True).items() if (p.status.phase or "Pending") in ("Pending", "Running")}
 
@@ -317,10 +320,16 @@ class KubernetesBackend(NodeBackend):
                 self.core.create_namespaced_pod(self.namespace, body)
                 break
             except ApiException as exc:
-                if exc.status != 409 or time.monotonic() > deadline:
-                    raise BackendError(f"pod {name}: {exc.reason}: {_api_message(exc)}") from None
-                self._delete_pod(name)  # a dead pod of the same name: make room
-                time.sleep(0.2)
+                late = time.monotonic() > deadline
+                if exc.status == 409 and not late:
+                    self._delete_pod(name)  # a dead pod of the same name: make room
+                elif not is_api_unavailable(exc) or late:
+                    # a quota, an admission webhook, a forbidden field: the API server's own words say which
+                    raise BackendError(f"pod {name} not created: {exc.reason}: {_api_message(exc)}") from None
+            except Exception as exc:
+                if not is_api_unavailable(exc) or time.monotonic() > deadline:
+                    raise BackendError(f"pod {name} not created: {exc}") from None
+            time.sleep(0.5)
         self._released.discard(node)
         self._pods_at = 0.0
 
@@ -443,6 +452,17 @@ def _termination(pod: Any) -> str:
         if terminated is not None:
             return f"exit code {terminated.exit_code} ({terminated.reason or 'terminated'})"
     return ""
+
+
+def is_api_unavailable(exc: BaseException) -> bool:
+    """The API server cannot answer now (down, overloaded, a connection reset), as opposed to refusing the
+    request: worth waiting for."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        return exc.status in (0, 429) or (exc.status or 0) >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
 
 
 def _api_message(exc: Any) -> str:

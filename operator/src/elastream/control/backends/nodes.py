@@ -81,6 +81,11 @@ class NodeBackend:
     def preflight(self) -> None:
         """Checks before any worker starts (raise `BackendError`)."""
 
+    def is_transient(self, exc: Exception) -> bool:
+        """Whether `exc`, raised while looking at the workers, means "cannot tell right now" (Redis or the
+        API server away for a moment) rather than a failure: a wait goes on until its deadline."""
+        return isinstance(exc, redis.RedisError | OSError)
+
     # ------------------------------------------------------------------------------------ Backend protocol
     def current_schedule(self) -> Schedule:
         if self.schedule is None:
@@ -103,17 +108,23 @@ class NodeBackend:
         version = self.registry.stage_schedule(schedule, after=self.version)
         running = self.running_nodes()
         added = [n for n in schedule.nodes if n not in running]
-        for node in added:
-            self.spawn(node, staged_version=version)
-        self.control(schedule).send_nodes(
-            [n for n in schedule.nodes if n not in added], {"type": ControlType.STAGE, "version": version}
-        )
+        # recorded before the first worker starts: whatever fails below, `discard` stops every one started
         self.prepared = (schedule, version)
         try:
+            for node in added:
+                self.spawn(node, staged_version=version)
+            self.control(schedule).send_nodes(
+                [n for n in schedule.nodes if n not in added], {"type": ControlType.STAGE, "version": version}
+            )
             self._wait_for(schedule.nodes, lambda: self.registry.staged_nodes(version), "staged")
-        except BackendError:
-            self.discard(schedule)
-            raise
+        except (BackendError, redis.RedisError) as exc:
+            try:
+                self.discard(schedule)
+            except redis.RedisError as again:  # the added workers are stopped all the same (see discard_prepared)
+                log.warning("discarding the prepared schedule: %s", again)
+            if isinstance(exc, BackendError):
+                raise
+            raise BackendError(f"Redis: {exc}") from None
 
     def discard(self, schedule: Schedule) -> None:
         if self.prepared is not None and self.prepared[0] == schedule:
@@ -125,10 +136,12 @@ class NodeBackend:
         schedule, version = self.prepared
         self.prepared = None
         current = set(self.schedule.nodes) if self.schedule is not None else set()
-        self.control(schedule).send_nodes(
-            [n for n in schedule.nodes if n in current], {"type": ControlType.UNSTAGE, "version": version}
-        )
-        self.stop_nodes([n for n in schedule.nodes if n not in current])
+        try:
+            self.control(schedule).send_nodes(
+                [n for n in schedule.nodes if n in current], {"type": ControlType.UNSTAGE, "version": version}
+            )
+        finally:  # the added workers go even when Redis cannot carry the UNSTAGE (a staged inbox is harmless)
+            self.stop_nodes([n for n in schedule.nodes if n not in current])
 
     def apply(self, schedule: Schedule, migration_id: str) -> None:
         if self.prepared is not None and self.prepared[0] == schedule:
@@ -177,27 +190,47 @@ class NodeBackend:
         self.endpoints = self.registry.endpoints(version)
 
     def _wait_for(self, nodes: Sequence[str], reached: Callable[[], set[str]], what: str) -> None:
+        """Wait until every node of `nodes` has `reached` a state, for at most `start_timeout_s`. A worker that
+        dies ends the wait at once; Redis or the API server away for a moment does not (the wait goes on and
+        the timeout message says what could not be read)."""
         deadline = time.monotonic() + self.start_timeout_s
         wanted = set(nodes)
         pause = 0.005
         reported: dict[str, str] = {}
         next_report = 0.0
+        unreadable = ""
         while time.monotonic() < deadline:
-            failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
-            if failed:
-                raise BackendError("; ".join(failed.values()))
-            if reached() >= wanted:
-                if reported and self.on_waiting is not None:
-                    self.on_waiting({})
-                return
-            if self.on_waiting is not None and time.monotonic() >= next_report:
-                next_report = time.monotonic() + 1.0
-                pending = {n: why for n, why in self.pending_nodes().items() if n in wanted}
-                if pending != reported:
-                    reported = pending
-                    self.on_waiting(pending)
+            try:
+                failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
+                if failed:
+                    raise BackendError("; ".join(failed.values()))
+                if reached() >= wanted:
+                    if reported and self.on_waiting is not None:
+                        self.on_waiting({})
+                    return
+                if self.on_waiting is not None and time.monotonic() >= next_report:
+                    next_report = time.monotonic() + 1.0
+                    pending = {n: why for n, why in self.pending_nodes().items() if n in wanted}
+                    if pending != reported:
+                        reported = pending
+                        self.on_waiting(pending)
+                unreadable = ""
+            except BackendError:
+                raise
+            except Exception as exc:
+                if not self.is_transient(exc):
+                    raise
+                if not unreadable:
+                    log.warning("waiting for nodes to be %s: cannot look right now (%s); still waiting", what, exc)
+                unreadable = f"{type(exc).__name__}: {exc}"
+                pause = max(pause, 0.5)
             time.sleep(pause)
-            pause = min(0.1, pause * 1.2)  # quick for a switch, gentle on the API for a pod start
-        missing = sorted(wanted - reached())
-        tails = "; ".join(f"{n}: {self.describe(n)!r}" for n in missing)
+            pause = min(0.1 if not unreadable else 1.0, pause * 1.2)  # quick for a switch, gentle on the API
+        try:
+            missing = sorted(wanted - reached())
+            tails = "; ".join(f"{n}: {self.describe(n)!r}" for n in missing)
+        except Exception as exc:
+            if not self.is_transient(exc):
+                raise
+            missing, tails = sorted(wanted), f"could not be read: {unreadable or exc}"
         raise BackendError(f"nodes {', '.join(missing)} not {what} after {self.start_timeout_s:.0f} s ({tails})")
