@@ -4,154 +4,20 @@ into a dict, a fake clock. No processes, no Redis."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 
 import pytest
+import redis
 
 from elastream.control.controller import TopologyController
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration import MigrationReport
-from elastream.core.ports import BackendError, ScaleRequest
 from elastream.core.schedule import Schedule, initial_schedule
-from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.simulate import simulate
 from elastream.core.topology import parse_manifest
+from fakes import DictStatus, FakeBackend, FakeClock, FakeMigrator, ListEvents, ListFeed, ListRequests, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
-
-
-class FakeBackend:
-    def __init__(self) -> None:
-        self.schedule: Schedule | None = None
-        self.started: list[Schedule] = []
-        self.dead: dict[str, str] = {}
-        self.log: list[str] = []
-
-    def current_schedule(self) -> Schedule:
-        assert self.schedule is not None
-        return self.schedule
-
-    def start(self, schedule: Schedule) -> None:
-        self.started.append(schedule)
-        self.schedule = schedule
-
-    def failed_nodes(self) -> dict[str, str]:
-        return dict(self.dead)
-
-    def stop_workers(self) -> None:
-        self.log.append("workers stopped")
-
-
-@dataclass
-class FakeMigrator:
-    backend: FakeBackend
-    applied: list[Schedule] = field(default_factory=list)
-    outcome: str = "succeeded"
-    target: Schedule | None = None
-    resumed: int = 0
-    recovered: list[dict[str, str]] = field(default_factory=list)
-
-    def report(self, outcome: str, **extra: object) -> MigrationReport:
-        return MigrationReport(
-            "m1",
-            "ccr",
-            "out",
-            2,
-            3,
-            {"captureMs": 10.0},
-            5,
-            0,
-            0,
-            outcome,
-            pause_ms=42.0,
-            **extra,  # type: ignore[arg-type]
-        )
-
-    def migrate(self, schedule: Schedule) -> MigrationReport:
-        if self.outcome == "raise":
-            raise BackendError("node-2 not ready after 60 s")
-        if self.outcome == "succeeded":
-            self.applied.append(schedule)
-            self.backend.schedule = schedule
-            return self.report("succeeded")
-        return self.report(self.outcome, reason="prepare timed out")
-
-    def interrupted_target(self) -> Schedule | None:
-        return self.target
-
-    def resume(self) -> MigrationReport | None:
-        self.resumed += 1
-        return self.report("succeeded") if self.target is not None else None
-
-    def recover(self, failed: dict[str, str]) -> MigrationReport | None:
-        self.recovered.append(failed)
-        self.backend.dead = {}
-        return MigrationReport(
-            "r1",
-            "restart",
-            "in",
-            2,
-            2,
-            {},
-            0,
-            0,
-            321,
-            "succeeded",
-            restored_from="ckpt-7",  # type: ignore[arg-type]
-        )
-
-
-class SimulatedMetrics:
-    def __init__(self, topology, backend: FakeBackend) -> None:
-        self.topology, self.backend = topology, backend
-        self.not_before = 0.0
-        self.engine = "python"
-
-    def snapshot(self, window: int) -> MetricSnapshot:
-        schedule = self.backend.current_schedule()
-        return snapshot_from_simulation(self.topology, schedule, simulate(self.topology, schedule))
-
-
-@dataclass
-class ListFeed:
-    samples: list[MetricSample] = field(default_factory=list)
-
-    def read_since(self, since_ts: float | None = None) -> list[MetricSample]:
-        return [s for s in self.samples if since_ts is None or s.ts >= since_ts]
-
-
-@dataclass
-class ListRequests:
-    pending: list[int] = field(default_factory=list)
-
-    def take(self) -> ScaleRequest | None:
-        return ScaleRequest(self.pending.pop(0)) if self.pending else None
-
-
-@dataclass
-class DictStatus:
-    fields: dict[str, list[dict]] = field(default_factory=dict)
-
-    def publish(self, name: str, status: dict) -> None:
-        self.fields.setdefault(name, []).append(dict(status))
-
-
-class ListEvents:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, bool]] = []
-
-    def emit(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append((reason, message, warning))
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        self.t += 0.5
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @dataclass
@@ -162,6 +28,9 @@ class Task:
 
     def start(self) -> None:
         self.log.append(f"{self.name} started")
+
+    def tick(self) -> None:
+        self.log.append(f"{self.name} ticked")
 
     def stop(self) -> None:
         self.log.append(f"{self.name} stopped")
@@ -186,7 +55,7 @@ def setup(nodes: int = 2, **options):
         backend=backend,  # type: ignore[arg-type]
         metrics=SimulatedMetrics(topology, backend),
         migrator=migrator,
-        feed=ListFeed(),
+        feed=options.pop("feed", None) or ListFeed(),
         requests=requests,
         status=status,
         events=events,
@@ -404,3 +273,95 @@ def test_autoscale_disabled_never_analyses() -> None:
     controller.start()
     controller.tick()
     assert controller.metrics.analysed == 0 and "autoscaler" not in status.fields
+
+
+# ------------------------------------------------------------------------------------------- faults
+
+
+@dataclass
+class FlakyFeed(ListFeed):
+    """A feed whose Redis is away while `down` is set."""
+
+    down: bool = False
+
+    def read_since(self, since_ts: float | None = None) -> list[MetricSample]:
+        if self.down:
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        return super().read_since(since_ts)
+
+
+def test_redis_away_is_noted_once_and_the_tick_goes_on_when_it_is_back() -> None:
+    _, backend, _, events, _, requests, controller = setup(feed=FlakyFeed(down=True))
+    controller.start()
+    requests.pending.append(3)
+    for _ in range(3):
+        assert controller.tick() is None
+    assert "Connection refused" in controller.store_error
+    assert [e[0] for e in events.events].count("RedisUnavailable") == 1
+    assert len(backend.current_schedule().nodes) == 2  # nothing was attempted while Redis was away
+    controller.feed.down = False  # type: ignore[attr-defined]
+    record = controller.tick()
+    assert controller.store_error == ""
+    assert [e[0] for e in events.events].count("RedisAvailable") == 1
+    assert record is not None and record.outcome == "succeeded" and len(backend.current_schedule().nodes) == 3
+
+
+def test_a_redis_error_during_a_scaling_fails_it_and_keeps_the_schedule() -> None:
+    _, backend, migrator, _, status, _, controller = setup()
+    controller.start()
+
+    def away(schedule: Schedule) -> MigrationReport:
+        raise redis.ConnectionError("Connection reset by peer")
+
+    migrator.migrate = away  # type: ignore[method-assign]
+    record = controller.scale_to(3)
+    assert record.outcome == "failed" and "Redis" in record.reason
+    assert len(backend.current_schedule().nodes) == 2
+    assert status.fields["lastScaling"][-1]["outcome"] == "failed"
+    assert "Connection reset" in controller.store_error
+
+
+def test_a_migration_nobody_drives_is_resumed_by_the_next_tick() -> None:
+    _, _, migrator, events, _, _, controller = setup()
+    controller.start()
+    resumed = migrator.resumed
+    migrator.left = "abc123"
+    controller.tick()
+    assert migrator.resumed == resumed + 1 and migrator.left is None
+    assert [e[0] for e in events.events].count("MigrationResumed") == 1
+    controller.tick()
+    assert migrator.resumed == resumed + 1  # nothing left: not resumed again
+
+
+def test_failed_recoveries_back_off_exponentially_up_to_the_cap_and_say_so() -> None:
+    _, backend, migrator, events, status, _, controller = setup(recovery_backoff_s=2.0, recovery_backoff_cap_s=5.0)
+    controller.start()
+    migrator.recover_failures = 3
+    backend.dead = {"node-1": "worker pod t-node-1 is gone"}
+    clock = controller.clock
+    attempts = []
+    for _ in range(40):  # 0.5 s of fake time per now() call: about 20 s
+        before = len(migrator.recovered)
+        controller.tick()
+        if len(migrator.recovered) > before:
+            attempts.append(clock.t)  # type: ignore[attr-defined]
+    backoffs = [e[1] for e in events.events if e[0] == "RecoveryBackoff"]
+    assert backoffs[:3] == [
+        "recovery attempt 1 failed; the next in 2 s",
+        "recovery attempt 2 failed; the next in 4 s",
+        "recovery attempt 3 failed; the next in 5 s",
+    ]
+    assert len(attempts) == 4  # three failures, then the one that worked: not one per tick
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 2.0 and gaps[1] >= 4.0 and gaps[2] >= 5.0
+    assert status.fields["lastRecovery"][-1]["outcome"] == "succeeded"
+    assert controller.recovery_failures == 0
+
+
+def test_background_work_is_ticked_by_the_controller() -> None:
+    log: list[str] = []
+    _, _, _, _, _, _, controller = setup(background=[Task("checkpoints", log)])
+    controller.start()
+    controller.tick()
+    controller.tick()
+    assert log.count("checkpoints ticked") == 2

@@ -1,24 +1,30 @@
-"""The Kubernetes side of the control plane, without kopf: one `TopologyController` per StreamTopology resource.
+"""The Kubernetes side of the control plane, without kopf: a level-triggered reconcile loop per StreamTopology.
 
-`ManagedTopologies` keeps a controller per resource (namespace/name) over the `KubernetesBackend`, one shared
-analysis session (one Spark session for every topology the operator serves), one Redis connection, and the
-resource itself as the place status goes (`CustomResourceStatus` patches the status subresource). The kopf
-handlers (`elastream.handlers`) only parse what kopf gives them and call into here.
+`ManagedTopologies.reconcile(resource)` is one pass of a topology's loop (the kopf daemon of each resource
+calls it on a bounded thread pool, when woken by a change of the resource or every `tick_s`): it compares
+what the resource asks for (its spec, read afresh each pass: the one place the desired state lives) with what
+runs (the backend's schedule) and acts until they agree — start or adopt the worker pods, recover dead
+workers, take due checkpoints, let the autoscaler decide, migrate to the spec's node count and degrees. A
+burst of patches settles (`settle_s`) before anything moves, so it migrates once, to the last value; a
+scaling or start that fails leaves the old schedule running and is retried with backoff while it is still
+wanted (a new value is tried at once).
 
-What the status shows is computed by `core.status` from `StatusFacts` this module keeps per topology
-(started, scaling, recovering, the last failure); throughput and per-vertex rates come from the
-controller's live view. Prometheus metrics of the operator: scalings and recoveries by outcome and their
-durations.
+The status has one writer per topology (`control.status_writer`): one merge patch per change, the rates at
+most every `volatile_every_s`. What it shows is computed by `core.status` from the `StatusFacts` kept here
+(started, scaling, recovering, Redis away, the last failure). One shared analysis session (one Spark
+session for every topology), one Redis connection. Prometheus metrics of the operator: scalings and
+recoveries by outcome and their durations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,8 +34,20 @@ from prometheus_client import Counter, Histogram
 from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, selector_for
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
-from elastream.core.ports import BackendError, EventSink, ScaleRequest
-from elastream.core.status import WORKERS_PENDING, StatusFacts, desired_conditions, merge_conditions, phase
+from elastream.control.status_writer import StatusWriter
+from elastream.core.ports import BackendError, ScaleRequest
+from elastream.core.status import (
+    INVALID_SPEC,
+    SCALING_BACKOFF,
+    SPEC_CHANGE_IGNORED,
+    START_FAILED,
+    WORKERS_PENDING,
+    StatusFacts,
+    desired_conditions,
+    merge_conditions,
+    phase,
+)
+from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest
 from elastream.store.registry import Registry
 
@@ -65,18 +83,20 @@ def topology_from_resource(body: Mapping[str, Any]) -> Topology:
 
 
 @dataclass
-class CustomResourceStatus:
-    """A `StatusSink` writing into the resource's status subresource (merge patch)."""
+class ResourceApi:
+    """One StreamTopology through the API: its status subresource (merge patches, the status writer's
+    `send`) and `spec.nodes` (the autoscaler's writes)."""
 
     api: Any  # kubernetes.client.CustomObjectsApi
     namespace: str
     name: str
+    #: seconds any one request may take (the API server away must not hold a reconcile for long)
+    timeout_s: float = 10.0
 
-    def publish(self, field_name: str, status: dict[str, Any]) -> None:
-        """Replace `status.<field_name>` as a whole (a merge patch would keep keys the new record lacks)."""
+    def patch_status(self, patch: dict[str, Any]) -> None:
+        """Apply a merge patch to the status (a resource deleted meanwhile: nothing to report to)."""
         from kubernetes.client.exceptions import ApiException
 
-        operation = [{"op": "add", "path": f"/status/{field_name}", "value": _jsonable(status)}]
         try:
             self.api.patch_namespaced_custom_object_status(
                 GROUP,
@@ -84,40 +104,33 @@ class CustomResourceStatus:
                 self.namespace,
                 PLURAL,
                 self.name,
-                operation,
-                _content_type="application/json-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            if exc.status != 422:  # 422: no status yet to add into; a merge patch creates it
-                log.warning("status of %s/%s not patched: %s", self.namespace, self.name, exc.reason)
-                return
-            self.patch({field_name: _jsonable(status)})
-
-    def set_nodes(self, nodes: int) -> None:
-        """Write an automatic change to `spec.nodes`, as a HorizontalPodAutoscaler writes replicas: the spec
-        stays the desired state (a later reconcile, or `kubectl get`, sees what runs)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.api.patch_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": {"nodes": int(nodes)}}
+                {"status": patch},
+                _request_timeout=self.timeout_s,
             )
         except ApiException as exc:
             if exc.status != 404:
-                log.warning("spec.nodes of %s/%s not patched: %s", self.namespace, self.name, exc.reason)
+                raise
 
-    def patch(self, status: Mapping[str, Any]) -> None:
+    def set_nodes(self, nodes: int) -> int:
+        """Write an automatic change to `spec.nodes`, as a HorizontalPodAutoscaler writes replicas: the spec
+        stays the desired state. Returns the resource's new generation (0 if it could not be written)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": dict(status)}
+            updated = self.api.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                {"spec": {"nodes": int(nodes)}},
+                _request_timeout=self.timeout_s,
             )
-        except ApiException as exc:
-            if exc.status != 404:  # deleted meanwhile: nothing to report to
-                log.warning("status of %s/%s not patched: %s", self.namespace, self.name, exc.reason)
+        except Exception as exc:  # the next reconcile sees spec.nodes unchanged and moves back: say why
+            if not (isinstance(exc, ApiException) and exc.status == 404):
+                log.warning("spec.nodes of %s/%s not patched: %s", self.namespace, self.name, exc)
+            return 0
+        return int(((updated or {}).get("metadata") or {}).get("generation") or 0)
 
 
 class KubernetesEvents:
@@ -180,62 +193,122 @@ class NoRequests:
 
 
 @dataclass
+class Attempt:
+    """A desired state the loop tried to reach and could not (a scaling, a start): retried with backoff while
+    it stays the desired state; a new desired state is tried at once."""
+
+    target: Any
+    failures: int = 0
+    due: float = 0.0
+    reason: str = ""
+
+
+def backoff_delay(failures: int, first_s: float, cap_s: float) -> float:
+    """Seconds before retry number `failures` (1, 2, ...): `first_s` doubling up to `cap_s`."""
+    return float(min(cap_s, first_s * 2 ** max(0, failures - 1)))
+
+
+@dataclass
 class ManagedTopology:
-    controller: TopologyController
-    resource: CustomResourceStatus
+    """One StreamTopology resource: its controller (once started), its one status writer, its events and what
+    the reconcile loop remembers between passes. The desired state is never kept here: it is the resource's
+    spec, read afresh on every pass."""
+
+    key: str
+    writer: StatusWriter
+    events: KubernetesEvents
+    resource: ResourceApi
+    controller: TopologyController | None = None
     generation: int = 0
     facts: StatusFacts = field(default_factory=lambda: StatusFacts(0, 0))
-    #: one operation at a time per topology (kopf runs handlers in a thread pool)
+    #: one pass at a time per topology; a delete waits for it (bounded) before stopping the workers
     lock: threading.Lock = field(default_factory=threading.Lock)
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    #: the spec last seen, and when it last changed (a burst of patches settles before anything moves)
+    spec: dict[str, Any] | None = None
+    spec_changed_at: float = 0.0
+    #: vertex degrees of the spec last applied (a Stela scale-out adds executors: the running degrees are not
+    #: the spec's, so only a change of the spec's degrees asks for a migration to them)
+    applied_parallelism: dict[str, int] | None = None
+    #: the generation the autoscaler's own write of spec.nodes produced: until the watch shows it, the
+    #: resource seen is older than what runs and must not move it back
+    expect_generation: int = 0
+    #: the scaling or start that failed, retried with backoff while it is still wanted
+    attempt: Attempt | None = None
+    #: the generation whose unappliable changes were reported (once per generation)
+    ignored_reported: int = 0
+    invalid_reported: str = ""
+    #: extra status fields (lastScaling, lastRecovery, autoscaler) as the controller published them
+    published: dict[str, Any] = field(default_factory=dict)
 
     @property
     def topology(self) -> Topology:
+        assert self.controller is not None
         return self.controller.topology
 
     @property
     def backend(self) -> KubernetesBackend:
         """The controller's backend as what `ManagedTopologies` built it: worker pods."""
+        assert self.controller is not None
         return cast(KubernetesBackend, self.controller.backend)
 
     def set(self, **changes: Any) -> None:
-        self.facts = StatusFacts(**{**self.facts.__dict__, **changes})
+        self.facts = dataclasses.replace(self.facts, **changes)
+
+    def publish(self, field_name: str, status: dict[str, Any]) -> None:
+        """The controller's `StatusSink`: a record (lastScaling, lastRecovery, autoscaler) goes into the
+        status through the one writer, at once (it is news, not a rate)."""
+        self.published[field_name] = dict(status)
+        self.write()
+
+    def write(self, volatile: bool = False) -> bool:
+        return self.writer.write(self.status(), volatile=volatile)
 
     def status(self) -> dict[str, Any]:
         """The status subresource's content now (rates from the live view)."""
-        controller, topology = self.controller, self.topology
-        backend = self.backend
-        try:
-            schedule = backend.current_schedule()
-        except BackendError:
-            schedule = None
-        ready = 0
-        if schedule is not None:
+        controller = self.controller
+        schedule = None
+        if controller is not None:
+            try:
+                schedule = controller.backend.current_schedule()
+            except BackendError:
+                schedule = None
+        ready = self.facts.ready_nodes
+        if schedule is not None and not self.facts.redis_unavailable:
             try:  # a pod that is scheduled but not started (or not placed at all) is not ready
-                ready = len((set(schedule.nodes) & backend.ready_nodes()) - set(backend.failed_nodes()))
-            except redis.RedisError:
-                ready = self.facts.ready_nodes
-        self.set(ready_nodes=ready, desired_nodes=topology.nodes)
+                ready = len((set(schedule.nodes) & self.backend.ready_nodes()) - set(self.backend.failed_nodes()))
+            except Exception as exc:  # Redis or the API server away: the last count stands
+                log.debug("ready nodes of %s not read: %s", self.key, exc)
+        running = len(schedule.nodes) if schedule is not None else 0
+        # what must be ready is what runs: a failed scaling leaves the old schedule Running, not Degraded
+        self.set(ready_nodes=ready, desired_nodes=running if schedule is not None else self.facts.desired_nodes)
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.conditions = merge_conditions(self.conditions, desired_conditions(self.facts), now, self.generation)
-        rates = controller.live.rates()
-        parallelism = schedule.parallelism() if schedule is not None else {}
         status: dict[str, Any] = {
             "phase": phase(self.facts),
-            "nodes": len(schedule.nodes) if schedule is not None else 0,
+            "nodes": running,
             "readyNodes": ready,
-            "selector": selector_for(topology),
             "observedGeneration": self.generation,
             "conditions": self.conditions,
-            "throughput": round(controller.live.throughput(), 1),
-            "vertices": [
-                {"name": v, "parallelism": parallelism.get(v, 0), "processingRate": round(rates.get(v, 0.0), 1)}
-                for v in topology.order
-            ],
         }
-        record = controller.last_scaling
-        if record is not None:
-            status["lastScalingSummary"] = summary(record)
+        if controller is not None:
+            topology = controller.topology
+            rates = controller.live.rates()
+            parallelism = schedule.parallelism() if schedule is not None else {}
+            status.update(
+                selector=selector_for(topology),
+                throughput=round(controller.live.throughput(), 1),
+                vertices=[
+                    {"name": v, "parallelism": parallelism.get(v, 0), "processingRate": round(rates.get(v, 0.0), 1)}
+                    for v in topology.order
+                ],
+            )
+            if self.applied_parallelism is not None:
+                status["appliedParallelism"] = dict(self.applied_parallelism)
+            record = controller.last_scaling
+            if record is not None:
+                status["lastScalingSummary"] = summary(record)
+        status.update(self.published)
         return status
 
 
@@ -249,9 +322,14 @@ def summary(record: ScalingRecord) -> str:
     return f"{record.direction} {record.from_nodes}->{record.to_nodes} {record.outcome}"
 
 
+def spec_parallelism(topology: Topology) -> dict[str, int]:
+    return {v: topology.vertices[v].parallelism for v in topology.order}
+
+
 @dataclass
 class ManagedTopologies:
-    """Every topology this operator serves."""
+    """Every topology this operator serves, each driven by `reconcile` (the level-triggered loop: the kopf
+    daemon of each resource calls it with the resource as it is now, on a bounded pool of threads)."""
 
     redis_client: redis.Redis
     redis_url: str
@@ -262,11 +340,24 @@ class ManagedTopologies:
     interval_s: float = 1.0
     #: how long worker pods may take to be scheduled, started and ready
     start_timeout_s: float = 180.0
+    #: seconds between passes of an idle topology (dead workers, checkpoints, the autoscaler, rates)
+    tick_s: float = 2.0
+    #: a changed spec is acted on once it has been still this long (a burst of patches moves once)
+    settle_s: float = 1.0
+    #: seconds between status writes for the rates alone
+    volatile_every_s: float = 15.0
+    #: a failed scaling or start of the same desired state is retried after this, doubling up to the cap
+    retry_s: float = 5.0
+    retry_cap_s: float = 300.0
+    #: how long a delete waits for a pass in progress (a migration) before it stops the workers anyway
+    delete_wait_s: float = 60.0
+    #: builds the controller of a topology (tests replace it with one over in-memory fakes)
+    build: Callable[[ManagedTopologies, Topology, Mapping[str, Any], ManagedTopology], TopologyController] | None = None
+    #: the schedule the workers of a topology run, from Redis (after an operator restart: adopted)
+    running_schedule: Callable[[Topology], Schedule | None] | None = None
+    clock: Callable[[], float] = time.monotonic
     topologies: dict[str, ManagedTopology] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def events_for(self, body: Mapping[str, Any]) -> KubernetesEvents:
-        return KubernetesEvents(self.core_api, body)
 
     def key(self, namespace: str, name: str) -> str:
         return f"{namespace}/{name}"
@@ -274,34 +365,241 @@ class ManagedTopologies:
     def get(self, namespace: str, name: str) -> ManagedTopology | None:
         return self.topologies.get(self.key(namespace, name))
 
-    def ensure(self, body: Mapping[str, Any], events: EventSink) -> ManagedTopology:
-        """The controller of this resource, built and started when new (raises `TopologyError` for a spec
-        the API server let through but that cannot run)."""
+    def entry(self, body: Mapping[str, Any]) -> ManagedTopology:
+        """The topology of this resource (made on first sight, its writer primed with the status it has)."""
         metadata = body["metadata"]
-        key = self.key(metadata.get("namespace", "default"), metadata["name"])
+        namespace, name = metadata.get("namespace", "default"), metadata["name"]
+        key = self.key(namespace, name)
         with self._lock:
             managed = self.topologies.get(key)
-            if managed is not None:
-                managed.controller.events = events
-                return managed
-            topology = topology_from_resource(body)
-            managed = self._build(topology, metadata, events)
-            self.topologies[key] = managed
-        managed.generation = int(metadata.get("generation", 0))
-        with managed.lock:
-            self.analyzer.start_warm_up(topology)
-            # after an operator restart the running schedule is in Redis: adopt it rather than start over
-            running = Registry(self.redis_client, topology.redis_prefix).schedule()
-            try:
-                managed.controller.start(running[1] if running is not None else None)
-            except BaseException:
-                with self._lock:
-                    self.topologies.pop(key, None)
-                raise
-            managed.set(started=True)
+            if managed is None:
+                resource = ResourceApi(self.custom_api, namespace, name)
+                writer = StatusWriter(resource.patch_status, volatile_every_s=self.volatile_every_s, clock=self.clock)
+                writer.prime(body.get("status"))
+                managed = ManagedTopology(key, writer, KubernetesEvents(self.core_api, body), resource)
+                managed.conditions = list((body.get("status") or {}).get("conditions") or [])
+                applied = (body.get("status") or {}).get("appliedParallelism")
+                if isinstance(applied, Mapping):
+                    managed.applied_parallelism = {str(v): int(k) for v, k in applied.items()}
+                self.topologies[key] = managed
         return managed
 
-    def _build(self, topology: Topology, metadata: Mapping[str, Any], events: EventSink) -> ManagedTopology:
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def reconcile(self, body: Mapping[str, Any]) -> float:
+        """One pass of the loop for this resource (as it is now): start it if it does not run, recover dead
+        workers, take due checkpoints, let the autoscaler decide, move to the spec's node count and degrees
+        if they differ from what runs, write the status if it changed. Returns the seconds until the next
+        pass is due (a change of the resource wakes it sooner). Never raises for a fault of Redis, the API
+        server or a pod: those are conditions and events, and the next pass tries again."""
+        managed = self.entry(body)
+        if not managed.lock.acquire(timeout=1.0):
+            return 1.0  # a delete (or a pass of another thread) holds it
+        try:
+            return self._reconcile(managed, body)
+        except Exception as exc:  # a bug must not stop the loop of every later pass: say it, back off
+            log.exception("reconcile of %s failed", managed.key)
+            managed.set(backend_error=f"internal error: {type(exc).__name__}: {exc}")
+            managed.write()
+            return self.retry_s
+        finally:
+            managed.lock.release()
+
+    def _reconcile(self, managed: ManagedTopology, body: Mapping[str, Any]) -> float:
+        now = self.clock()
+        metadata = body["metadata"]
+        managed.generation = int(metadata.get("generation") or 0)
+        spec = dict(body.get("spec") or {})
+        if spec != managed.spec:
+            managed.spec, managed.spec_changed_at = spec, now
+        try:
+            wanted = topology_from_resource(body)
+        except TopologyError as exc:
+            message = invalid_spec_message(exc)
+            managed.set(invalid_spec=message)
+            if managed.invalid_reported != message:
+                managed.invalid_reported = message
+                managed.events.emit(INVALID_SPEC, message, warning=True)
+            managed.write()
+            return 30.0  # nothing to do until the spec changes (which wakes the loop)
+        managed.set(invalid_spec="")
+        managed.invalid_reported = ""
+        if managed.controller is None:
+            delay = self._start(managed, body, wanted, now)
+            if delay is not None:
+                return delay
+        controller = managed.controller
+        assert controller is not None
+        self._apply_settings(managed, wanted)
+        before = controller.last_recovery
+        self.report_pending(managed, _look(managed.backend.pending_nodes, {}))
+        failed = _look(managed.backend.failed_nodes, {})
+        if failed:
+            managed.set(worker_lost="; ".join(failed.values()), recovering=True)
+            managed.write()
+        controller.tick()
+        self._note_store(managed)
+        recovery = controller.last_recovery
+        if recovery is not None and recovery is not before:
+            RECOVERIES.labels(str(recovery.get("outcome"))).inc()
+        if not _look(managed.backend.failed_nodes, failed):
+            managed.set(worker_lost="", recovering=False)
+        delay = self._converge(managed, wanted, now)
+        managed.write()
+        return min(self.tick_s, delay)
+
+    def _start(self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, now: float) -> float | None:
+        """Build and start the controller (or adopt the pods an earlier operator left); None when it runs,
+        else the seconds until the next try (a failed start backs off)."""
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "start" and now < attempt.due:
+            return attempt.due - now
+        managed.write()  # Pending / Starting, before the pods' start holds this pass
+        build = self.build or ManagedTopologies._build
+        controller = build(self, topology, body["metadata"], managed)
+        self.analyzer.start_warm_up(topology)
+        try:
+            # after an operator restart the running schedule is in Redis: adopt it rather than start over
+            controller.start((self.running_schedule or self._registry_schedule)(topology))
+        except (BackendError, redis.RedisError) as exc:
+            failures = attempt.failures + 1 if attempt is not None and attempt.target == "start" else 1
+            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
+            managed.attempt = Attempt("start", failures, now + delay, str(exc))
+            if isinstance(exc, redis.RedisError):
+                managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
+            else:
+                managed.set(backend_error=str(exc))
+            managed.events.emit(START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
+            with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
+                controller.close()
+            managed.write()
+            return delay
+        managed.controller = controller
+        managed.attempt = None
+        if managed.applied_parallelism is None:
+            managed.applied_parallelism = spec_parallelism(topology)
+        managed.set(started=True, backend_error="", redis_unavailable="")
+        return None
+
+    def _apply_settings(self, managed: ManagedTopology, wanted: Topology) -> None:
+        """What of a changed spec applies without moving executors: `scaling.auto` (the autoscaler's switch,
+        bounds and thresholds), now. Changes that cannot apply to a running topology are reported once per
+        generation."""
+        controller = managed.controller
+        assert controller is not None
+        running = controller.topology
+        ignored = [
+            f"spec.{name}"
+            for name in ("slotsPerNode", "streams", "resources", "image")
+            if running.spec.get(name) != wanted.spec.get(name)
+        ]
+        scaling = dataclasses.replace(running.scaling, auto=wanted.scaling.auto)
+        if scaling != wanted.scaling:
+            ignored.append("spec.scaling (other than auto)")
+        same_shape = [_without_parallelism(v) for v in running.spec.get("vertices") or []] == [
+            _without_parallelism(v) for v in wanted.spec.get("vertices") or []
+        ]
+        if not same_shape:
+            ignored.append("spec.vertices (other than parallelism)")
+        if scaling != running.scaling or (same_shape and running.vertices != wanted.vertices):
+            controller.topology = dataclasses.replace(
+                running,
+                scaling=scaling,
+                spec={**running.spec, "scaling": wanted.spec.get("scaling"), "vertices": wanted.spec.get("vertices")}
+                if same_shape
+                else {**running.spec, "scaling": wanted.spec.get("scaling")},
+                vertices=wanted.vertices if same_shape else running.vertices,
+            )
+        if ignored and managed.ignored_reported != managed.generation:
+            managed.ignored_reported = managed.generation
+            managed.events.emit(
+                SPEC_CHANGE_IGNORED,
+                f"{', '.join(ignored)} changed: only spec.nodes, spec.scaling.auto and vertices' parallelism apply "
+                "to a running topology (delete and re-create the topology to apply the rest)",
+                warning=True,
+            )
+
+    def _converge(self, managed: ManagedTopology, wanted: Topology, now: float) -> float:
+        """Move what runs towards the spec: its node count, and its vertices' degrees when the spec's changed.
+        Returns the seconds until this needs another look."""
+        controller = managed.controller
+        assert controller is not None
+        if managed.generation < managed.expect_generation or controller.store_error:
+            return self.tick_s  # our own write of spec.nodes is not seen yet / Redis away: nothing can move
+        schedule = controller.backend.current_schedule()
+        degrees = spec_parallelism(wanted)
+        parallelism = degrees if degrees != managed.applied_parallelism and not wanted.scaling.auto.enabled else None
+        if wanted.nodes == len(schedule.nodes) and parallelism is None:
+            if managed.attempt is not None and managed.attempt.target != "start":
+                managed.attempt = None  # undone meanwhile: nothing to retry
+                managed.set(scaling_failed="")
+            return self.tick_s
+        settle = managed.spec_changed_at + self.settle_s - now
+        if settle > 0:
+            return settle
+        target = (wanted.nodes, tuple(sorted(parallelism.items())) if parallelism else None)
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == target and now < attempt.due:
+            return attempt.due - now
+        trigger = "spec" if parallelism is not None and wanted.nodes == len(schedule.nodes) else "request"
+        record = self.scale(managed, wanted.nodes, parallelism, trigger)
+        if record.outcome == "failed":
+            failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
+            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
+            managed.attempt = Attempt(target, failures, self.clock() + delay, record.reason)
+            managed.events.emit(
+                SCALING_BACKOFF,
+                f"scaling to {wanted.nodes} nodes failed {failures} time(s); the old schedule runs on; "
+                f"retrying in {delay:.0f} s (a new spec is tried at once)",
+                warning=True,
+            )
+            return delay
+        managed.attempt = None
+        if parallelism is not None:
+            managed.applied_parallelism = dict(parallelism)
+        return self.tick_s
+
+    def scale(
+        self,
+        managed: ManagedTopology,
+        nodes: int,
+        parallelism: Mapping[str, int] | None = None,
+        trigger: str = "request",
+    ) -> ScalingRecord:
+        """Analyse, plan, migrate to `nodes` (and `parallelism`); the status shows Scaling meanwhile."""
+        controller = managed.controller
+        assert controller is not None
+        managed.set(scaling=True)
+        managed.write()
+        try:
+            record = controller.scale_to(nodes, parallelism, trigger)
+        finally:
+            managed.set(scaling=False)
+        self._note_store(managed)
+        managed.set(scaling_failed="" if record.outcome != "failed" else record.reason)
+        SCALINGS.labels(record.direction, record.outcome).inc()
+        if record.finished_at is not None:
+            SCALING_SECONDS.observe(record.finished_at - record.started_at)
+        pause = record.report.get("pauseMs")
+        if isinstance(pause, int | float):
+            PAUSE_SECONDS.observe(pause / 1000.0)
+        return record
+
+    def _note_store(self, managed: ManagedTopology) -> None:
+        controller = managed.controller
+        if controller is None:
+            return
+        down_since = controller.store_down_since
+        managed.set(
+            redis_unavailable=controller.store_error,
+            redis_down_s=0.0 if down_since is None else max(0.0, controller.clock.now() - down_since),
+        )
+
+    def _registry_schedule(self, topology: Topology) -> Schedule | None:
+        found = Registry(self.redis_client, topology.redis_prefix).schedule()
+        return found[1] if found is not None else None
+
+    def _build(self, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology) -> TopologyController:
         from elastream.control.checkpoints import CheckpointDriver, Checkpointer
         from elastream.control.metrics import StreamMetricSource
         from elastream.control.migration import MigrationDriver
@@ -317,147 +615,94 @@ class ManagedTopologies:
             self.settings,
             self.start_timeout_s,
         )
-        status = CustomResourceStatus(self.custom_api, topology.namespace, topology.name)
+        migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
         controller = TopologyController(
             topology=topology,
             backend=backend,
             metrics=StreamMetricSource(client, topology, self.analyzer, self.interval_s),
-            migrator=MigrationDriver(topology, backend, client, topology.scaling.migration, events=events),  # type: ignore[arg-type]
+            migrator=migrator,
             feed=MetricStream(client, topology.redis_prefix),
             requests=NoRequests(),
-            status=status,
-            events=events,
+            status=managed,
+            events=managed.events,
             background=[
-                Checkpointer(CheckpointDriver(topology, backend, client), float(topology.scaling.checkpoint_interval_s))
+                Checkpointer(
+                    CheckpointDriver(topology, backend, client, identity=migrator.identity),
+                    float(topology.scaling.checkpoint_interval_s),
+                    own_thread=False,
+                )
             ],
             interval_s=self.interval_s,
-            on_nodes_changed=status.set_nodes,
+            on_nodes_changed=lambda nodes: self._autoscaled(managed, nodes),
         )
-        managed = ManagedTopology(controller, status)
+        migrator.on_redis = controller.note_store
         backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)
-        return managed
+        return controller
+
+    def _autoscaled(self, managed: ManagedTopology, nodes: int) -> None:
+        """The autoscaler moved the topology: write its node count to spec.nodes, and remember the generation
+        that write made (until the watch shows it, the resource seen still asks for the old count)."""
+        generation = managed.resource.set_nodes(nodes)
+        managed.expect_generation = generation or managed.generation + 1
 
     def report_pending(self, managed: ManagedTopology, pending: Mapping[str, str], write: bool = False) -> None:
         """Worker pods that cannot start (the scheduler's or the kubelet's reason) go into the Available
         condition and a Warning event; with `write`, the status is written at once (a start or migration
-        waiting for them holds the handler that would write it)."""
+        waiting for them holds the pass that would write it)."""
         message = "; ".join(pending[n] for n in sorted(pending))
         changed = message != managed.facts.pending
         managed.set(pending=message)
         if message:
-            managed.controller.events.emit(WORKERS_PENDING, message, warning=True)
+            managed.events.emit(WORKERS_PENDING, message, warning=True)
         if write and changed:
-            managed.resource.patch(managed.status())
-
-    def scale(
-        self,
-        managed: ManagedTopology,
-        nodes: int,
-        generation: int,
-        events: EventSink,
-        parallelism: Mapping[str, int] | None = None,
-        trigger: str = "request",
-    ) -> ScalingRecord:
-        """`spec.nodes` (or, with `parallelism`, vertices' degrees) changed: analyse, plan, migrate; the
-        status shows Scaling meanwhile."""
-        with managed.lock:
-            managed.controller.events = events
-            managed.generation = generation
-            managed.controller.topology = managed.controller.topology.with_nodes(nodes)
-            managed.set(scaling=True)
-            managed.resource.patch(managed.status())
-            try:
-                record = managed.controller.scale_to(nodes, parallelism, trigger)
-            finally:
-                managed.set(scaling=False)
-            managed.set(scaling_failed="" if record.outcome != "failed" else record.reason)
-            SCALINGS.labels(record.direction, record.outcome).inc()
-            if record.finished_at is not None:
-                SCALING_SECONDS.observe(record.finished_at - record.started_at)
-            pause = record.report.get("pauseMs")
-            if isinstance(pause, int | float):
-                PAUSE_SECONDS.observe(pause / 1000.0)
-            managed.resource.patch(managed.status())
-            return record
-
-    def apply_spec(self, managed: ManagedTopology, body: Mapping[str, Any], events: EventSink) -> list[str]:
-        """Apply what of a changed spec can change on a running topology: `scaling.auto` (the autoscaler's
-        switch, bounds and thresholds) at once, and vertices' `parallelism` by a migration to those degrees.
-        Returns the changes it could not apply (anything else: delete and re-create to change it)."""
-        new = topology_from_resource(body)
-        with managed.lock:
-            controller = managed.controller
-            running = controller.topology
-            ignored = [
-                f"spec.{name}"
-                for name in ("slotsPerNode", "streams", "resources", "image")
-                if (running.spec.get(name) != new.spec.get(name))
-            ]
-            scaling = dataclasses.replace(running.scaling, auto=new.scaling.auto)
-            if scaling != new.scaling:
-                ignored.append("spec.scaling (other than auto)")
-            same_shape = [_without_parallelism(v) for v in running.spec.get("vertices") or []] == [
-                _without_parallelism(v) for v in new.spec.get("vertices") or []
-            ]
-            if not same_shape:
-                ignored.append("spec.vertices (other than parallelism)")
-            controller.topology = dataclasses.replace(
-                running,
-                scaling=scaling,
-                spec={**running.spec, "scaling": new.spec.get("scaling"), "vertices": new.spec.get("vertices")}
-                if same_shape
-                else running.spec,
-                vertices=new.vertices if same_shape else running.vertices,
-            )
-            managed.generation = int(body["metadata"].get("generation", 0))
-        if not same_shape:
-            return ignored
-        schedule = controller.backend.current_schedule()
-        wanted = {v: new.vertices[v].parallelism for v in new.order}
-        if wanted != schedule.parallelism():
-            self.scale(managed, len(schedule.nodes), managed.generation, events, wanted, trigger="spec")
-        return ignored
-
-    def tick(self, managed: ManagedTopology, events: EventSink) -> dict[str, Any] | None:
-        """The periodic refresh: recover dead workers, live rates, recovery follow-ups; returns the status
-        to write (None when a scaling holds the topology: it writes its own)."""
-        if not managed.lock.acquire(blocking=False):
-            return None
-        try:
-            managed.controller.events = events
-            self.report_pending(managed, managed.backend.pending_nodes())
-            failed = managed.controller.backend.failed_nodes()
-            if failed:
-                managed.set(worker_lost="; ".join(failed.values()), recovering=True)
-                managed.resource.patch(managed.status())
-            before = managed.controller.last_recovery
-            try:
-                managed.controller.tick()
-                managed.set(backend_error="")
-            except (BackendError, redis.RedisError) as exc:
-                managed.set(backend_error=str(exc))
-            recovery = managed.controller.last_recovery
-            if recovery is not None and recovery is not before:
-                RECOVERIES.labels(str(recovery.get("outcome"))).inc()
-                if recovery.get("outcome") == "succeeded":
-                    managed.set(worker_lost="", recovering=False)
-            elif not failed:
-                managed.set(worker_lost="", recovering=False)
-            return managed.status()
-        finally:
-            managed.lock.release()
+            managed.write()
 
     def remove(self, namespace: str, name: str) -> None:
-        """The resource is being deleted: stop the controller and its pods, delete its Redis keys."""
+        """The resource is being deleted: stop a migration in flight (bounded), the controller and its pods,
+        delete its Redis keys. Always returns (the finalizer must go): what could not be done is logged."""
         with self._lock:
             managed = self.topologies.pop(self.key(namespace, name), None)
-        if managed is None:
-            prefix = f"elastream:{namespace}/{name}:"
-        else:
-            with managed.lock:
-                managed.controller.close()
-            prefix = managed.topology.redis_prefix
-        delete_keys(self.redis_client, prefix)
+        prefix = f"elastream:{namespace}/{name}:"
+        if managed is not None and managed.controller is not None:
+            controller = managed.controller
+            cancelled = getattr(controller.migrator, "cancelled", None)
+            if cancelled is not None:
+                cancelled.set()
+            held = managed.lock.acquire(timeout=self.delete_wait_s)
+            if not held:
+                log.warning(
+                    "%s: a pass still runs after %.0f s; stopping the workers anyway", managed.key, self.delete_wait_s
+                )
+            try:
+                controller.close()
+            except Exception as exc:
+                log.warning("%s: stopping the workers: %s", managed.key, exc)
+            finally:
+                if held:
+                    managed.lock.release()
+            prefix = controller.topology.redis_prefix
+        deadline = self.clock() + 30.0
+        while True:
+            try:
+                delete_keys(self.redis_client, prefix)
+                return
+            except redis.RedisError as exc:
+                if self.clock() > deadline:
+                    log.warning(
+                        "keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix
+                    )
+                    return
+                time.sleep(1.0)
+
+
+def _look(read: Callable[[], dict[str, str]], default: dict[str, str]) -> dict[str, str]:
+    """What `read` says about the pods, or `default` while the API server or Redis cannot answer (the
+    controller's own tick notes that and retries)."""
+    try:
+        return read()
+    except Exception as exc:
+        log.debug("pods not read: %s", exc)
+        return default
 
 
 def _without_parallelism(vertex: Any) -> Any:
@@ -484,14 +729,3 @@ def _glob_escape(text: str) -> str:
 
 def invalid_spec_message(exc: TopologyError) -> str:
     return "; ".join(exc.problems)
-
-
-def _jsonable(value: Any) -> Any:
-    """Status values as JSON types (floats rounded; None kept)."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float):
-        return round(value, 3)
-    return value

@@ -26,7 +26,18 @@ INVALID_SPEC = "InvalidSpec"
 SCALING_FAILED = "ScalingFailed"
 WORKER_LOST = "WorkerLost"
 BACKEND_ERROR = "BackendError"
+REDIS_UNAVAILABLE = "RedisUnavailable"
+STATE_LOST = "StateLost"
 AS_EXPECTED = "AsExpected"
+
+# event reasons that are not condition reasons (a Kubernetes Event's `reason`; constant, as alerts match them)
+START_FAILED = "StartFailed"
+SCALING_BACKOFF = "ScalingBackoff"
+SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+STATE_RESET = "StateReset"
+
+#: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
+REDIS_GRACE_S = 60.0
 
 PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed")
 
@@ -50,6 +61,11 @@ class StatusFacts:
     worker_lost: str = ""
     #: worker pods that cannot start for now (no cluster node can take them, an image is missing): why
     pending: str = ""
+    #: Redis cannot be reached (why), and for how long so far
+    redis_unavailable: str = ""
+    redis_down_s: float = 0.0
+    #: the topology's state in Redis is gone (emptied, a new volume, a wrong URL): why
+    state_lost: str = ""
 
 
 def phase(facts: StatusFacts) -> str:
@@ -59,7 +75,14 @@ def phase(facts: StatusFacts) -> str:
         return "Scaling"
     if not facts.started:
         return "Pending"
-    if facts.backend_error or facts.worker_lost or facts.recovering or facts.ready_nodes < facts.desired_nodes:
+    if (
+        facts.state_lost
+        or facts.backend_error
+        or facts.worker_lost
+        or facts.recovering
+        or facts.ready_nodes < facts.desired_nodes
+        or (facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S)
+    ):
         return "Degraded"
     return "Running"
 
@@ -89,6 +112,8 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         )
     if facts.scaling:
         progressing = _condition(PROGRESSING, True, SCALING, "a migration is moving executors")
+    elif facts.redis_unavailable:
+        progressing = _condition(PROGRESSING, True, REDIS_UNAVAILABLE, f"waiting for Redis: {facts.redis_unavailable}")
     elif facts.recovering:
         progressing = _condition(PROGRESSING, True, RECOVERING, "rolling back to the last checkpoint")
     elif not facts.started and not facts.invalid_spec:
@@ -97,6 +122,15 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         progressing = _condition(PROGRESSING, False, STABLE, "no scaling in progress")
     if facts.invalid_spec:
         degraded = _condition(DEGRADED, True, INVALID_SPEC, facts.invalid_spec)
+    elif facts.state_lost:
+        degraded = _condition(DEGRADED, True, STATE_LOST, facts.state_lost)
+    elif facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S:
+        degraded = _condition(
+            DEGRADED,
+            True,
+            REDIS_UNAVAILABLE,
+            f"Redis unreachable for over {REDIS_GRACE_S:.0f} s: {facts.redis_unavailable}",
+        )
     elif facts.worker_lost:
         degraded = _condition(DEGRADED, True, WORKER_LOST, facts.worker_lost)
     elif facts.backend_error:

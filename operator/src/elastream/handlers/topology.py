@@ -1,50 +1,31 @@
-"""kopf handlers for StreamTopology resources: thin, every decision is in `elastream.control`.
+"""kopf handlers for StreamTopology resources: thin, every decision is in `elastream.control.resources`.
 
-- create / resume: validate, start (or adopt) the worker pods, finish a migration an earlier operator left;
-- a change of `spec.nodes` (`kubectl patch`, `kubectl scale`, an HPA): analyse, plan, migrate;
-- a change of a vertex's `parallelism`: migrate to those degrees; of `spec.scaling.auto`: applied at once
-  (the autoscaler runs in the timer's tick and writes its node count back to `spec.nodes`);
-- a timer: dead workers recovered from the last checkpoint, status (rates, conditions) refreshed;
-- delete: kopf's finalizer keeps the resource until the pods are stopped and its Redis keys deleted;
-- a worker pod deleted or failed outside a migration is seen by the timer (`failed_nodes`) and replaced.
-A spec the API server accepted but that cannot run (graph and slot checks) becomes Degraded/InvalidSpec with
-an event naming the field: no crash loop, no stuck finalizer.
+- a daemon per resource runs its level-triggered reconcile loop: each pass (`ManagedTopologies.reconcile`,
+  on the operator's bounded thread pool, so a thousand topologies are a thousand asyncio tasks, not a
+  thousand threads) compares the resource's spec with what runs and acts; it sleeps until the next pass is
+  due or the resource changes;
+- a change of the resource (its spec or annotations: a new generation) only wakes the loop;
+- delete: kopf's finalizer keeps the resource until a migration in flight stopped (bounded), the pods are
+  stopped and its Redis keys deleted.
+The status has one writer (the loop's); these handlers write nothing.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import contextlib
+import copy
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
-from elastream.control.resources import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    KubernetesEvents,
-    ManagedTopologies,
-)
-from elastream.core.ports import BackendError
-from elastream.core.status import StatusFacts, desired_conditions, merge_conditions
-from elastream.core.topology import TopologyError
+from elastream.control.resources import GROUP, PLURAL, VERSION, ManagedTopologies
 
 #: set by `elastream operator` before kopf starts
 TOPOLOGIES: ManagedTopologies | None = None
-#: seconds between status refreshes (and dead-worker checks) per topology
-TICK_S = 2.0
-
-
-_EVENTS: dict[str, KubernetesEvents] = {}
-
-
-def events_for(body: Any) -> KubernetesEvents:
-    """The event sink of this resource (one per resource, so repeats are recognised across handlers)."""
-    key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
-    sink = _EVENTS.get(key)
-    if sink is None:
-        sink = _EVENTS[key] = topologies().events_for(body)
-    return sink
+#: the threads passes run on (every topology shares them; a pass that migrates holds one for its duration)
+POOL: ThreadPoolExecutor | None = None
 
 
 def topologies() -> ManagedTopologies:
@@ -53,101 +34,45 @@ def topologies() -> ManagedTopologies:
     return TOPOLOGIES
 
 
-def invalid(body: Any, patch: Any, exc: TopologyError) -> None:
-    """A spec that cannot run: Degraded/InvalidSpec with the fields named, an event; nothing is retried."""
-    message = "; ".join(exc.problems)
-    facts = StatusFacts(int((body.get("spec") or {}).get("nodes") or 0), 0, invalid_spec=message)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    conditions = merge_conditions(
-        (body.get("status") or {}).get("conditions"),
-        desired_conditions(facts),
-        now,
-        body["metadata"].get("generation", 0),
-    )
-    patch.status.update(phase="Failed", conditions=conditions, observedGeneration=body["metadata"].get("generation", 0))
-    events_for(body).emit("InvalidSpec", message, warning=True)
+def _wake_event(memo: Any) -> asyncio.Event:
+    wake = memo.get("wake")
+    if wake is None:
+        wake = memo["wake"] = asyncio.Event()
+    return wake  # type: ignore[no-any-return]
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-def start(body: Any, patch: Any, **_: Any) -> None:
-    try:
-        managed = topologies().ensure(body, events_for(body))
-    except TopologyError as exc:
-        invalid(body, patch, exc)
-        return
-    except BackendError as exc:
-        events_for(body).emit("StartFailed", f"{exc}; retrying in 10 s", warning=True)
-        raise kopf.TemporaryError(str(exc), delay=10) from None
-    running = len(managed.controller.backend.current_schedule().nodes)
-    if running != managed.topology.nodes:  # spec.nodes changed while no operator ran
-        topologies().scale(managed, managed.topology.nodes, body["metadata"].get("generation", 0), events_for(body))
-    patch.status.update(managed.status())
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
+async def reconcile_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """The resource's loop: a pass, then sleep until it is due or the resource changes."""
+    wake = _wake_event(memo)
+    loop = asyncio.get_running_loop()
+    while not stopped:
+        wake.clear()
+        resource = copy.deepcopy(dict(body))  # the live view changes under a pass: it reads one version
+        delay = await loop.run_in_executor(POOL, topologies().reconcile, resource)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=max(0.05, delay))
 
 
-@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.nodes")
-def nodes_changed(body: Any, old: Any, new: Any, patch: Any, **_: Any) -> None:
-    if old is None or new is None or old == new:
-        return  # creation is `start`'s
-    managed = topologies().get(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
-    if managed is None:
-        raise kopf.TemporaryError("the topology is not running yet", delay=5)
-    if int(new) == len(managed.controller.backend.current_schedule().nodes):
-        # the autoscaler wrote what already runs (or a request was undone meanwhile): nothing to move
-        managed.controller.topology = managed.controller.topology.with_nodes(int(new))
-        patch.status.update(managed.status())
-        return
-    record = topologies().scale(managed, int(new), body["metadata"].get("generation", 0), events_for(body))
-    patch.status.update(managed.status())
-    if record.outcome == "failed":
-        # the old schedule runs on; the record and the Degraded condition say why
-        return
-
-
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def spec_changed(body: Any, diff: Any, **_: Any) -> None:
-    """`spec.scaling.auto` applies at once, a vertex's `parallelism` by a migration; other changes are
-    reported, not applied (`spec.nodes` is `nodes_changed`'s)."""
-    others = [".".join(str(p) for p in path) for _, path, _, _ in diff if tuple(path)[:1] != ("nodes",)]
-    if not others:
-        return
-    managed = topologies().get(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
-    if managed is None:
-        raise kopf.TemporaryError("the topology is not running yet", delay=5)
-    try:
-        ignored = topologies().apply_spec(managed, body, events_for(body))
-    except TopologyError as exc:
-        events_for(body).emit("InvalidSpec", "; ".join(exc.problems), warning=True)
-        return
-    if ignored:
-        events_for(body).emit(
-            "SpecChangeIgnored",
-            f"{', '.join(ignored)} changed: only spec.nodes, spec.scaling.auto and vertices' parallelism apply to a "
-            "running topology (delete and re-create the topology to apply the rest)",
-            warning=True,
-        )
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_S, idle=0, sharp=True)
-def refresh(body: Any, patch: Any, **_: Any) -> None:
-    managed = topologies().get(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
-    if managed is None:
-        return
-    status = topologies().tick(managed, events_for(body))
-    if status is not None:
-        patch.status.update(status)
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A new generation (spec) or new annotations: wake the loop (our own status writes do not)."""
+    obj = event.get("object") or {}
+    metadata = obj.get("metadata") or {}
+    seen = (metadata.get("generation"), tuple(sorted((metadata.get("annotations") or {}).items())))
+    if memo.get("seen") != seen:
+        memo["seen"] = seen
+        _wake_event(memo).set()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def stop(body: Any, **_: Any) -> None:
+def stop(body: kopf.Body, **_: Any) -> None:
     topologies().remove(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
-    _EVENTS.pop(f"{body['metadata'].get('namespace')}/{body['metadata']['name']}", None)
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # our events are posted by `KubernetesEvents`, once per fact; kopf's own log lines ("Handler succeeded"
-    # every timer tick) would bury them
+    # our events are posted by `KubernetesEvents`, once per fact; kopf's own log lines would bury them
     settings.posting.enabled = False
     settings.persistence.finalizer = "elastream.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="elastream.dev")

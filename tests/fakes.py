@@ -1,0 +1,170 @@
+"""In-memory fakes at the controller's ports (`core.ports`): a backend that records schedules, a migrator that
+applies them, metrics from the fluid simulator of whatever the backend runs, requests from a list, status into
+a dict, events into a list, a fake clock. Shared by the controller's and the reconciler's unit tests."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from elastream.core.metrics import MetricSample, MetricSnapshot
+from elastream.core.migration import MigrationReport
+from elastream.core.ports import BackendError, ScaleRequest
+from elastream.core.schedule import Schedule
+from elastream.core.simulate import simulate, snapshot_from_simulation
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.schedule: Schedule | None = None
+        self.started: list[Schedule] = []
+        self.dead: dict[str, str] = {}
+        self.log: list[str] = []
+
+    def current_schedule(self) -> Schedule:
+        if self.schedule is None:
+            raise BackendError("no schedule applied yet")
+        return self.schedule
+
+    def ready_nodes(self) -> set[str]:
+        return set(self.schedule.nodes) - set(self.dead) if self.schedule is not None else set()
+
+    def pending_nodes(self) -> dict[str, str]:
+        return {}
+
+    def start(self, schedule: Schedule) -> None:
+        self.started.append(schedule)
+        self.schedule = schedule
+
+    def failed_nodes(self) -> dict[str, str]:
+        return dict(self.dead)
+
+    def stop_workers(self) -> None:
+        self.log.append("workers stopped")
+
+
+@dataclass
+class FakeMigrator:
+    backend: FakeBackend
+    applied: list[Schedule] = field(default_factory=list)
+    outcome: str = "succeeded"
+    target: Schedule | None = None
+    resumed: int = 0
+    recovered: list[dict[str, str]] = field(default_factory=list)
+    #: a migration nobody drives (left by Redis going away), until resumed
+    left: str | None = None
+    #: recover raises this many times before it succeeds
+    recover_failures: int = 0
+    #: set when the topology is deleted (a migration in flight stops waiting)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def report(self, outcome: str, **extra: object) -> MigrationReport:
+        return MigrationReport(
+            "m1",
+            "ccr",
+            "out",
+            2,
+            3,
+            {"captureMs": 10.0},
+            5,
+            0,
+            0,
+            outcome,
+            pause_ms=42.0,
+            **extra,  # type: ignore[arg-type]
+        )
+
+    def migrate(self, schedule: Schedule) -> MigrationReport:
+        if self.outcome == "raise":
+            raise BackendError("node-2 not ready after 60 s")
+        if self.outcome == "succeeded":
+            self.applied.append(schedule)
+            self.backend.schedule = schedule
+            return self.report("succeeded")
+        return self.report(self.outcome, reason="prepare timed out")
+
+    def interrupted_target(self) -> Schedule | None:
+        return self.target
+
+    def resume(self) -> MigrationReport | None:
+        self.resumed += 1
+        left, self.left = self.left, None
+        return self.report("succeeded") if self.target is not None or left is not None else None
+
+    def unfinished(self) -> str | None:
+        return self.left
+
+    def recover(self, failed: dict[str, str]) -> MigrationReport | None:
+        self.recovered.append(failed)
+        if self.recover_failures:
+            self.recover_failures -= 1
+            raise BackendError("pod t-node-1 not created: Forbidden: exceeded quota: pods")
+        self.backend.dead = {}
+        return MigrationReport(
+            "r1",
+            "restart",
+            "in",
+            2,
+            2,
+            {},
+            0,
+            0,
+            321,
+            "succeeded",
+            restored_from="ckpt-7",  # type: ignore[arg-type]
+        )
+
+
+class SimulatedMetrics:
+    def __init__(self, topology, backend: FakeBackend) -> None:
+        self.topology, self.backend = topology, backend
+        self.not_before = 0.0
+        self.engine = "python"
+
+    def snapshot(self, window: int) -> MetricSnapshot:
+        schedule = self.backend.current_schedule()
+        return snapshot_from_simulation(self.topology, schedule, simulate(self.topology, schedule))
+
+
+@dataclass
+class ListFeed:
+    samples: list[MetricSample] = field(default_factory=list)
+
+    def read_since(self, since_ts: float | None = None) -> list[MetricSample]:
+        return [s for s in self.samples if since_ts is None or s.ts >= since_ts]
+
+
+@dataclass
+class ListRequests:
+    pending: list[int] = field(default_factory=list)
+
+    def take(self) -> ScaleRequest | None:
+        return ScaleRequest(self.pending.pop(0)) if self.pending else None
+
+
+@dataclass
+class DictStatus:
+    fields: dict[str, list[dict]] = field(default_factory=dict)
+
+    def publish(self, name: str, status: dict) -> None:
+        self.fields.setdefault(name, []).append(dict(status))
+
+
+class ListEvents:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, bool]] = []
+
+    def emit(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message, warning))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        self.t += 0.5
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds

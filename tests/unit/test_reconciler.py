@@ -1,0 +1,447 @@
+"""The Kubernetes adapter's reconcile loop (`control.resources.ManagedTopologies`) and its one status writer,
+over in-memory fakes: a custom-objects API that applies merge patches to a stored resource and counts
+them, a core API that records events, and controllers over the fakes of `tests/fakes.py`. No kopf, no
+cluster, no Redis; a fake clock, so backoff and settling are exact."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+import pytest
+
+from elastream.control.controller import TopologyController
+from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
+from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
+from elastream.core.topology import Topology
+from fakes import FakeBackend, FakeMigrator, ListFeed, SimulatedMetrics
+from helpers import edge, manifest, sink, src, work
+
+# ------------------------------------------------------------------------------------------- the fakes
+
+
+def apply_merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            apply_merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+class FakeCustomApi:
+    """One StreamTopology: status patches are applied and counted, spec patches raise the generation."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.status_patches: list[dict[str, Any]] = []
+        self.down = False
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_) -> None:
+        if self.down:
+            raise ConnectionRefusedError("API server away")
+        self.status_patches.append(copy.deepcopy(body["status"]))
+        apply_merge_patch(self.body.setdefault("status", {}), body["status"])
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **_) -> dict[str, Any]:
+        apply_merge_patch(self.body["spec"], body["spec"])
+        self.body["metadata"]["generation"] += 1
+        return copy.deepcopy(self.body)
+
+
+class FakeCoreApi:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def create_namespaced_event(self, namespace: str, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+
+class Clock:
+    """Time that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class Analyzer:
+    def start_warm_up(self, topology: Topology) -> None:
+        pass
+
+
+def resource(nodes: int = 3, **spec: Any) -> dict[str, Any]:
+    document = manifest(
+        [src("s", 2, rate=4000), work("parse", 2, costMs=2), sink("z", 1, costMs=0.05)],
+        [edge("s", "parse"), edge("parse", "z")],
+        nodes=nodes,
+        slotsPerNode=6,
+    )
+    document["metadata"].update(namespace="default", uid="u-1", generation=1)
+    document["spec"].update(spec)
+    return document
+
+
+class World:
+    """A reconciler over fakes, and the resource it serves."""
+
+    def __init__(self, nodes: int = 3, **spec: Any) -> None:
+        self.body = resource(nodes, **spec)
+        self.custom, self.core = FakeCustomApi(self.body), FakeCoreApi()
+        self.clock = Clock()
+        self.backends: list[FakeBackend] = []
+        self.migrators: list[FakeMigrator] = []
+        self.topologies = ManagedTopologies(
+            redis_client=None,  # type: ignore[arg-type]
+            redis_url="redis://unused",
+            core_api=self.core,
+            custom_api=self.custom,
+            analyzer=Analyzer(),
+            build=self.build,
+            running_schedule=lambda topology: None,
+            clock=self.clock.now,
+        )
+
+    def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):
+        backend = FakeBackend()
+        migrator = FakeMigrator(backend)
+        self.backends.append(backend)
+        self.migrators.append(migrator)
+        return TopologyController(
+            topology=topology,
+            backend=backend,  # type: ignore[arg-type]
+            metrics=SimulatedMetrics(topology, backend),
+            migrator=migrator,
+            feed=ListFeed(),
+            requests=_NoRequests(),
+            status=managed,
+            events=managed.events,
+            clock=self.clock,
+            on_nodes_changed=lambda nodes: owner._autoscaled(managed, nodes),
+        )
+
+    def patch_spec(self, **spec: Any) -> None:
+        self.body["spec"].update(spec)
+        self.body["metadata"]["generation"] += 1
+
+    def reconcile(self) -> float:
+        return self.topologies.reconcile(copy.deepcopy(self.body))
+
+    def run_for(self, seconds: float) -> None:
+        """Passes as the daemon makes them, for `seconds` of fake time."""
+        end = self.clock.t + seconds
+        while self.clock.t < end:
+            delay = self.reconcile()
+            self.clock.t += max(0.05, delay)
+
+    @property
+    def backend(self) -> FakeBackend:
+        return self.backends[-1]
+
+    @property
+    def migrator(self) -> FakeMigrator:
+        return self.migrators[-1]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.body.get("status", {})
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == kind)
+
+    def reasons(self) -> list[str]:
+        return [e["reason"] for e in self.core.events]
+
+
+class _NoRequests:
+    def take(self) -> None:
+        return None
+
+
+def running(nodes: int = 3, **spec: Any) -> World:
+    world = World(nodes, **spec)
+    world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["nodes"] == nodes
+    return world
+
+
+# --------------------------------------------------------------------------------------------- the loop
+
+
+def test_a_new_resource_is_started_and_reported_running() -> None:
+    world = running(3)
+    assert world.status["readyNodes"] == 3 and world.status["observedGeneration"] == 1
+    assert world.condition("Available")["status"] == "True"
+    assert world.status["appliedParallelism"] == {"s": 2, "parse": 2, "z": 1}
+
+
+def test_a_patch_of_spec_nodes_migrates_once_the_spec_settled() -> None:
+    world = running(3)
+    world.patch_spec(nodes=4)
+    assert world.reconcile() <= world.topologies.settle_s  # too fresh: wait for the burst to end
+    assert world.migrator.applied == []
+    world.run_for(2.0)
+    assert [len(s.nodes) for s in world.migrator.applied] == [4]
+    assert world.status["nodes"] == 4 and world.status["phase"] == "Running"
+    assert world.status["lastScaling"]["outcome"] == "succeeded"
+
+
+def test_a_burst_of_patches_converges_on_the_last_value_without_the_stale_ones() -> None:
+    world = running(3)
+    for nodes in (3, 4, 2, 5):  # within a second
+        world.patch_spec(nodes=nodes)
+        world.reconcile()
+        world.clock.t += 0.2
+    world.run_for(5.0)
+    assert [len(s.nodes) for s in world.migrator.applied] == [5]
+    for nodes in (4, 2, 5):  # and back to what runs: nothing moves at all
+        world.patch_spec(nodes=nodes)
+        world.reconcile()
+    world.run_for(5.0)
+    assert [len(s.nodes) for s in world.migrator.applied] == [5]
+
+
+def test_a_failed_scale_out_leaves_the_old_schedule_running_and_retries_with_backoff() -> None:
+    world = running(3)
+    world.migrator.outcome = "raise"  # the new pods never become ready
+    world.patch_spec(nodes=5)
+    world.run_for(2.0)
+    assert world.status["phase"] == "Running" and world.status["nodes"] == 3 and world.status["readyNodes"] == 3
+    assert world.condition("Available")["status"] == "True"
+    degraded = world.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ScalingFailed"
+    assert "not ready after 60 s" in degraded["message"]
+    assert world.status["lastScaling"]["outcome"] == "failed"
+    assert "ScalingBackoff" in world.reasons() and "ScalingFailed" in world.reasons()
+    assert world.reasons().count("ScalingFailed") == 1  # the same failure again is not posted again
+    world.run_for(3.0)  # inside the first backoff (5 s): not retried
+    assert world.reasons().count("ScalingBackoff") == 1
+    world.run_for(60.0)  # 5, 10, 20 s later: three more tries, not thirty
+    assert world.reasons().count("ScalingBackoff") == 4
+    world.migrator.outcome = "succeeded"
+    world.patch_spec(nodes=4)  # a new value is tried at once (after settling), not after the backoff
+    world.run_for(2.0)
+    assert world.status["nodes"] == 4 and world.condition("Degraded")["status"] == "False"
+
+
+def test_a_scale_out_undone_before_its_retry_clears_the_failure() -> None:
+    world = running(3)
+    world.migrator.outcome = "raise"
+    world.patch_spec(nodes=5)
+    world.run_for(2.0)
+    world.patch_spec(nodes=3)
+    world.run_for(2.0)
+    assert world.condition("Degraded")["status"] == "False" and world.status["nodes"] == 3
+
+
+def test_an_idle_topology_writes_its_status_a_few_times_a_minute_at_most() -> None:
+    world = running(3)
+    controller = world.topologies.topologies["default/t"].controller
+    assert controller is not None
+    controller.live.throughput = lambda: world.clock.t % 97  # type: ignore[method-assign]  # moves every pass
+    before = len(world.custom.status_patches)
+    world.run_for(60.0)
+    # only the rates change: they are written every 15 s, not every pass (30 passes here)
+    assert 3 <= len(world.custom.status_patches) - before <= 5
+
+
+def test_a_scaling_writes_its_status_a_handful_of_times() -> None:
+    world = running(3)
+    world.run_for(1.0)
+    before = len(world.custom.status_patches)
+    world.patch_spec(nodes=4)
+    world.run_for(3.0)
+    writes = world.custom.status_patches[before:]
+    assert 2 <= len(writes) <= 5
+    assert any(w.get("phase") == "Scaling" for w in writes) and world.status["phase"] == "Running"
+
+
+def test_a_vertex_degree_changed_in_the_spec_is_migrated_to_once() -> None:
+    world = running(3)
+    vertices = copy.deepcopy(world.body["spec"]["vertices"])
+    vertices[1]["parallelism"] = 4
+    world.patch_spec(vertices=vertices)
+    world.run_for(3.0)
+    assert world.migrator.applied[-1].parallelism()["parse"] == 4
+    assert world.status["appliedParallelism"]["parse"] == 4
+    applied = len(world.migrator.applied)
+    world.run_for(5.0)  # Stela's later choices are not undone: only a change of the spec moves degrees
+    assert len(world.migrator.applied) == applied
+
+
+def test_the_autoscalers_own_write_of_spec_nodes_is_not_undone_by_the_stale_resource() -> None:
+    world = running(3)
+    managed = world.topologies.topologies["default/t"]
+    stale = copy.deepcopy(world.body)
+    world.topologies._autoscaled(managed, 4)  # the controller moved to 4 and wrote spec.nodes
+    world.backend.schedule = world.backend.schedule  # what runs is unchanged in this fake
+    assert world.body["spec"]["nodes"] == 4 and managed.expect_generation == 2
+    world.clock.t += 5
+    world.topologies.reconcile(stale)  # the watch has not shown the write yet
+    assert world.migrator.applied == []
+
+
+def test_an_invalid_spec_is_failed_once_with_the_field_named_and_no_retry_storm() -> None:
+    world = World(3, slotsPerNode=1)  # 5 executors on 3 nodes of 1 slot
+    world.run_for(10.0)
+    assert world.status["phase"] == "Failed"
+    degraded = world.condition("Degraded")
+    assert degraded["reason"] == "InvalidSpec" and "spec." in degraded["message"]
+    assert world.reasons().count("InvalidSpec") == 1
+    assert world.backends == []  # nothing was started
+    world.patch_spec(slotsPerNode=6)
+    world.run_for(2.0)
+    assert world.status["phase"] == "Running"
+
+
+def test_redis_away_shows_in_progressing_then_degrades_past_the_grace_and_recovers_by_itself() -> None:
+    world = running(3)
+    controller = world.topologies.topologies["default/t"].controller
+    assert controller is not None
+
+    class Away(ListFeed):
+        def read_since(self, since_ts=None):
+            import redis
+
+            raise redis.ConnectionError("Connection refused")
+
+    feed, controller.feed = controller.feed, Away()
+    world.run_for(10.0)
+    assert world.condition("Progressing")["reason"] == "RedisUnavailable"
+    assert world.status["phase"] == "Running"
+    world.run_for(60.0)
+    assert world.status["phase"] == "Degraded" and world.condition("Degraded")["reason"] == "RedisUnavailable"
+    assert world.reasons().count("RedisUnavailable") == 1
+    controller.feed = feed
+    world.run_for(3.0)
+    assert world.status["phase"] == "Running" and world.condition("Degraded")["status"] == "False"
+    assert "RedisAvailable" in world.reasons()
+
+
+def test_the_api_server_away_loses_no_status_change() -> None:
+    world = running(3)
+    world.custom.down = True
+    world.patch_spec(nodes=4)
+    world.run_for(3.0)
+    assert world.backend.schedule is not None and len(world.backend.schedule.nodes) == 4  # workers moved on
+    world.custom.down = False
+    world.run_for(2.0)
+    assert world.status["nodes"] == 4 and world.status["lastScaling"]["toNodes"] == 4
+
+
+def test_a_failed_start_backs_off_and_says_so() -> None:
+    world = World(3)
+    calls = []
+
+    def broken(owner, topology, metadata, managed):
+        controller = world.build(owner, topology, metadata, managed)
+        calls.append(1)
+
+        def no_start(schedule=None):
+            from elastream.core.ports import BackendError
+
+            raise BackendError("pod t-node-0 not created: Forbidden: exceeded quota: pods")
+
+        controller.start = no_start  # type: ignore[method-assign]
+        return controller
+
+    world.topologies.build = broken
+    world.run_for(30.0)
+    assert 2 <= len(calls) <= 4  # 5, 10, 20 s apart: not one per pass
+    assert world.status["phase"] == "Pending"
+    assert world.reasons().count("StartFailed") == len(calls)
+    assert "exceeded quota" in world.condition("Degraded")["message"]
+
+
+def test_delete_completes_while_a_pass_holds_the_topology() -> None:
+    world = running(3)
+    world.topologies.delete_wait_s = 0.2
+    managed = world.topologies.topologies["default/t"]
+    managed.lock.acquire()  # a migration in flight
+    deleted = threading.Event()
+
+    def delete() -> None:
+        world.topologies.remove("default", "t")
+        deleted.set()
+
+    world.topologies.redis_client = _NoKeys()  # type: ignore[assignment]
+    thread = threading.Thread(target=delete)
+    thread.start()
+    thread.join(timeout=10.0)
+    assert deleted.is_set() and "workers stopped" in world.backend.log
+    assert world.migrator.cancelled.is_set()
+    managed.lock.release()
+
+
+class _NoKeys:
+    def scan_iter(self, match: str, count: int):
+        return iter(())
+
+
+# ------------------------------------------------------------------------------------------ the writer
+
+
+def test_merge_patch_replaces_records_and_drops_what_is_gone() -> None:
+    old = {"phase": "Scaling", "lastScaling": {"outcome": "pending", "reason": "x", "plan": {"a": 1}}}
+    new = {"phase": "Running", "lastScaling": {"outcome": "succeeded", "plan": {"a": 1}}}
+    assert merge_patch(old, new) == {"phase": "Running", "lastScaling": {"outcome": "succeeded", "reason": None}}
+    assert merge_patch(new, new) == {}
+
+
+def test_the_writer_sends_changes_at_once_and_rates_alone_every_15_s() -> None:
+    sent: list[dict[str, Any]] = []
+    clock = Clock()
+    writer = StatusWriter(sent.append, clock=lambda: clock.t)
+    writer.prime({})
+    status = {"phase": "Running", "throughput": 10.0, "vertices": [{"name": "a", "parallelism": 1, "processingRate": 1.0}]}
+    assert writer.write(status) and len(sent) == 1
+    assert not writer.write({**status, "throughput": 11.0})
+    clock.t += 16
+    assert writer.write({**status, "throughput": 12.0}) and sent[-1] == {"throughput": 12.0}
+    assert writer.write({**status, "throughput": 12.0, "phase": "Scaling"})  # news: at once
+    assert stable_part(status) == {"phase": "Running", "vertices": [{"name": "a", "parallelism": 1}]}
+
+
+def test_a_failed_write_is_sent_again_with_the_next_change() -> None:
+    sent: list[dict[str, Any]] = []
+    failing = [True]
+
+    def send(patch: dict[str, Any]) -> None:
+        if failing[0]:
+            raise ConnectionRefusedError("away")
+        sent.append(patch)
+
+    writer = StatusWriter(send)
+    writer.prime({"phase": "Running"})
+    assert not writer.write({"phase": "Scaling"})
+    failing[0] = False
+    assert writer.write({"phase": "Scaling"}) and sent == [{"phase": "Scaling"}]
+
+
+def test_events_of_the_same_fact_are_posted_once_within_the_repeat_window() -> None:
+    core = FakeCoreApi()
+    events = KubernetesEvents(core, resource(), repeat_s=300.0)
+    for _ in range(3):
+        events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    events.emit("WorkersPending", "pod t-node-4 cannot be scheduled", warning=True)
+    assert [e["message"] for e in core.events] == [
+        "pod t-node-3 cannot be scheduled",
+        "pod t-node-4 cannot be scheduled",
+    ]
+    assert core.events[0]["type"] == "Warning"
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_kubectl_scale_to_what_runs_moves_nothing(nodes: int) -> None:
+    world = running(nodes)
+    world.patch_spec(nodes=nodes)
+    world.run_for(3.0)
+    assert world.migrator.applied == []
