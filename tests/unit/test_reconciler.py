@@ -6,6 +6,7 @@ cluster, no Redis; a fake clock, so backoff and settling are exact."""
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 from typing import Any
 
@@ -47,8 +48,10 @@ class FakeCustomApi:
         apply_merge_patch(self.body.setdefault("status", {}), body["status"])
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **_) -> dict[str, Any]:
-        apply_merge_patch(self.body["spec"], body["spec"])
-        self.body["metadata"]["generation"] += 1
+        if "spec" in body:
+            apply_merge_patch(self.body["spec"], body["spec"])
+            self.body["metadata"]["generation"] += 1
+        apply_merge_patch(self.body["metadata"], body.get("metadata", {}))
         return copy.deepcopy(self.body)
 
 
@@ -98,6 +101,8 @@ class World:
         self.custom, self.core = FakeCustomApi(self.body), FakeCoreApi()
         self.clock = Clock()
         self.backends: list[FakeBackend] = []
+        #: the "Redis" of this world: the epoch key lives here
+        self.keys: dict[str, str] = {}
         self.migrators: list[FakeMigrator] = []
         self.topologies = ManagedTopologies(
             redis_client=None,  # type: ignore[arg-type]
@@ -112,6 +117,7 @@ class World:
 
     def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):
         backend = FakeBackend()
+        backend.keys = self.keys  # type: ignore[attr-defined]
         migrator = FakeMigrator(backend)
         self.backends.append(backend)
         self.migrators.append(migrator)
@@ -126,6 +132,8 @@ class World:
             events=managed.events,
             clock=self.clock,
             on_nodes_changed=lambda nodes: owner._autoscaled(managed, nodes),
+            epochs=DictEpochs(self.keys),
+            expected_epoch=managed.state_epoch,
         )
 
     def patch_spec(self, **spec: Any) -> None:
@@ -159,6 +167,21 @@ class World:
 
     def reasons(self) -> list[str]:
         return [e["reason"] for e in self.core.events]
+
+
+EPOCHS = itertools.count(1)
+
+
+class DictEpochs:
+    def __init__(self, keys: dict[str, str]) -> None:
+        self.keys = keys
+
+    def read(self) -> str | None:
+        return self.keys.get("epoch")
+
+    def create(self) -> str:
+        self.keys["epoch"] = f"e{next(EPOCHS)}"
+        return self.keys["epoch"]
 
 
 class _NoRequests:
@@ -445,3 +468,46 @@ def test_kubectl_scale_to_what_runs_moves_nothing(nodes: int) -> None:
     world.patch_spec(nodes=nodes)
     world.run_for(3.0)
     assert world.migrator.applied == []
+
+
+# ------------------------------------------------------------------------------------------ state lost
+
+
+def test_a_redis_emptied_under_a_running_topology_is_state_lost_not_a_silent_restart() -> None:
+    world = running(3)
+    epoch = world.status["stateEpoch"]
+    assert world.keys == {"epoch": epoch}
+    world.keys.clear()  # FLUSHALL, a new volume
+    world.backend.dead = {"node-1": "worker pod t-node-1 is gone"}  # and a worker dies meanwhile
+    world.run_for(10.0)
+    assert world.status["phase"] == "Degraded" and world.condition("Degraded")["reason"] == "StateLost"
+    assert "restart-from-scratch" in world.condition("Degraded")["message"]
+    assert world.migrator.recovered == []  # nothing restarted from the empty store
+    assert world.reasons().count("StateLost") == 1
+    world.patch_spec(nodes=4)
+    world.run_for(5.0)
+    assert world.migrator.applied == []  # nor scaled over it
+
+
+def test_an_operator_restarting_on_an_emptied_redis_does_not_start_the_topology_over() -> None:
+    world = running(3)
+    world.keys.clear()
+    restarted = World(3)
+    restarted.body, restarted.custom.body = world.body, world.body  # the resource, with its status
+    restarted.reconcile()
+    assert world.status["phase"] == "Degraded" and world.condition("Degraded")["reason"] == "StateLost"
+    assert restarted.backends[-1].started == []  # no worker started from nothing
+
+
+def test_restart_from_scratch_answers_state_lost_and_removes_the_annotation() -> None:
+    world = running(3)
+    old_epoch = world.status["stateEpoch"]
+    world.keys.clear()
+    world.run_for(3.0)
+    world.topologies.redis_client = _NoKeys()  # type: ignore[assignment]
+    world.body["metadata"]["annotations"] = {"elastream.dev/restart-from-scratch": "true"}
+    world.run_for(3.0)
+    assert world.status["phase"] == "Running" and world.status["stateEpoch"] != old_epoch
+    assert "workers stopped" in world.backends[0].log and len(world.backends) == 2
+    assert "elastream.dev/restart-from-scratch" not in world.body["metadata"]["annotations"]
+    assert "StateReset" in world.reasons()

@@ -41,6 +41,8 @@ from elastream.core.ports import (
     SampleFeed,
     ScaleRequest,
     ScaleRequests,
+    StateEpochs,
+    StateLost,
     StatusSink,
     SystemClock,
 )
@@ -79,6 +81,10 @@ class TopologyController:
     evaluation_period_s: float | None = None
     #: told the new node count after an automatic change (the operator writes it to spec.nodes)
     on_nodes_changed: Callable[[int], None] | None = None
+    #: the state epoch in the state store (None: not checked, as in unit tests without one)
+    epochs: StateEpochs | None = None
+    #: the epoch this topology's state must have (kept outside Redis: the resource's status); None: new
+    expected_epoch: str | None = None
 
     #: recovery retries back off from this many seconds, doubling, up to `recovery_backoff_cap_s`
     recovery_backoff_s: float = 2.0
@@ -98,6 +104,9 @@ class TopologyController:
         #: failed recoveries in a row, and when the next may start
         self.recovery_failures = 0
         self.recovery_due = 0.0
+        #: the epoch of the state this controller runs on, and why it is lost ("" while it is not)
+        self.epoch: str | None = self.expected_epoch
+        self.state_lost = ""
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -105,6 +114,7 @@ class TopologyController:
         """Run the topology: a migration an earlier controller left past COMMIT is finished (its target
         schedule starts and is initialised from the state in Redis), one before COMMIT is aborted; then the
         periodic work starts."""
+        self._check_epoch(starting=True)
         if self.archiver is not None:
             self.archiver.start()
         target = self.migrator.interrupted_target()
@@ -115,6 +125,36 @@ class TopologyController:
         for task in self.background:
             task.start()
             self._started.append(task)
+
+    def _check_epoch(self, starting: bool = False) -> bool:
+        """Whether the state store still holds this topology's state (its epoch). Starting without an expected
+        epoch makes one (a new topology) or adopts the one found; starting with one that is not there raises
+        `StateLost`. Later, a missing epoch marks the topology `state_lost` (one StateLost event) and stops
+        everything that would restart from the store."""
+        if self.epochs is None:
+            return True
+        found = self.epochs.read()
+        if starting and self.epoch is None:
+            self.epoch = found or self.epochs.create()
+            return True
+        if found == self.epoch:
+            if self.state_lost:
+                self.events.emit("StateRestored", f"the state store holds epoch {self.epoch} again")
+            self.state_lost = ""
+            return True
+        reason = (
+            f"the state store has no state for this topology (epoch {self.epoch} not found"
+            + (f", {found} instead" if found else "")
+            + "): it was emptied, replaced or is the wrong one; nothing restarts from it. Restore it, or "
+            "annotate the topology elastream.dev/restart-from-scratch=true to start over from the sources' "
+            "beginning"
+        )
+        if not self.state_lost:
+            self.events.emit("StateLost", reason, warning=True)
+        self.state_lost = reason
+        if starting:
+            raise StateLost(reason)
+        return False
 
     def _resume(self) -> None:
         """Finish or abort a migration (or abandon a checkpoint) that no live controller drives: left by an
@@ -128,13 +168,14 @@ class TopologyController:
                 warning=report.outcome != "succeeded",
             )
 
-    def close(self) -> None:
-        """Stop the periodic work (newest first), then the workers, then the archive's last pass. Safe to
-        call after a failed start."""
+    def close(self, stop_workers: bool = True) -> None:
+        """Stop the periodic work (newest first), then the workers (unless told not to), then the archive's
+        last pass. Safe to call after a failed start."""
         while self._started:
             _stop_quietly(self._started.pop())
         try:
-            self.backend.stop_workers()
+            if stop_workers:
+                self.backend.stop_workers()
         finally:
             if self.archiver is not None:
                 _stop_quietly(self.archiver)
@@ -165,6 +206,8 @@ class TopologyController:
         return record
 
     def _tick(self) -> ScalingRecord | None:
+        if not self._check_epoch():
+            return None  # no recovery, scaling or checkpoint may write over (or restart from) an empty store
         if self.migrator.unfinished() is not None:
             self._resume()
         failed = self.backend.failed_nodes()
@@ -501,6 +544,8 @@ def local_controller(
         if archive
         else None
     )
+    from elastream.store.epoch import RedisEpoch
+
     controller = TopologyController(
         topology=topology,
         backend=cluster,
@@ -513,6 +558,7 @@ def local_controller(
         background=[checkpointer],
         archiver=archiver,
         interval_s=cluster.interval_s,
+        epochs=RedisEpoch(client, topology.redis_prefix),
     )
     driver.on_redis = controller.note_store
     return controller

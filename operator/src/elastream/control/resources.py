@@ -35,26 +35,30 @@ from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSe
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
-from elastream.core.ports import BackendError, ScaleRequest
+from elastream.core.ports import BackendError, ScaleRequest, StateLost
+from elastream.core.schedule import Schedule
 from elastream.core.status import (
     INVALID_SPEC,
     SCALING_BACKOFF,
     SPEC_CHANGE_IGNORED,
     START_FAILED,
+    STATE_RESET,
     WORKERS_PENDING,
     StatusFacts,
     desired_conditions,
     merge_conditions,
     phase,
 )
-from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest
+from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
 log = logging.getLogger("elastream.operator")
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "streamtopologies"
+#: the annotation that answers StateLost: start over from the sources' beginning
+RESTART_FROM_SCRATCH = "elastream.dev/restart-from-scratch"
 
 SCALINGS = Counter("elastream_scalings", "scalings carried out, by direction and outcome", ["direction", "outcome"])
 SCALING_SECONDS = Histogram(
@@ -110,6 +114,20 @@ class ResourceApi:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def remove_annotation(self, key: str) -> None:
+        try:
+            self.api.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                {"metadata": {"annotations": {key: None}}},
+                _request_timeout=self.timeout_s,
+            )
+        except Exception as exc:
+            log.warning("annotation %s of %s/%s not removed: %s", key, self.namespace, self.name, exc)
 
     def set_nodes(self, nodes: int) -> int:
         """Write an automatic change to `spec.nodes`, as a HorizontalPodAutoscaler writes replicas: the spec
@@ -240,6 +258,8 @@ class ManagedTopology:
     invalid_reported: str = ""
     #: extra status fields (lastScaling, lastRecovery, autoscaler) as the controller published them
     published: dict[str, Any] = field(default_factory=dict)
+    #: the epoch of the topology's state in Redis (`store.epoch`), kept in the status: outside Redis
+    state_epoch: str | None = None
 
     @property
     def topology(self) -> Topology:
@@ -305,9 +325,12 @@ class ManagedTopology:
             )
             if self.applied_parallelism is not None:
                 status["appliedParallelism"] = dict(self.applied_parallelism)
+            self.state_epoch = controller.epoch or self.state_epoch
             record = controller.last_scaling
             if record is not None:
                 status["lastScalingSummary"] = summary(record)
+        if self.state_epoch:
+            status["stateEpoch"] = self.state_epoch
         status.update(self.published)
         return status
 
@@ -378,6 +401,7 @@ class ManagedTopologies:
                 writer.prime(body.get("status"))
                 managed = ManagedTopology(key, writer, KubernetesEvents(self.core_api, body), resource)
                 managed.conditions = list((body.get("status") or {}).get("conditions") or [])
+                managed.state_epoch = (body.get("status") or {}).get("stateEpoch") or None
                 applied = (body.get("status") or {}).get("appliedParallelism")
                 if isinstance(applied, Mapping):
                     managed.applied_parallelism = {str(v): int(k) for v, k in applied.items()}
@@ -424,6 +448,8 @@ class ManagedTopologies:
             return 30.0  # nothing to do until the spec changes (which wakes the loop)
         managed.set(invalid_spec="")
         managed.invalid_reported = ""
+        if (metadata.get("annotations") or {}).get(RESTART_FROM_SCRATCH) == "true":
+            self._restart_from_scratch(managed)
         if managed.controller is None:
             delay = self._start(managed, body, wanted, now)
             if delay is not None:
@@ -439,6 +465,7 @@ class ManagedTopologies:
             managed.write()
         controller.tick()
         self._note_store(managed)
+        managed.set(state_lost=controller.state_lost)
         recovery = controller.last_recovery
         if recovery is not None and recovery is not before:
             RECOVERIES.labels(str(recovery.get("outcome"))).inc()
@@ -461,6 +488,12 @@ class ManagedTopologies:
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over
             controller.start((self.running_schedule or self._registry_schedule)(topology))
+        except StateLost as exc:
+            with contextlib.suppress(Exception):
+                controller.close(stop_workers=False)  # the workers run on, in memory, until the user decides
+            managed.set(state_lost=str(exc))
+            managed.write()
+            return self.tick_s
         except (BackendError, redis.RedisError) as exc:
             failures = attempt.failures + 1 if attempt is not None and attempt.target == "start" else 1
             delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
@@ -478,8 +511,34 @@ class ManagedTopologies:
         managed.attempt = None
         if managed.applied_parallelism is None:
             managed.applied_parallelism = spec_parallelism(topology)
-        managed.set(started=True, backend_error="", redis_unavailable="")
+        managed.set(started=True, backend_error="", redis_unavailable="", state_lost="")
         return None
+
+    def _restart_from_scratch(self, managed: ManagedTopology) -> None:
+        """The user's answer to StateLost (the annotation): stop the workers, delete what is left of the
+        topology's keys, forget its epoch; the pass goes on to start it anew, sources from their beginning.
+        The annotation is removed. Without StateLost it is only removed (it must not wipe a healthy
+        topology by accident)."""
+        if managed.facts.state_lost:
+            controller = managed.controller
+            prefix = controller.topology.redis_prefix if controller is not None else None
+            if controller is not None:
+                with contextlib.suppress(Exception):
+                    controller.close()
+                managed.controller = None
+            if prefix is None:
+                namespace, name = managed.key.split("/", 1)
+                prefix = f"elastream:{namespace}/{name}:"
+            delete_keys(self.redis_client, prefix)
+            managed.state_epoch = None
+            managed.published.clear()
+            managed.set(state_lost="", started=False)
+            managed.events.emit(
+                STATE_RESET, "restarting from scratch as annotated: state and positions start empty", warning=True
+            )
+        else:
+            managed.events.emit(STATE_RESET, f"{RESTART_FROM_SCRATCH} ignored: the topology's state is not lost")
+        managed.resource.remove_annotation(RESTART_FROM_SCRATCH)
 
     def _apply_settings(self, managed: ManagedTopology, wanted: Topology) -> None:
         """What of a changed spec applies without moving executors: `scaling.auto` (the autoscaler's switch,
@@ -524,8 +583,9 @@ class ManagedTopologies:
         Returns the seconds until this needs another look."""
         controller = managed.controller
         assert controller is not None
-        if managed.generation < managed.expect_generation or controller.store_error:
-            return self.tick_s  # our own write of spec.nodes is not seen yet / Redis away: nothing can move
+        if managed.generation < managed.expect_generation or controller.store_error or controller.state_lost:
+            # our own write of spec.nodes is not seen yet / Redis away / its state gone: nothing may move
+            return self.tick_s
         schedule = controller.backend.current_schedule()
         degrees = spec_parallelism(wanted)
         parallelism = degrees if degrees != managed.applied_parallelism and not wanted.scaling.auto.enabled else None
@@ -634,6 +694,8 @@ class ManagedTopologies:
             ],
             interval_s=self.interval_s,
             on_nodes_changed=lambda nodes: self._autoscaled(managed, nodes),
+            epochs=RedisEpoch(client, topology.redis_prefix),
+            expected_epoch=managed.state_epoch,
         )
         migrator.on_redis = controller.note_store
         backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)

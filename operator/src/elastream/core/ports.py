@@ -159,6 +159,20 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class StateEpochs(Protocol):
+    """Where the proof that the state store still holds the topology's state lives (`store.epoch`)."""
+
+    def read(self) -> str | None: ...
+
+    def create(self) -> str: ...
+
+
+class StateLost(BackendError):
+    """The state store no longer holds the topology's state (emptied, a new volume, a wrong URL): nothing
+    may restart from it until the user says so."""
+
+
+@runtime_checkable
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""

@@ -73,6 +73,8 @@ def phase(facts: StatusFacts) -> str:
         return "Failed"
     if facts.scaling:
         return "Scaling"
+    if facts.state_lost:
+        return "Degraded"
     if not facts.started:
         return "Pending"
     if (
