@@ -538,7 +538,10 @@ def test_the_bundled_redis_reads_its_password_from_a_file_of_the_secret(render: 
         [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
         assert volume["secret"] == {
             "secretName": REDIS,
-            "items": [{"key": "redis-auth.conf", "path": os.path.basename(include)}],
+            "items": [
+                {"key": "redis-auth.conf", "path": os.path.basename(include)},
+                {"key": "password", "path": "password"},  # for `kubectl exec ... redis-cli` (REDISCLI_AUTH)
+            ],
             "defaultMode": 0o440,
         }
         assert pod["securityContext"]["fsGroup"] == redis["securityContext"]["runAsUser"] == 999
