@@ -149,6 +149,9 @@ class DictStatus:
     def publish(self, name: str, status: dict) -> None:
         self.fields.setdefault(name, []).append(dict(status))
 
+    def flush(self) -> None:
+        pass
+
 
 class ListEvents:
     def __init__(self) -> None:

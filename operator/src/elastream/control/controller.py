@@ -222,6 +222,7 @@ class TopologyController:
         for task in self._started:
             task.tick()
         self.follow_up.tick()
+        self.status.flush()
         return record
 
     def note_store(self, error: str) -> None:
@@ -510,9 +511,20 @@ class RedisStatus:
 
     client: redis.Redis
     topology: Topology
+    #: fields not written yet (Redis away), written by the next `publish` or `flush`
+    unsent: dict[str, str] = field(default_factory=dict)
 
     def publish(self, field: str, status: dict[str, Any]) -> None:
-        self.client.set(status_key(self.topology, field), json.dumps(status, default=str))
+        self.unsent[field] = json.dumps(status, default=str)
+        self.flush()
+
+    def flush(self) -> None:
+        try:
+            for name in list(self.unsent):
+                self.client.set(status_key(self.topology, name), self.unsent[name])
+                del self.unsent[name]
+        except redis.RedisError as exc:
+            log.warning("status not written to Redis yet (%s); written when it is back", exc)
 
 
 def local_controller(

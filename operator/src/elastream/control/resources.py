@@ -281,6 +281,9 @@ class ManagedTopology:
         self.published[field_name] = dict(status)
         self.write()
 
+    def flush(self) -> None:
+        """Nothing to do: the writer sends the whole difference with the next write of the pass."""
+
     def write(self, volatile: bool = False) -> bool:
         return self.writer.write(self.status(), volatile=volatile)
 

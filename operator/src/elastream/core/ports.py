@@ -91,7 +91,12 @@ class ScaleRequests(Protocol):
 @runtime_checkable
 class StatusSink(Protocol):
     def publish(self, field: str, status: dict[str, Any]) -> None:
-        """Record `status` as the topology's `field` (lastScaling, lastRecovery)."""
+        """Record `status` as the topology's `field` (lastScaling, lastRecovery); never raises: what cannot
+        be written now (its store away) is kept for `flush`."""
+        ...
+
+    def flush(self) -> None:
+        """Write what `publish` could not (called every tick)."""
         ...
 
 
