@@ -195,5 +195,10 @@ def run(options: OperatorOptions) -> int:
         )
     finally:
         if elector is not None:
+            # no pass may still run when the standby takes over: asyncio.run (in kopf.run) joined the loop's
+            # default executor; a pool of the handlers' own is drained here
+            pool = getattr(handlers, "POOL", None)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
             elector.release()
     return 0
