@@ -112,6 +112,8 @@ def installed(helm, kubectl, kubelet) -> dict[str, Any]:
         "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
         "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
         "--set", "redis.image=elastream-redis:dev",
+        # a worker pod that cannot be placed fails its scaling after a minute here, not the default three
+        "--set", "operator.workerStartTimeoutSeconds=60",
         "--wait", "--timeout", "6m",
     )  # fmt: skip
     kubectl("get", "pods,svc", "-n", SYSTEM, "-o", "wide")
@@ -132,7 +134,7 @@ def installed(helm, kubectl, kubelet) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)
-    return {"redis": client}
+    return {"redis": client, "host": ip.stdout.strip(), "password": password}
 
 
 def sink_ids(client: redis.Redis, namespace: str, name: str, sink: str) -> Counter[int]:
@@ -472,3 +474,146 @@ def test_spread_over_nodes_and_placement_reach_the_scheduler(installed, kubectl,
     assert {zones[node] for node in pinned_nodes.values()} == {"zone-c"}, pinned_nodes
     for name in ("spread", "pinned"):
         kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+# ------------------------------------------------------------------------------------------------- issue 19
+
+
+def apply_topology(kubectl, namespace: str, tmp_path, doc: dict[str, Any]) -> str:
+    name = doc["metadata"]["name"]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl("apply", "-n", namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", namespace, "--timeout=240s")
+    return name
+
+
+def event_reasons(kubectl, namespace: str, name: str) -> list[str]:
+    out = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json", quiet=True
+    )  # fmt: skip
+    return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+
+def events_of(kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json", quiet=True
+    )  # fmt: skip
+    return json.loads(out.stdout)["items"]
+
+
+def assert_exactly_once(client: redis.Redis, namespace: str, name: str, timeout_s: float = 300) -> None:
+    out_ids = sink_ids_when_complete(client, namespace, name, "out", EVENTS, timeout_s, 5)
+    assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
+        f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
+    )
+    counts: dict[str, list[int]] = {}
+    for _, fields in client.xrange(f"elastream:{namespace}/{name}:sink:audit", "-", "+"):
+        counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
+    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
+    assert sum(len(v) for v in counts.values()) == EVENTS
+
+
+def test_a_burst_of_four_patches_converges_on_the_last_value_exactly_once(installed, kubectl, e2e_namespace, tmp_path):
+    client: redis.Redis = installed["redis"]
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("burst", nodes=2))
+    time.sleep(6)  # a window of metrics before the first decision
+    for nodes in (3, 4, 2, 3):  # within about a second
+        kubectl(
+            "patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", json.dumps({"spec": {"nodes": nodes}})
+        )
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("nodes") == 3 and s.get("readyNodes") == 3 and s.get("phase") == "Running", 240, "3 nodes",
+    )  # fmt: skip
+    assert out["lastScaling"]["fromNodes"] == 2 and out["lastScaling"]["toNodes"] == 3, out["lastScaling"]
+    planned = [e for e in events_of(kubectl, e2e_namespace, name) if e["reason"] == "ScalingPlanned"]
+    assert len(planned) == 1 and planned[0]["count"] == 1, [e["message"] for e in planned]  # never via 4 or 2
+    assert len(worker_pods(kubectl, e2e_namespace, name)) == 3
+    assert_exactly_once(client, e2e_namespace, name)
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def test_an_unschedulable_scale_out_leaves_the_old_schedule_running_and_leaks_no_pod(
+    installed, kubectl, e2e_namespace, tmp_path
+):
+    # pinned to one 4-CPU node at 1.5 CPU a worker: two fit, a third cannot be placed anywhere it may go
+    doc = topology_manifest("pinned-out", nodes=2)
+    doc["spec"]["resources"] = {"requests": {"cpu": "1500m"}, "limits": {"cpu": "2"}}
+    doc["spec"]["placement"] = {"nodeSelector": {"topology.kubernetes.io/zone": "zone-b"}}
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, doc)
+    time.sleep(6)
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: (s.get("lastScaling") or {}).get("outcome") == "failed", 240, "the scale-out to fail",
+    )  # fmt: skip
+    assert out["phase"] == "Running" and out["nodes"] == 2 and out["readyNodes"] == 2, out
+    degraded = next(c for c in out["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ScalingFailed", degraded
+    assert "not staged" in degraded["message"] and "nothing was paused" in out["lastScaling"]["reason"]
+    warnings = {e["reason"]: e["message"] for e in events_of(kubectl, e2e_namespace, name) if e["type"] == "Warning"}
+    assert "Insufficient cpu" in warnings.get("WorkersPending", ""), warnings
+    assert "ScalingBackoff" in warnings
+    deadline = time.monotonic() + 60  # the pod made for the third node is deleted, not left Pending
+    while len(worker_pods(kubectl, e2e_namespace, name)) != 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert worker_pods(kubectl, e2e_namespace, name) == [f"{name}-node-0", f"{name}-node-1"]
+    # the user takes the request back: nothing to retry, nothing degraded
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":2}}')
+    wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: any(c["type"] == "Degraded" and c["status"] == "False" for c in s.get("conditions") or []),
+        60, "Degraded cleared",
+    )  # fmt: skip
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def test_the_bundled_redis_pod_deleted_loses_nothing(installed, kubectl, e2e_namespace, tmp_path):
+    client: redis.Redis = installed["redis"]
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("redis-restart", nodes=2))
+    time.sleep(8)
+    kubectl("delete", "pod", f"{RELEASE}-redis-0", "-n", SYSTEM, "--wait=false")
+    time.sleep(3)
+    kubectl("wait", "--for=condition=Ready", "pod", f"{RELEASE}-redis-0", "-n", SYSTEM, "--timeout=180s")
+    # the StatefulSet's new pod mounts the same claim: the append-only file brings every key back
+    wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("phase") == "Running" and s.get("readyNodes") == 2, 180, "Running again",
+    )  # fmt: skip
+    assert_exactly_once(client, e2e_namespace, name)
+    reasons = event_reasons(kubectl, e2e_namespace, name)
+    assert "StateLost" not in reasons
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def test_a_redis_emptied_under_a_running_topology_is_state_lost_not_duplicates(
+    installed, kubectl, e2e_namespace, tmp_path
+):
+    client: redis.Redis = installed["redis"]
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("emptied", nodes=2))
+    time.sleep(8)
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
+    epoch = status(kubectl, e2e_namespace, name)["stateEpoch"]
+    for key in client.scan_iter(match=f"elastream:{e2e_namespace}/{name}:*"):
+        client.delete(key)  # this topology's state gone (as FLUSHALL would, without touching other tests)
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: any(c["reason"] == "StateLost" for c in s.get("conditions") or []), 60, "StateLost",
+    )  # fmt: skip
+    assert out["phase"] == "Degraded"
+    time.sleep(10)
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
+    assert after == before  # no worker restarted from the empty store
+    assert 0 not in sink_ids(client, e2e_namespace, name, "out")  # no source started over from its first event
+    assert event_reasons(kubectl, e2e_namespace, name).count("StateLost") == 1
+    # the user's choice: start over from scratch
+    kubectl("annotate", "topo", name, "-n", e2e_namespace, "elastream.dev/restart-from-scratch=true")
+    out = wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("phase") == "Running" and s.get("stateEpoch") not in (None, epoch), 240, "a fresh start",
+    )  # fmt: skip
+    annotations = json.loads(kubectl("get", "topo", name, "-n", e2e_namespace, "-o", "json", quiet=True).stdout)
+    assert "elastream.dev/restart-from-scratch" not in (annotations["metadata"].get("annotations") or {})
+    assert "StateReset" in event_reasons(kubectl, e2e_namespace, name)
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")

@@ -83,6 +83,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="how long worker pods may take to be scheduled and ready before a start or scale fails (180)",
     )
+    parser.add_argument(
+        "--reconcile-workers",
+        type=int,
+        default=8,
+        metavar="N",
+        help="threads every topology's reconcile passes share; a migration holds one while it runs (8)",
+    )
+    parser.add_argument(
+        "--status-every",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="seconds between status writes for the rates alone; other changes are written at once (15)",
+    )
     parser.set_defaults(func=cmd_operator)
 
 
@@ -106,6 +120,10 @@ def operator_options(args: argparse.Namespace) -> Any:
 
     if not 0 < args.worker_start_timeout <= 3600:
         raise CommandError(f"--worker-start-timeout: {args.worker_start_timeout:g} s; give 1 to 3600 seconds")
+    if not 1 <= args.reconcile_workers <= 256:
+        raise CommandError(f"--reconcile-workers: {args.reconcile_workers}; give 1 to 256 threads")
+    if not 1 <= args.status_every <= 3600:
+        raise CommandError(f"--status-every: {args.status_every:g} s; give 1 to 3600 seconds")
     main = importlib.import_module("elastream.handlers.main")
     return main.OperatorOptions(
         redis_url=args.redis,
@@ -117,6 +135,8 @@ def operator_options(args: argparse.Namespace) -> Any:
         engine=args.engine,
         listen_on_pod_ip=args.listen_on_pod_ip,
         worker_start_timeout_s=args.worker_start_timeout,
+        reconcile_workers=args.reconcile_workers,
+        status_every_s=args.status_every,
     )
 
 

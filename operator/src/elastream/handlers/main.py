@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -58,6 +59,10 @@ class OperatorOptions:
     listen_on_pod_ip: bool = False
     #: how long a worker pod may take to be scheduled, started and ready before a start or scale fails
     worker_start_timeout_s: float = 180.0
+    #: threads the topologies' reconcile passes share (a pass that migrates holds one for its duration)
+    reconcile_workers: int = 8
+    #: seconds between status writes for the rates alone (everything else is written when it changes)
+    status_every_s: float = 15.0
 
 
 def load_kubernetes_config() -> None:
@@ -174,7 +179,9 @@ def run(options: OperatorOptions) -> int:
         settings=worker_pod_settings(options),
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
+        volatile_every_s=options.status_every_s,
     )
+    handlers.POOL = ThreadPoolExecutor(max_workers=options.reconcile_workers, thread_name_prefix="reconcile")
     host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
         start_http_server(options.metrics_port, addr=host)
