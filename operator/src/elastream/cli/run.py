@@ -22,6 +22,7 @@ from elastream.cli import CommandError
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
+from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
@@ -307,7 +308,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             + ", ".join(f"{v}{' (congested)' if last.congested[v] else ''}" for v in topology.order),
                             flush=True,
                         )
-                    if record.outcome == "failed":
+                    if record.outcome == Outcome.FAILED:
                         raise CommandError(record.reason or "scaling failed")
                     seen = watch(controller, args.phase)
                     catch_up, stable = measure_recovery(controller.feed, topology, record.started_at)
@@ -411,6 +412,6 @@ def cmd_scale(args: argparse.Namespace) -> int:
                 time.sleep(0.5)
                 continue
             print(json.dumps(status, indent=2))
-            return 0 if status.get("outcome") in ("succeeded", "unchanged") else 1
+            return 0 if status.get("outcome") in (Outcome.SUCCEEDED, Outcome.UNCHANGED) else 1
         time.sleep(0.5)
     raise CommandError(f"no outcome after {args.timeout:.0f} s; is `elastream run {args.file}` running on that Redis?")

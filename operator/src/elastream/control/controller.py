@@ -29,6 +29,7 @@ from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.scaling import PrintEvents, ScalingRecord
 from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
 from elastream.core.metrics import MetricSnapshot
+from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (
     Backend,
@@ -47,6 +48,7 @@ from elastream.core.ports import (
     SystemClock,
 )
 from elastream.core.schedule import Schedule, initial_schedule
+from elastream.core.status import EventReason
 from elastream.core.topology import Topology
 
 log = logging.getLogger("elastream.control")
@@ -139,7 +141,7 @@ class TopologyController:
             return True
         if found == self.epoch:
             if self.state_lost:
-                self.events.emit("StateRestored", f"the state store holds epoch {self.epoch} again")
+                self.events.emit(EventReason.STATE_RESTORED, f"the state store holds epoch {self.epoch} again")
             self.state_lost = ""
             return True
         reason = (
@@ -150,7 +152,7 @@ class TopologyController:
             "beginning"
         )
         if not self.state_lost:
-            self.events.emit("StateLost", reason, warning=True)
+            self.events.emit(EventReason.STATE_LOST, reason, warning=True)
         self.state_lost = reason
         if starting:
             raise StateLost(reason)
@@ -162,10 +164,10 @@ class TopologyController:
         report = self.migrator.resume()
         if report is not None:
             self.events.emit(
-                "MigrationResumed" if report.outcome == "succeeded" else "MigrationFailed",
+                EventReason.MIGRATION_RESUMED if report.outcome == Outcome.SUCCEEDED else EventReason.MIGRATION_FAILED,
                 f"migration {report.migration_id} left unfinished: {report.outcome}"
                 + (f" ({report.reason})" if report.reason else ""),
-                warning=report.outcome != "succeeded",
+                warning=report.outcome != Outcome.SUCCEEDED,
             )
 
     def close(self, stop_workers: bool = True) -> None:
@@ -230,11 +232,11 @@ class TopologyController:
         now = self.clock.now()
         if error and not self.store_error:
             self.store_down_since = now
-            self.events.emit("RedisUnavailable", f"Redis cannot be reached: {error}; retrying", warning=True)
+            self.events.emit(EventReason.REDIS_UNAVAILABLE, f"Redis cannot be reached: {error}; retrying", warning=True)
         elif not error and self.store_error:
             down = now - (self.store_down_since or now)
             self.store_down_since = None
-            self.events.emit("RedisAvailable", f"Redis reachable again after {down:.0f} s")
+            self.events.emit(EventReason.REDIS_AVAILABLE, f"Redis reachable again after {down:.0f} s")
         self.store_error = error
 
     def recover(self, failed: dict[str, str]) -> dict[str, Any]:
@@ -243,27 +245,27 @@ class TopologyController:
         to `recovery_backoff_cap_s`), announced in an event, so a quota or a missing image does not make
         the controller create pods in a tight loop."""
         started = self.clock.now()
-        self.events.emit("WorkerLost", "; ".join(failed.values()), warning=True)
+        self.events.emit(EventReason.WORKER_LOST, "; ".join(failed.values()), warning=True)
         try:
             report = self.migrator.recover(failed)
         except BackendError as exc:
-            status = {"nodes": sorted(failed), "outcome": "failed", "reason": str(exc), "startedAt": started}
-            self.events.emit("RecoveryFailed", str(exc), warning=True)
+            status = {"nodes": sorted(failed), "outcome": Outcome.FAILED, "reason": str(exc), "startedAt": started}
+            self.events.emit(EventReason.RECOVERY_FAILED, str(exc), warning=True)
             self._recovery_failed()
         else:
             status = {"nodes": sorted(failed), "startedAt": started, "finishedAt": self.clock.now()}
             if report is None:
-                status.update(outcome="restarted", reason="no checkpoint yet: the dead workers restarted empty")
+                status.update(outcome=Outcome.RESTARTED, reason="no checkpoint yet: the dead workers restarted empty")
             else:
                 status.update(report.to_status())
                 self.events.emit(
-                    "Recovered" if report.outcome == "succeeded" else "RecoveryFailed",
+                    EventReason.RECOVERED if report.outcome == Outcome.SUCCEEDED else EventReason.RECOVERY_FAILED,
                     f"rolled back to checkpoint {report.restored_from}: {report.replayed} events replayed"
-                    if report.outcome == "succeeded"
+                    if report.outcome == Outcome.SUCCEEDED
                     else report.reason,
-                    warning=report.outcome != "succeeded",
+                    warning=report.outcome != Outcome.SUCCEEDED,
                 )
-            if report is not None and report.outcome != "succeeded":
+            if report is not None and report.outcome != Outcome.SUCCEEDED:
                 self._recovery_failed()
             else:
                 self.recovery_failures, self.recovery_due = 0, 0.0
@@ -277,7 +279,7 @@ class TopologyController:
         delay = min(self.recovery_backoff_cap_s, self.recovery_backoff_s * 2 ** (self.recovery_failures - 1))
         self.recovery_due = self.clock.now() + delay
         self.events.emit(
-            "RecoveryBackoff",
+            EventReason.RECOVERY_BACKOFF,
             f"recovery attempt {self.recovery_failures} failed; the next in {delay:.0f} s",
             warning=True,
         )
@@ -320,7 +322,7 @@ class TopologyController:
         status["requestedNodes"] = nodes
         if parallelism is not None:
             status["requestedParallelism"] = dict(parallelism)
-        if record.outcome == "succeeded":
+        if record.outcome == Outcome.SUCCEEDED:
             now = self.clock.now()
             self.metrics.not_before = now + SETTLE_INTERVALS * self.interval_s
             self.autoscaler = self.autoscaler.changed(now, record.direction)
@@ -333,7 +335,7 @@ class TopologyController:
         self.autoscaler = self.autoscaler.settled(self.clock.now())
         catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
         self.events.emit(
-            "RecoveryMeasured",
+            EventReason.RECOVERY_MEASURED,
             f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['recovery']})",
         )
         if self.last_scaling is not None:
@@ -346,16 +348,16 @@ class TopologyController:
         started = self.clock.now()
         current = len(self.backend.current_schedule().nodes)
         scaling = self.topology.scaling
-        record = ScalingRecord("none", current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
+        record = ScalingRecord(Direction.NONE, current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
         try:
             plan, before = self.plan(nodes, parallelism, snapshot)
         except redis.RedisError as exc:
-            record.outcome, record.reason, record.finished_at = "failed", f"Redis: {exc}", self.clock.now()
+            record.outcome, record.reason, record.finished_at = Outcome.FAILED, f"Redis: {exc}", self.clock.now()
             self.note_store(f"{type(exc).__name__}: {exc}")
             return record
         except PlanningError as exc:
-            record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
-            self.events.emit("ScalingRejected", str(exc), warning=True)
+            record.outcome, record.reason, record.finished_at = Outcome.FAILED, str(exc), self.clock.now()
+            self.events.emit(EventReason.SCALING_REJECTED, str(exc), warning=True)
             return record
         record.analysis_engine = self.metrics.engine
         record.direction = plan.direction
@@ -363,12 +365,12 @@ class TopologyController:
         record.throughput_before = before
         record.plan = plan.to_dict()
         if plan.direction == "none":
-            record.outcome, record.finished_at = "unchanged", self.clock.now()
+            record.outcome, record.finished_at = Outcome.UNCHANGED, self.clock.now()
             return record
         predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.0f}/s"
         changed = plan.parallelism_changes
         self.events.emit(
-            "ScalingPlanned",
+            EventReason.SCALING_PLANNED,
             f"scale {plan.direction} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}: "
             f"{len(plan.new_executors)} new executors{_listed([e for e, _ in plan.new_executors])}, "
             f"{len(plan.moves)} moves, "
@@ -378,26 +380,26 @@ class TopologyController:
         try:
             report = self.migrator.migrate(plan.new_schedule)
         except redis.RedisError as exc:
-            record.outcome, record.reason, record.finished_at = "failed", f"Redis: {exc}", self.clock.now()
+            record.outcome, record.reason, record.finished_at = Outcome.FAILED, f"Redis: {exc}", self.clock.now()
             self.note_store(f"{type(exc).__name__}: {exc}")
-            self.events.emit("ScalingFailed", record.reason, warning=True)
+            self.events.emit(EventReason.SCALING_FAILED, record.reason, warning=True)
             return record
         except BackendError as exc:
-            record.outcome, record.reason, record.finished_at = "failed", str(exc), self.clock.now()
-            self.events.emit("ScalingFailed", str(exc), warning=True)
+            record.outcome, record.reason, record.finished_at = Outcome.FAILED, str(exc), self.clock.now()
+            self.events.emit(EventReason.SCALING_FAILED, str(exc), warning=True)
             return record
         record.report = dict(report.to_status())
         record.finished_at = self.clock.now()
-        if report.outcome != "succeeded":
-            record.outcome, record.reason = "failed", report.reason or f"migration {report.outcome}"
-            self.events.emit("ScalingFailed", record.reason, warning=True)
+        if report.outcome != Outcome.SUCCEEDED:
+            record.outcome, record.reason = Outcome.FAILED, report.reason or f"migration {report.outcome}"
+            self.events.emit(EventReason.SCALING_FAILED, record.reason, warning=True)
             return record
-        record.outcome = "succeeded"
+        record.outcome = Outcome.SUCCEEDED
         if plan.to_nodes != self.topology.nodes:
             self.topology = self.topology.with_nodes(plan.to_nodes)
         pause = report.pause_ms
         self.events.emit(
-            "Scaled",
+            EventReason.SCALED,
             f"running on {plan.to_nodes} nodes ({record.finished_at - started:.1f} s"
             + (f", sources paused {pause:.0f} ms" if pause is not None else "")
             + ")",
@@ -443,12 +445,16 @@ class TopologyController:
         target = recommendation.target_nodes
         message = f"{recommendation.action} to {target} nodes: {recommendation.reason}"
         if not recommendation.execute:
-            self.events.emit("AutoscalerRecommends", f"{message} (execute: false, nothing changed)")
+            self.events.emit(EventReason.AUTOSCALER_RECOMMENDS, f"{message} (execute: false, nothing changed)")
             return None
-        self.events.emit("AutoscalerDecided", message)
+        self.events.emit(EventReason.AUTOSCALER_DECIDED, message)
         # the plan reads the window just analysed: one analysis per evaluation, not two
         record = self.scale_to(target, recommendation.parallelism, "autoscaler", analysis.snapshot)
-        if record.outcome == "succeeded" and self.on_nodes_changed is not None and record.to_nodes != record.from_nodes:
+        if (
+            record.outcome == Outcome.SUCCEEDED
+            and self.on_nodes_changed is not None
+            and record.to_nodes != record.from_nodes
+        ):
             self.on_nodes_changed(record.to_nodes)
         return record
 

@@ -51,8 +51,10 @@ from elastream.core.migration import (
     replayed_events,
 )
 from elastream.core.migration import Protocol as MigrationProtocol
+from elastream.core.outcomes import Direction, Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
+from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
@@ -194,7 +196,8 @@ class MigrationDriver:
         run = _Run(self, coordinator, old, new, self._control(), restore_from=str(record.get("restoreFrom", "")))
         run.prepare_ms = prepare_ms
         self.events.emit(
-            "MigrationStarted", f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes"
+            EventReason.MIGRATION_STARTED,
+            f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes",
         )
         return run.go(coordinator.start(self.clock.now()))
 
@@ -213,18 +216,20 @@ class MigrationDriver:
             raise MigrationError(f"Redis unavailable, the migration did not start: {exc}") from None
 
     def _not_started(self, mid: str, old: Schedule, new: Schedule, reason: str) -> MigrationReport:
-        self.events.emit("MigrationFailed", f"{self.protocol} migration {mid} not started: {reason}", warning=True)
+        self.events.emit(
+            EventReason.MIGRATION_FAILED, f"{self.protocol} migration {mid} not started: {reason}", warning=True
+        )
         return MigrationReport(
             migration_id=mid,
             protocol=self.protocol,
-            direction="out" if len(new.nodes) > len(old.nodes) else "in",
+            direction=Direction.OUT if len(new.nodes) > len(old.nodes) else Direction.IN,
             from_nodes=len(old.nodes),
             to_nodes=len(old.nodes),
             phases_ms={"captureMs": None, "commitMs": None, "rebalanceMs": None, "restoreMs": None},
             captured_events=0,
             lost=0,
             replayed=0,
-            outcome="failed",
+            outcome=Outcome.FAILED,
             reason=reason + "; nothing was paused, the old schedule runs on",
         )
 
@@ -265,7 +270,7 @@ class MigrationDriver:
         now = self.clock.now()
         coordinator.times.started_at = float(record.get("startedAt", now))
         phase = record.get("phase", Phase.PREPARING.value)
-        self.events.emit("MigrationResumed", f"migration {mid} found in phase {phase}", warning=True)
+        self.events.emit(EventReason.MIGRATION_RESUMED, f"migration {mid} found in phase {phase}", warning=True)
         if phase in (Phase.PREPARING.value, Phase.COMMITTING.value):
             coordinator.phase = Phase.COMMITTING
             return run.go(coordinator.on_failure("the controller restarted before COMMIT completed", now))
@@ -394,7 +399,7 @@ class _Run:
             self.resumed_at = driver.clock.now()
         elif kind == ActionKind.ABORT:
             self.broadcast(action.executors, {"type": ControlType.ABORT, "mid": mid})
-            driver.events.emit("MigrationAborted", f"migration {mid}: {action.reason}", warning=True)
+            driver.events.emit(EventReason.MIGRATION_ABORTED, f"migration {mid}: {action.reason}", warning=True)
         elif kind == ActionKind.CLEANUP:
             if coordinator.phase == Phase.DONE and coordinator.protocol != "restart":
                 # its state, captured events and positions are a consistent cut: the latest checkpoint now,
@@ -423,7 +428,7 @@ class _Run:
                     f"({exc}); the state is kept in Redis for `resume`"
                 ) from None
             self.rolled_back = f"the new schedule did not come up: {exc}"
-            driver.events.emit("MigrationRollingBack", self.rolled_back, warning=True)
+            driver.events.emit(EventReason.MIGRATION_ROLLING_BACK, self.rolled_back, warning=True)
             self.target = self.old
             coordinator.new_executors = coordinator.old_executors
             driver.backend.apply(self.old, mid)
@@ -447,22 +452,22 @@ class _Run:
     def report(self) -> MigrationReport:
         coordinator = self.coordinator
         if coordinator.phase == Phase.ABORTED:
-            outcome, reason = "aborted", coordinator.failure or ""
+            outcome, reason = Outcome.ABORTED, coordinator.failure or ""
             if self.rollback is not None:
                 rollback = self.rollback
                 reason += (
                     f"; rolled back to checkpoint {rollback.restored_from}: {rollback.replayed} events replayed"
-                    if self.rollback.outcome == "succeeded"
+                    if self.rollback.outcome == Outcome.SUCCEEDED
                     else f"; the rollback to the last checkpoint failed too: {rollback.reason}"
                 )
         elif self.rolled_back is not None:
-            outcome, reason = "aborted", f"rolled back to the old schedule: {self.rolled_back}"
+            outcome, reason = Outcome.ABORTED, f"rolled back to the old schedule: {self.rolled_back}"
         else:
-            outcome, reason = "succeeded", ""
-        if coordinator.protocol == "restart" and not self.restore_from and outcome == "succeeded":
+            outcome, reason = Outcome.SUCCEEDED, ""
+        if coordinator.protocol == "restart" and not self.restore_from and outcome == Outcome.SUCCEEDED:
             reason = "no periodic checkpoint yet: state started empty and the sources from their beginning"
-        to_nodes = len((self.target or self.new).nodes) if outcome == "succeeded" else len(self.old.nodes)
-        direction = "out" if len(self.new.nodes) > len(self.old.nodes) else "in"
+        to_nodes = len((self.target or self.new).nodes) if outcome == Outcome.SUCCEEDED else len(self.old.nodes)
+        direction = Direction.OUT if len(self.new.nodes) > len(self.old.nodes) else Direction.IN
         report = MigrationReport(
             migration_id=coordinator.migration_id,
             protocol=coordinator.protocol,
@@ -473,7 +478,7 @@ class _Run:
             captured_events=coordinator.captured,
             lost=0,
             replayed=self.replayed if coordinator.protocol == "restart" else coordinator.replayed,
-            outcome=outcome,  # type: ignore[arg-type]
+            outcome=outcome,
             reason=reason,
             restored_from=self.restore_from or None,
             pause_ms=None
@@ -482,11 +487,11 @@ class _Run:
             prepare_ms=self.prepare_ms,
         )
         self.driver.events.emit(
-            "Migrated" if outcome == "succeeded" else "MigrationFailed",
+            EventReason.MIGRATED if outcome == Outcome.SUCCEEDED else EventReason.MIGRATION_FAILED,
             f"{coordinator.protocol} migration {coordinator.migration_id} {outcome}: "
             + ", ".join(f"{k} {v:.0f}" for k, v in report.phases_ms.items() if v is not None)
             + f", {report.captured_events} events captured{'; ' + reason if reason else ''}",
-            warning=outcome != "succeeded",
+            warning=outcome != Outcome.SUCCEEDED,
         )
         return report
 
@@ -502,7 +507,7 @@ def recover_from_failure(driver: MigrationDriver, failed: dict[str, str]) -> Mig
     nodes = sorted(failed)
     driver.backend.restart_nodes(nodes)
     driver.events.emit(
-        "WorkersRestarted",
+        EventReason.WORKERS_RESTARTED,
         f"restarted {', '.join(nodes)} empty ({'; '.join(failed.values())}); no periodic checkpoint to roll back "
         "to, so the events and state the dead workers held are lost",
         True,

@@ -35,15 +35,11 @@ from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSe
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
+from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError, ScaleRequest, StateLost
 from elastream.core.schedule import Schedule
 from elastream.core.status import (
-    INVALID_SPEC,
-    SCALING_BACKOFF,
-    SPEC_CHANGE_IGNORED,
-    START_FAILED,
-    STATE_RESET,
-    WORKERS_PENDING,
+    EventReason,
     StatusFacts,
     desired_conditions,
     merge_conditions,
@@ -340,7 +336,7 @@ class ManagedTopology:
 
 def summary(record: ScalingRecord) -> str:
     """One line for the `Last scaling` printer column."""
-    if record.outcome == "succeeded":
+    if record.outcome == Outcome.SUCCEEDED:
         pause = record.report.get("pauseMs")
         return f"{record.direction} {record.from_nodes}->{record.to_nodes}" + (
             f" ({pause:.0f} ms pause)" if isinstance(pause, int | float) else ""
@@ -446,7 +442,7 @@ class ManagedTopologies:
             managed.set(invalid_spec=message)
             if managed.invalid_reported != message:
                 managed.invalid_reported = message
-                managed.events.emit(INVALID_SPEC, message, warning=True)
+                managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
             managed.write()
             return 30.0  # nothing to do until the spec changes (which wakes the loop)
         managed.set(invalid_spec="")
@@ -505,7 +501,7 @@ class ManagedTopologies:
                 managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
             else:
                 managed.set(backend_error=str(exc))
-            managed.events.emit(START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
+            managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
                 controller.close()
             managed.write()
@@ -537,10 +533,14 @@ class ManagedTopologies:
             managed.published.clear()
             managed.set(state_lost="", started=False)
             managed.events.emit(
-                STATE_RESET, "restarting from scratch as annotated: state and positions start empty", warning=True
+                EventReason.STATE_RESET,
+                "restarting from scratch as annotated: state and positions start empty",
+                warning=True,
             )
         else:
-            managed.events.emit(STATE_RESET, f"{RESTART_FROM_SCRATCH} ignored: the topology's state is not lost")
+            managed.events.emit(
+                EventReason.STATE_RESET, f"{RESTART_FROM_SCRATCH} ignored: the topology's state is not lost"
+            )
         managed.resource.remove_annotation(RESTART_FROM_SCRATCH)
 
     def _apply_settings(self, managed: ManagedTopology, wanted: Topology) -> None:
@@ -575,7 +575,7 @@ class ManagedTopologies:
         if ignored and managed.ignored_reported != managed.generation:
             managed.ignored_reported = managed.generation
             managed.events.emit(
-                SPEC_CHANGE_IGNORED,
+                EventReason.SPEC_CHANGE_IGNORED,
                 f"{', '.join(ignored)} changed: only spec.nodes, spec.scaling.auto and vertices' parallelism apply "
                 "to a running topology (delete and re-create the topology to apply the rest)",
                 warning=True,
@@ -606,12 +606,12 @@ class ManagedTopologies:
             return attempt.due - now
         trigger = "spec" if parallelism is not None and wanted.nodes == len(schedule.nodes) else "request"
         record = self.scale(managed, wanted.nodes, parallelism, trigger)
-        if record.outcome == "failed":
+        if record.outcome == Outcome.FAILED:
             failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
             delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
             managed.attempt = Attempt(target, failures, self.clock() + delay, record.reason)
             managed.events.emit(
-                SCALING_BACKOFF,
+                EventReason.SCALING_BACKOFF,
                 f"scaling to {wanted.nodes} nodes failed {failures} time(s); the old schedule runs on; "
                 f"retrying in {delay:.0f} s (a new spec is tried at once)",
                 warning=True,
@@ -639,7 +639,7 @@ class ManagedTopologies:
         finally:
             managed.set(scaling=False)
         self._note_store(managed)
-        managed.set(scaling_failed="" if record.outcome != "failed" else record.reason)
+        managed.set(scaling_failed="" if record.outcome != Outcome.FAILED else record.reason)
         SCALINGS.labels(record.direction, record.outcome).inc()
         if record.finished_at is not None:
             SCALING_SECONDS.observe(record.finished_at - record.started_at)
@@ -718,7 +718,7 @@ class ManagedTopologies:
         changed = message != managed.facts.pending
         managed.set(pending=message)
         if message:
-            managed.events.emit(WORKERS_PENDING, message, warning=True)
+            managed.events.emit(EventReason.WORKERS_PENDING, message, warning=True)
         if write and changed:
             managed.write()
 

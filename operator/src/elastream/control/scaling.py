@@ -10,10 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastream.core.outcomes import Direction, Outcome
+
 
 @dataclass
 class ScalingRecord:
-    direction: str
+    direction: Direction
     from_nodes: int
     to_nodes: int
     strategy: str
@@ -22,7 +24,7 @@ class ScalingRecord:
     throughput_before: float
     started_at: float
     finished_at: float | None = None
-    outcome: str = "pending"  # succeeded | failed | unchanged
+    outcome: Outcome = Outcome.PENDING
     reason: str = ""
     plan: dict[str, Any] = field(default_factory=dict)
     #: the migration report (`MigrationReport.to_status()`): phases, captured events, lost, replayed

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from elastream.core.metrics import MetricSample
+from elastream.core.outcomes import Direction, Outcome
 from elastream.core.schedule import Schedule, key_group_owner
 from elastream.core.topology import Topology, executor_id, split_executor_id
 
@@ -401,14 +402,14 @@ class MigrationReport:
 
     migration_id: str
     protocol: Protocol
-    direction: str
+    direction: Direction
     from_nodes: int
     to_nodes: int
     phases_ms: Mapping[str, float | None]
     captured_events: int
     lost: int
     replayed: int
-    outcome: Literal["succeeded", "aborted", "failed"]
+    outcome: Outcome
     reason: str = ""
     catch_up_ms: float | None = None
     stabilization_ms: float | None = None

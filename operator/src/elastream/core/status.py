@@ -6,6 +6,7 @@ A condition keeps its `lastTransitionTime` while its status stays the same, as m
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +31,40 @@ REDIS_UNAVAILABLE = "RedisUnavailable"
 STATE_LOST = "StateLost"
 AS_EXPECTED = "AsExpected"
 
-# event reasons that are not condition reasons (a Kubernetes Event's `reason`; constant, as alerts match them)
-START_FAILED = "StartFailed"
-SCALING_BACKOFF = "ScalingBackoff"
-SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
-STATE_RESET = "StateReset"
+
+class EventReason(enum.StrEnum):
+    """The reasons of the Kubernetes Events a topology gets (and of `elastream run`'s event lines): constant,
+    as alerts and scripts match them. Those that are also condition reasons are the same strings."""
+
+    SCALING_PLANNED = "ScalingPlanned"
+    SCALED = "Scaled"
+    SCALING_REJECTED = "ScalingRejected"
+    SCALING_FAILED = SCALING_FAILED
+    SCALING_BACKOFF = "ScalingBackoff"
+    MIGRATION_STARTED = "MigrationStarted"
+    MIGRATED = "Migrated"
+    MIGRATION_FAILED = "MigrationFailed"
+    MIGRATION_ABORTED = "MigrationAborted"
+    MIGRATION_ROLLING_BACK = "MigrationRollingBack"
+    MIGRATION_RESUMED = "MigrationResumed"
+    WORKER_LOST = WORKER_LOST
+    WORKERS_PENDING = WORKERS_PENDING
+    WORKERS_RESTARTED = "WorkersRestarted"
+    RECOVERED = "Recovered"
+    RECOVERY_FAILED = "RecoveryFailed"
+    RECOVERY_BACKOFF = "RecoveryBackoff"
+    RECOVERY_MEASURED = "RecoveryMeasured"
+    REDIS_UNAVAILABLE = REDIS_UNAVAILABLE
+    REDIS_AVAILABLE = "RedisAvailable"
+    STATE_LOST = STATE_LOST
+    STATE_RESTORED = "StateRestored"
+    STATE_RESET = "StateReset"
+    START_FAILED = "StartFailed"
+    INVALID_SPEC = INVALID_SPEC
+    SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+    AUTOSCALER_DECIDED = "AutoscalerDecided"
+    AUTOSCALER_RECOMMENDS = "AutoscalerRecommends"
+
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
 REDIS_GRACE_S = 60.0

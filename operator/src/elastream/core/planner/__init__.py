@@ -68,11 +68,11 @@ def make_plan(
             topology, schedule, snapshot, rates, target_nodes, strategy, congestion_rate, seed, model
         )
     if new_schedule == schedule:
-        direction: Direction = "none"
+        direction = Direction.NONE
     elif target_nodes != current:
-        direction = "out" if target_nodes > current else "in"
+        direction = Direction.OUT if target_nodes > current else Direction.IN
     else:
-        direction = "out" if len(new_schedule) > len(schedule) else "in"
+        direction = Direction.OUT if len(new_schedule) > len(schedule) else Direction.IN
     try:
         predicted: float | None = simulate(topology, new_schedule, model).throughput
     except ValueError:

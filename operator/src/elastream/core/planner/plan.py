@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from elastream.core.outcomes import Direction
 from elastream.core.schedule import Schedule
 from elastream.core.topology import split_executor_id
 
-Direction = Literal["out", "in", "none"]
+__all__ = ["Direction", "Plan", "PlanningError"]
 
 
 class PlanningError(ValueError):
