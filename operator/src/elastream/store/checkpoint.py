@@ -12,6 +12,7 @@ Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
     M :pending:<vertex>:any      list: captured events of shuffle/all/global inputs (no key group)
     M :position                  hash: source executor -> read position
     M :acks:<phase>              hash: executor -> ack info (JSON)
+    M :saved:<executor>          the token of the executor's save (a retried save is applied once)
 
 Writes are pipelined (one round trip per executor's checkpoint), every key gets a TTL so an abandoned
 migration's keys expire, and `delete_migration` removes them when the migration is done. A periodic
@@ -120,28 +121,56 @@ class CheckpointStore:
         return {text(k): text(v) for k, v in raw.items()}
 
     # ---- checkpoints ------------------------------------------------------------------------------------
-    def save(self, migration_id: str, checkpoint: ExecutorCheckpoint) -> None:
-        """Persist one executor's state, captured events and position in a single pipelined round trip."""
+    def save(self, migration_id: str, checkpoint: ExecutorCheckpoint, token: str | None = None) -> None:
+        """Persist one executor's state, captured events and position in a single pipelined round trip.
+
+        With a `token` (the same on every retry of one save) the save is a transaction applied at most once:
+        it records the token under `M:saved:<executor>` and a retry that finds it there writes nothing, so a
+        reply lost to a Redis outage never appends the captured events twice."""
         m = self._m(migration_id)
-        pipe = self.client.pipeline(transaction=False)
         touched: list[str] = []
-        if checkpoint.state:
-            key = f"{m}:state:{checkpoint.vertex}"
-            pipe.hset(key, mapping={str(kg): blob for kg, blob in checkpoint.state.items()})
-            touched.append(key)
-        for group, events in checkpoint.pending.items():
-            if events:
-                key = f"{m}:pending:{checkpoint.vertex}:{group}"
-                pipe.rpush(key, *events)
+
+        def writes(pipe: Any) -> None:
+            if checkpoint.state:
+                key = f"{m}:state:{checkpoint.vertex}"
+                pipe.hset(key, mapping={str(kg): blob for kg, blob in checkpoint.state.items()})
                 touched.append(key)
-        if checkpoint.position is not None:
-            key = f"{m}:position"
-            pipe.hset(key, checkpoint.executor, checkpoint.position)
-            touched.append(key)
-        for key in touched:
-            pipe.expire(key, self.ttl_s)
-        if touched:
-            pipe.execute()
+            for group, events in checkpoint.pending.items():
+                if events:
+                    key = f"{m}:pending:{checkpoint.vertex}:{group}"
+                    pipe.rpush(key, *events)
+                    touched.append(key)
+            if checkpoint.position is not None:
+                key = f"{m}:position"
+                pipe.hset(key, checkpoint.executor, checkpoint.position)
+                touched.append(key)
+            for key in touched:
+                pipe.expire(key, self.ttl_s)
+
+        if token is None:
+            pipe = self.client.pipeline(transaction=False)
+            writes(pipe)
+            if touched:
+                pipe.execute()
+            return
+        marker = f"{m}:saved:{checkpoint.executor}"
+        while True:
+            with self.client.pipeline(transaction=True) as watched:
+                try:
+                    watched.watch(marker)  # type: ignore[no-untyped-call]
+                    applied = watched.get(marker)
+                    if applied is not None and text(applied) == token:
+                        return  # an earlier attempt of this save was applied (its reply was lost)
+                    watched.multi()
+                    touched.clear()
+                    writes(watched)
+                    if not touched:
+                        return
+                    watched.set(marker, token, ex=self.ttl_s)
+                    watched.execute()
+                    return
+                except redis.WatchError:  # an earlier attempt landed meanwhile: look again
+                    continue
 
     def load_state(self, migration_id: str, vertex: str, key_groups: Iterable[int]) -> dict[int, bytes]:
         groups = list(key_groups)

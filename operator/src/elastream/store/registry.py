@@ -42,11 +42,13 @@ def connect(
     **options: Any,
 ) -> redis.Redis:
     """A client for `url`, checked with PING. Retries with exponential backoff (0.2 s doubling to 5 s) for up
-    to `wait_s` seconds, calling `on_retry(reason, delay)` before each wait; then raises `RedisUnavailable`."""
+    to `wait_s` seconds, calling `on_retry(reason, delay)` before each wait; then raises `RedisUnavailable`.
+    `options` go to the client (they may replace the timeouts: 2 s to connect, 10 s per reply)."""
     deadline = time.monotonic() + wait_s
+    options = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0, **options}
     for delay in backoff():
         try:
-            client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0, **options)
+            client = redis.Redis.from_url(url, **options)
             client.ping()
             return client
         except redis.AuthenticationError as exc:
@@ -127,6 +129,13 @@ class Registry:
         for readiness must wait for the new processes, not return on the dead ones' old marks."""
         if nodes:
             self.client.srem(f"{self.prefix}ready:{version}", *nodes)
+
+    def unmark(self, version: int, node: str) -> None:
+        """Take back `node`'s ready and staged marks of `version` (its worker failed and is exiting)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.srem(f"{self.prefix}ready:{version}", node)
+        pipe.srem(f"{self.prefix}staged:{version}", node)
+        pipe.execute()
 
     def _add_node(self, name: str, node: str) -> None:
         """Add `node` to the versioned node set `name` (it expires with the version's other keys)."""

@@ -1,9 +1,28 @@
 """One backoff for everything that waits on Redis or on a peer: 0.2 s doubling to 5 s (and a variant that
-grows by half from 50 ms to 1 s for the worker's polls of Redis keys)."""
+grows by half from 50 ms to 1 s for the worker's polls of Redis keys).
+
+`retry_redis` runs one Redis call until Redis answers, for as long as the caller runs: a Redis that is
+unreachable (refused, reset, timed out), loading its data after a restart (LOADING) or failing over is an
+outage to wait out, never a reason to drop a write or let a thread die. `RedisOutage` logs an outage once
+when it starts and once when it ends, however many threads and attempts wait on it; a `stop` event ends the
+wait (`RetryCancelled`), so a stopping process is never held by an unreachable Redis.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
+
+import redis
+
+T = TypeVar("T")
+
+#: the first word of Redis error replies that mean "not now, try again": a Redis loading its data set after
+#: a restart, a replica whose primary is away, a failover in progress, a script running too long
+TRANSIENT_REPLIES = frozenset({"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN"})
 
 
 def backoff(first_s: float = 0.2, factor: float = 2.0, cap_s: float = 5.0) -> Iterator[float]:
@@ -12,3 +31,137 @@ def backoff(first_s: float = 0.2, factor: float = 2.0, cap_s: float = 5.0) -> It
     while True:
         yield delay
         delay = min(cap_s, delay * factor)
+
+
+def redis_backoff() -> Iterator[float]:
+    """The delays of `retry_redis`: `backoff` from 0.1 s doubling to 1 s (a refused connection costs
+    nothing, and a Redis that is back is noticed within a second)."""
+    return backoff(0.1, 2.0, 1.0)
+
+
+def is_redis_outage(exc: BaseException) -> bool:
+    """Whether `exc` says Redis is unreachable or not serving for now (worth waiting out), as opposed to a
+    mistake in the call (wrong type, bad script, no permission) that no retry fixes. Connection errors include
+    a refused or reset connection, LOADING (`BusyLoadingError`) and a refused password (an ACL being
+    restored with the data)."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ConnectionError | TimeoutError):
+        return True
+    if isinstance(exc, redis.ResponseError):
+        words = str(exc).split(maxsplit=1)
+        return bool(words) and words[0] in TRANSIENT_REPLIES
+    return False
+
+
+class StopSignal(Protocol):
+    """What ends a wait: a `threading.Event`, or `AnyOf` several."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class AnyOf:
+    """Set when any of `events` is (a thread that stops with its executor's generation or its process)."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self.events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            self.events[0].wait(remaining)
+        return True
+
+
+class RetryCancelled(Exception):
+    """The stop event was set while a call waited for Redis: the caller is shutting down."""
+
+
+class RedisOutage:
+    """Logs an outage of Redis once when it starts (the first failed call, with what it was doing) and once
+    when it ends (the first call that succeeds after it), however many threads retry meanwhile."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.log = logger or logging.getLogger("elastream.redis")
+        self._lock = threading.Lock()
+        #: monotonic time the current outage was first noticed (None: Redis answers)
+        self.since: float | None = None
+        #: monotonic time the last outage ended
+        self.ended_at = float("-inf")
+        #: outages noticed so far (for tests and metrics)
+        self.count = 0
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None
+
+    def failed(self, what: str, exc: BaseException, attempt_started: float | None = None) -> None:
+        """A call failed for an outage. A call that started before the last outage ended (a reply that was
+        lost in it) does not open a new one."""
+        with self._lock:
+            if self.since is not None:
+                return
+            if attempt_started is not None and attempt_started < self.ended_at:
+                return
+            self.since = time.monotonic()
+            self.count += 1
+        self.log.warning(
+            "%s: Redis unreachable (%s: %s); everything that needs it waits and retries until it is back, "
+            "nothing is dropped",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+
+    def succeeded(self) -> None:
+        """A call succeeded: an outage in progress is over."""
+        if self.since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            since, self.since = self.since, None
+            if since is None:
+                return
+            self.ended_at = time.monotonic()
+        self.log.warning("Redis reachable again after %.1f s", self.ended_at - since)
+
+
+#: the outage log of this process (one Redis, one outage, one pair of lines however many threads wait)
+REDIS = RedisOutage()
+
+
+def retry_redis(
+    call: Callable[[], T],
+    what: str,
+    stop: StopSignal | None = None,
+    outage: RedisOutage | None = None,
+    delays: Iterator[float] | None = None,
+) -> T:
+    """`call()` until Redis answers it, waiting out outages (`is_redis_outage`) with `redis_backoff` for as
+    long as the caller runs; other exceptions propagate. `what` ("sink out#0: cannot write stream S") leads the
+    outage's log line.
+    With `stop`, its being set ends the wait with `RetryCancelled` (checked between attempts). The call must
+    be safe to repeat: a reply lost in an outage may hide a write that was applied."""
+    outage = REDIS if outage is None else outage
+    delays = redis_backoff() if delays is None else delays
+    while True:
+        started = time.monotonic()
+        try:
+            result = call()
+        except Exception as exc:
+            if not is_redis_outage(exc):
+                raise
+            outage.failed(what, exc, started)
+            delay = next(delays)
+            if stop is None:
+                time.sleep(delay)
+            elif stop.wait(delay):
+                raise RetryCancelled(f"{what}: stopped while waiting for Redis") from exc
+            continue
+        outage.succeeded()
+        return result
