@@ -92,3 +92,16 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+@pytest.fixture
+def restartable_redis() -> Iterator[RedisServer]:
+    """A Redis of its own on a fixed port that keeps its data across `stop()` and `start()` (append-only file,
+    fsync on every write), for tests that take Redis away and bring it back."""
+    server = RedisServer("--appendonly", "yes", "--appendfsync", "always")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)

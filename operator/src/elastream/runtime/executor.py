@@ -8,11 +8,21 @@ to the same problem, its load-aware shuffle), so a vertex goes at the sum of its
 of k times its slowest one's. `balance: round-robin` keeps the plain deal in turn. Either way a channel
 stays FIFO and every event goes down exactly one channel, so the migration protocols' in-band markers and
 exactly-once accounting see no difference. `Counters` are what the worker publishes every interval.
+
+An exception in a user operator's `process` (or another hook) is counted in `errors` and the executor goes on.
+Any other exception that reaches an executor's loop is a fault of the runtime: the thread logs it with its
+traceback and calls its `on_failure` (the worker then reports not-ready and exits, so recovery starts). A
+`RetryCancelled` (the executor stopped while it waited for Redis) is a clean stop, not a failure.
+
+Test-only fault injection: with `ELASTREAM_TEST_CRASH=<executor>:<n>` in the environment (e.g. `w#0:500`),
+that executor's loop raises `InjectedCrash` once it has processed `n` events (a source: emitted), outside
+any operator, as a bug in the runtime would. Unset (always, outside tests) it does nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -37,6 +47,7 @@ from elastream.runtime.transport import (
     Inbox,
     wait_for_any_credit,
 )
+from elastream.store.retry import RetryCancelled
 
 log = logging.getLogger("elastream.worker")
 
@@ -47,6 +58,31 @@ IDLE_POLL_MS = 20
 CONTROLLER = "controller"
 #: frames an executor takes off its socket ahead of processing (their events are its visible queue length)
 READ_AHEAD = 8
+#: test-only: `<executor>:<n>` makes that executor's loop raise `InjectedCrash` after n events (see above)
+TEST_CRASH_ENV = "ELASTREAM_TEST_CRASH"
+
+
+class InjectedCrash(RuntimeError):
+    """The fault `ELASTREAM_TEST_CRASH` injects into an executor's loop (tests only)."""
+
+
+def injected_crash_after(executor: str, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The event count after which `executor` must crash, from `ELASTREAM_TEST_CRASH`; None when unset, for
+    another executor, or malformed (logged)."""
+    raw = environ.get(TEST_CRASH_ENV, "").strip()
+    if not raw:
+        return None
+    target, _, count = raw.rpartition(":")
+    if target != executor:
+        return None
+    if not count.isdigit():
+        log.warning("%s=%r: expected <executor>:<events>; ignored", TEST_CRASH_ENV, raw)
+        return None
+    return int(count)
+
+
+#: what an executor thread calls when its loop dies of an exception (the worker's fatal-error path)
+FailureHandler = Callable[["ExecutorThread | SourceThread"], None]
 
 
 @dataclass
@@ -258,9 +294,12 @@ class ExecutorThread(threading.Thread):
         stop: threading.Event,
         is_sink: bool,
         migration: Migration,
+        on_failure: FailureHandler | None = None,
     ) -> None:
         super().__init__(name=executor, daemon=True)
         self.migration = migration
+        self.on_failure = on_failure
+        self.crash_after = injected_crash_after(executor)
         self.held: list[list[Any]] = []  # DATA that arrived before the INIT this executor waits for
         #: the periodic checkpoint being aligned: its id, the upstream executors whose BARRIER has come, and
         #: the frames of those channels held back until BARRIER has come from all
@@ -299,18 +338,21 @@ class ExecutorThread(threading.Thread):
     def run(self) -> None:
         try:
             self.operator.open(self.context)
+            crash_after = self.crash_after
             while not self.stop.is_set():
                 frame = self._next_frame()
                 if frame is not None:
                     self.handle(frame)
                 elif self.timer is not None and self._timer_allowed():
                     self.on_timer()
+                if crash_after is not None and self.counters.processed >= crash_after:
+                    raise InjectedCrash(f"{TEST_CRASH_ENV}: executor {self.executor} after {crash_after} events")
             self.router.flush()
             self.operator.close()
+        except RetryCancelled:
+            log.info("executor %s stopped while waiting for Redis", self.executor)
         except BaseException as exc:
-            self.failure = exc
-            log.exception("executor %s stopped: %s", self.executor, exc)
-            self.stop.set()
+            _failed(self, exc)
 
     def _timer_allowed(self) -> bool:
         """Timers fire only in normal processing: not during a migration (from PREPARE: what they would emit
@@ -501,6 +543,22 @@ class ExecutorThread(threading.Thread):
             )
 
 
+def _failed(thread: ExecutorThread | SourceThread, exc: BaseException) -> None:
+    """An executor's loop died of `exc`: a fault of the runtime, not of a user operator (those are counted
+    in `errors`). Log it with the traceback, stop the executors of its generation and tell the worker."""
+    thread.failure = exc
+    log.critical(
+        "executor %s died: %s: %s (a fault of the runtime, not of the operator's code)",
+        thread.executor,
+        type(exc).__name__,
+        exc,
+        exc_info=exc,
+    )
+    thread.stop.set()
+    if thread.on_failure is not None:
+        thread.on_failure(thread)
+
+
 def report_error(counters: Counters, context: Context, executor: str, hook: str, exc: BaseException) -> None:
     """An exception in an operator hook other than `process`: counted in `errors`, logged with the vertex
     name (at most every 5 s per executor and hook); the executor goes on."""
@@ -539,9 +597,12 @@ class SourceThread(threading.Thread):
         router: Router,
         stop: threading.Event,
         migration: Migration,
+        on_failure: FailureHandler | None = None,
     ) -> None:
         super().__init__(name=executor, daemon=True)
         self.migration = migration
+        self.on_failure = on_failure
+        self.crash_after = injected_crash_after(executor)
         self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.executor = executor
         self.operator = operator
@@ -560,6 +621,7 @@ class SourceThread(threading.Thread):
 
     def run(self) -> None:
         counters = self.counters
+        crash_after = self.crash_after
         try:
             self.operator.open(self.context)
             exhausted = getattr(self.operator, "exhausted", None)
@@ -584,14 +646,16 @@ class SourceThread(threading.Thread):
                 counters.received = max(counters.received, int(due), counters.processed)
                 counters.queue_len = counters.received - counters.processed
                 counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
+                if crash_after is not None and counters.processed >= crash_after:
+                    raise InjectedCrash(f"{TEST_CRASH_ENV}: source {self.executor} after {crash_after} events")
                 if emitted == 0:
                     time.sleep(0.002)
             self.router.flush()
             self.operator.close()
+        except RetryCancelled:
+            log.info("source %s stopped while waiting for Redis", self.executor)
         except BaseException as exc:
-            self.failure = exc
-            log.exception("source %s stopped: %s", self.executor, exc)
-            self.stop.set()
+            _failed(self, exc)
 
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration = self.migration

@@ -41,7 +41,7 @@ from elastream.core.rates import parse_rates
 from elastream.core.schedule import key_group_of, key_group_ranges
 from elastream.core.topology import Vertex
 from elastream.store.codec import text
-from elastream.store.retry import backoff
+from elastream.store.retry import REDIS, backoff, is_redis_outage, retry_redis
 
 
 class Event(NamedTuple):
@@ -71,6 +71,8 @@ class Context:
     #: key groups this executor owns (contiguous range; all of them for a non-keyed vertex)
     key_groups: range = field(default_factory=lambda: range(0))
     node_cpu: NodeCpu | None = None
+    #: set when the executor stops: a built-in operator waiting for Redis gives up then
+    stop: threading.Event | None = None
 
     def key_group(self, key: Any) -> int:
         return key_group_of(key, self.max_parallelism)
@@ -434,28 +436,25 @@ class RedisStreamSource:
         #: after seeking a foreign position: (its stride S, per foreign lane the ordinal below which the
         #: entries of the lane (n ≡ lane mod S) were emitted, the largest of these)
         self.foreign: tuple[int, dict[int, int], int] | None = None
-        self.retry_at = self.last_warning = 0.0
+        self.retry_at = 0.0
         self.delays = backoff()
+        self.stop = context.stop
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
         if now < self.retry_at:
             return self.offered
+        started = time.monotonic()
         try:
             entries = self.client.xread({self.stream: self.last_id}, count=budget, block=10) or []
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # Redis is away (restarting): nothing is lost, the position stays; try again with backoff
-            delay = next(self.delays)
-            self.retry_at = now + delay
-            if now - self.last_warning >= 5.0:
-                self.last_warning = now
-                logging.getLogger("elastream.worker").warning(
-                    "source %s: cannot read stream %s: Redis unreachable (%s); retrying in %.1f s",
-                    self.name,
-                    self.stream,
-                    exc,
-                    delay,
-                )
+        except Exception as exc:
+            if not is_redis_outage(exc):
+                raise
+            # Redis is away (restarting): nothing is lost, the position stays; try again with backoff (the
+            # source thread goes on meanwhile: it takes the controller's messages between polls)
+            REDIS.failed(f"source {self.name}: cannot read stream {self.stream}", exc, started)
+            self.retry_at = now + next(self.delays)
             return self.offered
+        REDIS.succeeded()
         self.delays = backoff()
         for _, items in entries:
             for entry_id, fields in items:
@@ -546,7 +545,8 @@ class RedisStreamSource:
         if start > 0:
             entries = retry_redis(
                 lambda: self.client.xrevrange(self.stream, max=start_id, min="-", count=self.stride),
-                f"source {self.name}: reading stream {self.stream}",
+                f"source {self.name}: cannot read stream {self.stream}",
+                self.stop,
             )
             before = [text(entry_id) for entry_id, _ in entries]
         for lane in self.lanes:
@@ -642,7 +642,10 @@ class RedisStreamSink:
     migrations never duplicate anything, but after a rollback to a checkpoint (a worker died, or the
     `restart` protocol) the events replayed since that checkpoint reach the stream a second time. A batch is
     written by one Lua script that also records the batch's token under a key of this executor, so it lands
-    all or nothing, and a retry after a lost reply (Redis stopped after applying it) writes nothing.
+    all or nothing, and a retry after a lost reply (Redis stopped after applying it) writes nothing. While
+    Redis is away (refused, timed out, LOADING after a restart) every write waits it out and is retried, never
+    skipped (the executor holds its batch and its inputs back-pressure); it gives up only when the executor
+    stops.
 
     `exactly-once` is a two-phase commit, as Flink's transactional sinks do it: processed events stay in the
     executor until its next checkpoint (a periodic one or a migration's COMMIT), which stages them in Redis
@@ -668,8 +671,10 @@ class RedisStreamSink:
         self.cost = Cost(context.config, context.node_cpu)
         self.buffer: list[Any] = []
         self.writer = f"{context.vertex}#{context.index}"
+        self.what = f"sink {self.writer}: cannot write stream {self.stream}"
         self.token_key = f"{self.stream}:writer:{self.writer}"
         self.script = self.client.register_script(_XADD_BATCH_ONCE)
+        self.stop = context.stop
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
@@ -682,7 +687,7 @@ class RedisStreamSink:
         args: list[Any] = [token, self.maxlen, self.TOKEN_TTL_S]
         for event in self.buffer:
             args += [event[0], str(event[1]), str(event[2]), repr(event[3])]
-        retry_redis(lambda: self.script(keys=[self.stream, self.token_key], args=args), f"sink {self.stream}")
+        retry_redis(lambda: self.script(keys=[self.stream, self.token_key], args=args), self.what, self.stop)
         self.buffer = []
 
     def pre_commit(self, txn_id: str) -> None:
@@ -704,7 +709,7 @@ class RedisStreamSink:
             pipe.expire(members, STAGED_TTL_S)
             pipe.execute()
 
-        retry_redis(stage, f"sink {self.stream}")
+        retry_redis(stage, self.what, self.stop)
         self.buffer = []
 
     def abort_commit(self, txn_id: str) -> None:
@@ -714,19 +719,20 @@ class RedisStreamSink:
             return
         staging, members = transaction_keys(self.prefix, txn_id, self.writer)
 
-        def take_back() -> list[Any]:
+        def drop() -> None:
             pipe = self.client.pipeline(transaction=True)
-            pipe.lrange(staging, 1, -1)
             pipe.delete(staging)
             pipe.srem(members, staging)
-            return list(pipe.execute()[0])
+            pipe.execute()
 
-        items = retry_redis(take_back, f"sink {self.stream}")
+        # read, then delete: each step may be repeated after a lost reply without losing the events
+        items = retry_redis(lambda: list(self.client.lrange(staging, 1, -1)), self.what, self.stop)
         events = [
             (text(items[i]), text(items[i + 1]), text(items[i + 2]), float(text(items[i + 3])))
             for i in range(0, len(items), 4)
         ]
         self.buffer = events + self.buffer
+        retry_redis(drop, self.what, self.stop)
 
     def close(self) -> None:
         # exactly-once: what was not staged belongs to no checkpoint; a restore replays it
@@ -742,20 +748,6 @@ STAGED_TTL_S = 24 * 3600
 def transaction_keys(prefix: str, txn_id: str, writer: str) -> tuple[str, str]:
     """(the staging list of one sink executor, the set of a transaction's staging lists)."""
     return f"{prefix}txn:{txn_id}:{writer}", f"{prefix}txn:{txn_id}"
-
-
-def retry_redis(call: Callable[[], Any], what: str) -> Any:
-    """Run `call` until Redis answers: an operator whose Redis is away (restarting) keeps its data and
-    retries with backoff (0.2 s doubling to 5 s) while its inputs back-pressure."""
-    for delay in backoff():
-        try:
-            return call()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            logging.getLogger("elastream.worker").warning(
-                "%s: Redis unreachable (%s); retrying in %.1f s", what, exc, delay
-            )
-            time.sleep(delay)
-    raise AssertionError("unreachable")  # backoff() never ends
 
 
 # --------------------------------------------------------------------------------------------------------

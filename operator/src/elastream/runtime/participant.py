@@ -5,14 +5,20 @@ Control messages are dicts ``{"type", "mid", "protocol"?}``. The controller send
 executor; DCR: to the sources, which forward it in-band), COMMIT (to the sources, which forward it in-band),
 INIT (to every executor of the new schedule), RESUME (to the sources) and ABORT. Executors ack in Redis
 through the `CheckpointStore` (phases "preparing", "committing", "initializing").
+
+Every Redis call here waits out a Redis outage (`retry_redis`) until the executor stops: an ack, a
+checkpoint's save and INIT's loads are retried, never skipped, and a save is applied once however often it is
+retried (its token), so a migration or checkpoint in flight completes when Redis is back.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -20,6 +26,9 @@ from elastream.core.migration import ExecutorParticipant
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import split_executor_id
 from elastream.store.checkpoint import ANY, CheckpointStore, ExecutorCheckpoint
+from elastream.store.retry import retry_redis
+
+T = TypeVar("T")
 
 log = logging.getLogger("elastream.worker")
 
@@ -46,13 +55,18 @@ class Migration:
     awaiting: str | None = None
     pending: dict[str, list[Any]] = field(default_factory=dict)
     captured: int = 0
+    #: the executor's stop event: a call waiting for Redis gives up when it is set (`RetryCancelled`)
+    stop: threading.Event | None = None
 
     @property
     def vertex(self) -> str:
         return split_executor_id(self.executor)[0]
 
+    def _redis(self, what: str, call: Callable[[], T]) -> T:
+        return retry_redis(call, f"executor {self.executor}: cannot {what}", self.stop)
+
     def ack(self, mid: str, phase: str, **info: int) -> None:
-        self.store.ack(mid, phase, self.executor, info)
+        self._redis(f"ack {phase} of {mid}", lambda: self.store.ack(mid, phase, self.executor, info))
 
     def capture(self, sender: str, events: Any) -> None:
         """Keep events that arrived after PREPARE, by the key group they belong to in this vertex (fields
@@ -79,16 +93,15 @@ class Migration:
         if callable(snapshot):
             state = {int(g): pack(v) for g, v in snapshot().items()}
         pending = {bucket: [pack(e) for e in events] for bucket, events in self.pending.items()}
-        self.store.save(
-            mid,
-            ExecutorCheckpoint(
-                self.executor,
-                self.vertex,
-                state=state,
-                pending=pending,
-                position=None if position is None else pack(position),
-            ),
+        checkpoint = ExecutorCheckpoint(
+            self.executor,
+            self.vertex,
+            state=state,
+            pending=pending,
+            position=None if position is None else pack(position),
         )
+        token = uuid.uuid4().hex  # the same on every retry: the save is applied once
+        self._redis(f"save checkpoint {mid}", lambda: self.store.save(mid, checkpoint, token=token))
         return sum(len(b) for b in state.values())
 
     def abort(self, mid: str, operator: Any) -> list[Any]:
@@ -110,15 +123,20 @@ class Migration:
         """Load the state of the key groups this executor owns now; return the captured events routed to it."""
         restore = getattr(operator, "restore_state", None)
         if callable(restore):
-            blobs = self.store.load_state(mid, self.vertex, key_groups)
+            blobs = self._redis(f"load the state of {mid}", lambda: self.store.load_state(mid, self.vertex, key_groups))
             if blobs:
                 restore({g: unpack(b) for g, b in blobs.items()})
-        return [unpack(b) for b in self.store.load_pending(mid, self.vertex, key_groups, index, parallelism)]
+        pending = self._redis(
+            f"load the captured events of {mid}",
+            lambda: self.store.load_pending(mid, self.vertex, key_groups, index, parallelism),
+        )
+        return [unpack(b) for b in pending]
 
     def merged_positions(self, mid: str) -> dict[Any, Any]:
         """Every old source executor's position of this vertex, merged (lanes are disjoint)."""
         merged: dict[Any, Any] = {}
-        for executor, blob in self.store.load_positions(mid).items():
+        positions = self._redis(f"load the source positions of {mid}", lambda: self.store.load_positions(mid))
+        for executor, blob in positions.items():
             if split_executor_id(executor)[0] == self.vertex:
                 position = unpack(blob)
                 if isinstance(position, Mapping):

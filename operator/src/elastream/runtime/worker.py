@@ -8,6 +8,20 @@ endpoints (at `--advertise HOST` when it listens on every interface);
 mark the node ready; 7. once every node of the schedule is ready, start the sources.
 Then, every interval, it publishes one `MetricSample` per executor to `<prefix>metrics` and serves the same
 counters as Prometheus metrics. SIGTERM or SIGINT stops it cleanly.
+
+Redis outages: once started, the worker never dies of an unreachable Redis (refused, reset, timed out,
+LOADING after a restart). Every thread that needs Redis (the control dispatcher, readiness marks, executors'
+acks, checkpoint saves and INIT's loads, redis-stream sinks and sources) waits it out with `retry_redis`:
+a write or an ack is retried, never skipped; data flows on between executors meanwhile where it needs no
+Redis. The outage is logged once when it starts and once when it ends. A metric sample that cannot be
+published is skipped (the counters are cumulative: the next one carries it). Every Redis call has a socket
+timeout, so a stop request is honoured within seconds, Redis or not.
+
+Faults of the worker's own code: an executor or source thread, the control dispatcher or the main loop that
+dies of an exception that is not a user operator's (those are counted in `errors`) logs it with the
+traceback, takes the node's readiness back (the /ready probe fails, its `ready:<version>` mark goes) and
+exits with `EXIT_INTERNAL_ERROR` (70) within seconds, so the backend sees a failed worker and recovery
+starts; before, the process stayed up and ready with its executors stopped.
 """
 
 from __future__ import annotations
@@ -41,11 +55,20 @@ from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
 from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
 from elastream.store.registry import RedisUnavailable, Registry, connect
-from elastream.store.retry import backoff
+from elastream.store.retry import REDIS, AnyOf, RetryCancelled, backoff, is_redis_outage, retry_redis
 
 log = logging.getLogger("elastream.worker")
 
 EXIT_USER_ERROR = 2
+#: the exit code of a worker whose own code failed (an executor's loop, the control dispatcher, the main
+#: loop died of an exception): sysexits' EX_SOFTWARE, "internal software error"
+EXIT_INTERNAL_ERROR = 70
+#: how long a failed worker's orderly shutdown may take before the process exits anyway
+FAILURE_EXIT_S = 10.0
+#: socket timeouts of the worker's Redis clients: a call on a Redis that hangs fails within this, so a
+#: stop request is honoured within seconds whatever Redis does
+REDIS_CONNECT_TIMEOUT_S = 2.0
+REDIS_SOCKET_TIMEOUT_S = 5.0
 #: `--bind` hosts that listen on every interface (peers then need `--advertise`)
 ALL_INTERFACES = ("0.0.0.0", "::")
 
@@ -108,6 +131,9 @@ class Worker:
         self.current: Generation | None = None
         self.staged: Generation | None = None
         self._switching = threading.Lock()
+        #: what failed (an executor, "control", "main loop"), when the worker's own code did: it exits with
+        #: EXIT_INTERNAL_ERROR and is not ready
+        self.failed: str | None = None
 
     @property
     def threads(self) -> list[ExecutorThread | SourceThread]:
@@ -127,7 +153,13 @@ class Worker:
         return on_retry
 
     def connect(self) -> None:
-        self.client = connect(self.options.redis_url, self.options.redis_wait_s, self._retrying("connecting"))
+        self.client = connect(
+            self.options.redis_url,
+            self.options.redis_wait_s,
+            self._retrying("connecting"),
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        )
         self.registry = Registry(self.client, self.topology.redis_prefix)
         self.metrics = MetricStream(self.client, self.topology.redis_prefix)
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
@@ -147,19 +179,30 @@ class Worker:
         stop = stop or self.stop
         delays = backoff(poll_s, 1.5, max_poll_s)
         while not stop.is_set() and not self.stop.is_set():
+            attempt = time.monotonic()
             try:
                 result = probe()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                result, detail = None, f"Redis unreachable ({exc})"
+            except Exception as exc:
+                if not is_redis_outage(exc):
+                    raise
+                REDIS.failed(f"node {self.node}: waiting for {what() if callable(what) else what}", exc, attempt)
+                result = None
             else:
-                detail = ""
+                REDIS.succeeded()
             if result:
                 return result
             if time.monotonic() - last_log >= 5.0:
                 last_log = time.monotonic()
-                log.warning("waiting for %s%s", what() if callable(what) else what, f": {detail}" if detail else "")
+                log.warning(
+                    "waiting for %s%s", what() if callable(what) else what, " (Redis is away)" if REDIS.active else ""
+                )
             stop.wait(next(delays))
         return None
+
+    def redis_call(self, what: str, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
+        """`call()` until Redis answers (an outage is waited out, logged once); `RetryCancelled` once `stop`
+        (default: the worker's) or the worker's stop is set."""
+        return retry_redis(call, f"node {self.node}: cannot {what}", _either(stop, self.stop))
 
     def read_schedule(self) -> tuple[int, Schedule] | None:
         """The schedule this process starts with: the staged version it was started for, else the current."""
@@ -180,6 +223,7 @@ class Worker:
             raise OperatorLoadError(f"node {self.node} is not in schedule version {version}; nothing to run")
         parallelism = schedule.parallelism()
         mine = schedule.executors_on(self.node)
+        stop = threading.Event()  # the generation's: built-in operators waiting for Redis give up when it is set
         operators: dict[str, tuple[Any, Context]] = {}
         for executor in mine:
             vertex_name, index = split_executor_id(executor)
@@ -193,6 +237,7 @@ class Worker:
                 config=resolve_rate_file(vertex, self.options.manifest_dir),
                 key_groups=key_group_ranges(vertex.max_parallelism, k)[index],
                 node_cpu=self.cpu,
+                stop=stop,
             )
             operators[executor] = (make_operator(vertex, self._client_factory, self.topology.redis_prefix), context)
         inboxes: dict[str, Inbox] = {}
@@ -206,8 +251,14 @@ class Worker:
             for inbox in inboxes.values():
                 inbox.close()
             raise
-        self.registry.register_endpoints(version, {e: box.endpoint for e, box in inboxes.items()})
-        return Generation(version, schedule, operators, inboxes)
+        endpoints = {e: box.endpoint for e, box in inboxes.items()}
+        try:
+            self.redis_call("register its endpoints", lambda: self.registry.register_endpoints(version, endpoints))
+        except BaseException:
+            for inbox in inboxes.values():
+                inbox.close()
+            raise
+        return Generation(version, schedule, operators, inboxes, stop)
 
     def activate(self, generation: Generation) -> bool:
         """Connect `generation`'s outputs to the registered endpoints of its downstream executors, build its
@@ -223,7 +274,7 @@ class Worker:
         }
         found: dict[str, dict[str, str]] = {"endpoints": {}}
 
-        def all_endpoints() -> bool:
+        def all_endpoints() -> bool:  # wait_for waits out a Redis outage
             found["endpoints"] = self.registry.endpoints(version)
             return needed <= set(found["endpoints"])
 
@@ -246,32 +297,44 @@ class Worker:
             operator, context = generation.operators[executor]
             outputs = build_outputs(self.topology, vertex_name, executor, parallelism, endpoints, open_channel)
             router = Router(outputs, generation.stop)
-            migration = self._migration_for(executor, parallelism, generation.awaiting)
+            migration = self._migration_for(executor, parallelism, generation.awaiting, generation.stop)
             thread: ExecutorThread | SourceThread
             if self.topology.vertices[vertex_name].kind == "source":
-                thread = SourceThread(executor, operator, context, router, generation.stop, migration)
+                thread = SourceThread(
+                    executor, operator, context, router, generation.stop, migration, self.executor_failed
+                )
                 thread.paused.set()  # until every node is ready (and, during a migration, until RESUME)
             else:
                 is_sink = self.topology.vertices[vertex_name].kind == "sink"
                 inbox = generation.inboxes[executor]
-                thread = ExecutorThread(executor, operator, context, inbox, router, generation.stop, is_sink, migration)
+                thread = ExecutorThread(
+                    executor,
+                    operator,
+                    context,
+                    inbox,
+                    router,
+                    generation.stop,
+                    is_sink,
+                    migration,
+                    self.executor_failed,
+                )
             generation.threads.append(thread)
         # about an hour of samples for the executors that actually run, at the actual interval
         self.metrics.maxlen = metric_stream_maxlen(len(schedule), self.options.interval_s)
         for thread in generation.threads:
             thread.start()
         self.current = generation
-        self.registry.register_worker(
-            self.node,
-            {
-                "pid": os.getpid(),
-                "host": self.options.address,
-                "metricsPort": self.options.metrics_port,
-                "version": version,
-                "startedAt": time.time(),
-            },
-        )
-        self.registry.mark_ready(version, self.node)
+        info = {
+            "pid": os.getpid(),
+            "host": self.options.address,
+            "metricsPort": self.options.metrics_port,
+            "version": version,
+            "startedAt": time.time(),
+        }
+        self.redis_call("register itself", lambda: self.registry.register_worker(self.node, info), generation.stop)
+        if self.failed is not None:  # an executor died already: never say ready
+            return False
+        self.redis_call("mark itself ready", lambda: self.registry.mark_ready(version, self.node), generation.stop)
         log.info(
             "node %s ready: %d executors (schedule version %d%s)",
             self.node,
@@ -285,11 +348,10 @@ class Worker:
         """Stop a generation's threads and close its sockets. In a migration they are checkpointed (state and
         captured events committed) and idle; a source's final position is published for `restart`'s count."""
         generation.stop.set()
-        for thread in generation.threads:
-            if thread.is_alive():
-                thread.join(timeout=5.0)
-        with contextlib.suppress(redis.RedisError):
-            self.store.publish_positions(self.source_positions(generation))
+        _join(generation.threads, 5.0)
+        positions = self.source_positions(generation)
+        with contextlib.suppress(RetryCancelled):  # only a stopping worker gives up on them
+            self.redis_call("publish source positions", lambda: self.store.publish_positions(positions))
         for channel in generation.channels:
             channel.close(0)
         for inbox in generation.inboxes.values():
@@ -298,16 +360,18 @@ class Worker:
     def migration_in_progress(self) -> str | None:
         """The migration whose INIT this worker's executors must wait for: one that has passed COMMIT (its
         state is in Redis and this worker runs the schedule it moves to)."""
-        mid = self.store.current()
+        mid: str | None = self.redis_call("read the migration in progress", self.store.current)
         if mid is None:
             return None
-        phase = self.store.record(mid).get("phase")
+        phase = self.redis_call("read the migration record", lambda: self.store.record(mid)).get("phase")
         if phase in ("rebalancing", "initializing"):
             log.info("migration %s in progress: executors wait for INIT", mid)
             return mid
         return None
 
-    def _migration_for(self, executor: str, parallelism: Mapping[str, int], awaiting: str | None) -> Migration:
+    def _migration_for(
+        self, executor: str, parallelism: Mapping[str, int], awaiting: str | None, stop: threading.Event
+    ) -> Migration:
         vertex = split_executor_id(executor)[0]
         parents = self.topology.parents(vertex)
         upstream = frozenset(f"{p}#{i}" for p in parents for i in range(parallelism[p]))
@@ -319,6 +383,7 @@ class Worker:
             inputs=inputs,
             max_parallelism=self.topology.vertices[vertex].max_parallelism,
             awaiting=awaiting,
+            stop=stop,
         )
 
     def _port_for(self, version: int, slot: int) -> int:
@@ -331,11 +396,18 @@ class Worker:
         return self.options.port + 1 + (version % 2) * self.topology.slots_per_node + slot
 
     def _client_factory(self) -> redis.Redis:
-        return redis.Redis.from_url(self.options.redis_url)
+        """A Redis client for a built-in source or sink (timeouts: a hung Redis cannot hold an executor)."""
+        return redis.Redis.from_url(
+            self.options.redis_url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        )
 
     # -------------------------------------------------------------------------------------------------- run
 
     def run(self) -> int:
+        """Start, serve until stopped, stop; the exit code: 0, `EXIT_USER_ERROR` for a bad manifest or no
+        Redis at start-up, `EXIT_INTERNAL_ERROR` when the worker's own code failed."""
         self._install_signals()
         try:
             self.connect()
@@ -352,22 +424,45 @@ class Worker:
             log.error("%s", exc)
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USER_ERROR
+        except RetryCancelled:  # stopped while Redis was away
+            found = None
+        except Exception as exc:
+            self.fail("start-up", exc)
+            return self.exit_failed()
         if self.stop.is_set() or found is None:
             self.shutdown()
             return 0
+        try:
+            self.start(generation)
+            self.serve()
+        except RetryCancelled:  # stopped while Redis was away
+            pass
+        except Exception as exc:
+            self.fail("the main loop", exc)
+        if self.failed is not None:
+            return self.exit_failed()
+        self.shutdown()
+        return 0
+
+    def start(self, generation: Generation) -> None:
         if self.options.health_port:
             serve_health(self.options.host, self.options.health_port, self.is_ready)
         if self.options.metrics_port:
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
             start_http_server(self.options.metrics_port, addr=self.options.host, registry=registry)
-        self.client.delete(control_key(self.topology.redis_prefix, self.node))  # a previous worker's leftovers
+        leftovers = control_key(self.topology.redis_prefix, self.node)  # a previous worker's messages
+        self.redis_call("clear its control list", lambda: self.client.delete(leftovers))
         threading.Thread(target=self.dispatch_control, name="control", daemon=True).start()
         if self.staged is not None:
-            self.registry.mark_staged(self.staged.version, self.node)
-            log.info("node %s staged for schedule version %d: idle until the switch", self.node, version)
+            staged = self.staged
+            self.redis_call("mark itself staged", lambda: self.registry.mark_staged(staged.version, self.node))
+            log.info("node %s staged for schedule version %d: idle until the switch", self.node, staged.version)
         elif self.activate(generation):
             self.start_sources_when_all_ready(generation)
+
+    def serve(self) -> None:
+        """Publish metrics every interval until stopped (or the process that started this one is gone)."""
         next_publish = time.monotonic() + self.options.interval_s
         parent = _watched_parent()
         while not self.stop.wait(max(0.0, next_publish - time.monotonic())):
@@ -376,13 +471,57 @@ class Worker:
             if parent is not None and os.getppid() != parent:
                 log.warning("node %s: the process that started it (pid %d) is gone; stopping", self.node, parent)
                 self.stop.set()
-        failed = [t for t in self.threads if t.failure is not None]
-        self.shutdown()
-        return 1 if failed else 0
 
     def is_ready(self) -> bool:
-        """Executors bound and registered: running a schedule, or staged and idle for the one that adds us."""
-        return self.current is not None or self.staged is not None
+        """Executors bound and registered: running a schedule, or staged and idle for the one that adds us;
+        never once the worker's own code failed."""
+        return self.failed is None and (self.current is not None or self.staged is not None)
+
+    # ------------------------------------------------------------------------------------------ failures
+
+    def executor_failed(self, thread: ExecutorThread | SourceThread) -> None:
+        """An executor's loop died (it logged the traceback): the worker fails."""
+        self.fail(f"executor {thread.executor}", None)
+
+    def fail(self, what: str, exc: BaseException | None) -> None:
+        """The worker's own code failed in `what` (logged here with the traceback unless `exc` is None: the
+        failing thread logged it): stop, so that `run` takes readiness back and exits with
+        `EXIT_INTERNAL_ERROR`. The first failure is the one reported."""
+        if exc is not None:
+            log.critical("node %s: %s failed: %s: %s", self.node, what, type(exc).__name__, exc, exc_info=exc)
+        if self.failed is None:
+            self.failed = what
+        self.stop.set()
+
+    def exit_failed(self) -> int:
+        """Take the node's readiness back, stop what can be stopped within `FAILURE_EXIT_S` (then exit
+        regardless) and return `EXIT_INTERNAL_ERROR`."""
+        log.error(
+            "node %s: %s failed; not ready, exiting with code %d so that recovery starts",
+            self.node,
+            self.failed,
+            EXIT_INTERNAL_ERROR,
+        )
+        watchdog = threading.Timer(FAILURE_EXIT_S, _exit_now, args=(self.node,))
+        watchdog.daemon = True
+        watchdog.start()
+        self.unmark_ready()
+        self.shutdown()
+        watchdog.cancel()
+        return EXIT_INTERNAL_ERROR
+
+    def unmark_ready(self) -> None:
+        """Remove this node's ready and staged marks (one attempt each: a failed worker does not wait for
+        Redis; its exit tells the backend anyway)."""
+        registry: Registry | None = getattr(self, "registry", None)
+        if registry is None:  # failed before it connected
+            return
+        versions = {g.version for g in (self.current, self.staged) if g is not None}
+        for version in versions:
+            try:
+                registry.unmark(version, self.node)
+            except Exception as exc:
+                log.warning("node %s: could not take back its ready mark of version %d: %s", self.node, version, exc)
 
     def start_sources_when_all_ready(self, generation: Generation) -> None:
         """Start the sources once every node of the schedule is ready (during a migration the controller
@@ -400,42 +539,61 @@ class Worker:
 
     def dispatch_control(self) -> None:
         """Hand the controller's messages for this node to the executors they name (ahead of their input);
-        messages for the node itself (stage, switch, unstage) are carried out here, in order."""
-        client = redis.Redis.from_url(self.options.redis_url, socket_timeout=10.0)
-        while not self.stop.is_set():
-            try:
-                item = pop_control(client, self.topology.redis_prefix, self.node, timeout_s=0.5)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("control channel: Redis unreachable (%s); retrying", exc)
-                self.stop.wait(1.0)
-                continue
-            if item is None:
-                continue
-            executor, message = item
-            if not executor:
+        messages for the node itself (stage, switch, unstage) are carried out here, in order. A Redis outage
+        is waited out; a fault of this loop fails the worker."""
+        client = self._client_factory()
+        prefix = self.topology.redis_prefix
+        try:
+            while not self.stop.is_set():
                 try:
-                    self.on_node_message(message)
-                except Exception as exc:  # reported in the log; the controller times the step out
+                    item = self.redis_call(
+                        "read its control list", lambda: pop_control(client, prefix, self.node, timeout_s=0.5)
+                    )
+                except RetryCancelled:
+                    break
+                except (ValueError, KeyError, TypeError) as exc:  # popped, but not a message: drop it
+                    log.error("node %s: a malformed control message was dropped: %s", self.node, exc)
+                    continue
+                if item is not None:
+                    self.dispatch(*item)
+        except Exception as exc:
+            self.fail("the control dispatcher", exc)
+        finally:
+            client.close()
+
+    def dispatch(self, executor: str, message: dict[str, Any]) -> None:
+        if not executor:
+            try:
+                self.on_node_message(message)
+            except RetryCancelled:
+                pass  # stopping
+            except OperatorLoadError as exc:  # reported in the log; the controller times the step out
+                log.error("node %s: %s failed: %s", self.node, message.get("type"), exc)
+            except Exception as exc:
+                if message.get("type") != ControlType.SWITCH:
+                    # a STAGE or UNSTAGE that failed leaves the running executors as they were: the
+                    # controller times the step out
                     log.exception("node %s: %s failed: %s", self.node, message.get("type"), exc)
-                continue
-            current = self.current
-            thread = current.by_executor().get(executor) if current is not None else None
-            if thread is None:
-                log.warning("control message %s for %s, which is not on this node; dropped", message, executor)
-                continue
-            thread.control.put(message)
-        client.close()
+                else:  # half switched: this node's executors are in no known state
+                    self.fail(f"the switch to schedule version {message.get('version')}", exc)
+            return
+        current = self.current
+        thread = current.by_executor().get(executor) if current is not None else None
+        if thread is None:
+            log.warning("control message %s for %s, which is not on this node; dropped", message, executor)
+            return
+        thread.control.put(message)
 
     def on_node_message(self, message: Mapping[str, Any]) -> None:
         kind = message.get("type")
         version = int(message.get("version", 0))
         if kind == ControlType.STAGE:
-            found = self.registry.schedule_version(version)
+            found = self.redis_call("read a staged schedule", lambda: self.registry.schedule_version(version))
             if found is None:
                 raise OperatorLoadError(f"staged schedule version {version} is not in Redis")
             self.discard_staged()
             self.staged = self.stage(*found)
-            self.registry.mark_staged(version, self.node)
+            self.redis_call("mark itself staged", lambda: self.registry.mark_staged(version, self.node))
         elif kind == ControlType.UNSTAGE:
             if self.staged is not None and self.staged.version == version:
                 self.discard_staged()
@@ -455,7 +613,7 @@ class Worker:
         """Load schedule `version` in place: stop this node's executors of the running schedule (after a
         migration's COMMIT they are checkpointed and idle), start the ones the new schedule places here,
         waiting for INIT of `migration_id`, or stop the process when the node is no longer in it."""
-        found = self.registry.schedule_version(version)
+        found = self.redis_call("read the new schedule", lambda: self.registry.schedule_version(version))
         if found is None:
             raise OperatorLoadError(f"schedule version {version} is not in Redis")
         _, schedule = found
@@ -487,13 +645,20 @@ class Worker:
         )
 
     def publish_metrics(self) -> None:
+        """One sample per executor and the sources' positions, one attempt: while Redis is away the interval's
+        sample is skipped (the counters are cumulative: the next one carries it) and the outage logged once."""
+        attempt = time.monotonic()
         try:
             self.metrics.publish(self.samples())
             current = self.current
             if current is not None:
                 self.store.publish_positions(self.source_positions(current))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.warning("metrics not published: Redis unreachable (%s); counters are cumulative, nothing is lost", exc)
+        except Exception as exc:
+            if not is_redis_outage(exc):
+                raise
+            REDIS.failed(f"node {self.node}: cannot publish metrics", exc, attempt)
+        else:
+            REDIS.succeeded()
 
     def source_positions(self, generation: Generation) -> dict[str, bytes]:
         """The read position of each running source (`restart` counts what the sources will replay from
@@ -531,9 +696,7 @@ class Worker:
             current, self.current = self.current, None
             if current is not None:
                 current.stop.set()
-                for thread in current.threads:
-                    if thread.is_alive():
-                        thread.join(timeout=5.0)
+                _join(current.threads, 5.0)
                 with contextlib.suppress(Exception):  # best effort on the way out
                     self.metrics.publish(self.samples(current))
                     self.store.publish_positions(self.source_positions(current))
@@ -587,6 +750,26 @@ class WorkerCollector:
         yield from families.values()
         yield queue
         yield latency
+
+
+def _join(threads: Iterable[threading.Thread], timeout_s: float) -> None:
+    """Join `threads` within `timeout_s` in all (a thread stuck past it is a daemon: it dies with the process)."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        if thread.is_alive():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _either(first: threading.Event | None, second: threading.Event) -> threading.Event | AnyOf:
+    return second if first is None or first is second else AnyOf(first, second)
+
+
+def _exit_now(node: str) -> None:
+    """A failed worker whose shutdown hangs (a socket that will not close) exits anyway."""
+    log.critical("node %s: shutdown did not finish within %.0f s; exiting now", node, FAILURE_EXIT_S)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(EXIT_INTERNAL_ERROR)
 
 
 def _watched_parent() -> int | None:

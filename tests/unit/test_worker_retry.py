@@ -1,0 +1,226 @@
+"""The worker's fault rules without a Redis: what counts as an outage, `retry_redis` waiting one out (logged
+once when it starts and once when it ends, nothing dropped, a stop honoured), and the test-only crash hook's
+parsing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from itertools import repeat
+
+import pytest
+import redis
+
+from elastream.runtime.executor import TEST_CRASH_ENV, injected_crash_after
+from elastream.store.retry import AnyOf, RedisOutage, RetryCancelled, is_redis_outage, retry_redis
+
+
+def no_wait() -> Iterator[float]:
+    return repeat(0.0)
+
+
+def failing(times: int, exc: Exception, result: object = "ok") -> tuple[Callable[[], object], list[int]]:
+    """A call that raises `exc` `times` times, then returns `result`; the list counts the calls."""
+    calls = [0]
+
+    def call() -> object:
+        calls[0] += 1
+        if calls[0] <= times:
+            raise exc
+        return result
+
+    return call, calls
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+        redis.ConnectionError("Connection reset by peer"),
+        redis.TimeoutError("Timeout reading from socket"),
+        redis.BusyLoadingError("Redis is loading the dataset in memory"),
+        redis.ResponseError("LOADING Redis is loading the dataset in memory"),
+        redis.ResponseError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+        redis.ResponseError("READONLY You can't write against a read only replica."),
+        ConnectionResetError(104, "Connection reset by peer"),
+        TimeoutError("timed out"),
+    ],
+)
+def test_unreachable_or_loading_redis_is_an_outage(exc: Exception) -> None:
+    assert is_redis_outage(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        redis.ResponseError("ERR unknown command 'XADDD'"),
+        redis.ResponseError("NOPERM this user has no permissions to run the 'xadd' command"),
+        redis.ResponseError(""),
+        ValueError("not a Redis error"),
+        KeyError("executor"),
+    ],
+)
+def test_a_mistake_in_the_call_is_not_an_outage(exc: Exception) -> None:
+    assert not is_redis_outage(exc)
+
+
+def test_retry_waits_out_an_outage_and_logs_its_start_and_end_once(caplog: pytest.LogCaptureFixture) -> None:
+    outage = RedisOutage(logging.getLogger("test.redis"))
+    call, calls = failing(5, redis.ConnectionError("Connection refused"))
+    with caplog.at_level(logging.INFO, logger="test.redis"):
+        assert retry_redis(call, "sink s#0: cannot write stream out", outage=outage, delays=no_wait()) == "ok"
+    assert calls[0] == 6  # every attempt made, nothing skipped
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("sink s#0: cannot write stream out: Redis unreachable (ConnectionError: Connection")
+    assert lines[1].startswith("Redis reachable again after")
+    assert outage.count == 1 and not outage.active
+
+
+def test_many_callers_in_one_outage_log_it_once(caplog: pytest.LogCaptureFixture) -> None:
+    outage = RedisOutage(logging.getLogger("test.redis"))
+    with caplog.at_level(logging.INFO, logger="test.redis"):
+        for what in ("metrics", "control list", "sink"):
+            outage.failed(what, redis.ConnectionError("refused"))
+        outage.succeeded()
+        outage.succeeded()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "metrics: Redis unreachable",
+        "Redis reachable again after 0.0 s",
+    ]
+
+
+def test_a_call_that_started_before_the_outage_ended_does_not_open_another() -> None:
+    outage = RedisOutage(logging.getLogger("test.redis"))
+    started = time.monotonic()  # a call sent during the outage, its failure reported after Redis is back
+    outage.failed("a", redis.ConnectionError("refused"))
+    outage.succeeded()
+    outage.failed("b", redis.ConnectionError("reset"), attempt_started=started)
+    assert outage.count == 1 and not outage.active
+    outage.failed("c", redis.ConnectionError("refused"), attempt_started=time.monotonic())
+    assert outage.count == 2 and outage.active  # a new call failing is a new outage
+
+
+def test_retry_does_not_retry_a_mistake() -> None:
+    call, calls = failing(1, redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"))
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        retry_redis(call, "x", outage=RedisOutage(), delays=no_wait())
+    assert calls[0] == 1
+
+
+def test_retry_gives_up_when_stopped_not_otherwise() -> None:
+    stop = threading.Event()
+    attempts = [0]
+
+    def call() -> None:
+        attempts[0] += 1
+        if attempts[0] == 3:
+            stop.set()  # the executor is told to stop while Redis is still away
+        raise redis.ConnectionError("refused")
+
+    with pytest.raises(RetryCancelled, match="x: stopped while waiting for Redis"):
+        retry_redis(call, "x", stop=stop, outage=RedisOutage(), delays=no_wait())
+    assert attempts[0] == 3
+
+
+def test_retry_uses_the_one_backoff_by_default() -> None:
+    from elastream.store.retry import backoff, redis_backoff
+
+    delays = redis_backoff()
+    assert [round(next(delays), 3) for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    reference = backoff(0.1, 2.0, 1.0)
+    assert [next(reference) for _ in range(3)] == [0.1, 0.2, 0.4]
+
+
+def test_any_of_is_set_when_either_event_is() -> None:
+    a, b = threading.Event(), threading.Event()
+    either = AnyOf(a, b)
+    assert not either.is_set() and not either.wait(0.01)
+    threading.Timer(0.05, b.set).start()
+    assert either.wait(10.0)  # returns once b is set, well before the bound
+    assert either.is_set()
+
+
+@pytest.mark.parametrize(
+    ("value", "executor", "expected"),
+    [
+        ("", "w#0", None),
+        ("w#0:500", "w#0", 500),
+        ("w#0:500", "w#1", None),
+        ("src#1:0", "src#1", 0),
+        ("w#0:many", "w#0", None),
+        ("w#0", "w#0", None),
+    ],
+)
+def test_the_crash_hook_names_one_executor_and_a_count(value: str, executor: str, expected: int | None) -> None:
+    assert injected_crash_after(executor, {TEST_CRASH_ENV: value}) == expected
+    assert injected_crash_after(executor, {}) is None
+
+
+class FlakyStore:
+    """A checkpoint store whose Redis refuses the first `failures` calls of each kind."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: dict[str, int] = {}
+        self.saves: list[tuple[str, object, str | None]] = []
+        self.acks: list[tuple[str, str, str]] = []
+
+    def _flaky(self, kind: str) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        if self.calls[kind] <= self.failures:
+            raise redis.ConnectionError("Connection refused")
+
+    def save(self, mid: str, checkpoint: object, token: str | None = None) -> None:
+        self._flaky("save")
+        self.saves.append((mid, checkpoint, token))
+
+    def ack(self, mid: str, phase: str, executor: str, info: object = None) -> None:
+        self._flaky("ack")
+        self.acks.append((mid, phase, executor))
+
+    def load_positions(self, mid: str) -> dict[str, bytes]:
+        self._flaky("positions")
+        return {}
+
+
+def test_an_executor_retries_its_checkpoint_and_ack_through_an_outage_with_one_token(monkeypatch) -> None:
+    from elastream.core.migration import ExecutorParticipant
+    from elastream.runtime import participant
+    from elastream.runtime.participant import Migration
+
+    tokens: list[str | None] = []
+    store = FlakyStore(failures=3)
+    original = store.save
+
+    def save(mid: str, checkpoint: object, token: str | None = None) -> None:
+        tokens.append(token)
+        original(mid, checkpoint, token)
+
+    store.save = save  # type: ignore[method-assign]
+    monkeypatch.setattr(participant, "retry_redis", _instant(participant.retry_redis))
+    migration = Migration("count#0", store, ExecutorParticipant("count#0", frozenset()))  # type: ignore[arg-type]
+    migration.capture("src#0", [(1, "k", "v", 0.0)])
+    migration.checkpoint("m1", object())
+    migration.ack("m1", "committing", captured=1)
+    assert len(store.saves) == 1 and store.acks == [("m1", "committing", "count#0")]  # each applied, once
+    assert len(tokens) == 4 and len(set(tokens)) == 1 and tokens[0]  # every retry carries the save's token
+    assert migration.merged_positions("m1") == {}
+
+    stop = threading.Event()
+    stop.set()
+    stopped = Migration("w#0", FlakyStore(failures=10**6), ExecutorParticipant("w#0", frozenset()), stop=stop)  # type: ignore[arg-type]
+    with pytest.raises(RetryCancelled):
+        stopped.ack("m1", "preparing")
+
+
+def _instant(retry: Callable[..., object]) -> Callable[..., object]:
+    """`retry_redis` without the waits between attempts."""
+
+    def call(*args: object, **kwargs: object) -> object:
+        return retry(*args, **kwargs, delays=no_wait(), outage=RedisOutage(logging.getLogger("test.redis")))
+
+    return call
