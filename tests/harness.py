@@ -53,6 +53,28 @@ def running(
         cluster.close()
 
 
+@contextmanager
+def ticking(controller: Any) -> Iterator[None]:
+    """The controller ticked once per interval on a thread while the block runs, as `elastream run` does
+    (checkpoints are taken by its ticks, and exactly-once sinks commit with them)."""
+    import threading
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            controller.tick()
+            stop.wait(controller.interval_s)
+
+    thread = threading.Thread(target=loop, name="ticking", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
 def sink_key(topology: Topology, sink: str) -> str:
     return f"{topology.redis_prefix}sink:{sink}"
 

@@ -282,6 +282,18 @@ class ControlPlane:
     def alive(self) -> dict[str, bool]:
         return {proc.name: proc.alive() for proc in self._procs}
 
+    def apiserver_outage(self, seconds: float) -> None:
+        """kube-apiserver stopped for `seconds`, then started again on the same port with the same
+        certificates (etcd keeps every object): clients see connections refused meanwhile."""
+        proc = next(p for p in self._procs if p.name == "kube-apiserver")
+        proc.stop()
+        time.sleep(seconds)
+        proc.start()
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        self._await_readyz(proc, lambda: self._get("/readyz", ctx), 90, 2000)
+
     def logs(self) -> dict[str, str]:
         """name -> log file of each process."""
         return {proc.name: proc.log for proc in self._procs}

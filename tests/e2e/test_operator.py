@@ -617,3 +617,43 @@ def test_a_redis_emptied_under_a_running_topology_is_state_lost_not_duplicates(
     assert "elastream.dev/restart-from-scratch" not in (annotations["metadata"].get("annotations") or {})
     assert "StateReset" in event_reasons(kubectl, e2e_namespace, name)
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def test_the_api_server_away_for_a_minute_stops_no_worker_and_the_operator_catches_up(
+    installed, kubectl, e2e_namespace, tmp_path, control_plane
+):
+    client: redis.Redis = installed["redis"]
+    doc = topology_manifest("api-away", nodes=2)
+    doc["spec"]["vertices"][0]["source"]["limit"] = EVENTS * 3  # 90 s of input: it runs through the outage
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, doc)
+    time.sleep(6)
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
+    samples = f"elastream:{e2e_namespace}/{name}:metrics"
+    processed_before = _processed(client, samples)
+    control_plane.apiserver_outage(60.0)
+    # the workers never talk to the API server: they processed all along (their samples say so)
+    assert _processed(client, samples) > processed_before + 300 * 30  # half the outage's input, at least
+    # the operator catches up: the same pods, Running, and a scaling asked for after the outage happens
+    wait_status(kubectl, e2e_namespace, name, lambda s: s.get("phase") == "Running", 240, "Running after the outage")
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
+    wait_status(
+        kubectl, e2e_namespace, name,
+        lambda s: s.get("nodes") == 3 and s.get("readyNodes") == 3, 240, "3 nodes after the outage",
+    )  # fmt: skip
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
+    assert {n: after[n] for n in pods} == pods  # no worker replaced
+    out_ids = sink_ids_when_complete(client, e2e_namespace, name, "out", EVENTS * 3, 300, 5)
+    assert out_ids == Counter(range(EVENTS * 3)), f"{len(set(range(EVENTS * 3)) - set(out_ids))} lost, " + (
+        f"{sum((out_ids - Counter(range(EVENTS * 3))).values())} twice"
+    )
+    kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def _processed(client: redis.Redis, stream: str) -> int:
+    """Events processed by the topology's `out` sink so far, from the newest metric sample of each executor."""
+    newest: dict[str, int] = {}
+    for _, fields in client.xrevrange(stream, "+", "-", count=500):
+        sample = {k.decode(): v.decode() for k, v in fields.items()}
+        if sample.get("vertex") == "out":
+            newest.setdefault(sample["executor"], int(float(sample.get("processed", 0))))
+    return sum(newest.values())

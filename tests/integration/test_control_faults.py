@@ -27,6 +27,7 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController, local_controller
 from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
+from harness import ticking as ticking_in_background
 from harness import wait_for_sinks_idle, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
@@ -238,19 +239,7 @@ def check_exactly_once_at_end(
 ) -> None:
     """Every event exactly once at the exactly-once sinks, every keyed count exact: the sinks commit with
     checkpoints, so the controller keeps ticking while they drain."""
-    stop = threading.Event()
-
-    def keep_ticking() -> None:
-        while not stop.is_set():
-            controller.tick()
-            time.sleep(controller.interval_s)
-
-    ticker = threading.Thread(target=keep_ticking, daemon=True)
-    ticker.start()
-    try:
+    with ticking_in_background(controller):
         # the sources finish their events and the sinks drain (idle for 10 s), then the truth is compared
         wait_for_sinks_idle(cluster, topology, quiet_s=10.0, timeout_s=600.0)
         check_exactly_once(cluster, topology, events)
-    finally:
-        stop.set()
-        ticker.join(timeout=30)

@@ -26,7 +26,7 @@ from elastream.control.scaling import PrintEvents
 from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.store.checkpoint import CheckpointStore
-from harness import expected_copies, running, sink_events, with_audit, write_manifest
+from harness import expected_copies, running, sink_events, ticking, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,7 @@ def test_a_worker_killed_outside_a_migration_is_recovered_from_the_checkpoint_ex
     store = CheckpointStore(cluster.client, topology.redis_prefix)
     with cluster, controller:
         controller.start()
-        wait_for(lambda: (store.latest_checkpoint() or {}).get("id", "").startswith("ckpt-"), 30)
+        wait_for(lambda: (store.latest_checkpoint() or {}).get("id", "").startswith("ckpt-"), 30, tick=controller.tick)
         time.sleep(1.2)  # events flow past the checkpoint: the rollback replays them
         victim = cluster.current_schedule().node_of("t3#0")  # the keyed count: its state must come back
         pids = {node: worker.process.pid for node, worker in cluster.workers.items()}
@@ -114,7 +114,8 @@ def test_a_worker_killed_outside_a_migration_is_recovered_from_the_checkpoint_ex
         assert cluster.workers[victim].process.pid != pids[victim]
         for node in set(pids) - {victim}:  # the survivors reloaded in place
             assert cluster.workers[node].process.pid == pids[node]
-        check_exactly_once(cluster, topology)  # nothing lost, and with exactly-once sinks nothing twice
+        with ticking(controller):  # exactly-once sinks commit with the checkpoints the controller's ticks take
+            check_exactly_once(cluster, topology)  # nothing lost, and with exactly-once sinks nothing twice
 
 
 def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_twice(tmp_path, redis_url: str) -> None:
@@ -178,4 +179,5 @@ def test_a_controller_started_after_a_crash_past_commit_finishes_the_migration(t
         controller.start()
         assert cluster.current_schedule() == new
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None  # finished and released
-        check_exactly_once(cluster, topology)
+        with ticking(controller):
+            check_exactly_once(cluster, topology)

@@ -424,7 +424,8 @@ def test_the_writer_sends_changes_at_once_and_rates_alone_every_15_s() -> None:
     clock = Clock()
     writer = StatusWriter(sent.append, clock=lambda: clock.t)
     writer.prime({})
-    status = {"phase": "Running", "throughput": 10.0, "vertices": [{"name": "a", "parallelism": 1, "processingRate": 1.0}]}
+    vertices = [{"name": "a", "parallelism": 1, "processingRate": 1.0}]
+    status = {"phase": "Running", "throughput": 10.0, "vertices": vertices}
     assert writer.write(status) and len(sent) == 1
     assert not writer.write({**status, "throughput": 11.0})
     clock.t += 16

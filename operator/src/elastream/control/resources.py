@@ -480,7 +480,8 @@ class ManagedTopologies:
         attempt = managed.attempt
         if attempt is not None and attempt.target == "start" and now < attempt.due:
             return attempt.due - now
-        managed.write()  # Pending / Starting, before the pods' start holds this pass
+        if not (managed.writer.written or {}).get("phase"):
+            managed.write()  # a new topology: Pending / Starting, before the pods' start holds this pass
         build = self.build or ManagedTopologies._build
         controller = build(self, topology, body["metadata"], managed)
         self.analyzer.start_warm_up(topology)
