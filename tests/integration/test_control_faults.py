@@ -1,5 +1,6 @@
 """The fault matrix: Redis stopped (and restarted with its data) in every phase of a topology's life, a worker
-killed, an executor crashed — on real worker processes, a real Redis and the real controller of local mode.
+killed, an executor crashed (the runtime's test-only hook), on real worker processes, a real Redis and the
+real controller of local mode.
 
 One test per outage length walks every phase in one run (one process start, not one per phase): start,
 steady state, prepare, PREPARE -> COMMIT (capture), after COMMIT, INIT, a periodic checkpoint and a recovery.
@@ -27,6 +28,7 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController, local_controller
 from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
+from elastream.runtime.executor import TEST_CRASH_ENV
 from harness import ticking as ticking_in_background
 from harness import wait_for_sinks_idle, with_audit, write_manifest
 
@@ -108,6 +110,7 @@ def _holds(condition: Callable[[], bool]) -> bool:
         return False
 
 
+@pytest.mark.timeout(1500)  # the 60 s walk: 8 outages of a minute, the migrations between them, the drain
 @pytest.mark.parametrize("outage_s", [5.0, 60.0], ids=["redis-away-5s", "redis-away-60s"])
 def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: RedisServer, outage_s: float) -> None:
     rate = 150
@@ -229,6 +232,27 @@ def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: Redi
         assert not cluster.failed_nodes()
 
         assert outage.count == 8, seen
+
+        phase("an executor crashed (no Redis outage)")
+        # a scale-out whose new node runs an executor that dies of an error in the runtime after 200 events
+        # (the test-only hook, given to the new node's worker only): the worker exits 70, recovery starts
+        running = len(cluster.current_schedule().nodes)
+        plan, _ = controller.plan(running + 1)
+        added = set(plan.new_schedule.nodes) - set(cluster.current_schedule().nodes)
+        doomed = next(e for e, node in plan.new_schedule.assignment.items() if node in added)
+        cluster.extra_env[TEST_CRASH_ENV] = f"{doomed}:200"
+        try:
+            report = driver.migrate(plan.new_schedule)
+        finally:
+            del cluster.extra_env[TEST_CRASH_ENV]  # the worker started again by the recovery runs clean
+        assert report.outcome == "succeeded", report.reason
+        recoveries = log.reasons().count("WorkerLost")
+        ticking(controller, 120.0, until=lambda: log.reasons().count("WorkerLost") > recoveries)
+        lost = [m for r, m in log.seen if r == "WorkerLost"][-1]
+        assert "exited with code 70" in lost, lost
+        ticking(controller, 120.0, until=lambda: not cluster.failed_nodes() and controller.recovery_failures == 0)
+        assert controller.last_recovery is not None and controller.last_recovery.get("outcome") == "succeeded"
+
         ticking(controller, 5.0)
         assert controller.store_error == "" and controller.state_lost == ""
         check_exactly_once_at_end(cluster, topology, events, controller)
