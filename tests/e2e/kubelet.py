@@ -1471,6 +1471,8 @@ class _PodWorker(threading.Thread):
                 self.gone = True
             else:
                 log.warning("pod %s: status patch failed: %s %s", self.key, exc.status, (exc.body or "")[:500])
+        except Exception as exc:  # the API server away (a real kubelet runs its pods on): sent again next loop
+            log.warning("pod %s: status patch failed: %s", self.key, exc)
 
 
 def _write(base: str, rel: str, data: bytes, mode: int | None) -> None:
@@ -2074,6 +2076,8 @@ class KubeletStandIn:
             self.api.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)
         except ApiException as exc:
             log.debug("event not recorded: %s", exc.status)
+        except Exception as exc:  # the API server away: the event is lost, the pod's worker goes on
+            log.debug("event not recorded: %s", exc)
 
     # ---- nodes ----
     def _register_nodes(self) -> None:

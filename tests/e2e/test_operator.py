@@ -634,12 +634,19 @@ def test_the_api_server_away_for_a_minute_stops_no_worker_and_the_operator_catch
     # the workers never talk to the API server: they processed all along (their samples say so)
     assert _processed(client, samples) > processed_before + 300 * 30  # half the outage's input, at least
     # the operator catches up: the same pods, Running, and a scaling asked for after the outage happens
-    wait_status(kubectl, e2e_namespace, name, lambda s: s.get("phase") == "Running", 240, "Running after the outage")
-    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
-    wait_status(
-        kubectl, e2e_namespace, name,
-        lambda s: s.get("nodes") == 3 and s.get("readyNodes") == 3, 240, "3 nodes after the outage",
-    )  # fmt: skip
+    try:
+        wait_status(kubectl, e2e_namespace, name, lambda s: s.get("phase") == "Running", 240, "Running after")
+        kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
+        wait_status(
+            kubectl, e2e_namespace, name,
+            lambda s: s.get("nodes") == 3 and s.get("readyNodes") == 3, 240, "3 nodes after the outage",
+        )  # fmt: skip
+    except BaseException:
+        kubectl("get", "pods,lease", "-n", SYSTEM, "-o", "wide", check=False)
+        for flag in ("--previous", "--timestamps"):
+            kubectl("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=operator", flag, "--tail=120",
+                    check=False)  # fmt: skip
+        raise
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
     assert {n: after[n] for n in pods} == pods  # no worker replaced
     out_ids = sink_ids_when_complete(client, e2e_namespace, name, "out", EVENTS * 3, 300, 5)
