@@ -512,3 +512,22 @@ def test_restart_from_scratch_answers_state_lost_and_removes_the_annotation() ->
     assert "workers stopped" in world.backends[0].log and len(world.backends) == 2
     assert "elastream.dev/restart-from-scratch" not in world.body["metadata"]["annotations"]
     assert "StateReset" in world.reasons()
+
+
+def test_an_internal_error_of_one_pass_is_reported_then_cleared_by_the_next() -> None:
+    world = running(3)
+    controller = world.topologies.topologies["default/t"].controller
+    assert controller is not None
+    tick = controller.tick
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    controller.tick = broken  # type: ignore[method-assign]
+    world.reconcile()
+    degraded = world.condition("Degraded")
+    assert degraded["reason"] == "BackendError" and "internal error: RuntimeError: a bug" in degraded["message"]
+    controller.tick = tick  # type: ignore[method-assign]
+    world.clock.t += 5
+    world.reconcile()
+    assert world.condition("Degraded")["status"] == "False" and world.status["phase"] == "Running"

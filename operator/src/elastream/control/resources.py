@@ -464,7 +464,7 @@ class ManagedTopologies:
             managed.write()
         controller.tick()
         self._note_store(managed)
-        managed.set(state_lost=controller.state_lost)
+        managed.set(state_lost=controller.state_lost, backend_error="")  # this pass went through
         recovery = controller.last_recovery
         if recovery is not None and recovery is not before:
             RECOVERIES.labels(str(recovery.get("outcome"))).inc()
