@@ -620,6 +620,13 @@ class Worker:
         started = time.perf_counter()
         with self._switching:
             old = self.current
+            if old is not None and old.version == version:
+                # the controller sent this switch again (Redis went away while it applied the schedule): this
+                # node runs that version already; binding its inboxes a second time would fail
+                log.info(
+                    "node %s: already runs schedule version %d; the repeated switch is ignored", self.node, version
+                )
+                return
             if self.node not in schedule.nodes:
                 if old is not None:
                     self.retire(old)

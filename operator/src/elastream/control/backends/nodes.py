@@ -40,6 +40,8 @@ class NodeBackend:
         self.version = 0
         #: the schedule `prepare` staged, and its version
         self.prepared: tuple[Schedule, int] | None = None
+        #: the schedule an `apply` in progress switches to, and its version (a retried apply reuses it)
+        self.applying: tuple[Schedule, int] | None = None
         #: executor -> inbox endpoint of the running schedule
         self.endpoints: dict[str, str] = {}
         #: while a start or a migration waits for workers: called with `pending_nodes()` (of the nodes waited
@@ -147,9 +149,14 @@ class NodeBackend:
         if self.prepared is not None and self.prepared[0] == schedule:
             version = self.prepared[1]
             self.prepared = None
+        elif self.applying is not None and self.applying[0] == schedule:
+            # this apply again (Redis went away in the middle of it): the same version, not a new one, so the
+            # workers that switched already are not switched to another version of the other parity
+            version = self.applying[1]
         else:
             self.discard_prepared()
             version = self.registry.stage_schedule(schedule, after=self.version)
+        self.applying = (schedule, version)
         self.registry.activate_schedule(version)
         alive = self.running_nodes() - set(self.failed_nodes())
         self.control(schedule).send_nodes(
@@ -161,6 +168,7 @@ class NodeBackend:
                 self.spawn(node)
         self.release_nodes([n for n in alive if n not in schedule.nodes])
         self.wait_ready(schedule.nodes)
+        self.applying = None
 
     def ready_nodes(self) -> set[str]:
         """Nodes whose worker runs the current schedule and said it is ready."""
