@@ -189,3 +189,68 @@ def test_worker_listeners_bind_every_interface_unless_the_setting_says_the_pod_i
     assert_worker_binds(pod, on_pod_ip)
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_a_wait_goes_on_while_redis_is_away_for_a_moment() -> None:
+    import redis
+
+    kube, _ = backend()
+    kube.failed_nodes = dict  # type: ignore[method-assign]  # the worker runs; only Redis is away
+    polls = iter([redis.ConnectionError("refused"), redis.BusyLoadingError("loading"), {"node-0"}])
+
+    def reached() -> set[str]:
+        value = next(polls)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    kube._wait_for(["node-0"], reached, "ready")  # no exception: Redis came back before the deadline
+
+
+class VersionRegistry:
+    """The registry calls `apply` makes, with versions counted."""
+
+    def __init__(self) -> None:
+        self.staged: list[int] = []
+        self.active = 0
+
+    def stage_schedule(self, schedule: Any, after: int = 0) -> int:
+        self.staged.append(after + 1)
+        return after + 1
+
+    def activate_schedule(self, version: int) -> None:
+        self.active = version
+
+    def ready_nodes(self, version: int) -> set[str]:
+        return {"node-0", "node-1", "node-2"}
+
+    def endpoints(self, version: int) -> dict[str, str]:
+        return {}
+
+
+def test_an_apply_retried_after_redis_went_away_switches_to_the_same_version() -> None:
+    import redis
+
+    kube, _ = backend()
+    schedule = initial_schedule(kube.topology)
+    kube.schedule, kube.version = schedule, 4
+    kube.registry = VersionRegistry()  # type: ignore[assignment]
+    switches: list[int] = []
+    kube.control = lambda s: SimpleNamespace(  # type: ignore[method-assign]
+        send_nodes=lambda nodes, message: switches.append(message["version"])
+    )
+    kube.running_nodes = lambda: set(schedule.nodes)  # type: ignore[method-assign]
+    kube.failed_nodes = dict  # type: ignore[method-assign]
+    target = initial_schedule(kube.topology.with_nodes(len(schedule.nodes)))
+    away = [True]
+
+    def release(nodes: Any) -> None:
+        if away.pop() if away else False:
+            raise redis.ConnectionError("Redis went away after the switch was sent")
+
+    kube.release_nodes = release  # type: ignore[method-assign]
+    with pytest.raises(redis.ConnectionError):
+        kube.apply(target, "m1")
+    kube.apply(target, "m1")  # the migration's retry
+    assert kube.registry.staged == [5] and switches == [5, 5] and kube.version == 5  # type: ignore[attr-defined]
+    assert kube.applying is None
