@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
@@ -1185,7 +1186,10 @@ class _PodWorker(threading.Thread):
 
     def _start(self, c: _Container) -> None:
         try:
-            run = self._run_spec(c)
+            try:
+                run = self._run_spec(c)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # the API server away: retried, as a kubelet does
+                raise _ConfigError("CreateContainerConfigError", f"cannot read the pod's config: {exc}") from None
             c.handle = self.kubelet.runtime.start(run)
         except _ConfigError as exc:
             # like ImagePullBackOff / CreateContainerConfigError: retried with a growing delay, one event per change
