@@ -157,6 +157,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _unverified_tls() -> ssl.SSLContext:
+    """A TLS context that trusts any certificate: for readiness probes of servers whose serving certificate
+    is not known (or not written) yet."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def log_tail(path: str, lines: int = 40) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -289,10 +298,7 @@ class ControlPlane:
         proc.stop()
         time.sleep(seconds)
         proc.start()
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        self._await_readyz(proc, lambda: self._get("/readyz", ctx), 90, 2000)
+        self._await_readyz(proc, lambda: self._get("/readyz", _unverified_tls()), 90, 2000)
 
     def logs(self) -> dict[str, str]:
         """name -> log file of each process."""
@@ -455,10 +461,8 @@ class ControlPlane:
                 "--v", "1",
             ],
         )  # fmt: skip
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE  # the serving cert does not exist before the server writes it
-        self._await_readyz(proc, lambda: self._get("/readyz", ctx), 90, 2000)
+        # the serving cert does not exist before the server writes it: readiness is asked without verifying
+        self._await_readyz(proc, lambda: self._get("/readyz", _unverified_tls()), 90, 2000)
         self._write_ca()
         self.version = json.loads(self._get("/version"))
         self._write_kubeconfig(self.kubeconfig, self.admin_token, "admin")
@@ -558,9 +562,7 @@ class ControlPlane:
                 "--v", "1",
             ],
         )  # fmt: skip
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+        ctx = _unverified_tls()
         deadline = time.monotonic() + 60
         healthy = False
         while time.monotonic() < deadline:

@@ -2211,8 +2211,13 @@ class KubeletStandIn:
                     log.warning("watch %s: %s %s", list_fn.__name__, exc.status, exc.reason)
                     time.sleep(1)
             except Exception as exc:
+                # The client raises KeyError('raw_object') on a watch's ERROR event when deserialize=False (a
+                # 410 Gone after kube-apiserver restarted: our resourceVersion is older than its watch cache).
+                # Watching again from the same version fails the same way forever, so anything unexpected
+                # lists afresh: the sync handlers make a re-list idempotent.
+                rv = ""
                 if not self._stopping.is_set():
-                    log.warning("watch %s: %s", list_fn.__name__, exc)
+                    log.warning("watch %s: %r; listing afresh", list_fn.__name__, exc)
                     time.sleep(1)
         api_client.close()
 
