@@ -7,6 +7,10 @@ steady state, prepare, PREPARE -> COMMIT (capture), after COMMIT, INIT, a period
 After each the controller must still be alive and say what happened (its last record or its events); at the
 end every event must have arrived exactly once at the `exactly-once` sinks and every keyed count must be
 exact (the audit sinks see 1..n for every key).
+
+The minute-long walk leaves out prepare and INIT: a long outage there goes through the same bounded waits
+(`NodeBackend._wait_for`, the migration's `redis_step`) as in capture and after COMMIT, the 5 s walk covers
+both phases, and two more minutes of outage would push a fresh machine's CI run towards its bound.
 """
 
 from __future__ import annotations
@@ -110,11 +114,13 @@ def _holds(condition: Callable[[], bool]) -> bool:
         return False
 
 
-@pytest.mark.timeout(1500)  # the 60 s walk: 8 outages of a minute, the migrations between them, the drain
+@pytest.mark.timeout(1500)  # the 60 s walk: 6 outages of a minute, the migrations between them, the drain
 @pytest.mark.parametrize("outage_s", [5.0, 60.0], ids=["redis-away-5s", "redis-away-60s"])
 def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: RedisServer, outage_s: float) -> None:
     rate = 150
-    phases_s = 8 * (outage_s + 8.0)  # about how long the phases take: the sources run through them
+    long_outage = outage_s > 30.0
+    outages = 6 if long_outage else 8
+    phases_s = outages * (outage_s + 8.0)  # about how long the phases take: the sources run through them
     events = int(rate * phases_s)
     path = manifest(tmp_path, events, rate)
     topology = load_manifest(path)
@@ -174,6 +180,8 @@ def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: Redi
             ("INIT", lambda: setattr(driver, "before_action", at(ActionKind.BROADCAST_INIT))),
         ]
         for name, arm in steps:
+            if long_outage and name in ("prepare", "INIT"):
+                continue
             phase(name)
             outage.arm()
             arm()
@@ -203,12 +211,16 @@ def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: Redi
 
         store.acks = acks_during_outage
         outage.arm()
-        ticking(controller, 10.0, until=lambda: outage.count >= 7)
+        ticking(controller, 10.0, until=lambda: outage.count >= outages - 1)
         store.acks = acks
         outage.over()
-        completed = checkpointer.completed
-        # the abandoned round's claim is taken back by the next tick: checkpoints go on at once
-        ticking(controller, 10.0, until=lambda: checkpointer.completed > completed)
+        completed, abandoned = checkpointer.completed, checkpointer.last
+        # the abandoned round's claim is taken back by the next tick: a new round starts at once ...
+        ticking(controller, 10.0, until=lambda: checkpointer.last is not abandoned)
+        assert checkpointer.last is not abandoned
+        # ... and one completes once the barriers get through: after a long outage they queue behind what the
+        # sources sent meanwhile (the sinks could not commit), so a round may time out before one completes
+        ticking(controller, outage_s + 60.0, until=lambda: checkpointer.completed > completed)
         assert checkpointer.completed > completed
 
         phase("recovery (a worker killed)")
@@ -231,7 +243,7 @@ def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: Redi
         assert controller.last_recovery is not None and "WorkerLost" in log.reasons()
         assert not cluster.failed_nodes()
 
-        assert outage.count == 8, seen
+        assert outage.count == outages, seen
 
         phase("an executor crashed", outage_too=False)
         # a scale-out whose new node runs an executor that dies of an error in the runtime after 200 events
