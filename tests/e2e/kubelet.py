@@ -751,6 +751,12 @@ class _PodWorker(threading.Thread):
     # ---- from the watch thread ----
     def update(self, pod: dict[str, Any]) -> None:
         self.pod = pod
+        if self.last_status and _condition_states(pod.get("status")) != _condition_states(json.loads(self.last_status)):
+            # someone else changed the pod's conditions: kube-controller-manager's node lifecycle controller marks
+            # the pods of a node whose Lease went stale (the API server was away) not ready. A kubelet's status
+            # manager puts its own view back (what it sent last is not what the API server holds), and so do we:
+            # otherwise the pod stays not ready and its Services have no endpoint
+            self.last_status = ""
         self.wake.set()
 
     def removed(self) -> None:
@@ -1479,6 +1485,11 @@ class _PodWorker(threading.Thread):
             log.warning("pod %s: status patch failed: %s", self.key, exc)
 
 
+def _condition_states(status: dict[str, Any] | None) -> dict[str, str]:
+    """type -> status of a pod status's conditions."""
+    return {c.get("type", ""): c.get("status", "") for c in (status or {}).get("conditions") or []}
+
+
 def _write(base: str, rel: str, data: bytes, mode: int | None) -> None:
     path = os.path.join(base, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -2144,6 +2155,18 @@ class KubeletStandIn:
         self.api.patch(f"/api/v1/nodes/{spec.name}/status", {"status": status})
         self._renew_lease(spec.name)
 
+    def _keep_node_ready(self, name: str) -> None:
+        """The Node's status posted again when it does not say Ready: the node lifecycle controller sets Ready to
+        Unknown (and taints the Node unreachable) when the Lease went stale, as it does after the API server was
+        away for longer than the grace period; a kubelet's periodic node status sync puts Ready back."""
+        assert self.api is not None
+        node = self.api.get(f"/api/v1/nodes/{name}")
+        ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+        if ready and ready[0].get("status") == "True":
+            return
+        self.api.patch(f"/api/v1/nodes/{name}/status", {"status": self._node_status(self._node_specs[name])})
+        log.info("node %s: Ready was %s; posted Ready again", name, ready[0].get("status") if ready else "missing")
+
     def _renew_lease(self, name: str) -> None:
         assert self.api is not None
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
@@ -2173,6 +2196,7 @@ class KubeletStandIn:
                 for name in self.node_names:
                     try:
                         self._renew_lease(name)
+                        self._keep_node_ready(name)
                     except Exception as exc:
                         if not self._stopping.is_set():
                             log.warning("lease renewal of %s failed: %s", name, exc)

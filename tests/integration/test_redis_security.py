@@ -15,7 +15,8 @@ from test_migration_faults import plan_for
 from conftest import free_port
 from elastream.control.checkpoints import CheckpointDriver
 from elastream.control.migration import MigrationDriver
-from elastream.store.registry import RedisUnavailable, connect
+from elastream.handlers.main import redis_at_start
+from elastream.store.registry import RedisCredentialsRefused, RedisUnavailable, connect
 from harness import running, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
@@ -130,7 +131,14 @@ def test_a_topology_migrates_exactly_once_over_tls_with_a_password(secure_redis,
 
 def test_a_wrong_password_or_plain_text_is_one_clear_error(secure_redis) -> None:
     _, port, ca = secure_redis
-    with pytest.raises(RedisUnavailable, match=r"refused the credentials.*fix the password"):
-        connect(f"rediss://:wrong@127.0.0.1:{port}/0?ssl_ca_certs={ca}")
+    with pytest.raises(RedisUnavailable, match=r"refused the credentials.*fix the password") as refused:
+        connect(f"rediss://:wrong-secret@127.0.0.1:{port}/0?ssl_ca_certs={ca}")
+    assert "wrong-secret" not in str(refused.value) and ":***@127.0.0.1" in str(refused.value)
+    with pytest.raises(RedisCredentialsRefused):  # the operator exits on it: waiting would not help
+        redis_at_start(f"rediss://:wrong-secret@127.0.0.1:{port}/0?ssl_ca_certs={ca}")
+    # unreachable with a password in the URL: the message says where, never the password
+    with pytest.raises(RedisUnavailable, match=r"cannot reach Redis at redis://:\*\*\*@127.0.0.1:1/0") as away:
+        connect("redis://:hunter2-secret@127.0.0.1:1/0", wait_s=0.2)
+    assert "hunter2-secret" not in str(away.value)
     with pytest.raises(RedisUnavailable, match=f"cannot reach Redis at redis://127.0.0.1:{port}/0"):
         connect(f"redis://127.0.0.1:{port}/0", wait_s=0.5)

@@ -531,3 +531,19 @@ def test_an_internal_error_of_one_pass_is_reported_then_cleared_by_the_next() ->
     world.clock.t += 5
     world.reconcile()
     assert world.condition("Degraded")["status"] == "False" and world.status["phase"] == "Running"
+
+
+def test_the_operator_starts_while_redis_is_away_and_never_logs_its_password(caplog) -> None:
+    """Redis restarting beside the operator does not stop it (a crash loop would take the topologies' status
+    with it): it starts with a client that connects when Redis is back, and says so without the password."""
+    import redis
+
+    from elastream.handlers.main import redis_at_start
+
+    caplog.set_level("WARNING", logger="elastream.operator")
+    client = redis_at_start("redis://:s3cret-pw@127.0.0.1:1/0", wait_s=0.3)  # nothing listens on port 1
+    assert isinstance(client, redis.Redis)
+    assert "starting anyway" in caplog.text and "redis://:***@127.0.0.1:1/0" in caplog.text
+    assert "s3cret-pw" not in caplog.text
+    with pytest.raises(redis.ConnectionError):
+        client.ping()

@@ -1,6 +1,6 @@
 """The worker's fault rules without a Redis: what counts as an outage, `retry_redis` waiting one out (logged
 once when it starts and once when it ends, nothing dropped, a stop honoured), and the test-only crash hook's
-parsing."""
+parsing, and a Redis URL shown in a message without its password."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from elastream.runtime.executor import TEST_CRASH_ENV, injected_crash_after
+from elastream.store.registry import redacted
 from elastream.store.retry import AnyOf, RedisOutage, RetryCancelled, is_redis_outage, retry_redis
 
 
@@ -224,3 +225,17 @@ def _instant(retry: Callable[..., object]) -> Callable[..., object]:
         return retry(*args, **kwargs, delays=no_wait(), outage=RedisOutage(logging.getLogger("test.redis")))
 
     return call
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@redis.example:6379/0", "redis://:***@redis.example:6379/0"),
+        ("rediss://app:s3cret@[::1]:6380/1?ssl_ca_certs=/ca.pem", "rediss://app:***@[::1]:6380/1?ssl_ca_certs=/ca.pem"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://user@host/0", "redis://user@host/0"),
+    ],
+)
+def test_a_redis_url_in_a_message_never_shows_its_password(url: str, shown: str) -> None:
+    assert redacted(url) == shown
+    assert "s3cret" not in redacted(url)

@@ -35,8 +35,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from elastream.core.planner import PlanningError
     from elastream.core.schedule import ScheduleError
     from elastream.core.topology import TopologyError
+    from elastream.store.registry import RedisUnavailable
 
-    return (CommandError, TopologyError, SnapshotError, ScheduleError, PlanningError)
+    return (CommandError, TopologyError, SnapshotError, ScheduleError, PlanningError, RedisUnavailable)
 
 
 def build_parser() -> argparse.ArgumentParser:

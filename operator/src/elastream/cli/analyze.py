@@ -22,6 +22,7 @@ from elastream.analysis.session import spark_error_reason
 from elastream.cli import CommandError
 from elastream.core.metrics import Analysis, MetricSample, check_window_args
 from elastream.core.topology import Topology, load_manifest, parse_manifest
+from elastream.store.registry import redacted
 
 if TYPE_CHECKING:
     import redis
@@ -55,7 +56,9 @@ def _redis_client(url: str) -> redis.Redis:
 
 
 def _unreachable(url: str, exc: Exception) -> CommandError:
-    return CommandError(f"cannot reach Redis at {url}: {str(exc).rstrip('.')}; check --redis and that Redis is up")
+    return CommandError(
+        f"cannot reach Redis at {redacted(url)}: {str(exc).rstrip('.')}; check --redis and that Redis is up"
+    )
 
 
 def resolve_topology(spec: str, url: str | None) -> Topology:

@@ -26,7 +26,7 @@ from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
-from elastream.store.registry import RedisUnavailable, Registry
+from elastream.store.registry import RedisUnavailable, Registry, redacted
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -199,10 +199,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(
             f"elastream run {topology.name}: {topology.nodes} nodes "
-            f"({'embedded Redis' if not args.redis else url}; worker logs in {cluster.run_dir})",
+            f"({'embedded Redis' if not args.redis else redacted(url)}; worker logs in {cluster.run_dir})",
             flush=True,
         )
-        print(f"scale it with: elastream scale {args.file} --redis {url} --nodes N", flush=True)
+        print(f"scale it with: elastream scale {args.file} --redis {redacted(url)} --nodes N", flush=True)
         if args.archive:
             print(f"archiving metric samples to {args.archive} every {args.archive_every:g} s", flush=True)
         try:
@@ -391,7 +391,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if nodes is None:
         running = Registry(client, topology.redis_prefix).schedule()
         if running is None:
-            raise CommandError(f"{topology.name} is not running on {args.redis}; start `elastream run {args.file}`")
+            raise CommandError(
+                f"{topology.name} is not running on {redacted(args.redis)}; start `elastream run {args.file}`"
+            )
         nodes = len(running[1].nodes)
     client.delete(status_key(topology, "lastScaling"))
     client.set(scale_request_key(topology), json.dumps({"nodes": nodes, "parallelism": parallelism or None}))

@@ -161,15 +161,29 @@ def elect(election: LeaderElection, host: str, health_port: int) -> LeaderElecto
     return elector if acquired else None
 
 
+def redis_at_start(url: str, wait_s: float = 10.0) -> Any:
+    """The Redis client of the operator. Redis away at start (restarting beside the operator, say) does not stop
+    the operator: it starts, serves its probes and takes the Lease, and every topology's status says
+    RedisUnavailable until Redis is back (its passes retry). Refused credentials are a configuration error: exit."""
+    from elastream.store.registry import RedisCredentialsRefused, RedisUnavailable, client_for, connect
+
+    try:
+        return connect(url, wait_s=wait_s)
+    except RedisCredentialsRefused:
+        raise
+    except RedisUnavailable as exc:
+        log.warning("%s; starting anyway: each topology's status says RedisUnavailable until it is back", exc)
+        return client_for(url)
+
+
 def run(options: OperatorOptions) -> int:
     from kubernetes import client
     from prometheus_client import start_http_server
 
     from elastream.analysis import Analyzer
-    from elastream.store.registry import connect
 
     load_kubernetes_config()
-    redis_client = connect(options.redis_url, wait_s=60.0)
+    redis_client = redis_at_start(options.redis_url)
     handlers.TOPOLOGIES = ManagedTopologies(
         redis_client=redis_client,
         redis_url=options.redis_url,

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -35,6 +36,32 @@ class RedisUnavailable(Exception):
     """Redis cannot be reached; the message says where and why."""
 
 
+class RedisCredentialsRefused(RedisUnavailable):
+    """Redis answered and refused the password: waiting does not help, the configuration must change."""
+
+
+def client_for(url: str, **options: Any) -> redis.Redis:
+    """A client for `url` that connects when first used: 2 s to connect and 10 s per reply unless `options`
+    say otherwise."""
+    return redis.Redis.from_url(url, **{"socket_connect_timeout": 2.0, "socket_timeout": 10.0, **options})
+
+
+def redacted(url: str) -> str:
+    """`url` with its password (and a user name's secret part) replaced by `***`: what a message may show."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<a Redis URL that does not parse>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
 def connect(
     url: str,
     wait_s: float = 0.0,
@@ -45,16 +72,17 @@ def connect(
     to `wait_s` seconds, calling `on_retry(reason, delay)` before each wait; then raises `RedisUnavailable`.
     `options` go to the client (they may replace the timeouts: 2 s to connect, 10 s per reply)."""
     deadline = time.monotonic() + wait_s
-    options = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0, **options}
     for delay in backoff():
         try:
-            client = redis.Redis.from_url(url, **options)
+            client = client_for(url, **options)
             client.ping()
             return client
         except redis.AuthenticationError as exc:
-            raise RedisUnavailable(f"Redis at {url} refused the credentials ({exc}); fix the password") from None
+            raise RedisCredentialsRefused(
+                f"Redis at {redacted(url)} refused the credentials ({exc}); fix the password"
+            ) from None
         except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
-            reason = f"cannot reach Redis at {url} ({exc})"
+            reason = f"cannot reach Redis at {redacted(url)} ({exc})"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RedisUnavailable(f"{reason}; start Redis or fix --redis / ELASTREAM_REDIS_URL") from None
