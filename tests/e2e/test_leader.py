@@ -203,12 +203,13 @@ def one_acts_then_failovers(kubectl, kubelet, control_plane, e2e_namespace: str,
     kubectl("delete", "pod", first, "-n", SYSTEM, "--wait=false")
     second, released_s = wait_holder_change(kubectl, first, LEASE_S + 3 * RETRY_S + 10)
     print(f"  takeover after the leader's pod was deleted: {released_s:.1f} s ({first} -> {second})")
-    assert second == standby
+    # the standby, nearly always: it retries every 2 s, the Deployment's replacement needs a container start first
+    assert second == standby or second in operator_pods(kubectl), (second, standby)
     assert f"released the Lease {SYSTEM}/{LEASE}" in logs(kubelet, first)
     assert released_s < LEASE_S, f"{released_s:.1f} s: the deleted leader did not release the Lease"
 
-    # the active operator's process dies and its pod is gone (a node lost): the new standby (the Deployment's
-    # replacement for the deleted pod) takes over when the Lease expires, not before
+    # the active operator's process dies and its pod is gone (a node lost): a standby (the Deployment's
+    # replacement for the deleted pod, or the one for the killed pod) takes over when the Lease expires, not before
     def replacement_on_standby() -> str | None:
         fresh = [p for p in operator_pods(kubectl) if p not in (first, second)]
         return next((p for p in fresh if "is standby" in logs(kubelet, p)), None)
@@ -224,7 +225,10 @@ def one_acts_then_failovers(kubectl, kubelet, control_plane, e2e_namespace: str,
     third, _ = wait_holder_change(kubectl, second, LEASE_S + 3 * RETRY_S + 15)
     expired_s = time.monotonic() - t_kill
     print(f"  takeover after the leader died: {expired_s:.1f} s ({second} -> {third})")
-    assert third == third_standby
+    # the standby that was waiting, or the Deployment's replacement for the force-deleted pod (it starts at once
+    # and waits too): whichever polls first after the expiry wins, as with client-go
+    replacements = [p for p in operator_pods(kubectl) if p not in (first, second, third_standby)]
+    assert third == third_standby or third in replacements, (third, third_standby, replacements)
     # the standby counts a lease duration from its last sight of a renew, which was at most one retry period
     # before the kill (and it sees it at most one retry period later): 13 s .. 19 s, plus polling
     assert LEASE_S - RETRY_S - 0.5 <= expired_s <= LEASE_S + 2 * RETRY_S + 3, expired_s
