@@ -2199,7 +2199,7 @@ class KubeletStandIn:
                         self._keep_node_ready(name)
                     except Exception as exc:
                         if not self._stopping.is_set():
-                            log.warning("lease renewal of %s failed: %s", name, exc)
+                            log.warning("lease renewal or node status of %s failed: %s", name, exc)
 
     # ---- watches ----
     def _watch(self, list_fn: Callable[..., Any], on_sync: Callable[[list[dict[str, Any]]], None],

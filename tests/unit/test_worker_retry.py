@@ -234,6 +234,9 @@ def _instant(retry: Callable[..., object]) -> Callable[..., object]:
         ("rediss://app:s3cret@[::1]:6380/1?ssl_ca_certs=/ca.pem", "rediss://app:***@[::1]:6380/1?ssl_ca_certs=/ca.pem"),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
         ("redis://user@host/0", "redis://user@host/0"),
+        # malformed (a port that is no number, an unclosed IPv6 bracket): still shown, never raising
+        ("redis://:s3cret@host:port/0", "redis://:***@host:port/0"),
+        ("redis://:s3cret@[::1/0", "redis://:***@[::1/0"),
     ],
 )
 def test_a_redis_url_in_a_message_never_shows_its_password(url: str, shown: str) -> None:

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -47,19 +46,15 @@ def client_for(url: str, **options: Any) -> redis.Redis:
 
 
 def redacted(url: str) -> str:
-    """`url` with its password (and a user name's secret part) replaced by `***`: what a message may show."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<a Redis URL that does not parse>"
-    if parts.password is None:
+    """`url` with the password of its user info replaced by `***`, everything else as written: what a message
+    may show. Plain string work, so no URL, however malformed, makes it raise."""
+    scheme, sep, rest = url.partition("://")
+    netloc_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, hostport = rest[:netloc_end].rpartition("@")
+    if not sep or not at or ":" not in userinfo:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hostport}{rest[netloc_end:]}"
 
 
 def connect(
