@@ -23,7 +23,7 @@ def topo():
     return parse_manifest(manifest([src("a"), work("b", 3), sink("c")], [edge("a", "b"), edge("b", "c")]))
 
 
-def s(ts, executor, count, *, started_at=0.0, queue_len=0):
+def s(ts, executor, count, *, started_at=0.0, queue_len=0, busy=0.5):
     vertex = executor.split("#")[0]
     return MetricSample(
         ts=float(ts),
@@ -34,13 +34,13 @@ def s(ts, executor, count, *, started_at=0.0, queue_len=0):
         received=count,
         processed=count,
         emitted=0 if vertex == "c" else count,
-        busy_s=0.5 * (ts - started_at),
+        busy_s=busy * (ts - started_at),
         queue_len=queue_len,
     )
 
 
-def steady(executor, ts_range, per_s, *, started_at=0.0):
-    return [s(t, executor, round(per_s * (t - started_at)), started_at=started_at) for t in ts_range]
+def steady(executor, ts_range, per_s, *, started_at=0.0, busy=0.5):
+    return [s(t, executor, round(per_s * (t - started_at)), started_at=started_at, busy=busy) for t in ts_range]
 
 
 def ls_slope(ys, interval_s=1.0):
@@ -126,19 +126,28 @@ def test_restart_with_downtime_shows_the_dip(topo):
     assert trends(analyze_samples(topo, old + late, window=WINDOW)) == pytest.approx(trends(result))
 
 
-def test_rescale_mid_window_is_a_step(topo):
-    a = steady("a#0", range(1, 21), 150)
-    b = steady("b#0", range(1, 21), 50)
+@pytest.mark.parametrize("busy", [0.5, 1.0])
+def test_a_rescale_mid_window_is_a_trend_only_where_it_limits_what_passes(topo, busy):
+    # a offers 150/s; to a b busy all the time, 200/s: more than b's executors can take (169/s)
+    a = steady("a#0", range(1, 21), 150 if busy < 1.0 else 200)
+    b = steady("b#0", range(1, 21), 50, busy=busy)
     # b#1 leaves after its ts-13 report; b#2 starts at ts 15 and first reports at ts 18 (two missing)
-    b += steady("b#1", range(1, 14), 50) + steady("b#2", range(18, 21), 50, started_at=15.0)
+    b += steady("b#1", range(1, 14), 50, busy=busy) + steady("b#2", range(18, 21), 50, started_at=15.0, busy=busy)
     result = analyze_samples(topo, a + b, window=WINDOW)
     b_metrics = result.snapshot.vertices["b"]
     assert b_metrics.executors == 3
-    # b emits 100/s up to ts 13, 50/s in (13, 15], 100/s from 15 on: c's input
+    # b emits 100/s up to ts 13, 50/s in (13, 15], 100/s from 15 on
     assert b_metrics.processing_rate == (500 + 150 + 250) / 10
-    expected = ls_slope([100, 100, 100, 50, 50, 100, 100, 100, 100, 100])
-    assert result.snapshot.vertices["c"].input_trend == pytest.approx(expected)
     assert result.snapshot.vertices["a"].input_trend == 0.0 and b_metrics.input_trend == 0.0
+    if busy < 1.0:
+        # b had headroom: it passes on the load it is offered, and a offers a steady 150/s: the dip in what b
+        # emitted is the rescale, not the load, and is no trend of c's input
+        assert result.snapshot.vertices["c"].input_trend == pytest.approx(0.0)
+    else:
+        # b was busy all the time and short of its load: what it emitted is what c could get, and its dip
+        # is c's input trend
+        expected = ls_slope([100, 100, 100, 50, 50, 100, 100, 100, 100, 100])
+        assert result.snapshot.vertices["c"].input_trend == pytest.approx(expected)
 
 
 def test_queue_length_is_the_latest_pending_items_summed_over_executors(topo):

@@ -1,12 +1,12 @@
 """The Spark analysis job: the same window semantics as `core.metrics.analyze_samples`, as one SQL statement.
 
 Per incarnation (executor, started_at) a window function orders the samples and takes each one's delta
-from its predecessor (or from zero / itself for the first, as the reference does) and the intervals lo..hi
-it is spread over (`core.metrics.delta_span`); the deltas in the window are summed per (vertex, executor),
-then per vertex, together with the trend sums Σ ((lo + hi) / 2 − c)·delta, executor counts, queue lengths
+from its predecessor (or from zero / itself for the first, as the reference does) and where in the window
+it happened (`core.metrics.delta_position`); the deltas in the window are summed per (vertex, executor),
+then per vertex, together with the trend sums Σ (x − c)·delta, executor counts, queue lengths
 and placement. Only the per-vertex rows are collected (one per vertex, with its executors' nodes); rates,
 congestion and ETP then come from `core.metrics.analysis_from_totals`, the function the reference ends in,
-so the two engines agree to rounding in the busy-seconds sums (the counts and trend sums are exact).
+so the two engines agree to rounding in the busy-seconds and trend sums (the counts are exact).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from elastream.core.metrics import (
     WindowTotals,
     analysis_from_totals,
     check_window_args,
+    first_sample_after,
     trend_center,
     window_start,
 )
@@ -83,8 +84,8 @@ def _double(value: float) -> str:
 #: analysis). {hint} places the rows: one partition for a hot window (no shuffle at all: window, both
 #: aggregations and the collect run in one task), else one shuffle by (vertex, executor), which serves the
 #: window and the per-executor aggregation; only the small per-executor table is shuffled again, by vertex.
-#: `spans` is `core.metrics.delta_span` (lo NULL: a first sample of an incarnation started before the
-#: window, whose delta is 0, weighs as its own interval).
+#: `spans` and `w` are `core.metrics.delta_position` (a first sample of an incarnation started before the
+#: window has a zero delta and its own ts as origin).
 ANALYSIS_SQL = """
 WITH placed AS (
   SELECT {hint} * FROM {view}
@@ -97,16 +98,14 @@ lagged AS (
 ),
 spans AS (
   SELECT *,
-    LEAST(GREATEST(CEIL((ts - {start}) / {interval}) - 1, 0), {last_k}) AS hi,
-    CASE WHEN prev IS NOT NULL THEN GREATEST(CEIL((prev.ts - {start}) / {interval}), 0)
-      WHEN started_at >= {start} THEN GREATEST(FLOOR((started_at - {start}) / {interval}), 0) END AS lo
+    CASE WHEN prev IS NOT NULL THEN prev.ts WHEN started_at >= {start} THEN started_at ELSE ts END AS origin
   FROM lagged
-  WHERE ts > {start}
+  WHERE ts > {first}
 ),
 deltas AS (
   SELECT vertex, executor,
     {dp} AS dp, {de} AS de, {db} AS db, {dr} AS dr,
-    CAST(COALESCE(LEAST(lo, hi), hi) + hi AS DOUBLE) / 2.0D - {center} AS w,
+    ((GREATEST(origin, {start}) + ts) / 2.0D - {start}) / {interval} - 0.5D - {center} AS w,
     STRUCT({key}) AS key
   FROM spans
 ),
@@ -144,8 +143,8 @@ def analysis_sql(view: str, start: float, window: int, interval_s: float, small:
         db=delta("busy_s", "0.0D"),
         dr=delta("received", "0"),
         start=_double(start),
+        first=_double(first_sample_after(start, interval_s)),
         interval=_double(interval_s),
-        last_k=window - 1,
         center=_double(trend_center(window)),
         key=", ".join(EXECUTOR_KEY),
     )

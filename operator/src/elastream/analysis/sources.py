@@ -42,6 +42,9 @@ SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
 HISTORY_WINDOWS = 1.0
 #: slack for the stream ids (Redis server clock) running behind the samples' ts (worker clocks)
 CLOCK_SKEW_S = 30.0
+#: an executor whose newest sample is this many intervals older than the newest of all has stopped
+#: reporting (it left, or its worker is gone): the hot window's end does not wait for it
+REPORTING_INTERVALS = 2.0
 
 
 class SampleStream(Protocol):
@@ -55,7 +58,8 @@ class SampleStream(Protocol):
 def read_hot_window(
     stream: SampleStream, window: int, interval_s: float, not_before: float | None = None
 ) -> list[MetricSample]:
-    """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows.
+    """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows,
+    up to the newest time every reporting executor has reported (`reported_by_all`).
 
     The stream is ordered by arrival, so the newest entry gives the window end; the read starts a window
     before the window start so that each incarnation's baseline (its last sample before the window) is there
@@ -77,7 +81,26 @@ def read_hot_window(
     samples = [s for s in stream.read_since(since - CLOCK_SKEW_S) if s.ts >= since]
     if not samples:  # stream ids and sample clocks disagree: read everything the stream holds
         samples = [s for s in stream.read_since(None) if s.ts >= since]
-    return samples
+    return reported_by_all(samples, interval_s)
+
+
+def reported_by_all(samples: Sequence[MetricSample], interval_s: float) -> list[MetricSample]:
+    """The samples up to the newest time every reporting executor has reported (a watermark).
+
+    Workers publish their samples a little apart (each on its own clock tick, some delayed by a busy
+    machine). Analysed up to the newest sample, the last interval would miss the counts of the executors
+    that have not published theirs yet, a dip that reads as a falling trend, and a rise one evaluation
+    later. An executor whose newest sample is `REPORTING_INTERVALS` older than the newest of all has
+    stopped reporting and is not waited for."""
+    latest: dict[tuple[str, str], float] = {}
+    for s in samples:
+        key = (s.vertex, s.executor)
+        latest[key] = max(latest.get(key, s.ts), s.ts)
+    if not latest:
+        return list(samples)
+    newest = max(latest.values())
+    watermark = min(t for t in latest.values() if t >= newest - REPORTING_INTERVALS * interval_s)
+    return [s for s in samples if s.ts <= watermark]
 
 
 def hot_window_intervals(samples: Sequence[MetricSample], window: int, interval_s: float, not_before: float) -> int:

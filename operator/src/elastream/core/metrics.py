@@ -222,6 +222,50 @@ def demand_input_rates(
     return demand
 
 
+def demand_input_trends(
+    topology: Topology,
+    emit_trend: Mapping[str, float],
+    offered_trend: Mapping[str, float],
+    emit: Mapping[str, float],
+    processing: Mapping[str, float],
+    capacity: Mapping[str, float],
+    offered: Mapping[str, float],
+) -> dict[str, float]:
+    """Input trends by the rule of `demand_input_rates`: a source's is the trend of what it is offered; a
+    parent held back rather than busy passes its own input trend on (times its selectivity), any other
+    parent the trend of what it emitted. So a pause, a catch-up or a back-pressured stretch does not read
+    as a trend: what the sources offer does not change with them, what a vertex emits does."""
+    demand = demand_input_rates(topology, emit, offered, processing, capacity)
+    trends: dict[str, float] = {}
+    for v in topology.order:
+        parents = list(topology.graph.predecessors(v))
+        if not parents:
+            trends[v] = offered_trend.get(v, 0.0)
+            continue
+        total = 0.0
+        for p in parents:
+            held_back = p in capacity and capacity[p] >= demand[p] and processing[p] > 0.0
+            total += trends[p] * emit[p] / processing[p] if held_back else emit_trend[p]
+        trends[v] = total
+    return trends
+
+
+def offered_load(topology: Topology, snapshot: MetricSnapshot) -> dict[str, float]:
+    """The input rate each vertex is offered by the sources' load: `demand_input_rates` from the sources'
+    offered rates alone, without the measured input of a vertex below. The autoscaling policies decide on
+    it: a parent draining a backlog after a rescale emits more than the load, and that catch-up must not
+    read as load (the planner's `rates_from_snapshot` keeps the measured input, which it must carry)."""
+    snapshot.check_against(topology)
+    vertices = snapshot.vertices
+    processing = {v: vertices[v].processing_rate for v in topology.order}
+    emit = {v: vertices[v].emit_rate for v in topology.order}
+    offered = {s: vertices[s].input_rate for s in topology.sources}
+    capacity = {v: rate for v in topology.order if (rate := vertices[v].true_processing_rate) is not None}
+    if capacity:
+        return demand_input_rates(topology, emit, offered, processing, capacity)
+    return derive_input_rates(topology, emit, offered, processing)
+
+
 def derive_input_rates(
     topology: Topology,
     emit: Mapping[str, float],
@@ -254,8 +298,9 @@ class WindowTotals:
     """What one vertex did in the window, summed over its incarnations (the engines' common result).
 
     Counts are integers, so they are exact and the same whichever engine summed them. The trend sums are
-    sum((k̄ - c) * delta) over the sample deltas, k̄ = (lo + hi) / 2 the mean index of the intervals lo..hi a
-    delta is spread over (`delta_span`) and c = (window - 1) / 2: half-integers times integers, also exact.
+    sum((x - c) * delta) over the sample deltas, x the position of the middle of the time a delta covers, in
+    intervals (`delta_position`), and c = (window - 1) / 2: the same formula in both engines, equal to
+    rounding (exactly equal when the times are exact in binary).
     """
 
     processed: int = 0
@@ -317,42 +362,43 @@ def check_window_args(window: int, interval_s: float, congestion_rate: float) ->
         raise ValueError(f"congestion rate: {congestion_rate!r} is below 1.0; use a value ≥ 1.0 (the paper uses 1.2)")
 
 
+#: a sample up to this share of an interval after the window's start is the baseline (see `window_start`)
+BOUNDARY_SLACK = 1e-3
+
+
 def window_start(window_end: float, window: int, interval_s: float) -> float:
-    """The window is (window_end - window * interval_s, window_end]: both engines compute it this way."""
+    """The window is (window_end - window * interval_s, window_end]: both engines compute it this way.
+
+    A sample counts in it when it is more than `first_sample_after` the start: a worker samples on its own
+    clock, so when the window ends at one of its samples its sample a window earlier sits on the start,
+    and the last bit of its time decided whether it was the baseline or an interval's counts from before
+    the window counted in it (+20 % input and a trend of −50/s² on a steady 200/s, one evaluation in three).
+    """
     return window_end - window * interval_s
 
 
-def interval_index(ts: float, start: float, window: int, interval_s: float) -> int:
-    """The interval k in [0, window) a sample at `ts` falls in: k covers (start + k·I, start + (k+1)·I]."""
-    k = math.ceil((ts - start) / interval_s) - 1
-    return min(max(k, 0), window - 1)
+def first_sample_after(start: float, interval_s: float) -> float:
+    """Samples at or before this time are baselines of the window starting at `start` (`BOUNDARY_SLACK`)."""
+    return start + BOUNDARY_SLACK * interval_s
 
 
-def delta_span(
-    ts: float,
-    prev_ts: float | None,
-    started_at: float,
-    start: float,
-    window: int,
-    interval_s: float,
-) -> tuple[int, int]:
-    """The intervals lo..hi a sample's delta is spread over (evenly: a missing sample loses no trend).
+def delta_position(ts: float, prev_ts: float | None, started_at: float, start: float, interval_s: float) -> float:
+    """Where in the window a sample's delta happened, in intervals (k for the middle of interval k): the
+    middle of the time it covers, spread evenly (a missing sample loses no trend).
 
-    hi is the sample's interval (`interval_index`). After a previous sample, lo is the interval after that
-    sample's (its index unclamped, so a previous sample at or before the window start gives 0). The first
-    sample of an incarnation that started in the window counts from zero: lo is the interval its first
-    counts fall in, the one just after `started_at` (floor: a start on a boundary opens the next interval,
-    as a previous sample there would). Any other first sample has a zero delta: lo = hi. Always lo ≤ hi.
-    The Spark job computes the same (CEIL/FLOOR of the same doubles).
-    """
-    hi = interval_index(ts, start, window, interval_s)
+    The delta covers (prev_ts, ts] after a previous sample; (started_at, ts] for the first sample of an
+    incarnation that started in the window (counted from zero); clipped to the window's start. Any other
+    first sample has a zero delta (its position does not matter: ts). In time, not in interval indices:
+    workers sample on their own clocks, often exactly on the window's boundaries, and a sample whose
+    interval a rounding error of the boundary decided moved a whole interval's count to its neighbour (a
+    steady 200/s read as a trend of ±40/s² on worker processes). The Spark job computes the same."""
     if prev_ts is not None:
-        lo = max(math.ceil((prev_ts - start) / interval_s), 0)  # (raw index of prev_ts) + 1
+        origin = prev_ts
     elif started_at >= start:
-        lo = max(math.floor((started_at - start) / interval_s), 0)
+        origin = started_at
     else:
-        lo = hi
-    return min(lo, hi), hi
+        origin = ts
+    return ((max(origin, start) + ts) / 2.0 - start) / interval_s - 0.5
 
 
 def trend_center(window: int) -> float:
@@ -386,9 +432,10 @@ def analyze_samples(
     (vertex, executor, started_at); counters (received, processed, emitted, busy_s) are cumulative since
     started_at, so a new started_at is a counter reset. For each incarnation with at least one sample in the
     window, the window's counts are last − baseline, where last is its latest sample in the window and the
-    baseline is, in this order: its latest sample at or before the window start; zero, if it started in the
-    window (started_at ≥ window start); else its first sample in the window (the counts before it are not
-    attributable to the window and are dropped). Missing samples therefore lose no counts, a restart adds
+    baseline is, in this order: its latest sample at or before the window start (or up to a thousandth of
+    an interval after it: `first_sample_after`); zero, if it started in the window (started_at ≥ window
+    start); else its first sample in the window (the counts before it are not attributable to the window
+    and are dropped). Missing samples therefore lose no counts, a restart adds
     the old incarnation's counts up to its last sample plus the new one's since zero.
 
     Per vertex, with its incarnations' deltas summed:
@@ -397,7 +444,7 @@ def analyze_samples(
     - executors: the executors (ids) with a sample in the window; placement: each such executor under the
       node of its latest sample (an executor that stopped reporting inside the window still counts);
     - input_rate = sum of the parents' emit rates; a source's is the rate it was offered events,
-      max(received, processed) / D (`derive_input_rates`);
+      received / D (processed / D for a source that reports no offered events) (`derive_input_rates`);
     - congestion and ETP as the planner sees the snapshot (`rates_from_snapshot`: back-pressure-aware when
       true processing rates are known);
     - busy_fraction = busy_s / (D · executors) (0 without executors);
@@ -406,16 +453,17 @@ def analyze_samples(
     - queue_growth = (Σ latest queue_len − Σ earliest queue_len over its executors' samples in the window) / D;
     - input_trend: the least-squares slope (tuples/s per second) of the vertex's input rate per interval:
       the window is cut into `window` intervals, interval k = (start + k·I, start + (k+1)·I], and each
-      sample's delta from its previous sample (or from its baseline) is spread evenly over the intervals it
-      covers (deltas telescope to the window counts), `delta_span`: from the interval after its previous
-      sample's (interval 0 when that sample is at or before the window start) up to its own interval; the
-      first sample of an incarnation that started in the window (counted from zero) from the interval just
-      after started_at. So missing samples (a gap), samples sparser than the intervals, a restart or an
-      executor joining late do not show a steady input as a trend: a delta spread over lo..hi weighs
-      (lo + hi) / 2 − c, still exact. Input is linear in the parents' emit series, so the slope is taken per
-      vertex of the emitted and processed series and combined like the rates; a source's is the slope of
-      its received (offered) series, the one its input rate comes from (its processed series when it
-      received fewer than it processed). window = 1 gives 0;
+      sample's delta from its previous sample (or from its baseline) is spread evenly over the time it
+      covers (deltas telescope to the window counts), `delta_position`: from its previous sample (the
+      window start when that sample is at or before it) up to its own; the first sample of an incarnation
+      that started in the window (counted from zero) from started_at. So missing samples (a gap), samples
+      sparser than the intervals or off their grid, a restart or an executor joining late do not show a
+      steady input as a trend: a delta weighs the position of the middle of its span, x − c. A source's
+      is the slope of its received (offered) series, the one its input rate comes from (its processed
+      series when it reports none); below the sources the slopes are combined as `demand_input_trends`
+      says: a parent held back rather than busy passes its input trend on times its selectivity, any
+      other the slope of its emitted series. So the trend is the load's: a rescale's pause and catch-up
+      change what is emitted, not what the sources offer. window = 1 gives 0;
     - queue_length: Σ latest queue_len over its executors' samples in the window (the items pending).
 
     Then congestion (input / processing > congestion_rate) and ETP by the planner's functions, and ETPSum per
@@ -431,6 +479,7 @@ def analyze_samples(
     end = max(s.ts for s in relevant)
     start = window_start(end, window, interval_s)
     center = trend_center(window)
+    counted_after = first_sample_after(start, interval_s)
     incarnations: dict[tuple[str, str, float], list[MetricSample]] = {}
     for s in relevant:
         incarnations.setdefault((s.vertex, s.executor, s.started_at), []).append(s)
@@ -448,7 +497,7 @@ def analyze_samples(
         runs.sort(key=sample_order_key)
         prev: MetricSample | None = None
         for s in runs:
-            if s.ts > start:
+            if s.ts > counted_after:
                 if prev is not None:
                     dp, de, db = s.processed - prev.processed, s.emitted - prev.emitted, s.busy_s - prev.busy_s
                     dr = s.received - prev.received
@@ -457,8 +506,7 @@ def analyze_samples(
                 else:
                     dp, de, db, dr = 0, 0, 0.0, 0
                 v = s.vertex
-                lo, hi = delta_span(s.ts, None if prev is None else prev.ts, started_at, start, window, interval_s)
-                weight = (lo + hi) / 2 - center
+                weight = delta_position(s.ts, None if prev is None else prev.ts, started_at, start, interval_s) - center
                 processed[v] = processed.get(v, 0) + dp
                 emitted[v] = emitted.get(v, 0) + de
                 busy[v] = busy.get(v, 0.0) + db
@@ -527,9 +575,10 @@ def analysis_from_totals(
     tot = {v: totals.get(v, empty) for v in topology.order}
     processing = {v: tot[v].processed / duration for v in topology.order}
     emit = {v: tot[v].emitted / duration for v in topology.order}
-    # a source's input is what it was offered (due by its rate), which exceeds what it emitted when
-    # back-pressure holds it back; a source that reports no offered events is taken to keep up
-    offered = {v: max(tot[v].received, tot[v].processed) / duration for v in topology.sources}
+    # a source's input is what it was offered (due by its rate): more than it emitted when back-pressure
+    # holds it back, less while it drains a backlog (after a pause or a recovery), so the catch-up is not
+    # load; a source that reports no offered events is taken to keep up
+    offered = {v: (tot[v].received if tot[v].received > 0 else tot[v].processed) / duration for v in topology.sources}
     inputs = derive_input_rates(topology, emit, offered, processing)
     spread = float(window * (window * window - 1)) / 12.0  # Σ (k - c)² over k = 0 .. window-1
     if spread > 0.0:
@@ -542,11 +591,12 @@ def analysis_from_totals(
         e_slope = dict.fromkeys(topology.order, 0.0)
         r_slope = dict.fromkeys(topology.sources, 0.0)
     # a source's trend follows the series its input rate comes from: offered (received) events, unless it
-    # reports fewer offered than processed (then it is taken to keep up, as for the rate)
-    offered_trend: dict[str, float | None] = {
-        v: r_slope[v] if tot[v].received >= tot[v].processed else p_slope[v] for v in topology.sources
+    # reports none (then it is taken to keep up, as for the rate)
+    offered_trend = {v: r_slope[v] if tot[v].received > 0 else p_slope[v] for v in topology.sources}
+    capacity = {
+        v: tot[v].processed * max(tot[v].executors, 1) / tot[v].busy_s for v in topology.order if tot[v].busy_s > 0.0
     }
-    trends = derive_input_rates(topology, e_slope, offered_trend, p_slope)
+    trends = demand_input_trends(topology, e_slope, offered_trend, emit, processing, capacity, offered)
     vertices: dict[str, VertexMetrics] = {}
     for v in topology.order:
         t = tot[v]
@@ -557,7 +607,7 @@ def analysis_from_totals(
             input_rate=inputs[v],
             busy_fraction=t.busy_s / (duration * t.executors) if t.executors > 0 else 0.0,
             # the vertex's rate with every executor busy: each executor's processed / busy, times executors
-            true_processing_rate=t.processed * max(t.executors, 1) / t.busy_s if t.busy_s > 0.0 else None,
+            true_processing_rate=capacity.get(v),
             queue_growth=(t.queue_last - t.queue_first) / duration,
             input_trend=trends[v],
             queue_length=float(t.queue_last),
