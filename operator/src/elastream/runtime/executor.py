@@ -100,6 +100,8 @@ class Counters:
     latency_count: int = 0
     #: the mean latency of the last published interval (ms), what Prometheus serves
     latency_ms: float = 0.0
+    #: a source's offered count in its last published sample (`SourceThread.offered_at`, the sampler's own)
+    reported_received: int = 0
     #: when an error of each hook was last logged (monotonic)
     last_error_log: dict[str, float] = field(default_factory=dict)
 
@@ -587,7 +589,10 @@ class SourceThread(threading.Thread):
     """Runs a source operator: polls it for due events, stamps them and routes them.
 
     `received` counts the events offered so far (due by the rate profile), `processed` those emitted, so a
-    source that cannot keep up shows a growing queue and a processing rate below its input rate."""
+    source that cannot keep up shows a growing queue and a processing rate below its input rate. A source
+    that tells what it was offered and what waits (`offered(now)`, `backlog(now)`: `Synthetic`) reports
+    those instead: what it was offered since it took its lanes over, fewer than it emitted while it drains
+    a backlog inherited from a pause or a recovery, and that backlog as its queue."""
 
     def __init__(
         self,
@@ -613,7 +618,22 @@ class SourceThread(threading.Thread):
         self.counters = Counters()
         self.failure: BaseException | None = None
         self.now = 0.0
+        #: the operator is open (`offered_at` may ask it)
+        self.opened = False
         _bind_errors(operator, self.counters, context, executor)
+
+    def offered_at(self, now: float) -> tuple[int, int]:
+        """`received` and `queue_len` for a metric sample taken at `now`. A source that can tell what it was
+        offered without emitting (`Synthetic.offered`) is asked at the sample's own time: its offered series
+        then follows the rate profile, not when this thread last ran, which back-pressure, a pause or a busy
+        machine delays (and a rescale's catch-up would read as a trend of the load)."""
+        counters = self.counters
+        offered, backlog = getattr(self.operator, "offered", None), getattr(self.operator, "backlog", None)
+        if not self.opened or not callable(offered) or not callable(backlog) or self.migration.awaiting is not None:
+            return counters.received, max(counters.queue_len, 0)
+        received = max(counters.received, counters.reported_received, int(offered(now)))
+        counters.reported_received = received
+        return received, int(backlog(now))
 
     def emit_new(self, event_id: int, key: Any, value: Any) -> None:
         self.counters.emitted += 1
@@ -625,6 +645,9 @@ class SourceThread(threading.Thread):
         try:
             self.operator.open(self.context)
             exhausted = getattr(self.operator, "exhausted", None)
+            backlog = getattr(self.operator, "backlog", None)
+            backlog = backlog if callable(backlog) else None
+            self.opened = True
             while not self.stop.is_set():
                 while not self.control.empty():
                     self.on_control(CONTROLLER, self.control.get_nowait())
@@ -643,8 +666,12 @@ class SourceThread(threading.Thread):
                 self.router.flush()
                 emitted = counters.emitted - before
                 counters.processed += emitted
-                counters.received = max(counters.received, int(due), counters.processed)
-                counters.queue_len = counters.received - counters.processed
+                if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
+                    counters.received = max(counters.received, int(due))
+                    counters.queue_len = backlog(self.now)
+                else:
+                    counters.received = max(counters.received, int(due), counters.processed)
+                    counters.queue_len = counters.received - counters.processed
                 counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
                 if crash_after is not None and counters.processed >= crash_after:
                     raise InjectedCrash(f"{TEST_CRASH_ENV}: source {self.executor} after {crash_after} events")

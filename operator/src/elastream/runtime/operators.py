@@ -329,7 +329,16 @@ class Synthetic:
     lane offers rate/M events/s, so the vertex's total rate and its ids do not depend on its parallelism,
     and a rescale hands whole lanes, with their positions, to new executors: nothing is skipped or repeated.
     An event has id ``idOffset + seq``, key ``seq % keys`` and value ``seq``; `limit` caps the sequence
-    numbers. The position is {lane: next index in the lane}."""
+    numbers. The position is {lane: next index in the lane, "clock": the profile's start}.
+
+    The rate profile's clock belongs to the topology, not to the executor: it starts when the topology's
+    sources first open and travels in the position through checkpoints, migrations and recoveries, so a
+    `steps`, `csv` or `profile` source continues where it was after any rescale. What the profile offered
+    while the sources were paused, or since the checkpoint a recovery went back to, is a backlog the new
+    executors emit first, as a real source's queue would be drained."""
+
+    #: the position's key for the profile clock's start (seconds since the epoch); the lanes' keys are ints
+    CLOCK = "clock"
 
     def open(self, context: Context) -> None:
         self.context = context
@@ -342,16 +351,31 @@ class Synthetic:
         self.lanes = list(context.key_groups)
         self.next: dict[int, int] = dict.fromkeys(self.lanes, 0)
         self.profile = RateProfile(config, len(self.lanes) / self.stride)
-        self.started = time.time()
-        self.emitted = 0  # since this executor started: the rate profile's clock starts with it
+        #: the profile clock's start: now for a new topology, the position's after `seek`
+        self.clock_start = time.time()
+        self._take_over(self.clock_start)
+
+    def _take_over(self, now: float) -> None:
+        """Count from the lanes' positions: what the profile offered them before `now` is not this executor's
+        offered (it was offered to the executors before it), though what of it was not emitted is its
+        backlog to emit first."""
+        self.emitted = sum(self.next.values())
+        self.due_before = self._due(now)
+        self.emitted_before = self.emitted
         self.cursor = 0
         self.live = [lane for lane in self.lanes if not self._lane_done(lane)]
 
     def _lane_done(self, lane: int) -> bool:
         return self.limit is not None and lane + self.next[lane] * self.stride >= self.limit
 
+    def _due(self, now: float) -> float:
+        """Events the profile offered this executor's lanes since the topology's sources started."""
+        return self.profile.due(now - self.clock_start)
+
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        due = self.profile.due(now - self.started)
+        """Emit what the profile offered this executor's lanes and they have not emitted yet; return the
+        events offered to this executor since it took the lanes over (`offered`)."""
+        due = self._due(now)
         count = int(min(due - self.emitted, budget)) if not math.isinf(due) else budget
         for _ in range(max(count, 0)):
             if not self.live:
@@ -367,21 +391,40 @@ class Synthetic:
             self.emitted += 1
             self.cost.charge()
             emit_new(self.id_offset + seq, seq % self.keys, seq)
-        return self.emitted if math.isinf(due) or not self.live else max(int(due), self.emitted)
+        return self._offered(due)
+
+    def offered(self, now: float) -> int:
+        """The events offered to this executor's lanes since it took them over, emitted or not: the rate
+        profile's, whatever back-pressure or a pause let through (an unbounded or finished source: what it
+        emitted). The executor's metric samples ask it at their own time."""
+        return self._offered(self._due(now))
+
+    def backlog(self, now: float) -> int:
+        """The events offered and not emitted yet: held back by back-pressure, or due while the sources
+        were paused, or since the checkpoint a recovery went back to."""
+        due = self._due(now)
+        return 0 if math.isinf(due) or not self.live else max(0, int(due) - self.emitted)
+
+    def _offered(self, due: float) -> int:
+        if math.isinf(due) or not self.live:
+            return self.emitted - self.emitted_before
+        return max(0, int(due) - int(self.due_before))
 
     def exhausted(self) -> bool:
         return not self.live
 
     def position(self) -> Any:
-        return dict(self.next)
+        return {**self.next, self.CLOCK: self.clock_start}
 
     def seek(self, position: Any) -> None:
-        """Take the positions of the lanes this executor owns (a merged map of every old executor's)."""
+        """Take the positions of the lanes this executor owns (a merged map of every old executor's) and the
+        topology's profile clock."""
         for lane, index in position.items():
-            if int(lane) in self.next:
+            if lane == self.CLOCK:
+                self.clock_start = float(index)
+            elif int(lane) in self.next:
                 self.next[int(lane)] = int(index)
-        self.live = [lane for lane in self.lanes if not self._lane_done(lane)]
-        self.cursor = 0
+        self._take_over(time.time())
 
     def close(self) -> None:
         self.cost.pay()

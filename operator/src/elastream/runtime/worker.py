@@ -682,17 +682,20 @@ class Worker:
         threads = self.threads if generation is None else generation.threads
         for thread in threads:
             c: Counters = thread.counters
+            received, queue_len = (
+                thread.offered_at(now) if isinstance(thread, SourceThread) else (c.received, max(c.queue_len, 0))
+            )
             yield MetricSample(
                 ts=now,
                 node=self.node,
                 vertex=split_executor_id(thread.executor)[0],
                 executor=thread.executor,
                 started_at=c.started_at,
-                received=c.received,
+                received=received,
                 processed=c.processed,
                 emitted=c.emitted,
                 busy_s=round(c.busy_s, 6),
-                queue_len=max(c.queue_len, 0),
+                queue_len=queue_len,
                 latency_ms=round(c.take_latency_ms(), 4),
                 errors=c.errors,
             )
