@@ -201,3 +201,54 @@ def test_the_autoscaler_decides_the_same_on_a_window_with_gaps_restarts_and_a_re
     replaced += steady("b#1", range(16, 21), 100, started_at=15.0) + steady("c#0", range(1, 21), 100)
     auto, _ = decide(replaced)
     assert auto["b"][1:] == ("medium", "nothing", 1)
+
+
+def test_a_source_draining_a_backlog_is_no_trend_and_no_load(topo):
+    # a is offered a steady 100/s; after a pause it emits 300/s for two intervals (its backlog) and then
+    # 100/s: b (with headroom) sees the burst, but the load it is offered has neither trend nor burst
+    a, b = [], []
+    emitted = 0
+    for t in range(1, 21):
+        emitted += 300 if t in (12, 13) else (0 if t in (10, 11) else 100)
+        a.append(MetricSample(float(t), "n1", "a", "a#0", 0.0, 100 * t, emitted, emitted, 0.1 * t, 0))
+        b.append(MetricSample(float(t), "n1", "b", "b#0", 0.0, emitted, emitted, emitted, 0.3 * t, 0))
+    result = analyze_samples(topo, a + b, window=WINDOW)
+    vertices = result.snapshot.vertices
+    assert vertices["a"].input_rate == pytest.approx(100.0) and vertices["a"].input_trend == pytest.approx(0.0)
+    assert vertices["b"].input_rate == pytest.approx(130.0)  # measured: what a emitted in the window
+    assert vertices["b"].input_trend == pytest.approx(0.0)  # the emitted series falls from 300 to 100
+    from elastream.core.metrics import offered_load
+
+    assert offered_load(topo, result.snapshot)["b"] == pytest.approx(100.0)
+
+
+def test_samples_on_the_window_boundaries_read_steady_whatever_their_last_bits(topo):
+    # one worker samples exactly on the grid the window's end makes, its clock a few ulps either side
+    for wobble in (-2e-7, 0.0, 2e-7):
+        samples = [s(1000.0 + t + (wobble if t % 2 else -wobble), "a#0", 200 * t) for t in range(1, 21)]
+        result = analyze_samples(topo, samples, window=5)
+        vertex = result.snapshot.vertices["a"]
+        assert vertex.input_rate == pytest.approx(200.0, rel=1e-3), wobble
+        assert vertex.input_trend == pytest.approx(0.0, abs=0.1), wobble
+
+
+def test_samples_late_on_the_grid_read_steady(topo):
+    # two workers sample on the same grid (`worker.next_grid_time`), each a few to 50 ms late, the window
+    # ending at the newest: a steady 100/s each reads steady
+    a = [s(t + (0.003 if t % 3 else 0.05), "a#0", 100 * t) for t in range(1, 31)]
+    a += [s(t + (0.02 if t % 2 else 0.001), "a#1", 100 * t) for t in range(1, 31)]
+    result = analyze_samples(topo, a, window=10)
+    assert result.snapshot.vertices["a"].input_rate == pytest.approx(200.0, rel=0.01)
+    assert result.snapshot.vertices["a"].input_trend == pytest.approx(0.0, abs=1.0)
+    assert result.snapshot.vertices["b"].input_trend == pytest.approx(0.0, abs=1.0)
+
+
+def test_the_hot_window_ends_where_every_reporting_executor_has_reported():
+    from elastream.analysis.sources import reported_by_all
+
+    early = [s(t, "a#0", 100 * t) for t in range(1, 11)]  # published up to ts 10
+    late = [s(t + 0.5, "b#0", 100 * t) for t in range(1, 10)]  # its ts-9.5 sample is its newest yet
+    gone = [s(t, "c#0", 100 * t) for t in range(1, 6)]  # stopped reporting at ts 5
+    kept = reported_by_all(early + late + gone, 1.0)
+    assert max(x.ts for x in kept) == 9.5  # waits for b, not for c
+    assert [x.ts for x in kept if x.executor == "a#0"][-1] == 9.0

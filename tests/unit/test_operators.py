@@ -431,3 +431,40 @@ def test_redis_stream_executors_report_what_they_emit_not_the_whole_stream() -> 
         due.append(source.poll(time.time(), lambda *e: None, 10))
     assert sum(due) == 300 and len(seen) == 300
     assert all(d > 0 for d in due)
+
+
+def test_a_steps_profile_continues_through_a_rescale_with_its_clock_in_the_position(monkeypatch) -> None:
+    # 100/s for 10 s, then 400/s: one executor runs 6 s, then two take its lanes over (at 7 s) and run on
+    steps = [{"rate": 100, "seconds": 10}, {"rate": 400, "seconds": 100}]
+    seen: list[int] = []
+    start = 1000.0
+    wall = [start]
+    monkeypatch.setattr(Synthetic, "wall_clock", staticmethod(lambda: wall[0]))
+    old = synthetic(0, 1, steps=steps)
+    assert old.clock_start == start
+    old.poll(start + 6.0, lambda i, k, v: seen.append(i), 10_000)
+    assert len(seen) == 600
+    position = old.position()
+    assert position[Synthetic.CLOCK] == start
+    wall[0] = start + 7.0
+    new = [synthetic(i, 2, steps=steps) for i in range(2)]
+    for source in new:
+        source.seek(position)
+        assert source.clock_start == start
+    # 1 s later (the pause of the rescale): what was due meanwhile is each one's backlog, not its offered
+    for source in new:
+        assert source.offered(start + 7.0) == 0 and source.backlog(start + 7.0) == 50
+    for source in new:
+        source.poll(start + 15.0, lambda i, k, v: seen.append(i), 10_000)
+    # the profile went on: 10 s at 100/s and 5 s at 400/s; restarted at the rescale it would be 900
+    assert len(seen) == 1000 + 2000 and sorted(seen) == list(range(3000))
+    assert [source.offered(start + 15.0) for source in new] == [1150, 1150]  # 1500 each by 15 s, 350 by 7 s
+    assert [source.backlog(start + 15.0) for source in new] == [0, 0]
+
+
+def test_a_synthetic_source_offers_at_its_rate_whatever_it_emitted() -> None:
+    source = synthetic(0, 1, rate=200)
+    start = source.clock_start
+    source.poll(start + 1.0, lambda *e: None, 50)  # back-pressure let 50 of 200 through
+    assert source.offered(start + 1.0) == 200 and source.backlog(start + 1.0) == 150
+    assert source.offered(start + 2.0) == 400 and source.backlog(start + 2.0) == 350

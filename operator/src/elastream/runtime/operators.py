@@ -339,6 +339,8 @@ class Synthetic:
 
     #: the position's key for the profile clock's start (seconds since the epoch); the lanes' keys are ints
     CLOCK = "clock"
+    #: the wall clock (replaceable in tests; `poll` and `offered` are given their time)
+    wall_clock = staticmethod(time.time)
 
     def open(self, context: Context) -> None:
         self.context = context
@@ -352,7 +354,7 @@ class Synthetic:
         self.next: dict[int, int] = dict.fromkeys(self.lanes, 0)
         self.profile = RateProfile(config, len(self.lanes) / self.stride)
         #: the profile clock's start: now for a new topology, the position's after `seek`
-        self.clock_start = time.time()
+        self.clock_start = self.wall_clock()
         self._take_over(self.clock_start)
 
     def _take_over(self, now: float) -> None:
@@ -424,7 +426,7 @@ class Synthetic:
                 self.clock_start = float(index)
             elif int(lane) in self.next:
                 self.next[int(lane)] = int(index)
-        self._take_over(time.time())
+        self._take_over(self.wall_clock())
 
     def close(self) -> None:
         self.cost.pay()

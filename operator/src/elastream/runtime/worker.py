@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -462,11 +463,16 @@ class Worker:
             self.start_sources_when_all_ready(generation)
 
     def serve(self) -> None:
-        """Publish metrics every interval until stopped (or the process that started this one is gone)."""
-        next_publish = time.monotonic() + self.options.interval_s
+        """Publish metrics every interval until stopped (or the process that started this one is gone).
+
+        On the wall clock's grid of intervals (at multiples of the interval since the epoch), the same for
+        every worker: the analysis's window ends at a sample's time, and a worker sampling at another phase
+        would have its last part of the window not yet counted (a dip read as a falling trend)."""
+        interval = self.options.interval_s
+        next_publish = next_grid_time(time.time(), interval)
         parent = _watched_parent()
-        while not self.stop.wait(max(0.0, next_publish - time.monotonic())):
-            next_publish += self.options.interval_s
+        while not self.stop.wait(max(0.0, next_publish - time.time())):
+            next_publish = max(next_publish + interval, next_grid_time(time.time(), interval))
             self.publish_metrics()
             if parent is not None and os.getppid() != parent:
                 log.warning("node %s: the process that started it (pid %d) is gone; stopping", self.node, parent)
@@ -780,6 +786,11 @@ def _exit_now(node: str) -> None:
     with contextlib.suppress(Exception):
         sys.stderr.flush()
     os._exit(EXIT_INTERNAL_ERROR)
+
+
+def next_grid_time(now: float, interval_s: float) -> float:
+    """The first multiple of `interval_s` (seconds since the epoch) after `now`."""
+    return (math.floor(now / interval_s) + 1) * interval_s
 
 
 def _watched_parent() -> int | None:
