@@ -192,3 +192,19 @@ def test_unmeasured_and_global_fed_vertices() -> None:
     assert "global input" in result.vertices["g"].reason
     assert result.vertices["z"].activity is None and result.vertices["z"].target == 1
     assert "unmeasured" in result.vertices["z"].reason
+
+
+def test_a_catch_up_is_not_load() -> None:
+    # s is offered 200/s but emits 400/s draining the backlog of a rescale's pause; a (one executor, 333/s)
+    # measured 400/s in: on that, critical, scale-out; on the load the source offers, 0.6: medium, nothing
+    topology = parse_manifest(manifest([src("s", 1), work("a", 1), sink("z", 1)], [edge("s", "a"), edge("a", "z")]))
+    snapshot = MetricSnapshot(
+        {
+            "s": vm(400.0, 5000.0, 1, input_rate=200.0),
+            "a": vm(400.0, 333.0, 1, input_rate=400.0),
+            "z": vm(400.0, 1e5, 1, input_rate=400.0),
+        }
+    )
+    result = evaluate(topology, snapshot, {"s": 1, "a": 1, "z": 1}, 5.0)
+    assert result.vertices["a"].estim_input == pytest.approx(200.0 * 5.0)
+    assert result.vertices["a"].activity == "medium" and result.changes == {}

@@ -184,3 +184,16 @@ def test_a_growing_vertex_is_not_held_by_a_node_scale_in() -> None:
     window = snap({"s": 0.2, "a": 1.0, "z": 0.1}, {"s": (200.0, 5000.0), "a": (100.0, 100.0), "z": (100.0, 5000.0)})
     rec, _ = run(t, window, nodes=3)
     assert rec.action == "scale-out" and rec.target_nodes == 3 and rec.parallelism["a"] == 4
+
+
+def test_the_rules_take_the_busy_fraction_the_offered_load_implies() -> None:
+    from elastream.core.rules import load_busy_fractions
+
+    # a measured 100 % busy while catching up, but the source offers 100/s against a's 400/s (2 executors):
+    # at that load a is 25 % busy, no rule 1; with nothing measured, the measured busy fraction counts
+    t = topo()
+    catching_up = snap({"s": 0.1, "a": 1.0, "z": 0.1}, {"s": (100.0, 1000.0), "a": (100.0, 400.0), "z": (100.0, 0.0)})
+    busy = load_busy_fractions(t, catching_up)
+    assert busy["a"] == pytest.approx(0.25) and busy["s"] == pytest.approx(0.1) and busy["z"] == 0.1
+    verdict = evaluate_rules(t, catching_up, PAR, 2)
+    assert verdict.over_capacity == () and verdict.parallelism == PAR

@@ -18,6 +18,14 @@ returns, per vertex, the paper's numbers and a new parallelism degree:
 
 Where the paper is silent or ambiguous, this module chooses, and says so:
 
+- The inputs are the load, not what was processed: a vertex's input rate is what the sources offer passed
+  on through the selectivities (`core.metrics.offered_load`), its trend the slope of that offered series
+  (`input_trend`, `core.metrics.demand_input_trends`). Measured on processed or emitted events, a rescale's
+  pause reads as a falling input and its catch-up as a rising one, and a constant load rescaled itself
+  every 40 s on worker processes. The paper's equations take "the input"; the offered series is the input
+  a source has, whatever the operators did with it. (Start-up is the autoscaler's: no decision before the
+  first window that starts after the topology did.)
+
 - The forecast looks one evaluation period ahead (the paper's iterations): the activity levels and the
   decision come from it. A scale-out, once decided, is sized for a *rising* input projected to the end of
   the stabilization interval, since no correction can come sooner (deciding on that projection would let
@@ -50,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from elastream.core.metrics import MetricSnapshot, VertexMetrics, rates_from_snapshot
+from elastream.core.metrics import MetricSnapshot, VertexMetrics, offered_load
 from elastream.core.planner.stela import fed_only_by_global
 from elastream.core.topology import AUTOSCALE_COMBINES, Topology
 
@@ -224,9 +232,10 @@ def evaluate(
     settings = settings or AutoscaleSettings()
     history = capacity_history or {}
     global_only = fed_only_by_global(topology)
-    # input rates that see through back-pressure: a vertex behind a bottleneck is offered what the
-    # bottleneck would pass on, not what it lets through (see `demand_input_rates`)
-    inputs = rates_from_snapshot(topology, snapshot).input
+    # the load: input rates that see through back-pressure (a vertex behind a bottleneck is offered what
+    # the bottleneck would pass on, not what it lets through) and through a catch-up (a parent draining a
+    # backlog after a rescale passes on what the sources offer, not its burst): see `offered_load`
+    inputs = offered_load(topology, snapshot)
     local: dict[str, _Local] = {}
     for v in topology.order:
         metrics = snapshot.vertices[v]

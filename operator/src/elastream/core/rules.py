@@ -10,8 +10,12 @@ The paper's four rules, in its order:
    it under th_cc (unchecked, removing a node squeezed a vertex over th_cc and rule 1 added it back:
    bench/autoscale.py saw a scale-in reversed 32 s later, 11 times in 600 s on a noisy constant input).
 
-Storm's "capacity" of a bolt is the share of time it is executing: here a vertex's busy fraction (busy
-seconds over window seconds, per executor). The paper does not define "total capacity of the topology" nor
+Storm's "capacity" of a bolt is the share of time it is executing. Measured (busy seconds over window
+seconds, per executor) it follows every transient: a rescale's catch-up keeps a vertex 100 % busy for a few
+seconds, a pause idles it. The rules take it from the load instead: the input rate the sources offer
+(`core.metrics.offered_load`) over the vertex's capacity with every executor busy (its true processing
+rate), the busy fraction the vertex settles at under that load; the measured one where the capacity was
+never measured. The paper does not define "total capacity of the topology" nor
 give threshold values; this module takes the busy threads of all executors over the slots the nodes offer
 (Σ busy_fraction × executors / (nodes × slotsPerNode)), so adding a node lowers it and removing one raises
 it, and the defaults th_cc 0.8, th_high 0.75, th_low 0.25 and th_e = slotsPerNode (a node never holds more
@@ -26,7 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elastream.core.metrics import MetricSnapshot
+from elastream.core.metrics import MetricSnapshot, offered_load
 from elastream.core.topology import Topology
 
 DEFAULT_TH_CC = 0.8
@@ -63,6 +67,18 @@ def total_capacity(busy: Mapping[str, float], parallelism: Mapping[str, int], no
     return sum(busy[v] * parallelism[v] for v in busy) / slots if slots > 0 else 0.0
 
 
+def load_busy_fractions(topology: Topology, snapshot: MetricSnapshot) -> dict[str, float]:
+    """Per vertex, the busy fraction its offered load implies: load / true processing rate (above 1 when
+    the load exceeds what every executor busy does); the measured busy fraction where that is unknown."""
+    load = offered_load(topology, snapshot)
+    busy: dict[str, float] = {}
+    for v in topology.order:
+        metrics = snapshot.vertices[v]
+        rate = metrics.true_processing_rate
+        busy[v] = load[v] / rate if rate is not None and rate > 0.0 else (metrics.busy_fraction or 0.0)
+    return busy
+
+
 def evaluate_rules(
     topology: Topology,
     snapshot: MetricSnapshot,
@@ -72,7 +88,7 @@ def evaluate_rules(
 ) -> RulesEvaluation:
     th = thresholds or RuleThresholds()
     th_e = th.executors_per_node if th.executors_per_node is not None else topology.slots_per_node
-    busy = {v: snapshot.vertices[v].busy_fraction or 0.0 for v in topology.order}
+    busy = load_busy_fractions(topology, snapshot)
     over = tuple(
         v for v in topology.order if busy[v] > th.capacity and parallelism[v] < topology.vertices[v].max_parallelism
     )
