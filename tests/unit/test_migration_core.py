@@ -235,6 +235,9 @@ def test_replayed_events_per_lane_from_latest_back_to_the_checkpoint() -> None:
     # redis-stream positions: {lane: [last entry id, entries of the lane emitted]}
     assert replayed_events([{0: ["5-0", 40]}], [{0: ["9-0", 64]}]) == 24
     assert replayed_events([{0: 3}], [None, "opaque"]) == 0  # positions without counts count nothing
+    # a synthetic source's profile clock and a redis-stream source's lane mark are no lanes
+    clock = {"clock": 1795650000.0}
+    assert replayed_events([], [{0: 15, **clock}, {"lanes": "ordinal % 8", 2: ["7-0", 9]}]) == 15 + 9
 
 
 def test_checkpoint_interval_is_validated() -> None:

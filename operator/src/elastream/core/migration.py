@@ -603,10 +603,14 @@ class CheckpointRound:
 
 def _position_counts(position: object) -> dict[object, int]:
     """A source position as {lane: events read in it}. Positions are mappings from a lane (a synthetic
-    source's lane, a redis-stream executor's index) to a count, or to ``[entry id, count]``."""
+    source's lane, a redis-stream executor's index) to a count, or to ``[entry id, count]``; a key that is
+    no lane number (a synthetic source's profile "clock", a redis-stream source's "lanes" mark) is not a
+    count."""
     counts: dict[object, int] = {}
     if isinstance(position, Mapping):
         for lane, value in position.items():
+            if not str(lane).isdigit():
+                continue
             if isinstance(value, int | float) and not isinstance(value, bool):
                 counts[str(lane)] = int(value)
             elif isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) == 2:
