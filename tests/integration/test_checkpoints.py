@@ -16,6 +16,7 @@ from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.control.recovery import RecoveryFollowUp
 from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.runtime.operators import Synthetic
 from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
@@ -39,6 +40,8 @@ def test_a_checkpoint_mid_stream_stores_state_and_positions_and_disturbs_nothing
         assert not list(cluster.client.scan_iter(match=f"{topology.redis_prefix}mig:{first.checkpoint_id}*"))
         positions = {e: unpack(b) for e, b in store.load_positions(str(second.checkpoint_id)).items()}
         assert set(positions) == {e for e in cluster.current_schedule().assignment if e.startswith("source#")}
+        # {lane: events emitted in it, "clock": the profile clock's start}
+        assert all(isinstance(p.pop(Synthetic.CLOCK), float) for p in positions.values())
         emitted = sum(sum(p.values()) for p in positions.values())
         assert 0 < emitted < EVENTS  # taken mid-stream
         state = cluster.client.hgetall(f"{topology.redis_prefix}mig:{second.checkpoint_id}:state:t3")

@@ -252,3 +252,11 @@ def test_the_hot_window_ends_where_every_reporting_executor_has_reported():
     kept = reported_by_all(early + late + gone, 1.0)
     assert max(x.ts for x in kept) == 9.5  # waits for b, not for c
     assert [x.ts for x in kept if x.executor == "a#0"][-1] == 9.0
+
+
+def test_workers_sample_on_the_wall_clocks_interval_grid():
+    from elastream.runtime.worker import next_grid_time
+
+    assert next_grid_time(1000.3, 1.0) == 1001.0
+    assert next_grid_time(1001.0, 1.0) == 1002.0  # on the grid: the next one, never the same slot twice
+    assert next_grid_time(1000.3, 0.5) == 1000.5 and next_grid_time(7.9, 2.0) == 8.0

@@ -471,7 +471,15 @@ class Worker:
         interval = self.options.interval_s
         next_publish = next_grid_time(time.time(), interval)
         parent = _watched_parent()
-        while not self.stop.wait(max(0.0, next_publish - time.time())):
+        while not self.stop.is_set():
+            delay = next_publish - time.time()
+            if delay > interval:  # the wall clock went back: the grid from here, not a wait as long
+                next_publish = next_grid_time(time.time(), interval)
+                continue
+            if delay > 0.0:
+                self.stop.wait(delay)
+                continue
+            # a late wake-up (a busy machine, the clock went forward) skips the slots it missed
             next_publish = max(next_publish + interval, next_grid_time(time.time(), interval))
             self.publish_metrics()
             if parent is not None and os.getppid() != parent:
