@@ -208,3 +208,22 @@ def test_a_catch_up_is_not_load() -> None:
     result = evaluate(topology, snapshot, {"s": 1, "a": 1, "z": 1}, 5.0)
     assert result.vertices["a"].estim_input == pytest.approx(200.0 * 5.0)
     assert result.vertices["a"].activity == "medium" and result.changes == {}
+
+
+def test_a_backlog_held_at_the_source_by_back_pressure_is_pending_for_the_bottleneck() -> None:
+    # the sink does 12.5/s on one executor against 22.5/s offered; its queue is bounded (4 items), the other
+    # 90 wait at the source, which it holds back: eq. 3's pending is 94, not 4, and the sink is sized for
+    # (22.5 × 5 + 94) / (12.5 × 5) = 3.3 of its capacity: 4 executors, not ⌈1.86⌉ = 2
+    topology = parse_manifest(manifest([src("s", 1), sink("z", 1)], [edge("s", "z")]))
+    snapshot = MetricSnapshot(
+        {
+            "s": vm(12.5, 5000.0, 1, input_rate=22.5, queue=90.0),
+            "z": vm(12.5, 12.5, 1, input_rate=12.5, queue=4.0, emit=0.0),
+        }
+    )
+    from elastream.core.metrics import waiting_load
+
+    assert waiting_load(topology, snapshot) == {"s": 90.0, "z": 94.0}
+    result = evaluate(topology, snapshot, {"s": 1, "z": 1}, 5.0)
+    z = result.vertices["z"]
+    assert z.estim_input == pytest.approx(22.5 * 5 + 94.0) and z.activity == "critical" and z.target == 4

@@ -5,7 +5,8 @@ returns, per vertex, the paper's numbers and a new parallelism degree:
 
 - the input forecast (eq. 2-3): the window's input rate moved along its least-squares trend by one
   evaluation period (the regression over window j-1 evaluated at window j's timestamps, which are one period
-  later), times the window's duration, plus the items pending in the vertex's queues;
+  later), times the window's duration, plus the items pending (in the vertex's queues and held upstream
+  by its back-pressure);
 - the capacity (eq. 4): items one executor processes per busy second (1/Lat: the vertex's true processing
   rate over its executors) × window duration × degree,
   and its estimate for the next window (eq. 5): capacity + ε;
@@ -25,6 +26,11 @@ Where the paper is silent or ambiguous, this module chooses, and says so:
   every 40 s on worker processes. The paper's equations take "the input"; the offered series is the input
   a source has, whatever the operators did with it. (Start-up is the autoscaler's: no decision before the
   first window that starts after the topology did.)
+- Eq. 3's pending items are the vertex's own queues plus what its back-pressure holds upstream
+  (`core.metrics.waiting_load`): with bounded queues a bottleneck's backlog waits at the source, and
+  counted in its own queue alone, a sink 1.8 times over its capacity from the start was sized for its
+  input rate and caught up one executor at a time (bench/autoscale_processes.py, 3-step stream: 6 % of
+  the events late where the simulator, whose queues are unbounded, predicted 1.6 %).
 
 - The forecast looks one evaluation period ahead (the paper's iterations): the activity levels and the
   decision come from it. A scale-out, once decided, is sized for a *rising* input projected to the end of
@@ -58,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from elastream.core.metrics import MetricSnapshot, VertexMetrics, offered_load
+from elastream.core.metrics import MetricSnapshot, VertexMetrics, offered_load, waiting_load
 from elastream.core.planner.stela import fed_only_by_global
 from elastream.core.topology import AUTOSCALE_COMBINES, Topology
 
@@ -236,10 +242,12 @@ def evaluate(
     # the bottleneck would pass on, not what it lets through) and through a catch-up (a parent draining a
     # backlog after a rescale passes on what the sources offer, not its burst): see `offered_load`
     inputs = offered_load(topology, snapshot)
+    # eq. 3's pending items, with those a vertex's back-pressure holds at its sources (`waiting_load`)
+    pending = waiting_load(topology, snapshot)
     local: dict[str, _Local] = {}
     for v in topology.order:
         metrics = snapshot.vertices[v]
-        local[v] = _local(metrics, inputs[v], parallelism[v], window_s, settings, history.get(v, ()))
+        local[v] = _local(metrics, inputs[v], pending[v], parallelism[v], window_s, settings, history.get(v, ()))
     result: dict[str, VertexEvaluation] = {}
     output: dict[str, float] = {}
     for v in topology.order:
@@ -317,13 +325,13 @@ class _Local:
 def _local(
     metrics: VertexMetrics,
     rate: float,
+    pending: float,
     degree: int,
     window_s: float,
     settings: AutoscaleSettings,
     history: Sequence[tuple[float, float]],
 ) -> _Local:
     trend = metrics.input_trend or 0.0
-    pending = metrics.queue_length or 0.0
     estim_input = forecast_input(rate, trend, settings.period_s, window_s, pending)
     ahead_input = forecast_input(rate, trend, settings.period_s, window_s, pending, settings.rising_horizon_s)
     selectivity = metrics.emit_rate / metrics.processing_rate if metrics.processing_rate > 0.0 else 1.0

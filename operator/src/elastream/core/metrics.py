@@ -266,6 +266,26 @@ def offered_load(topology: Topology, snapshot: MetricSnapshot) -> dict[str, floa
     return derive_input_rates(topology, emit, offered, processing)
 
 
+def waiting_load(topology: Topology, snapshot: MetricSnapshot) -> dict[str, float]:
+    """The items each vertex has still to process: its own queues plus what waits upstream of it behind
+    parents held back rather than busy (their waiting items times their selectivity), by the rule of
+    `demand_input_rates`. With bounded queues a bottleneck's backlog waits at the source that its
+    back-pressure holds back, not in its own queue; counted there alone, the vertex that must drain it
+    never saw it."""
+    load = offered_load(topology, snapshot)
+    vertices = snapshot.vertices
+    waiting: dict[str, float] = {}
+    for v in topology.order:
+        total = vertices[v].queue_length or 0.0
+        for p in topology.graph.predecessors(v):
+            parent = vertices[p]
+            capacity = parent.true_processing_rate
+            if capacity is not None and capacity >= load[p] and parent.processing_rate > 0.0:
+                total += waiting[p] * parent.emit_rate / parent.processing_rate
+        waiting[v] = total
+    return waiting
+
+
 def derive_input_rates(
     topology: Topology,
     emit: Mapping[str, float],
