@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 STAMP := .stamps
 
-.PHONY: help setup system-deps test test-unit test-e2e lint bench bench-paper demo images clean
+.PHONY: help setup system-deps test test-unit test-e2e lint bench bench-paper bench-autoscale demo images clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -43,6 +43,10 @@ bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 
 bench-paper: setup ## the Stela paper's experiments on worker processes (~27 min): docs/benchmarks/stela.md and plots
 	$(PY) bench/stela.py
+
+bench-autoscale: setup ## AUTOSCALE's streams on worker processes (~25 min) and in the simulator: docs/benchmarks/autoscale.md
+	$(PY) bench/autoscale_processes.py
+	$(PY) bench/autoscale.py
 
 images: ## build the elastream-operator:dev and elastream-worker:dev images (needs a Docker engine)
 	@bash scripts/images.sh

@@ -13,7 +13,9 @@ static-expert, autoscale, rules; the adaptive ones start from ConfMin, as in the
 plus AUTOSCALE started from ConfExpt (the paper's Fig. 9b, where its 37.5 % comes from).
 
 Writes docs/benchmarks/autoscale.md and one timeline plot per topology × profile
-(docs/benchmarks/autoscale-<topology>-<profile>.png). `--out` writes elsewhere.
+(docs/benchmarks/autoscale-<topology>-<profile>.png). `--out` writes elsewhere. The report ends with the
+section bench/autoscale_processes.py wrote (the streams on worker processes, measured beside predicted),
+when it is there: `make bench-autoscale` runs both.
 """
 
 from __future__ import annotations
@@ -384,7 +386,9 @@ def write_report(out: str, cases: list[Case], took: float) -> None:
         "evaluation's metric snapshot goes to `core.autoscaler.recommend` (which runs `core.autoscale` or "
         "`core.rules`), and its scale-outs and scale-ins are applied through `core.planner.make_plan`, as the "
         "controller does. No worker process, Redis stream or network is involved: costs, queues, CPU shares "
-        "and the migration's phases are modelled, so this measures the policies' decisions, not the runtime.",
+        "and the migration's phases are modelled, so this measures the policies' decisions, not the runtime. "
+        "The same streams on worker processes, each run beside the simulator's prediction for it, are in "
+        "[On worker processes](#on-worker-processes) below.",
         "",
         f"Reproduce: `.venv/bin/python bench/autoscale.py` (also in `make bench`); this run took {took:.0f} s "
         f"wall on {platform.machine()}, Python {platform.python_version()}, and is deterministic (same numbers "
@@ -460,9 +464,30 @@ def write_report(out: str, cases: list[Case], took: float) -> None:
         lines.append("")
     lines += comparison(cases)
     lines += findings(cases)
+    lines += on_worker_processes(out)
     lines += limits()
     with open(os.path.join(out, "autoscale.md"), "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines).rstrip() + "\n")
+
+
+#: the section bench/autoscale_processes.py writes: the same streams on worker processes, with its own date
+PROCESSES_FRAGMENT = "autoscale-processes.md"
+
+
+def on_worker_processes(out: str) -> list[str]:
+    """The real-process section (`make bench-autoscale` runs bench/autoscale_processes.py, which writes
+    it, then this); its absence is said, not hidden."""
+    path = os.path.join(out, PROCESSES_FRAGMENT)
+    if not os.path.exists(path):
+        return [
+            "## On worker processes",
+            "",
+            f"Not measured in this directory: `make bench-autoscale` runs the streams on worker processes and "
+            f"writes {PROCESSES_FRAGMENT}, which this report then includes.",
+            "",
+        ]
+    with open(path, encoding="utf-8") as handle:
+        return [*handle.read().rstrip().splitlines(), ""]
 
 
 def comparison(cases: list[Case]) -> list[str]:

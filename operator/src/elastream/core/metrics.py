@@ -216,10 +216,17 @@ def demand_input_rates(
             continue
         total = 0.0
         for p in parents:
-            held_back = p in capacity and capacity[p] >= demand[p] and processing[p] > 0.0
+            held_back = passes_its_demand(capacity.get(p), demand[p], processing[p])
             total += demand[p] * emit[p] / processing[p] if held_back else emit[p]
         demand[v] = max(total, given.get(v) or 0.0)
     return demand
+
+
+def passes_its_demand(capacity: float | None, demand: float, processing: float) -> bool:
+    """A parent held back rather than busy: its true processing rate covers its demand, so it would pass
+    its whole demand on (times its selectivity) if its children let it. One rule for the rates
+    (`demand_input_rates`), the trends (`demand_input_trends`) and the items waiting (`waiting_load`)."""
+    return capacity is not None and capacity >= demand and processing > 0.0
 
 
 def demand_input_trends(
@@ -244,7 +251,7 @@ def demand_input_trends(
             continue
         total = 0.0
         for p in parents:
-            held_back = p in capacity and capacity[p] >= demand[p] and processing[p] > 0.0
+            held_back = passes_its_demand(capacity.get(p), demand[p], processing[p])
             total += trends[p] * emit[p] / processing[p] if held_back else emit_trend[p]
         trends[v] = total
     return trends
@@ -279,8 +286,7 @@ def waiting_load(topology: Topology, snapshot: MetricSnapshot) -> dict[str, floa
         total = vertices[v].queue_length or 0.0
         for p in topology.graph.predecessors(v):
             parent = vertices[p]
-            capacity = parent.true_processing_rate
-            if capacity is not None and capacity >= load[p] and parent.processing_rate > 0.0:
+            if passes_its_demand(parent.true_processing_rate, load[p], parent.processing_rate):
                 total += waiting[p] * parent.emit_rate / parent.processing_rate
         waiting[v] = total
     return waiting
