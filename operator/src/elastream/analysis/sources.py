@@ -58,8 +58,7 @@ class SampleStream(Protocol):
 def read_hot_window(
     stream: SampleStream, window: int, interval_s: float, not_before: float | None = None
 ) -> list[MetricSample]:
-    """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows,
-    up to the newest time every reporting executor has reported (`reported_by_all`).
+    """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows.
 
     The stream is ordered by arrival, so the newest entry gives the window end; the read starts a window
     before the window start so that each incarnation's baseline (its last sample before the window) is there
@@ -81,11 +80,13 @@ def read_hot_window(
     samples = [s for s in stream.read_since(since - CLOCK_SKEW_S) if s.ts >= since]
     if not samples:  # stream ids and sample clocks disagree: read everything the stream holds
         samples = [s for s in stream.read_since(None) if s.ts >= since]
-    return reported_by_all(samples, interval_s)
+    return samples
 
 
 def reported_by_all(samples: Sequence[MetricSample], interval_s: float) -> list[MetricSample]:
-    """The samples up to the newest time every reporting executor has reported (a watermark).
+    """The samples up to the newest time every reporting executor has reported (a watermark): what a live
+    controller analyses (`control.metrics.StreamMetricSource`; `elastream analyze` reads up to the newest
+    sample, as it does an archive).
 
     Workers publish their samples a little apart (each on its own clock tick, some delayed by a busy
     machine). Analysed up to the newest sample, the last interval would miss the counts of the executors

@@ -5,7 +5,8 @@ archive the controller appends to (`MetricArchiver`).
 (a window of history before the window start, so each incarnation's baseline is found even when samples
 are missing). Samples older than `not_before` (the moment the current schedule started running) do not
 open the window, so a window never mixes executors of a schedule that is gone; the window shrinks to the
-whole intervals since then.
+whole intervals since then. It ends where every reporting executor has reported (`reported_by_all`), not
+at the newest sample, whose worker may be the only one to have published that interval yet.
 
 `MetricArchiver` copies the stream's new entries to a Parquet archive (a local directory, or any Hadoop URI
 through Spark) every `every_s` seconds. Its cursor (the last archived stream entry id) lives in Redis next
@@ -26,7 +27,13 @@ from urllib.parse import urlsplit
 import redis
 
 from elastream.analysis import Analyzer
-from elastream.analysis.sources import append_parquet, hot_window_intervals, read_hot_window, write_parquet_local
+from elastream.analysis.sources import (
+    append_parquet,
+    hot_window_intervals,
+    read_hot_window,
+    reported_by_all,
+    write_parquet_local,
+)
 from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
 from elastream.core.topology import Topology
 from elastream.store.codec import decode_sample, optional_text
@@ -56,7 +63,7 @@ class StreamMetricSource:
 
     def analyse(self, window: int) -> Analysis:
         stream = MetricStream(self.client, self.topology.redis_prefix)
-        samples = read_hot_window(stream, window, self.interval_s, self.not_before)
+        samples = reported_by_all(read_hot_window(stream, window, self.interval_s, self.not_before), self.interval_s)
         intervals = hot_window_intervals(samples, window, self.interval_s, self.not_before)
         self.last = self.analyzer.analyze(
             self.topology,
