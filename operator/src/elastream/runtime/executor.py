@@ -591,8 +591,8 @@ class SourceThread(threading.Thread):
     `received` counts the events offered so far (due by the rate profile), `processed` those emitted, so a
     source that cannot keep up shows a growing queue and a processing rate below its input rate. A source
     that tells what it was offered and what waits (`offered(now)`, `backlog(now)`: `Synthetic`) reports
-    those instead: what it was offered since it took its lanes over, fewer than it emitted while it drains
-    a backlog inherited from a pause or a recovery, and that backlog as its queue."""
+    those instead, at the metric sample's own time: what it was offered since it took its lanes over, and
+    what of it back-pressure still holds as its queue."""
 
     def __init__(
         self,

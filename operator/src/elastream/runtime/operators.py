@@ -333,9 +333,10 @@ class Synthetic:
 
     The rate profile's clock belongs to the topology, not to the executor: it starts when the topology's
     sources first open and travels in the position through checkpoints, migrations and recoveries, so a
-    `steps`, `csv` or `profile` source continues where it was after any rescale. What the profile offered
-    while the sources were paused, or since the checkpoint a recovery went back to, is a backlog the new
-    executors emit first, as a real source's queue would be drained."""
+    `steps`, `csv` or `profile` source continues at the rate of the step it is in after any rescale. An
+    executor paces its lanes from the moment it takes them over: what falls due while the sources are
+    paused, and the events a recovery replays from its checkpoint, come at the profile's rate, not in a
+    burst (a replay of a minute's events at once overloaded the recovery it follows)."""
 
     #: the position's key for the profile clock's start (seconds since the epoch); the lanes' keys are ints
     CLOCK = "clock"
@@ -358,9 +359,8 @@ class Synthetic:
         self._take_over(self.clock_start)
 
     def _take_over(self, now: float) -> None:
-        """Count from the lanes' positions: what the profile offered them before `now` is not this executor's
-        offered (it was offered to the executors before it), though what of it was not emitted is its
-        backlog to emit first."""
+        """Pace from the lanes' positions at `now`: what the profile offered them before is not this
+        executor's to emit at once (it was the executors' before it, emitted or replayed at its rate)."""
         self.emitted = sum(self.next.values())
         self.due_before = self._due(now)
         self.emitted_before = self.emitted
@@ -375,10 +375,10 @@ class Synthetic:
         return self.profile.due(now - self.clock_start)
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        """Emit what the profile offered this executor's lanes and they have not emitted yet; return the
-        events offered to this executor since it took the lanes over (`offered`)."""
+        """Emit what the profile offered this executor's lanes since it took them over and they have not
+        emitted yet; return the events offered to it since then (`offered`)."""
         due = self._due(now)
-        count = int(min(due - self.emitted, budget)) if not math.isinf(due) else budget
+        count = int(min(self._offered(due) - self._emitted_here(), budget)) if not math.isinf(due) else budget
         for _ in range(max(count, 0)):
             if not self.live:
                 break
@@ -402,14 +402,16 @@ class Synthetic:
         return self._offered(self._due(now))
 
     def backlog(self, now: float) -> int:
-        """The events offered and not emitted yet: held back by back-pressure, or due while the sources
-        were paused, or since the checkpoint a recovery went back to."""
+        """The events offered to this executor and not emitted yet (held back by back-pressure)."""
         due = self._due(now)
-        return 0 if math.isinf(due) or not self.live else max(0, int(due) - self.emitted)
+        return 0 if math.isinf(due) or not self.live else max(0, self._offered(due) - self._emitted_here())
+
+    def _emitted_here(self) -> int:
+        return self.emitted - self.emitted_before
 
     def _offered(self, due: float) -> int:
         if math.isinf(due) or not self.live:
-            return self.emitted - self.emitted_before
+            return self._emitted_here()
         return max(0, int(due) - int(self.due_before))
 
     def exhausted(self) -> bool:
