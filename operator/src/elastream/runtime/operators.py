@@ -361,9 +361,9 @@ class Synthetic:
     def _take_over(self, now: float) -> None:
         """Pace from the lanes' positions at `now`: what the profile offered them before is not this
         executor's to emit at once (it was the executors' before it, emitted or replayed at its rate)."""
-        self.emitted = sum(self.next.values())
         self.due_before = self._due(now)
-        self.emitted_before = self.emitted
+        #: events this executor emitted since it took its lanes over
+        self.emitted_here = 0
         self.cursor = 0
         self.live = [lane for lane in self.lanes if not self._lane_done(lane)]
 
@@ -378,7 +378,7 @@ class Synthetic:
         """Emit what the profile offered this executor's lanes since it took them over and they have not
         emitted yet; return the events offered to it since then (`offered`)."""
         due = self._due(now)
-        count = int(min(self._offered(due) - self._emitted_here(), budget)) if not math.isinf(due) else budget
+        count = int(min(self._offered(due) - self.emitted_here, budget)) if not math.isinf(due) else budget
         for _ in range(max(count, 0)):
             if not self.live:
                 break
@@ -390,7 +390,7 @@ class Synthetic:
                 self.live.pop(self.cursor)
             else:
                 self.cursor += 1
-            self.emitted += 1
+            self.emitted_here += 1
             self.cost.charge()
             emit_new(self.id_offset + seq, seq % self.keys, seq)
         return self._offered(due)
@@ -404,14 +404,11 @@ class Synthetic:
     def backlog(self, now: float) -> int:
         """The events offered to this executor and not emitted yet (held back by back-pressure)."""
         due = self._due(now)
-        return 0 if math.isinf(due) or not self.live else max(0, self._offered(due) - self._emitted_here())
-
-    def _emitted_here(self) -> int:
-        return self.emitted - self.emitted_before
+        return 0 if math.isinf(due) or not self.live else max(0, self._offered(due) - self.emitted_here)
 
     def _offered(self, due: float) -> int:
         if math.isinf(due) or not self.live:
-            return self._emitted_here()
+            return self.emitted_here
         return max(0, int(due) - int(self.due_before))
 
     def exhausted(self) -> bool:
