@@ -243,7 +243,7 @@ def evaluate(
     # backlog after a rescale passes on what the sources offer, not its burst): see `offered_load`
     inputs = offered_load(topology, snapshot)
     # eq. 3's pending items, with those a vertex's back-pressure holds at its sources (`waiting_load`)
-    pending = waiting_load(topology, snapshot)
+    pending = waiting_load(topology, snapshot, inputs)
     local: dict[str, _Local] = {}
     for v in topology.order:
         metrics = snapshot.vertices[v]

@@ -273,13 +273,15 @@ def offered_load(topology: Topology, snapshot: MetricSnapshot) -> dict[str, floa
     return derive_input_rates(topology, emit, offered, processing)
 
 
-def waiting_load(topology: Topology, snapshot: MetricSnapshot) -> dict[str, float]:
+def waiting_load(
+    topology: Topology, snapshot: MetricSnapshot, load: Mapping[str, float] | None = None
+) -> dict[str, float]:
     """The items each vertex has still to process: its own queues plus what waits upstream of it behind
     parents held back rather than busy (their waiting items times their selectivity), by the rule of
     `demand_input_rates`. With bounded queues a bottleneck's backlog waits at the source that its
     back-pressure holds back, not in its own queue; counted there alone, the vertex that must drain it
-    never saw it."""
-    load = offered_load(topology, snapshot)
+    never saw it. `load`: the snapshot's `offered_load`, when the caller has it already."""
+    load = offered_load(topology, snapshot) if load is None else load
     vertices = snapshot.vertices
     waiting: dict[str, float] = {}
     for v in topology.order:
