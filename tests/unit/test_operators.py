@@ -433,7 +433,8 @@ def test_redis_stream_executors_report_what_they_emit_not_the_whole_stream() -> 
     assert all(d > 0 for d in due)
 
 
-def test_a_steps_profile_continues_through_a_rescale_with_its_clock_in_the_position(monkeypatch) -> None:
+@pytest.mark.parametrize("recovery", [False, True], ids=["migration", "recovery"])
+def test_a_steps_profile_continues_through_a_rescale_with_its_clock_in_the_position(monkeypatch, recovery) -> None:
     # 100/s for 10 s, then 400/s: one executor runs 6 s, then two take its lanes over (at 7 s) and run on
     steps = [{"rate": 100, "seconds": 10}, {"rate": 400, "seconds": 100}]
     seen: list[int] = []
@@ -450,18 +451,40 @@ def test_a_steps_profile_continues_through_a_rescale_with_its_clock_in_the_posit
     new = [synthetic(i, 2, steps=steps) for i in range(2)]
     for source in new:
         source.seek(position)
+        if recovery:
+            source.pace_replay()
         assert source.clock_start == start
-    # they take over 1 s later (the rescale's pause): paced from there, nothing owed at once
+    # they take over 1 s later (the pause): a migration owes what fell due meanwhile (100, half each lane
+    # set) and emits it first; a recovery paces its lanes from the takeover, nothing owed at once
+    owed = 0 if recovery else 50
     for source in new:
-        assert source.offered(start + 7.0) == 0 and source.backlog(start + 7.0) == 0
+        assert source.offered(start + 7.0) == 0 and source.backlog(start + 7.0) == owed
     for source in new:
         source.poll(start + 15.0, lambda i, k, v: seen.append(i), 10_000)
     # the profile went on at its clock: 7..10 s at 100/s, 10..15 s at 400/s (each executor half of it);
     # restarted at the rescale it would still be in its first step, at 100/s: 800 more, not 2300
-    assert len(seen) == 600 + 300 + 2000 and len(set(seen)) == len(seen)  # nothing twice
-    assert set(range(2900 - 8)) <= set(seen)  # nothing skipped (the lanes end within one round of 8)
+    assert len(seen) == 600 + 2 * owed + 300 + 2000 and len(set(seen)) == len(seen)  # nothing twice
+    assert set(range(len(seen) - 8)) <= set(seen)  # nothing skipped (the lanes end within one round of 8)
     assert [source.offered(start + 15.0) for source in new] == [1150, 1150]  # 1500 each by 15 s, 350 by 7 s
     assert [source.backlog(start + 15.0) for source in new] == [0, 0]
+
+
+def test_a_migration_inherits_what_back_pressure_held_at_the_old_executor(monkeypatch) -> None:
+    start = 1000.0
+    wall = [start]
+    monkeypatch.setattr(Synthetic, "wall_clock", staticmethod(lambda: wall[0]))
+    old = synthetic(0, 1, rate=200)
+    old.poll(start + 2.0, lambda *e: None, 100)  # back-pressure let 100 of 400 through
+    assert old.backlog(start + 2.0) == 300
+    wall[0] = start + 2.5  # a 0.5 s pause: 100 more fell due
+    new = synthetic(0, 1, rate=200)
+    new.seek(old.position())
+    assert new.offered(start + 2.5) == 0 and new.backlog(start + 2.5) == 400  # not a spike of its load
+    seen: list[int] = []
+    assert new.poll(start + 3.0, lambda i, k, v: seen.append(i), 10_000) == 100  # offered since the takeover
+    # the 400 owed and the 100 due since: all 500 at once, none twice, in order within a round of the 8 lanes
+    assert len(set(seen)) == 500 and min(seen) >= 100 and set(range(100, 600 - 8)) <= set(seen)
+    assert new.backlog(start + 3.0) == 0
 
 
 def test_a_synthetic_source_offers_at_its_rate_whatever_it_emitted() -> None:

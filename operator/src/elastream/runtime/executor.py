@@ -592,7 +592,7 @@ class SourceThread(threading.Thread):
     source that cannot keep up shows a growing queue and a processing rate below its input rate. A source
     that tells what it was offered and what waits (`offered(now)`, `backlog(now)`: `Synthetic`) reports
     those instead, at the metric sample's own time: what it was offered since it took its lanes over, and
-    what of it back-pressure still holds as its queue."""
+    what it owes (a backlog inherited from a migration, what back-pressure holds) as its queue."""
 
     def __init__(
         self,
@@ -709,9 +709,13 @@ class SourceThread(threading.Thread):
             migration.ack(mid, "checkpointing", state_bytes=state_bytes)
         elif kind == ControlType.INIT:
             if migration.awaiting == mid:
-                merged = migration.merged_positions(str(message.get("from") or mid))
+                restore_from = str(message.get("from") or mid)  # a recovery's checkpoint, or this migration
+                merged = migration.merged_positions(restore_from)
                 if merged and callable(getattr(self.operator, "seek", None)):
                     self.operator.seek(merged)
+                    pace_replay = getattr(self.operator, "pace_replay", None)
+                    if restore_from != mid and callable(pace_replay):
+                        pace_replay()  # a recovery replays since its checkpoint: at the profile's rate
                 migration.awaiting = None
             migration.ack(mid, "initializing")
         elif kind in (ControlType.RESUME, ControlType.ABORT):

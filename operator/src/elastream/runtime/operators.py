@@ -333,10 +333,15 @@ class Synthetic:
 
     The rate profile's clock belongs to the topology, not to the executor: it starts when the topology's
     sources first open and travels in the position through checkpoints, migrations and recoveries, so a
-    `steps`, `csv` or `profile` source continues at the rate of the step it is in after any rescale. An
-    executor paces its lanes from the moment it takes them over: what falls due while the sources are
-    paused, and the events a recovery replays from its checkpoint, come at the profile's rate, not in a
-    burst (a replay of a minute's events at once overloaded the recovery it follows)."""
+    `steps`, `csv` or `profile` source continues at the rate of the step it is in after any rescale.
+
+    What its lanes owe when an executor takes them over depends on why. After a migration it owes what
+    the old executors had not emitted (what back-pressure held, what fell due during the pause) and emits
+    it first, as a real source's queue would be drained: an event leaves as soon after its due time as the
+    topology lets it, which is what latency is measured against. After a recovery (`pace_replay`) the
+    events since the checkpoint are a replay of what was emitted once already: they come at the profile's
+    rate from the takeover on, not in a burst (a minute's events replayed at once overloaded the recovery
+    it follows), so the source then runs that much behind its profile."""
 
     #: the position's key for the profile clock's start (seconds since the epoch); the lanes' keys are ints
     CLOCK = "clock"
@@ -356,12 +361,18 @@ class Synthetic:
         self.profile = RateProfile(config, len(self.lanes) / self.stride)
         #: the profile clock's start: now for a new topology, the position's after `seek`
         self.clock_start = self.wall_clock()
-        self._take_over(self.clock_start)
+        self._take_over(self.clock_start, owe=True)
 
-    def _take_over(self, now: float) -> None:
-        """Pace from the lanes' positions at `now`: what the profile offered them before is not this
-        executor's to emit at once (it was the executors' before it, emitted or replayed at its rate)."""
+    def _take_over(self, now: float, owe: bool) -> None:
+        """Count from the lanes' positions at `now`. What the profile offered them before `now` is not this
+        executor's offered load (it was offered to the executors before it); with `owe`, what of it they
+        did not emit is an inherited backlog this executor emits first, without it the lanes are paced from
+        `now` on."""
         self.due_before = self._due(now)
+        #: events due before the takeover and not emitted by then (0 without `owe`)
+        self.inherited = 0
+        if owe and not math.isinf(self.due_before):
+            self.inherited = max(0, int(self.due_before) - sum(self.next.values()))
         #: events this executor emitted since it took its lanes over
         self.emitted_here = 0
         self.cursor = 0
@@ -375,10 +386,11 @@ class Synthetic:
         return self.profile.due(now - self.clock_start)
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        """Emit what the profile offered this executor's lanes since it took them over and they have not
-        emitted yet; return the events offered to it since then (`offered`)."""
+        """Emit what this executor's lanes owe (the inherited backlog, then what the profile offered them
+        since the takeover); return the events offered to it since the takeover (`offered`)."""
         due = self._due(now)
-        count = int(min(self._offered(due) - self.emitted_here, budget)) if not math.isinf(due) else budget
+        owed = self.inherited + self._offered(due) - self.emitted_here
+        count = int(min(owed, budget)) if not math.isinf(due) else budget
         for _ in range(max(count, 0)):
             if not self.live:
                 break
@@ -402,9 +414,12 @@ class Synthetic:
         return self._offered(self._due(now))
 
     def backlog(self, now: float) -> int:
-        """The events offered to this executor and not emitted yet (held back by back-pressure)."""
+        """The events this executor owes: the inherited backlog and what it was offered since, not emitted
+        yet (held back by back-pressure)."""
         due = self._due(now)
-        return 0 if math.isinf(due) or not self.live else max(0, self._offered(due) - self.emitted_here)
+        if math.isinf(due) or not self.live:
+            return 0
+        return max(0, self.inherited + self._offered(due) - self.emitted_here)
 
     def _offered(self, due: float) -> int:
         if math.isinf(due) or not self.live:
@@ -419,13 +434,18 @@ class Synthetic:
 
     def seek(self, position: Any) -> None:
         """Take the positions of the lanes this executor owns (a merged map of every old executor's) and the
-        topology's profile clock."""
+        topology's profile clock; what the lanes owe is this executor's to emit first (a migration)."""
         for lane, index in position.items():
             if lane == self.CLOCK:
                 self.clock_start = float(index)
             elif int(lane) in self.next:
                 self.next[int(lane)] = int(index)
-        self._take_over(self.wall_clock())
+        self._take_over(self.wall_clock(), owe=True)
+
+    def pace_replay(self) -> None:
+        """A recovery sought a checkpoint's position: pace the lanes from now on instead of emitting what
+        they owe since the checkpoint at once (see the class)."""
+        self._take_over(self.wall_clock(), owe=False)
 
     def close(self) -> None:
         self.cost.pay()
