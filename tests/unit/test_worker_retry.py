@@ -242,3 +242,28 @@ def _instant(retry: Callable[..., object]) -> Callable[..., object]:
 def test_a_redis_url_in_a_message_never_shows_its_password(url: str, shown: str) -> None:
     assert redacted(url) == shown
     assert "s3cret" not in redacted(url)
+
+
+def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a staged node (no executors yet) publishes no sample and no position: that touched no Redis, so it
+    # must not log "reachable again" while the control-list reader still fails (it did, twice a second)
+    from types import SimpleNamespace
+
+    from elastream.runtime import worker
+
+    outage = RedisOutage(logging.getLogger("test.redis"))
+    monkeypatch.setattr(worker, "REDIS", outage)
+    outage.failed("node node-3: cannot read its control list", redis.ConnectionError("refused"))
+    written: list[object] = []
+    node = SimpleNamespace(
+        node="node-3",
+        current=None,
+        samples=lambda: [],
+        metrics=SimpleNamespace(publish=lambda samples: len(list(samples))),
+        store=SimpleNamespace(publish_positions=written.append),
+    )
+    worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
+    assert outage.active and outage.count == 1
+    node.samples = lambda: ["a sample"]  # a node with executors reached Redis: the outage is over
+    worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
+    assert not outage.active

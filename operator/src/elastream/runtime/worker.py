@@ -670,16 +670,17 @@ class Worker:
         sample is skipped (the counters are cumulative: the next one carries it) and the outage logged once."""
         attempt = time.monotonic()
         try:
-            self.metrics.publish(self.samples())
+            written = self.metrics.publish(self.samples())
             current = self.current
-            if current is not None:
-                self.store.publish_positions(self.source_positions(current))
+            positions = self.source_positions(current) if current is not None else {}
+            self.store.publish_positions(positions)
         except Exception as exc:
             if not is_redis_outage(exc):
                 raise
             REDIS.failed(f"node {self.node}: cannot publish metrics", exc, attempt)
         else:
-            REDIS.succeeded()
+            if written or positions:  # Redis answered (a staged node has nothing to publish: no proof it is back)
+                REDIS.succeeded()
 
     def source_positions(self, generation: Generation) -> dict[str, bytes]:
         """The read position of each running source (`restart` counts what the sources will replay from
