@@ -178,3 +178,47 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         # a steady input well below capacity and a sub-second pause: back and stable within seconds
         assert status["recovery"] == "measured", status
         assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"] < 20_000.0
+
+
+def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
+    tmp_path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round is abandoned and its CHECKPOINT_ABORT never reaches the sinks (here: the controller lost Redis
+    in the round and then went away, and its claim expired before another took over; in the 60 s fault walk:
+    the abort overtook the sinks' barriers, which came late behind a backlog): the exactly-once sinks stage
+    their output under a round that never completes. Committed with nothing, it was lost once a later round
+    completed past it (the walk ended 617 events short); the next completed checkpoint commits it first."""
+    import redis as redis_module
+
+    from elastream.control import checkpoints
+
+    doc = with_audit(load("ccr-diamond"), EVENTS)
+    for vertex in doc["spec"]["vertices"]:
+        if "sink" in vertex:
+            vertex["sink"]["delivery"] = "exactly-once"
+    path = write_manifest(str(tmp_path), doc)
+    with running(path, redis_url) as (cluster, topology):
+        time.sleep(1.0)  # mid-stream
+        driver = CheckpointDriver(topology, cluster, cluster.client)
+
+        def unreachable(*args: object, **kwargs: object) -> None:
+            raise redis_module.ConnectionError("Error 111 connecting to 127.0.0.1. Connection refused.")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(driver.store, "acks", unreachable)
+            patched.setattr(checkpoints, "abandon_checkpoint", unreachable)
+            dead = driver.take()
+        assert dead.outcome == "failed" and dead.checkpoint_id
+        driver.store.release(dead.checkpoint_id)  # its claim expired
+        staged = f"{topology.redis_prefix}txn:{dead.checkpoint_id}:*"
+        deadline = time.monotonic() + 30.0
+        while not list(cluster.client.scan_iter(match=staged)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(cluster.client.scan_iter(match=staged)), "no sink staged its output under the dead round"
+        checkpointer = Checkpointer(driver, interval_s=0.5).start()  # the sinks commit with later rounds
+        try:
+            check_exactly_once(cluster, topology)
+        finally:
+            checkpointer.stop()
+        assert checkpointer.completed > 0
+        assert not list(cluster.client.scan_iter(match=staged))  # committed, not left to expire

@@ -21,6 +21,7 @@ any operator, as a bug in the runtime would. Unset (always, outside tests) it do
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -308,6 +309,8 @@ class ExecutorThread(threading.Thread):
         self.barrier: str | None = None
         self.barriers_seen: set[str] = set()
         self.aligning_held: list[list[Any]] = []
+        #: the latest rounds the controller abandoned (CHECKPOINT_ABORT)
+        self.abandoned_rounds: collections.deque[str] = collections.deque(maxlen=16)
         #: the controller's messages, handed over by the worker's control thread; they go before any input
         self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.executor = executor
@@ -409,13 +412,13 @@ class ExecutorThread(threading.Thread):
             self.on_control(sender, payload)
             return
         migration = self.migration
-        if self.barrier is not None and sender in self.barriers_seen:
-            self.aligning_held.append(frame)  # this channel is past the barrier: hold it until aligned
-        elif migration.awaiting is not None:
+        if migration.awaiting is not None:
             self.held.append(frame)
         elif migration.participant.captures():
             self.counters.received += len(payload)
             migration.capture(sender, payload)
+        elif self.barrier is not None and sender in self.barriers_seen:
+            self.aligning_held.append(frame)  # this channel is past the barrier: hold it until aligned
         else:
             self.process_batch(payload, sender)
 
@@ -425,7 +428,9 @@ class ExecutorThread(threading.Thread):
         log.debug("executor %s: %s of migration %s from %s", self.executor, kind, mid, sender)
         if kind == ControlType.PREPARE:
             participant.protocol = message.get("protocol", "ccr")
-            if participant.on_prepare(mid, sender if participant.protocol == "dcr" else None):
+            prepared = participant.on_prepare(mid, sender if participant.protocol == "dcr" else None)
+            self.abandon_alignment()
+            if prepared:
                 if participant.protocol == "dcr":
                     self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
                 migration.ack(mid, "preparing")
@@ -438,6 +443,7 @@ class ExecutorThread(threading.Thread):
             self.on_barrier(sender, mid)
         elif kind == ControlType.CHECKPOINT_ABORT:
             migration.abort(mid, self.operator)  # nothing is captured during a checkpoint: only the sink's part
+            self.abandoned_rounds.append(mid)  # its barriers still on their way are ignored
             if self.barrier == mid:
                 self.release_aligned()
         elif kind == ControlType.INIT:
@@ -471,6 +477,11 @@ class ExecutorThread(threading.Thread):
         """BARRIER of a periodic checkpoint from one upstream channel. Once it has come from every upstream
         executor, everything before it is processed and nothing after it is: persist the state, forward
         BARRIER, ack, then go on with the input held meanwhile."""
+        if self.migration.participant.mode != Mode.RUNNING or checkpoint_id in self.abandoned_rounds:
+            # an abandoned round's barrier arriving late (behind the data it follows), or one during a
+            # migration (no round runs in one): aligning it would hold input for a round that never
+            # completes, and a sink would stage its output under it
+            return
         if self.barrier != checkpoint_id:
             if self.barrier is not None:  # a newer round: the old one was abandoned
                 self.release_aligned()
@@ -482,6 +493,15 @@ class ExecutorThread(threading.Thread):
         self.router.send_control({"type": ControlType.BARRIER, "mid": checkpoint_id})
         self.migration.ack(checkpoint_id, "checkpointing", state_bytes=state_bytes)
         self.release_aligned()
+
+    def abandon_alignment(self) -> None:
+        """A migration began here while a periodic checkpoint's barrier was being aligned (a round the
+        controller abandoned, e.g. while Redis was away, so its CHECKPOINT_ABORT never came): the input held
+        for the alignment was in no checkpoint, so it goes the migration's way now (CCR captures it, DCR
+        processes it); left held, it was lost with the old executor."""
+        if self.barrier is not None:
+            log.info("executor %s: checkpoint %s abandoned for a migration", self.executor, self.barrier)
+            self.release_aligned()
 
     def release_aligned(self) -> None:
         self.barrier, self.barriers_seen = None, set()

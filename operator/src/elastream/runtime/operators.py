@@ -40,6 +40,7 @@ from elastream.core import rates
 from elastream.core.rates import parse_rates
 from elastream.core.schedule import key_group_of, key_group_ranges
 from elastream.core.topology import Vertex
+from elastream.store.checkpoint import open_transactions_key, transaction_keys
 from elastream.store.codec import text
 from elastream.store.retry import REDIS, backoff, is_redis_outage, retry_redis
 
@@ -764,13 +765,17 @@ class RedisStreamSink:
         for event in self.buffer:
             items += [event[0], str(event[1]), str(event[2]), repr(event[3])]
 
+        index = open_transactions_key(self.prefix)
+
         def stage() -> None:
             pipe = self.client.pipeline(transaction=True)
             pipe.delete(staging)
             pipe.rpush(staging, *items)
             pipe.sadd(members, staging)
+            pipe.zadd(index, {txn_id: time.time()}, nx=True)  # the first sink's staging time orders it
             pipe.expire(staging, STAGED_TTL_S)
             pipe.expire(members, STAGED_TTL_S)
+            pipe.expire(index, STAGED_TTL_S)
             pipe.execute()
 
         retry_redis(stage, self.what, self.stop)
@@ -807,11 +812,6 @@ class RedisStreamSink:
 
 #: staged sink events of a checkpoint that never completes expire after this
 STAGED_TTL_S = 24 * 3600
-
-
-def transaction_keys(prefix: str, txn_id: str, writer: str) -> tuple[str, str]:
-    """(the staging list of one sink executor, the set of a transaction's staging lists)."""
-    return f"{prefix}txn:{txn_id}:{writer}", f"{prefix}txn:{txn_id}"
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -19,13 +19,16 @@ migration's keys expire, and `delete_migration` removes them when the migration 
 checkpoint `ckpt-<n>` is stored like a migration `M` (state, position, acks; no pending events), so INIT
 restores from either the same way; a completed CCR/DCR migration becomes the latest checkpoint.
 `P txn:<id>` (a set) and `P txn:<id>:<sink executor>` (lists) hold the exactly-once sinks' events staged with
-checkpoint or migration `<id>` until `complete_checkpoint` commits them. Values are bytes:
-the store does not interpret events or state.
+checkpoint or migration `<id>` until `complete_checkpoint` commits them; `P txn:open` (a sorted set, by when
+they were staged) lists the transactions staged and not yet committed, so a round that was abandoned without
+its abort reaching the sinks (the controller lost Redis) is committed with the next checkpoint instead of
+being left to expire. Values are bytes: the store does not interpret events or state.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +38,8 @@ import redis
 from elastream.store.codec import as_bytes, text
 
 DEFAULT_TTL_S = 24 * 3600
+
+log = logging.getLogger("elastream.checkpoint")
 ANY = "any"
 
 
@@ -54,6 +59,16 @@ end
 redis.call('DEL', KEYS[1])
 return moved
 """
+
+
+def transaction_keys(prefix: str, txn_id: str, writer: str) -> tuple[str, str]:
+    """(the staging list of one sink executor, the set of a transaction's staging lists)."""
+    return f"{prefix}txn:{txn_id}:{writer}", f"{prefix}txn:{txn_id}"
+
+
+def open_transactions_key(prefix: str) -> str:
+    """The sorted set of the transactions staged and not committed yet (score: when they were staged)."""
+    return f"{prefix}txn:open"
 
 
 @dataclass(frozen=True)
@@ -219,13 +234,30 @@ class CheckpointStore:
     def complete_checkpoint(self, checkpoint_id: str, info: Mapping[str, Any]) -> str | None:
         """Make `checkpoint_id` the latest, commit the exactly-once sinks' events staged with it (in the same
         transaction: a reader sees them exactly when they can no longer be replayed) and delete the
-        checkpoint it replaces (returned). A completed CCR or DCR migration is a checkpoint too."""
+        checkpoint it replaces (returned). A completed CCR or DCR migration is a checkpoint too.
+
+        Transactions still open from earlier rounds are committed first, in the order they were staged: a
+        sink stages what it processed between two of its barriers, so what it staged under an abandoned
+        round whose abort it never got (or got before that round's late barrier) precedes, in its input,
+        everything this checkpoint commits, and the sources' positions are past it. Left uncommitted, it
+        was lost. (A sink that got the abort in time took its staging back: that transaction is empty.)"""
         previous = self.latest_checkpoint()
+        index = open_transactions_key(self.prefix)
+        open_ids = [text(m) for m in self.client.zrange(index, 0, -1)]  # type: ignore[arg-type]
+        leftovers = [t for t in open_ids if t != checkpoint_id]
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.latest_key)
         pipe.hset(self.latest_key, mapping={"id": checkpoint_id, **{k: json.dumps(v) for k, v in info.items()}})
-        self._commit(keys=[f"{self.prefix}txn:{checkpoint_id}"], client=pipe)
+        for txn_id in [*leftovers, checkpoint_id]:
+            self._commit(keys=[f"{self.prefix}txn:{txn_id}"], client=pipe)
+        pipe.zrem(index, checkpoint_id, *leftovers)
         pipe.execute()
+        if leftovers:
+            log.warning(
+                "checkpoint %s also committed the sink output staged under %s (abandoned without its abort)",
+                checkpoint_id,
+                ", ".join(leftovers),
+            )
         old = previous.get("id") if previous else None
         if old and old != checkpoint_id:
             self.delete_migration(old)
