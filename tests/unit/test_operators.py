@@ -469,6 +469,23 @@ def test_a_steps_profile_continues_through_a_rescale_with_its_clock_in_the_posit
     assert [source.backlog(start + 15.0) for source in new] == [0, 0]
 
 
+def test_a_synthetic_source_emits_in_sequence_order_across_takeovers(monkeypatch) -> None:
+    # back-pressure lets 13 events through per poll (a round of 8 lanes and a part of the next), and every
+    # poll ends in a rescale: the events still leave in the order they fall due. Round-robin over the lanes,
+    # restarted at each takeover, let lanes 0..4 run ahead and 5..7 fall behind for good
+    wall = [1000.0]
+    monkeypatch.setattr(Synthetic, "wall_clock", staticmethod(lambda: wall[0]))
+    source = synthetic(0, 1, rate=100)
+    seen: list[int] = []
+    for step in range(1, 7):
+        wall[0] = 1000.0 + step
+        source.poll(wall[0], lambda i, k, v: seen.append(i), 13)
+        position = source.position()
+        source = synthetic(0, 1, rate=100)
+        source.seek(position)
+    assert seen == list(range(6 * 13))
+
+
 def test_a_migration_inherits_what_back_pressure_held_at_the_old_executor(monkeypatch) -> None:
     start = 1000.0
     wall = [start]

@@ -23,6 +23,7 @@ their read position part of a checkpoint.
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import logging
 import math
@@ -376,8 +377,12 @@ class Synthetic:
             self.inherited = max(0, int(self.due_before) - sum(self.next.values()))
         #: events this executor emitted since it took its lanes over
         self.emitted_here = 0
-        self.cursor = 0
-        self.live = [lane for lane in self.lanes if not self._lane_done(lane)]
+        #: (next sequence number, lane) of every lane not done, smallest first: events leave in sequence
+        #: order, the order they fall due in. (Round-robin over the lanes, restarted at each takeover, let
+        #: the lanes drift apart by one index per rescale that ended mid-round, and the lanes behind ran
+        #: late for good: 1.3 s at 25 events/s after six rescales in bench-autoscale.)
+        self.live = [(lane + self.next[lane] * self.stride, lane) for lane in self.lanes if not self._lane_done(lane)]
+        heapq.heapify(self.live)
 
     def _lane_done(self, lane: int) -> bool:
         return self.limit is not None and lane + self.next[lane] * self.stride >= self.limit
@@ -392,17 +397,16 @@ class Synthetic:
         due = self._due(now)
         owed = self.inherited + self._offered(due) - self.emitted_here
         count = int(min(owed, budget)) if not math.isinf(due) else budget
+        live, stride, limit = self.live, self.stride, self.limit
         for _ in range(max(count, 0)):
-            if not self.live:
+            if not live:
                 break
-            self.cursor %= len(self.live)
-            lane = self.live[self.cursor]
-            seq = lane + self.next[lane] * self.stride
+            seq, lane = live[0]
             self.next[lane] += 1
-            if self._lane_done(lane):
-                self.live.pop(self.cursor)
+            if limit is not None and seq + stride >= limit:
+                heapq.heappop(live)
             else:
-                self.cursor += 1
+                heapq.heapreplace(live, (seq + stride, lane))
             self.emitted_here += 1
             self.cost.charge()
             emit_new(self.id_offset + seq, seq % self.keys, seq)
