@@ -21,6 +21,7 @@ when it is there: `make bench-autoscale` runs both.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -487,7 +488,71 @@ def on_worker_processes(out: str) -> list[str]:
             "",
         ]
     with open(path, encoding="utf-8") as handle:
-        return [*handle.read().rstrip().splitlines(), ""]
+        lines = [*handle.read().rstrip().splitlines(), ""]
+    data_path = os.path.join(out, PROCESSES_FRAGMENT.replace(".md", ".json"))
+    if os.path.exists(data_path):
+        with open(data_path, encoding="utf-8") as handle:
+            lines += where_late_and_missing(json.load(handle))
+    return lines
+
+
+def sinks(parallelism: dict[str, int]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in sorted(parallelism.items()) if v not in ("spout", "intermediate"))
+
+
+def where_late_and_missing(data: dict[str, Any]) -> list[str]:
+    """Read from the worker-process runs' JSON: the periods (by due time) in which events were late, each
+    with the rescale it follows, and what a run that missed events at its stop had still moving."""
+    bound = float(data["settings"].get("late_bound_s", 1.0))
+    lines = [
+        "### Where the late events are",
+        "",
+        f"Read from autoscale-processes.json: per policy, the seconds of the stream (by due time) in which some "
+        f"event was more than {bound:g} s late, grouped into periods, each with the rescale it follows.",
+        "",
+    ]
+    notes: list[str] = []
+    for name, stream in data["streams"].items():
+        for policy in ("autoscale", "rules"):
+            run = stream["runs"].get(policy)
+            if not run or not run.get("latency_max_per_s"):
+                continue
+            late = [i for i, x in enumerate(run["latency_max_per_s"]) if x > bound]
+            periods: list[list[int]] = []
+            for second in late:
+                if periods and second <= periods[-1][1] + 2:
+                    periods[-1][1] = second
+                else:
+                    periods.append([second, second])
+            described = []
+            for start, end in periods:
+                worst = max(run["latency_max_per_s"][start : end + 1])
+                # an event due just before a rescale's pause waits through it: a period may start a second early
+                before = [r for r in run["rescales"] if r["at_s"] <= start + 2]
+                if not before:
+                    cause = "the start on ConfMin, until the first rescale and its backlog's drain"
+                else:
+                    last = before[-1]
+                    cause = (
+                        f"after the {last['direction']} at {last['at_s']:.0f} s to {sinks(last['to'])}"
+                        f" (from {sinks(last['from'])})"
+                    )
+                during = sum(1 for r in run["rescales"] if start + 2 < r["at_s"] <= end + 1)
+                more = f", {during} more rescale{'s' if during != 1 else ''} in it" if during else ""
+                described.append(f"{start}-{end + 1} s (worst {worst:.1f} s): {cause}{more}")
+            lines.append(f"- {policy}, {name}: " + ("; ".join(described) if described else "none") + ".")
+            if run.get("lost") and run.get("timeline"):
+                last_sample = run["timeline"][-1][3]
+                moved = [s.get("lost", 0) for s in run.get("scalings", [])]
+                notes.append(
+                    f"- {policy}, {name}: {run['lost']:,} ids missing when the run stopped ({run['stopped_by']}), "
+                    f"but the sink held {last_sample:,} events at its last sample and {run['delivered']:,} at the "
+                    f"final read: events were still moving when the idle rule stopped it, so these are more likely "
+                    f"in flight than lost. Every rescale of the run reported {sum(moved)} lost (CCR counts them)."
+                )
+    if notes:
+        lines += ["", "Runs counted as missing events:", "", *notes]
+    return [*lines, ""]
 
 
 def comparison(cases: list[Case]) -> list[str]:
