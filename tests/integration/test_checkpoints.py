@@ -181,7 +181,7 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
 
 
 def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
-    tmp_path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path, redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A round is abandoned and its CHECKPOINT_ABORT never reaches the sinks (here: the controller lost Redis
     in the round and then went away, and its claim expired before another took over; in the 60 s fault walk:
@@ -222,3 +222,4 @@ def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
             checkpointer.stop()
         assert checkpointer.completed > 0
         assert not list(cluster.client.scan_iter(match=staged))  # committed, not left to expire
+        assert f"{dead.checkpoint_id} (" in caplog.text  # said, with the events it moved

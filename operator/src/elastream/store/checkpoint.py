@@ -38,9 +38,9 @@ import redis
 from elastream.store.codec import as_bytes, text
 
 DEFAULT_TTL_S = 24 * 3600
+ANY = "any"
 
 log = logging.getLogger("elastream.checkpoint")
-ANY = "any"
 
 
 #: moves every staging list of a transaction (KEYS[1], a set) into its stream: a list holds the stream name,
@@ -251,12 +251,15 @@ class CheckpointStore:
         for txn_id in [*leftovers, checkpoint_id]:
             self._commit(keys=[f"{self.prefix}txn:{txn_id}"], client=pipe)
         pipe.zrem(index, checkpoint_id, *leftovers)
-        pipe.execute()
-        if leftovers:
+        results = pipe.execute()
+        # the events each leftover moved (0: its sinks took their staging back with the abort)
+        moved = {t: int(n) for t, n in zip(leftovers, results[2 : 2 + len(leftovers)], strict=True) if int(n)}
+        if moved:
             log.warning(
-                "checkpoint %s also committed the sink output staged under %s (abandoned without its abort)",
+                "checkpoint %s also committed the sink output staged under abandoned rounds whose abort did not "
+                "reach every sink: %s",
                 checkpoint_id,
-                ", ".join(leftovers),
+                ", ".join(f"{t} ({n} events)" for t, n in moved.items()),
             )
         old = previous.get("id") if previous else None
         if old and old != checkpoint_id:
