@@ -395,8 +395,7 @@ class Synthetic:
         """Emit what this executor's lanes owe (the inherited backlog, then what the profile offered them
         since the takeover); return the events offered to it since the takeover (`offered`)."""
         due = self._due(now)
-        owed = self.inherited + self._offered(due) - self.emitted_here
-        count = int(min(owed, budget)) if not math.isinf(due) else budget
+        count = int(min(self._owed(due), budget)) if not math.isinf(due) else budget
         live, stride, limit = self.live, self.stride, self.limit
         for _ in range(max(count, 0)):
             if not live:
@@ -422,9 +421,11 @@ class Synthetic:
         """The events this executor owes: the inherited backlog and what it was offered since, not emitted
         yet (held back by back-pressure)."""
         due = self._due(now)
-        if math.isinf(due) or not self.live:
-            return 0
-        return max(0, self.inherited + self._offered(due) - self.emitted_here)
+        return 0 if math.isinf(due) or not self.live else max(0, self._owed(due))
+
+    def _owed(self, due: float) -> int:
+        """The inherited backlog and what was offered since the takeover, less what was emitted since."""
+        return self.inherited + self._offered(due) - self.emitted_here
 
     def _offered(self, due: float) -> int:
         if math.isinf(due) or not self.live:
