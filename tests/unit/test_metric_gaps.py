@@ -243,6 +243,15 @@ def test_samples_late_on_the_grid_read_steady(topo):
     assert result.snapshot.vertices["b"].input_trend == pytest.approx(0.0, abs=1.0)
 
 
+def test_a_sample_a_little_late_at_the_window_start_is_the_baseline(topo):
+    # the window ends at the sink's on-time sample; the source's sample a window earlier woke 2 ms late:
+    # counted in the window it added a sixth interval to five (240/s, slope -50/s² at a steady 200/s)
+    source = [s(t + (0.002 if t == 5 else 0.0), "a#0", 200 * t) for t in range(1, 11)]
+    result = analyze_samples(topo, source, window=5)
+    assert result.snapshot.vertices["a"].input_rate == pytest.approx(200.0, rel=0.01)
+    assert result.snapshot.vertices["a"].input_trend == pytest.approx(0.0, abs=1.0)
+
+
 def test_the_hot_window_ends_where_every_reporting_executor_has_reported():
     from elastream.analysis.sources import reported_by_all
 
@@ -252,6 +261,20 @@ def test_the_hot_window_ends_where_every_reporting_executor_has_reported():
     kept = reported_by_all(early + late + gone, 1.0)
     assert max(x.ts for x in kept) == 9.5  # waits for b, not for c
     assert [x.ts for x in kept if x.executor == "a#0"][-1] == 9.0
+
+
+def test_a_sample_a_little_late_on_the_grid_is_of_the_watermarks_slot(topo):
+    # the source woke 1 ms after the sink at every tick: cut at the sink's instant, the source's last
+    # interval was missing (rate 160/s, slope -40/s² at a steady 200/s)
+    from elastream.analysis.sources import reported_by_all
+
+    source = [s(t + 0.001, "a#0", 200 * t) for t in range(1, 11)]
+    sink = [s(float(t), "b#0", 200 * t) for t in range(1, 11)]
+    kept = reported_by_all(source + sink, 1.0)
+    assert max(x.ts for x in kept) == 10.001
+    result = analyze_samples(topo, kept, window=5)
+    assert result.snapshot.vertices["a"].input_rate == pytest.approx(200.0, rel=0.01)
+    assert result.snapshot.vertices["a"].input_trend == pytest.approx(0.0, abs=1.0)
 
 
 def test_workers_sample_on_the_wall_clocks_interval_grid():

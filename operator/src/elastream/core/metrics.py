@@ -390,8 +390,11 @@ def check_window_args(window: int, interval_s: float, congestion_rate: float) ->
         raise ValueError(f"congestion rate: {congestion_rate!r} is below 1.0; use a value ≥ 1.0 (the paper uses 1.2)")
 
 
-#: a sample up to this share of an interval after the window's start is the baseline (see `window_start`)
-BOUNDARY_SLACK = 1e-3
+#: workers sample on one wall-clock grid of intervals, each waking a little late (a busy machine: a few ms,
+#: sometimes tens): a sample up to this share of an interval after a grid time is that time's sample. So
+#: one a little after the window's start is the baseline (`window_start`), and one a little after the
+#: hot window's watermark is in it (`analysis.sources.reported_by_all`)
+GRID_SLACK = 0.25
 
 
 def window_start(window_end: float, window: int, interval_s: float) -> float:
@@ -406,8 +409,8 @@ def window_start(window_end: float, window: int, interval_s: float) -> float:
 
 
 def first_sample_after(start: float, interval_s: float) -> float:
-    """Samples at or before this time are baselines of the window starting at `start` (`BOUNDARY_SLACK`)."""
-    return start + BOUNDARY_SLACK * interval_s
+    """Samples at or before this time are baselines of the window starting at `start` (`GRID_SLACK`)."""
+    return start + GRID_SLACK * interval_s
 
 
 def delta_position(ts: float, prev_ts: float | None, started_at: float, start: float, interval_s: float) -> float:
@@ -460,7 +463,7 @@ def analyze_samples(
     (vertex, executor, started_at); counters (received, processed, emitted, busy_s) are cumulative since
     started_at, so a new started_at is a counter reset. For each incarnation with at least one sample in the
     window, the window's counts are last − baseline, where last is its latest sample in the window and the
-    baseline is, in this order: its latest sample at or before the window start (or up to a thousandth of
+    baseline is, in this order: its latest sample at or before the window start (or up to `GRID_SLACK` of
     an interval after it: `first_sample_after`); zero, if it started in the window (started_at ≥ window
     start); else its first sample in the window (the counts before it are not attributable to the window
     and are dropped). Missing samples therefore lose no counts, a restart adds
