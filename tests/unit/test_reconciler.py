@@ -15,6 +15,7 @@ import pytest
 from elastream.control.controller import TopologyController
 from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
+from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology
 from fakes import FakeBackend, FakeMigrator, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
@@ -323,6 +324,42 @@ def test_an_invalid_spec_is_failed_once_with_the_field_named_and_no_retry_storm(
     world.patch_spec(slotsPerNode=6)
     world.run_for(2.0)
     assert world.status["phase"] == "Running"
+
+
+@pytest.mark.parametrize("hostile", ["deep", "bomb", "huge"])
+def test_a_hostile_spec_from_the_api_server_is_one_invalid_spec_line_not_an_internal_error(
+    hostile: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the kopf path gets the spec as a dict: too deep for a recursive comparison, a shared-list bomb, or
+    # enough problems to overflow a condition message; each is one InvalidSpec condition, nothing started
+    world = World(3)
+    if hostile == "deep":
+
+        def deep() -> dict[str, Any]:
+            value: dict[str, Any] = {}
+            for _ in range(5000):  # deeper than Python's recursion limit: a recursive walk or == would fail
+                value = {"a": value}
+            return value
+
+        # each pass gets a new body, as kopf decodes one from every event (deepcopy itself would recurse)
+        world.reconcile = lambda: world.topologies.reconcile(  # type: ignore[method-assign]
+            {**world.body, "spec": {**world.body["spec"], "placement": {"affinity": deep()}}}
+        )
+    elif hostile == "bomb":
+        bomb: list[Any] = ["lol"]
+        for _ in range(9):
+            bomb = [bomb] * 10
+        world.patch_spec(placement={"tolerations": bomb})
+    else:
+        world.patch_spec(vertices=[{"name": "v" * 60 + str(i), "logic": {"builtin": "?" * 400}} for i in range(128)])
+    world.run_for(65.0)  # several passes: an invalid spec is looked at again every 30 s
+    degraded = world.condition("Degraded")
+    assert world.status["phase"] == "Failed", degraded
+    assert degraded["reason"] == "InvalidSpec" and degraded["message"].startswith(("spec.", "manifest: "))
+    assert "internal error" not in degraded["message"] and "\n" not in degraded["message"]
+    assert len(degraded["message"].encode()) <= CONDITION_MESSAGE_MAX_BYTES
+    assert world.backends == []
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []  # no pass failed
 
 
 def test_redis_away_shows_in_progressing_then_degrades_past_the_grace_and_recovers_by_itself() -> None:
