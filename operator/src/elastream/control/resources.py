@@ -354,7 +354,8 @@ class ManagedTopologies:
     daemon of each resource calls it with the resource as it is now, on a bounded pool of threads)."""
 
     redis_client: redis.Redis
-    redis_url: str
+    #: never in a repr (a log line, a traceback's locals): it may hold a password
+    redis_url: str = field(repr=False)
     core_api: Any
     custom_api: Any
     analyzer: Any
