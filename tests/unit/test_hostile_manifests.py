@@ -464,3 +464,19 @@ def test_fuzz_mutations_of_a_valid_manifest(edits: list[tuple[tuple[Any, ...], s
             except (KeyError, IndexError, TypeError):
                 pass
     check(document)
+
+
+def test_a_program_built_topology_may_be_larger_but_never_infinite() -> None:
+    # the simulator and the benchmarks build thousands of vertices (bounded=False); a manifest may not
+    import random
+
+    from elastream.core.workloads import random_manifest, random_topology
+
+    document = random_manifest(random.Random(7), 1000, nodes=50)
+    with pytest.raises(TopologyError) as info:
+        parse_manifest(document)
+    assert info.value.problems[0] == "spec.vertices: 1000 vertices, more than 128; split the topology"
+    assert len(random_topology(random.Random(7), 1000, nodes=50).vertices) == 1000
+    document["spec"]["vertices"][0]["source"]["rate"] = math.inf
+    with pytest.raises(TopologyError, match=r"^spec\.vertices\[0\]\.source\.rate: inf is not a finite number"):
+        parse_manifest(document, bounded=False)

@@ -411,8 +411,30 @@ def _render(path: tuple[Any, ...]) -> str:
     return text or "manifest"
 
 
-def parse_manifest(document: Mapping[str, Any]) -> Topology:
+@dataclass(frozen=True)
+class _Sizes:
+    """The size maxima one parse applies (`parse_manifest`'s `bounded`)."""
+
+    nodes: int = MAX_NODES
+    slots: int = MAX_SLOTS_PER_NODE
+    parallelism: int = MAX_PARALLELISM
+    executors: int = MAX_EXECUTORS
+    vertices: int = MAX_VERTICES
+    streams: int = MAX_STREAMS
+
+
+_BOUNDED = _Sizes()
+#: what a program may build for the simulator and the benchmarks (thousands of vertices): no size maxima
+_UNBOUNDED = _Sizes(*(2**63 - 1,) * 6)
+
+
+def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topology:
     """Validate a StreamTopology document (as a dict) and build the model. Raises `TopologyError`.
+
+    `bounded=False` is for topologies a program builds, never for a manifest someone wrote: the simulator's
+    and the benchmarks' thousands of vertices. It lifts the size maxima (MAX_NODES, MAX_SLOTS_PER_NODE,
+    MAX_PARALLELISM, MAX_EXECUTORS, MAX_VERTICES, MAX_STREAMS) and the document bounds; every number must
+    still be finite and every other bound holds.
 
     One mistake gives one problem line. A vertex whose own fields are wrong (parallelism: 0, a bad cost)
     stays in the graph as a placeholder, and a stream with a bad grouping or a missing key stays as an
@@ -424,7 +446,8 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     problems: list[str] = []
     if not isinstance(document, Mapping):
         raise TopologyError(["manifest: is not a mapping; write a StreamTopology YAML document"])
-    too_big = _shape_problem(document)
+    sizes = _BOUNDED if bounded else _UNBOUNDED
+    too_big = _shape_problem(document) if bounded else None
     if too_big is not None:
         raise TopologyError([too_big])
     if document.get("apiVersion") not in (None, API_VERSION):
@@ -451,7 +474,7 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     if not isinstance(spec, Mapping):
         raise TopologyError([*problems, "spec: is missing; add spec.vertices and spec.streams"])
 
-    nodes = _int_field(spec, "nodes", "spec.nodes", problems, default=1, minimum=1, maximum=MAX_NODES)
+    nodes = _int_field(spec, "nodes", "spec.nodes", problems, default=1, minimum=1, maximum=sizes.nodes)
     slots = _int_field(
         spec,
         "slotsPerNode",
@@ -459,10 +482,10 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
         problems,
         default=DEFAULT_SLOTS_PER_NODE,
         minimum=1,
-        maximum=MAX_SLOTS_PER_NODE,
+        maximum=sizes.slots,
     )
-    entries, nameless = _parse_vertices(spec.get("vertices"), problems)
-    streams, unresolved = _parse_streams(spec.get("streams"), entries, nameless, problems)
+    entries, nameless = _parse_vertices(spec.get("vertices"), problems, sizes)
+    streams, unresolved = _parse_streams(spec.get("streams"), entries, nameless, problems, sizes)
     scaling = _parse_scaling(spec.get("scaling"), problems)
     node_cpu = _parse_node_cpu(spec.get("resources"), problems)
 
@@ -481,10 +504,10 @@ def parse_manifest(document: Mapping[str, Any]) -> Topology:
     # shortage reported here is real.
     total = sum(e.parallelism for e in entries.values() if e.parallelism is not None)
     at_least = "at least " if any(e.parallelism is None for e in entries.values()) else ""
-    if total > MAX_EXECUTORS:
+    if total > sizes.executors:
         problems.append(
             f"spec.vertices: {at_least}{total} executors in all (the sum of parallelism), more than "
-            f"{MAX_EXECUTORS}; lower the vertices' parallelism"
+            f"{sizes.executors}; lower the vertices' parallelism"
         )
     elif nodes is not None and slots is not None and entries and total > nodes * slots:
         need_slots = -(-total // nodes)
@@ -571,13 +594,13 @@ class _Entry:
     vertex: Vertex | None
 
 
-def _parse_vertices(raw: Any, problems: list[str]) -> tuple[dict[str, _Entry], int]:
+def _parse_vertices(raw: Any, problems: list[str], sizes: _Sizes) -> tuple[dict[str, _Entry], int]:
     """The named vertices (placeholders included) and how many entries have no usable name."""
     if not isinstance(raw, list) or not raw:
         problems.append("spec.vertices: is missing or empty; list the vertices of the DAG")
         return {}, 0
-    if len(raw) > MAX_VERTICES:
-        problems.append(f"spec.vertices: {len(raw)} vertices, more than {MAX_VERTICES}; split the topology")
+    if len(raw) > sizes.vertices:
+        problems.append(f"spec.vertices: {len(raw)} vertices, more than {sizes.vertices}; split the topology")
         return {}, 0
     entries: dict[str, _Entry] = {}
     nameless = 0
@@ -614,10 +637,10 @@ def _parse_vertices(raw: Any, problems: list[str]) -> tuple[dict[str, _Entry], i
             problems,
             default=DEFAULT_MAX_PARALLELISM,
             minimum=1,
-            maximum=MAX_PARALLELISM,
+            maximum=sizes.parallelism,
         )
         par = _int_field(
-            item, "parallelism", f"{path}.parallelism", problems, default=1, minimum=1, maximum=MAX_PARALLELISM
+            item, "parallelism", f"{path}.parallelism", problems, default=1, minimum=1, maximum=sizes.parallelism
         )
         if par is not None and max_par is not None and par > max_par:
             problems.append(
@@ -710,7 +733,7 @@ class _Unresolved:
 
 
 def _parse_streams(
-    raw: Any, entries: Mapping[str, _Entry], nameless: int, problems: list[str]
+    raw: Any, entries: Mapping[str, _Entry], nameless: int, problems: list[str], sizes: _Sizes
 ) -> tuple[list[Stream], _Unresolved]:
     """Streams as edges (a bad grouping or missing key still makes one) and the ends that named no vertex.
     While some vertex entries have no name, names no vertex has are taken to be theirs and not reported
@@ -718,9 +741,9 @@ def _parse_streams(
     unresolved = _Unresolved()
     if raw is None:
         raw = []
-    if not isinstance(raw, list) or len(raw) > MAX_STREAMS:
+    if not isinstance(raw, list) or len(raw) > sizes.streams:
         if isinstance(raw, list):
-            problems.append(f"spec.streams: {len(raw)} streams, more than {MAX_STREAMS}; split the topology")
+            problems.append(f"spec.streams: {len(raw)} streams, more than {sizes.streams}; split the topology")
         else:
             problems.append("spec.streams: is not a list; list the edges as {from, to, grouping}")
         unresolved.into_unknown = unresolved.from_unknown = True
