@@ -158,6 +158,16 @@ HOSTILE: list[tuple[str, Change, str]] = [
         "spec.vertices[0].source.stepSeconds: 1000000000000.0 is above 86400",
     ),
     (
+        "profile-period-over-a-day",
+        lambda s: s["vertices"][0]["source"].update(profile="autoscale-3-step", stepSeconds=86_400),
+        "spec.vertices[0].source.stepSeconds: 86400 makes autoscale-3-step 820800 s long, more than a day",
+    ),
+    (
+        "profile-unhashable",
+        lambda s: s["vertices"][0]["source"].update(profile=["autoscale-3-step"], rate=100),
+        "spec.vertices[0].source.profile: ['autoscale-3-step'] is unknown",
+    ),
+    (
         "profile-rate-inf",
         lambda s: s["vertices"][0]["source"].update(profile="autoscale-5-step", rate=math.inf),
         "spec.vertices[0].source.rate: inf",
@@ -444,11 +454,32 @@ def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 DEMO_PATHS = paths(DEMO)[1:]
 
 
+#: what an edit may add to a mapping of the demo: every key the parser or a built-in reads
+ADDED_KEYS = [*KEYS, "keys", "limit", "idOffset", "every", "maxLen", "sizeMs", "fluctuation", "minNodes", "maxNodes"]
+edits = st.tuples(
+    st.sampled_from(DEMO_PATHS), st.sampled_from(["set", "delete", "add"]), st.sampled_from(ADDED_KEYS), json_like
+)
+#: a synthetic source's rate profile, drawn whole, for the edits to spoil
+profiles = st.fixed_dictionaries(
+    {"type": st.just("synthetic")},
+    optional={
+        "profile": st.sampled_from(["autoscale-3-step", "autoscale-5-step"]) | json_like,
+        "stepSeconds": scalars,
+        "rate": scalars,
+        "fluctuation": scalars,
+        "steps": st.lists(st.fixed_dictionaries({"rate": scalars, "seconds": scalars}), max_size=3) | json_like,
+        "csv": scalars,
+    },
+)
+
+
 @FUZZ
-@given(st.lists(st.tuples(st.sampled_from(DEMO_PATHS), st.sampled_from(["set", "delete"]), json_like), max_size=4))
-def test_fuzz_mutations_of_a_valid_manifest(edits: list[tuple[tuple[Any, ...], str, Any]]) -> None:
+@given(st.lists(edits, max_size=4), st.none() | profiles)
+def test_fuzz_mutations_of_a_valid_manifest(edits: list[tuple[tuple[Any, ...], str, str, Any]], source: Any) -> None:
     document = copy.deepcopy(DEMO)
-    for path, action, value in edits:
+    if source is not None:
+        document["spec"]["vertices"][0]["source"] = source
+    for path, action, key, value in edits:
         parent: Any = document
         for part in path[:-1]:
             try:
@@ -459,8 +490,10 @@ def test_fuzz_mutations_of_a_valid_manifest(edits: list[tuple[tuple[Any, ...], s
             try:
                 if action == "delete":
                     del parent[path[-1]]
-                else:
+                elif action == "set":
                     parent[path[-1]] = value
+                elif isinstance(parent[path[-1]], dict):
+                    parent[path[-1]][key] = value
             except (KeyError, IndexError, TypeError):
                 pass
     check(document)

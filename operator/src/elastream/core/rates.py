@@ -175,7 +175,7 @@ def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
                     problems.append(f"{where}.{key}: {shown(value)} is not a number {bound}; fix it")
                 elif value > maximum:
                     problems.append(f"{where}.{key}: {shown(value)} is above {maximum}; set it to at most {maximum}")
-            unknown = sorted(set(step) - {"rate", "seconds"})
+            unknown = sorted(shown(key) if not isinstance(key, str) else key for key in set(step) - {"rate", "seconds"})
             if unknown:
                 problems.append(f"{where}: unknown field {', '.join(map(str, unknown))}; a step has rate and seconds")
     if "csv" in config:
@@ -192,15 +192,24 @@ def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
             )
     if "profile" in config:
         name = config["profile"]
-        if name not in PRESETS:
+        known = isinstance(name, str) and name in PRESETS  # a list or a mapping is unhashable: never `in` a dict
+        if not known:
             problems.append(f"{path}.profile: {shown(name)} is unknown; use one of: {', '.join(PRESETS)}")
         rate = config.get("rate")
         # a rate that is no finite number in [0, MAX_RATE] is the source's own check (one mistake, one line)
         if rate is None or (is_finite_number(rate) and rate == 0):
             problems.append(f"{path}.rate: {shown(rate)} is not a number > 0; a profile scales to rate (its high rate)")
         step = config.get("stepSeconds", DEFAULT_STEP_SECONDS)
+        steps_long = sum(length for _, _, length in PRESETS[name]) if known else 1.0
         if not is_finite_number(step) or step <= 0:
             problems.append(f"{path}.stepSeconds: {shown(step)} is not a number > 0; fix it")
+        elif step * steps_long > MAX_STEP_SECONDS and step <= MAX_STEP_SECONDS:
+            # a preset is built second by second: its whole period, not one step, is held to a day
+            most = int(MAX_STEP_SECONDS // steps_long)
+            problems.append(
+                f"{path}.stepSeconds: {shown(step)} makes {name} {step * steps_long:g} s long, more than a day "
+                f"({MAX_STEP_SECONDS} s); set it to at most {most}"
+            )
         elif step > MAX_STEP_SECONDS:
             problems.append(
                 f"{path}.stepSeconds: {shown(step)} is above {MAX_STEP_SECONDS} (a day); set it to at most that"
