@@ -584,3 +584,18 @@ def test_the_operator_starts_while_redis_is_away_and_never_logs_its_password(cap
     assert "s3cret-pw" not in caplog.text
     with pytest.raises(redis.ConnectionError):
         client.ping()
+
+
+@pytest.mark.parametrize("url", ["redis://app:s3c/ret@127.0.0.1:1/0", "redis://app:s3cret@127.0.0.1:port/0"])
+def test_the_operator_exits_on_a_malformed_redis_url_in_one_line_without_the_password(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a malformed URL is a configuration error like a refused password: no "starting anyway" with a client
+    # that would raise redis-py's ValueError (which quotes pieces of the URL) in a traceback
+    from elastream.handlers.main import redis_at_start
+    from elastream.store.registry import RedisMisconfigured
+
+    with pytest.raises(RedisMisconfigured) as info:
+        redis_at_start(url, wait_s=0.3)
+    assert "is not a Redis URL" in str(info.value) and "\n" not in str(info.value)
+    assert "s3c" not in str(info.value) + caplog.text

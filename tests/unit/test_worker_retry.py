@@ -332,3 +332,12 @@ def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pyte
     node.samples = lambda: ["a sample"]  # a node with executors reached Redis: the outage is over
     worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
     assert not outage.active
+
+
+def test_elastream_analyze_never_prints_the_password_of_a_malformed_url(capsys: pytest.CaptureFixture[str]) -> None:
+    from elastream.cli import main
+
+    code = main(["analyze", "--redis", "redis://app:s3c/ret@127.0.0.1:1/0", "--topology", "t", "--engine", "python"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: --redis: redis://app:***@127.0.0.1:1/0 is not a Redis URL"), err
+    assert "s3c" not in err and len(err.splitlines()) == 1
