@@ -341,3 +341,12 @@ def test_elastream_analyze_never_prints_the_password_of_a_malformed_url(capsys: 
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("error: --redis: redis://app:***@127.0.0.1:1/0 is not a Redis URL"), err
     assert "s3c" not in err and len(err.splitlines()) == 1
+
+
+def test_other_urls_in_messages_go_through_the_same_redaction() -> None:
+    # a Spark master or a metric archive URI may carry credentials too; the one helper hides them
+    from elastream.analysis.session import SparkUnavailable, master_addresses
+
+    with pytest.raises(SparkUnavailable) as info:
+        master_addresses("spark://admin:s3cret@master:port")
+    assert "spark://admin:***@master:port" in str(info.value) and "s3cret" not in str(info.value)

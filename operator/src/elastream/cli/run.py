@@ -204,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(f"scale it with: elastream scale {args.file} --redis {redacted(url)} --nodes N", flush=True)
         if args.archive:
-            print(f"archiving metric samples to {args.archive} every {args.archive_every:g} s", flush=True)
+            print(f"archiving metric samples to {redacted(args.archive)} every {args.archive_every:g} s", flush=True)
         try:
             with cluster, controller:
                 controller.start()
