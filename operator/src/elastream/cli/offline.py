@@ -19,7 +19,7 @@ from elastream.core.pareto import KNEE_FRACTION, ParetoError, ParetoPlan, pareto
 from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
-from elastream.core.topology import Topology, load_manifest, split_executor_id
+from elastream.core.topology import MAX_NODES, Topology, load_manifest, split_executor_id
 
 #: printed (to stderr) when `plan` has no --metrics
 MODEL_NOTE = (
@@ -226,6 +226,9 @@ def _plan_snapshot(args: argparse.Namespace, topology: Topology) -> MetricSnapsh
 def cmd_plan(args: argparse.Namespace) -> int:
     if not args.pareto and args.max_nodes is not None:
         args.usage_error("--max-nodes goes with --pareto; with --nodes N the node count is given")
+    for flag, value in (("--nodes", args.nodes), ("--max-nodes", args.max_nodes)):
+        if value is not None and value > MAX_NODES:  # planning for it would fill the memory first
+            raise CommandError(f"{flag}: {value} is above {MAX_NODES}, the most a topology may have; ask for fewer")
     topology = load_manifest(args.file)
     snapshot = _plan_snapshot(args, topology)
     if args.pareto:
