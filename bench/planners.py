@@ -251,7 +251,7 @@ def diamond_ladder(rungs: int) -> Topology:
         "metadata": {"name": f"ladder-{rungs}"},
         "spec": {"nodes": 1, "slotsPerNode": len(vertices), "vertices": vertices, "streams": streams},
     }
-    return parse_manifest(document)
+    return parse_manifest(document, bounded=False)
 
 
 def ladder_rows(rungs_list: list[int], budget_s: float) -> list[dict[str, float | int | None]]:

@@ -298,7 +298,8 @@ def test_run_with_an_unreadable_csv_fails_before_starting_in_one_line(tmp_path, 
     lines = result.stderr.strip().splitlines()
     assert lines == [
         f"error: spec.vertices[src].source.csv: {tmp_path}/rates/missing.csv: No such file or directory; fix the "
-        "file or the path (relative paths start at the manifest's directory)"
+        "file or the path (relative paths start at the rate directory, ELASTREAM_RATE_DIR or else the manifest's "
+        "directory)"
     ], result.stderr
     assert _pids(f"--topology {path}") == set()
 

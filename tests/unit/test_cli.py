@@ -91,6 +91,11 @@ def test_simulate_schedule_from_plan_output(files, capsys, tmp_path) -> None:
         (["etp", "{topo}", "--metrics", "{missing}"], "cannot read"),
         (["plan", "{topo}", "--metrics", "{snap}", "--nodes", "0"], "at least 1 node"),
         (["plan", "{topo}", "--metrics", "{wrong}", "--nodes", "3"], "snapshot.vertices: no rates for"),
+        # a node count no shared cluster gives one topology: refused before anything is planned or sent
+        (["plan", "{topo}", "--metrics", "{snap}", "--nodes", "1000000000"], "--nodes: 1000000000 is above 1000"),
+        (["plan", "{topo}", "--pareto", "--max-nodes", "5000"], "--max-nodes: 5000 is above 1000"),
+        (["scale", "{topo}", "--nodes", "1000000000"], "--nodes: 1000000000 is outside [1, 1000]"),
+        (["demo", "{topo}", "--out", "1000000000", "--engine", "python"], "--out: 1000000000 is outside [1, 1000]"),
         (["etp", "{topo}", "--metrics", "{snap}", "--congestion-rate", "0.5"], "--congestion-rate"),
         # every interface needs the address peers reach the worker at
         (

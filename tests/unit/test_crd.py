@@ -160,6 +160,40 @@ def test_lists_and_strings_that_cel_reads_are_bounded(schema: dict[str, Any]) ->
         assert "maxLength" in spec["streams"]["items"]["properties"][end]
 
 
+def test_the_crd_maxima_are_the_parsers_bounds(schema: dict[str, Any]) -> None:
+    # every maximum and maxItems of the spec is one of core.topology's named bounds, and every bound is in the
+    # CRD: the API server refuses what the parser would, with the same number (the [0, 1] shares and the
+    # fluctuation are ranges, not sizes)
+    spec_nodes = [(f"spec.{path}" if path else "spec", node) for path, node in walk(spec_schema(schema))]
+    maxima = {path: node["maximum"] for path, node in spec_nodes if "maximum" in node and node["maximum"] != 1}
+    assert maxima == dict(topology.MAXIMA)
+    items = {path: node["maxItems"] for path, node in spec_nodes if "maxItems" in node and "placement" not in path}
+    assert items == dict(topology.MAX_ITEMS)
+    assert topology.MAXIMA["spec.nodes"] == topology.MAX_NODES == 1000
+    assert topology.MAXIMA["spec.vertices[].source.steps[].rate"] == rates.MAX_RATE
+
+
+def test_the_parser_refuses_one_above_each_crd_maximum(demo: dict[str, Any]) -> None:
+    # the other direction: at a CRD maximum the parser's bound holds, one above it the parser names the field
+    where = {
+        "spec.nodes": lambda s, v: s.update(nodes=v),
+        "spec.slotsPerNode": lambda s, v: s.update(slotsPerNode=v),
+        "spec.vertices[].parallelism": lambda s, v: s["vertices"][1].update(parallelism=v, maxParallelism=v),
+        "spec.scaling.window": lambda s, v: s["scaling"].update(window=v),
+        "spec.scaling.auto.maxNodes": lambda s, v: s["scaling"].update(auto={"maxNodes": v}),
+        "spec.vertices[].source.rate": lambda s, v: s["vertices"][0]["source"].update(rate=v),
+    }
+    for path, change in where.items():
+        maximum = topology.MAXIMA[path]
+        with pytest.raises(topology.TopologyError) as info:
+            topology.parse_manifest(mutated(demo, lambda s, c=change, m=maximum: c(s, m + 1)))
+        field = path.replace("[]", "[1]" if "parallelism" in path else "[0]")
+        assert any(p.startswith(f"{field}: {maximum + 1} is above {maximum}") for p in info.value.problems), (
+            path,
+            info.value.problems,
+        )
+
+
 def defaults(schema: Mapping[str, Any]) -> dict[str, Any]:
     """field path -> default, for every field that has one."""
     return {path: node["default"] for path, node in walk(schema) if "default" in node}
@@ -231,6 +265,7 @@ def test_operator_blocks_keep_their_own_keys_and_type_the_known_ones(schema: dic
             "description": blocks[kind]["properties"]["costMs"]["description"],
             "type": "number",
             "minimum": 0,
+            "maximum": topology.MAX_COST_MS,
         }
     assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
 
@@ -478,7 +513,8 @@ def test_validate_reports_schema_problems_one_line_each(tmp_path: Any, demo: dic
     assert any(line.startswith("error: spec.vertices[0].paralellism: unknown field") for line in lines), lines
     # parallelism 'x' is a field the parser checks too: reported once, in the parser's words
     assert [line for line in lines if "spec.vertices[2].parallelism" in line] == [
-        "error: spec.vertices[2].parallelism: 'x' is not an integer; set it to an integer ≥ 1"
+        "error: spec.vertices[2].parallelism: 'x' is not an integer; "
+        f"set it to an integer in [1, {topology.MAX_PARALLELISM}]"
     ]
 
 
@@ -487,8 +523,10 @@ def test_validate_names_a_value_the_parser_cannot_handle_without_a_traceback(
 ) -> None:
     proc = validate(tmp_path, mutated(demo, lambda s: s["vertices"][0]["source"].update(profile=["a"])))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    # the parser names it itself now (it tested a list against the presets' dict, a TypeError, before): one
+    # line for the field, in the parser's words
     assert proc.stderr.splitlines() == [
-        "error: spec.vertices[0].source.profile: ['a'] is not of type 'string'; fix it"
+        "error: spec.vertices[0].source.profile: ['a'] is unknown; use one of: autoscale-3-step, autoscale-5-step"
     ], proc.stderr
 
 

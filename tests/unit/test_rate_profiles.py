@@ -90,7 +90,9 @@ def test_a_relative_csv_is_read_from_the_manifest_directory(tmp_path) -> None:
     ("content", "reason"),
     [
         (None, "No such file or directory"),
-        ("10\nlots\n", "line 2: 'lots' is not a number"),
+        ("10\nlots\n", "line 2: the first column is not a number"),
+        ("10\nnan\n", "line 2: the rate is not a finite number in [0, 1e+07] events/s"),
+        ("10\n1e9\n", "line 2: the rate is not a finite number in [0, 1e+07] events/s"),
         ("# none\n", "holds no rate"),
     ],
 )
@@ -102,6 +104,7 @@ def test_a_bad_csv_fails_with_the_field_and_the_file(tmp_path, content: str | No
         resolve_rate_file(topology.vertices["src"], str(tmp_path))
     message = str(info.value)
     assert message.startswith(f"spec.vertices[src].source.csv: {tmp_path}/rates.csv: {reason}")
+    assert "lots" not in message and "nan" not in message and "1e9" not in message  # never the file's content
 
 
 def test_validate_reports_a_bad_step_in_one_line(tmp_path) -> None:
@@ -118,3 +121,45 @@ def test_validate_reports_a_bad_step_in_one_line(tmp_path) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "error: spec.vertices[0].source.steps[0].seconds: -1 is not a number > 0; fix it" in result.stderr
+
+
+def test_a_csv_path_out_of_the_rate_directory_is_refused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the parser refuses ~, .. and absolute paths; a link inside the directory that leads out of it is
+    # caught where the file is opened, and so is a vertex built without the parser
+    from dataclasses import replace
+
+    (tmp_path / "secret").write_text("hunter2\n")
+    rates_dir = tmp_path / "rates"
+    rates_dir.mkdir()
+    (rates_dir / "out.csv").symlink_to(tmp_path / "secret")
+    vertex = parse_manifest(with_source(csv="out.csv")).vertices["src"]
+    monkeypatch.setenv("ELASTREAM_RATE_DIR", str(rates_dir))
+    with pytest.raises(OperatorLoadError) as info:
+        resolve_rate_file(vertex, "/nowhere")
+    assert str(info.value).startswith("spec.vertices[src].source.csv: 'out.csv' leads out of the rate directory")
+    assert "hunter2" not in str(info.value)
+    for path in ("/etc/passwd", "../secret", "~/secret"):
+        hostile = replace(vertex, config={**vertex.config, "csv": path})
+        with pytest.raises(
+            OperatorLoadError, match=r"^spec\.vertices\[src\]\.source\.csv: .* inside the rate directory"
+        ):
+            resolve_rate_file(hostile, str(rates_dir))
+
+
+def test_the_rate_directory_comes_from_the_environment(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rates.csv").write_text("5\n")
+    vertex = parse_manifest(with_source(csv="rates.csv")).vertices["src"]
+    monkeypatch.setenv("ELASTREAM_RATE_DIR", str(tmp_path))
+    assert resolve_rate_file(vertex, "/nowhere")["csv"] == str(tmp_path / "rates.csv")
+    monkeypatch.delenv("ELASTREAM_RATE_DIR")
+    with pytest.raises(OperatorLoadError, match="No such file"):
+        resolve_rate_file(vertex, "/nowhere")
+
+
+def test_a_rate_file_that_is_no_regular_file_is_refused_without_waiting(tmp_path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "rates.csv")  # opening a FIFO for reading would wait for a writer forever
+    vertex = parse_manifest(with_source(csv="rates.csv")).vertices["src"]
+    with pytest.raises(OperatorLoadError, match=r"rates\.csv: is not a regular file"):
+        resolve_rate_file(vertex, str(tmp_path))

@@ -15,6 +15,7 @@ import pytest
 from elastream.control.controller import TopologyController
 from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
+from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology
 from fakes import FakeBackend, FakeMigrator, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
@@ -325,6 +326,42 @@ def test_an_invalid_spec_is_failed_once_with_the_field_named_and_no_retry_storm(
     assert world.status["phase"] == "Running"
 
 
+@pytest.mark.parametrize("hostile", ["deep", "bomb", "huge"])
+def test_a_hostile_spec_from_the_api_server_is_one_invalid_spec_line_not_an_internal_error(
+    hostile: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the kopf path gets the spec as a dict: too deep for a recursive comparison, a shared-list bomb, or
+    # enough problems to overflow a condition message; each is one InvalidSpec condition, nothing started
+    world = World(3)
+    if hostile == "deep":
+
+        def deep() -> dict[str, Any]:
+            value: dict[str, Any] = {}
+            for _ in range(5000):  # deeper than Python's recursion limit: a recursive walk or == would fail
+                value = {"a": value}
+            return value
+
+        # each pass gets a new body, as kopf decodes one from every event (deepcopy itself would recurse)
+        world.reconcile = lambda: world.topologies.reconcile(  # type: ignore[method-assign]
+            {**world.body, "spec": {**world.body["spec"], "placement": {"affinity": deep()}}}
+        )
+    elif hostile == "bomb":
+        bomb: list[Any] = ["lol"]
+        for _ in range(9):
+            bomb = [bomb] * 10
+        world.patch_spec(placement={"tolerations": bomb})
+    else:
+        world.patch_spec(vertices=[{"name": "v" * 60 + str(i), "logic": {"builtin": "?" * 400}} for i in range(128)])
+    world.run_for(65.0)  # several passes: an invalid spec is looked at again every 30 s
+    degraded = world.condition("Degraded")
+    assert world.status["phase"] == "Failed", degraded
+    assert degraded["reason"] == "InvalidSpec" and degraded["message"].startswith(("spec.", "manifest: "))
+    assert "internal error" not in degraded["message"] and "\n" not in degraded["message"]
+    assert len(degraded["message"].encode()) <= CONDITION_MESSAGE_MAX_BYTES
+    assert world.backends == []
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []  # no pass failed
+
+
 def test_redis_away_shows_in_progressing_then_degrades_past_the_grace_and_recovers_by_itself() -> None:
     world = running(3)
     controller = world.topologies.topologies["default/t"].controller
@@ -547,3 +584,18 @@ def test_the_operator_starts_while_redis_is_away_and_never_logs_its_password(cap
     assert "s3cret-pw" not in caplog.text
     with pytest.raises(redis.ConnectionError):
         client.ping()
+
+
+@pytest.mark.parametrize("url", ["redis://app:s3c/ret@127.0.0.1:1/0", "redis://app:s3cret@127.0.0.1:port/0"])
+def test_the_operator_exits_on_a_malformed_redis_url_in_one_line_without_the_password(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a malformed URL is a configuration error like a refused password: no "starting anyway" with a client
+    # that would raise redis-py's ValueError (which quotes pieces of the URL) in a traceback
+    from elastream.handlers.main import redis_at_start
+    from elastream.store.registry import RedisMisconfigured
+
+    with pytest.raises(RedisMisconfigured) as info:
+        redis_at_start(url, wait_s=0.3)
+    assert "is not a Redis URL" in str(info.value) and "\n" not in str(info.value)
+    assert "s3c" not in str(info.value) + caplog.text

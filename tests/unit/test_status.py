@@ -95,3 +95,20 @@ def test_worker_pod_is_owned_labelled_hardened_and_reads_redis_from_the_secret()
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+
+
+def test_a_condition_message_longer_than_the_crd_allows_is_cut_with_a_marker() -> None:
+    from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES, TRUNCATED, fit_message
+    from elastream.resources import openapi_schema
+
+    status = openapi_schema()["properties"]["status"]["properties"]
+    assert status["conditions"]["items"]["properties"]["message"]["maxLength"] == CONDITION_MESSAGE_MAX_BYTES
+    fits = "x" * CONDITION_MESSAGE_MAX_BYTES
+    assert fit_message(fits) == fits  # exactly at the limit: untouched
+    long = "spec.vertices[0].name: " + "é" * CONDITION_MESSAGE_MAX_BYTES  # two bytes each
+    cut = fit_message(long)
+    assert cut.endswith(TRUNCATED) and cut.startswith("spec.vertices[0].name: éé")
+    assert len(cut.encode("utf-8")) <= CONDITION_MESSAGE_MAX_BYTES  # bytes, so characters too
+    assert len(cut.encode("utf-8")) > CONDITION_MESSAGE_MAX_BYTES - 4  # cut at the limit, not far below
+    [available, _, degraded] = desired_conditions(StatusFacts(desired_nodes=1, ready_nodes=0, invalid_spec=long))
+    assert available["message"] == degraded["message"] == cut

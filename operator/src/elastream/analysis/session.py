@@ -22,6 +22,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from elastream.store.registry import redacted
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -137,7 +139,8 @@ def master_addresses(master: str) -> list[tuple[str, int]]:
     if master.startswith("local") or master == "yarn":
         return []
     bad = SparkUnavailable(
-        f"{MASTER_ENV}: {master!r} is not a Spark master URL; use local[*], spark://host:7077 or k8s://https://host:443"
+        f"{MASTER_ENV}: {redacted(master)!r} is not a Spark master URL; use local[*], spark://host:7077 or "
+        "k8s://https://host:443"
     )
     for scheme, default_port in (("spark://", 7077), ("mesos://", 5050)):
         if master.startswith(scheme):
@@ -176,7 +179,7 @@ def probe_master(master: str, timeout_s: float = MASTER_PROBE_S) -> None:
             problems.append(f"{host}:{port}: {reason.lower()}")
     if problems:
         raise SparkUnavailable(
-            f"cannot reach the Spark master {master} ({'; '.join(problems)}); start it, fix {MASTER_ENV}, "
+            f"cannot reach the Spark master {redacted(master)} ({'; '.join(problems)}); start it, fix {MASTER_ENV}, "
             "or unset it to analyse on local[*]"
         )
 
@@ -237,12 +240,12 @@ def _start(builder: Any, master: str, timeout_s: float) -> SparkSession:
         abandoned.set()
         _cancel_active_jobs()
         raise SparkUnavailable(
-            f"Spark did not start within {timeout_s:.0f} s with master {master} (no executors, or the master does "
-            f"not answer); check the cluster, or raise {START_TIMEOUT_ENV}"
+            f"Spark did not start within {timeout_s:.0f} s with master {redacted(master)} (no executors, or the "
+            f"master does not answer); check the cluster, or raise {START_TIMEOUT_ENV}"
         )
     if "error" in outcome:
         exc = outcome["error"]
-        raise SparkUnavailable(f"cannot start Spark with master {master}: {spark_error_reason(exc)}") from exc
+        raise SparkUnavailable(f"cannot start Spark with master {redacted(master)}: {spark_error_reason(exc)}") from exc
     session: SparkSession = outcome["session"]
     return session
 

@@ -51,8 +51,11 @@ def _redis_client(url: str) -> redis.Redis:
 
     try:
         return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
-    except ValueError as exc:
-        raise CommandError(f"--redis: {url!r} is not a Redis URL ({exc}); use redis://host:6379/0") from None
+    except ValueError:
+        # not the exception's text: redis-py's reasons quote pieces of the URL, a password's among them
+        raise CommandError(
+            f"--redis: {redacted(url)} is not a Redis URL; use redis://[user:password@]host:6379/0"
+        ) from None
 
 
 def _unreachable(url: str, exc: Exception) -> CommandError:
@@ -83,8 +86,9 @@ def resolve_topology(spec: str, url: str | None) -> Topology:
         client.close()
     if document is None:
         raise CommandError(
-            f"--topology: no topology {spec} in Redis at {url} (no key {manifest_key(spec)}); pass its manifest "
-            f"file, or start it there with `elastream run FILE --redis {url}` (NAMESPACE/NAME outside default)"
+            f"--topology: no topology {spec} in Redis at {redacted(url)} (no key {manifest_key(spec)}); pass its "
+            f"manifest file, or start it there with `elastream run FILE --redis {redacted(url)}` (NAMESPACE/NAME "
+            "outside default)"
         )
     return parse_manifest(document)
 

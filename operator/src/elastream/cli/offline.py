@@ -19,7 +19,7 @@ from elastream.core.pareto import KNEE_FRACTION, ParetoError, ParetoPlan, pareto
 from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
-from elastream.core.topology import Topology, load_manifest, split_executor_id
+from elastream.core.topology import MAX_NODES, Topology, load_manifest, split_executor_id
 
 #: printed (to stderr) when `plan` has no --metrics
 MODEL_NOTE = (
@@ -86,33 +86,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _read_topology_document(path: str) -> Any:
-    """The file's one StreamTopology document, or None when it cannot be read as one (`load_manifest` then
-    reports why, in its own words)."""
-    import yaml
-
-    from elastream.core.topology import KIND
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            documents = [d for d in yaml.safe_load_all(handle) if d is not None]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    kinds = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
-    return kinds[0] if len(kinds) == 1 else None
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check the manifest against the CRD's schema (what the API server checks on `kubectl apply`), then with
     the parser (the graph, slots and everything the operator checks). A field both check is reported once, in
-    the parser's words; every problem is one line."""
-    from elastream.core.topology import TopologyError
+    the parser's words; every problem is one line. A file too big, too deep or an alias bomb is refused by the
+    bounded reader before either check walks it."""
+    from elastream.core.topology import TopologyError, parse_manifest, read_manifest_document
     from elastream.resources import merge_problems, schema_problems
 
-    document = _read_topology_document(args.file)
-    schema = schema_problems(document) if document is not None else []
+    document = read_manifest_document(args.file)
+    schema = schema_problems(document)
     try:
-        topology = load_manifest(args.file)
+        topology = parse_manifest(document)
     except TopologyError as exc:
         raise TopologyError(merge_problems(schema, exc.problems)) from None
     except Exception:
@@ -241,6 +226,9 @@ def _plan_snapshot(args: argparse.Namespace, topology: Topology) -> MetricSnapsh
 def cmd_plan(args: argparse.Namespace) -> int:
     if not args.pareto and args.max_nodes is not None:
         args.usage_error("--max-nodes goes with --pareto; with --nodes N the node count is given")
+    for flag, value in (("--nodes", args.nodes), ("--max-nodes", args.max_nodes)):
+        if value is not None and value > MAX_NODES:  # planning for it would fill the memory first
+            raise CommandError(f"{flag}: {value} is above {MAX_NODES}, the most a topology may have; ask for fewer")
     topology = load_manifest(args.file)
     snapshot = _plan_snapshot(args, topology)
     if args.pareto:

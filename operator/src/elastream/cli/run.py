@@ -24,7 +24,7 @@ from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
-from elastream.core.topology import Topology, load_manifest
+from elastream.core.topology import MAX_NODES, Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
 from elastream.store.registry import RedisUnavailable, Registry, redacted
 
@@ -204,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(f"scale it with: elastream scale {args.file} --redis {redacted(url)} --nodes N", flush=True)
         if args.archive:
-            print(f"archiving metric samples to {args.archive} every {args.archive_every:g} s", flush=True)
+            print(f"archiving metric samples to {redacted(args.archive)} every {args.archive_every:g} s", flush=True)
         try:
             with cluster, controller:
                 controller.start()
@@ -276,6 +276,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_operators(topology)
     out_nodes = args.out or topology.nodes + 1
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
+    for flag, value in (("--out", out_nodes), ("--in", in_nodes)):
+        if not 1 <= value <= MAX_NODES:
+            raise CommandError(f"{flag}: {value} is outside [1, {MAX_NODES}]; ask for 1 to {MAX_NODES} nodes")
     analyzer = Analyzer(engine=args.engine)
     # the analysis session starts, and runs a first analysis, while the topology warms up
     warm = analyzer.start_warm_up(topology)
@@ -379,8 +382,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     parallelism = parse_parallelism(topology, args.parallelism)
     if args.nodes is None and not parallelism:
         raise CommandError("--nodes or --parallelism: give at least one (e.g. --nodes 3 or --parallelism parse=4)")
-    if args.nodes is not None and args.nodes < 1:
-        raise CommandError(f"--nodes: {args.nodes} is below 1; ask for at least 1 node")
+    if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
+        raise CommandError(f"--nodes: {args.nodes} is outside [1, {MAX_NODES}]; ask for 1 to {MAX_NODES} nodes")
     if not args.redis:
         raise CommandError("--redis: no URL; pass the one `elastream run` printed (or set ELASTREAM_REDIS_URL)")
     try:

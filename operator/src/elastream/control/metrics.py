@@ -38,6 +38,7 @@ from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
 from elastream.core.topology import Topology
 from elastream.store.codec import decode_sample, optional_text
 from elastream.store.metric_stream import MetricStream, metric_stream_key
+from elastream.store.registry import redacted
 
 log = logging.getLogger("elastream.control")
 
@@ -144,14 +145,16 @@ class MetricArchiver:
         analyzer = self.analyzer or Analyzer()
         spark = analyzer.spark()
         if spark is None:
-            raise RuntimeError(f"archiving to {self.path} needs Spark: {analyzer.start_failure}")
+            raise RuntimeError(f"archiving to {redacted(self.path)} needs Spark: {analyzer.start_failure}")
         append_parquet(spark, samples, self.path)
 
     def _pass(self) -> None:
         try:
             self.archive_once()
         except Exception as exc:  # the controller keeps running; the next pass retries from the cursor
-            log.warning("metric archive %s: pass failed, retrying in %.0f s: %s", self.path, self.every_s, exc)
+            log.warning(
+                "metric archive %s: pass failed, retrying in %.0f s: %s", redacted(self.path), self.every_s, exc
+            )
 
     def start(self) -> MetricArchiver:
         def loop() -> None:

@@ -354,7 +354,8 @@ class ManagedTopologies:
     daemon of each resource calls it with the resource as it is now, on a bounded pool of threads)."""
 
     redis_client: redis.Redis
-    redis_url: str
+    #: never in a repr (a log line, a traceback's locals): it may hold a password
+    redis_url: str = field(repr=False)
     core_api: Any
     custom_api: Any
     analyzer: Any
@@ -433,9 +434,9 @@ class ManagedTopologies:
         metadata = body["metadata"]
         managed.generation = int(metadata.get("generation") or 0)
         spec = dict(body.get("spec") or {})
-        if spec != managed.spec:
-            managed.spec, managed.spec_changed_at = spec, now
         try:
+            # parsed before anything else walks the spec: a spec too deep or too big (an alias bomb) is one
+            # InvalidSpec line, where comparing it with the last one would have ended in RecursionError
             wanted = topology_from_resource(body)
         except TopologyError as exc:
             message = invalid_spec_message(exc)
@@ -445,6 +446,8 @@ class ManagedTopologies:
                 managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
             managed.write()
             return 30.0  # nothing to do until the spec changes (which wakes the loop)
+        if spec != managed.spec:
+            managed.spec, managed.spec_changed_at = spec, now
         managed.set(invalid_spec="")
         managed.invalid_reported = ""
         if (metadata.get("annotations") or {}).get(RESTART_FROM_SCRATCH) == "true":

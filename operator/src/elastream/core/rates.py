@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -42,8 +43,31 @@ PRESETS: Mapping[str, tuple[tuple[float, float, float], ...]] = {
 }
 DEFAULT_STEP_SECONDS = 60.0
 DEFAULT_FLUCTUATION = 0.05
+#: the highest rate a source may offer, in events per second (a step's, a csv line's, a profile's high rate)
+MAX_RATE = 10_000_000
+#: the longest step of `steps` and the longest `stepSeconds` of a profile: a day
+MAX_STEP_SECONDS = 86_400
+#: the most entries of `steps` (the CRD's maxItems) and lines of rates a `csv` file may hold (a day's seconds)
+MAX_STEPS = 10_000
+MAX_CSV_RATES = 86_400
 #: keys of a synthetic source's block that choose its rate over time (at most one of them)
 PROFILE_KEYS = ("steps", "csv", "profile")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxtuple, _REPR.maxset = 2, 4, 4, 4, 4
+
+
+def shown(value: Any) -> str:
+    """`value` as a message may show it: its repr, cut short (a long string, a big list, an integer of
+    thousands of digits), on one line. Never raises."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a huge integer nested in a container, an object whose repr fails
+        return f"a {type(value).__name__}"
 
 
 def _jitter(second: int) -> float:
@@ -76,26 +100,47 @@ def preset_steps(
 def parse_rates(lines: Iterable[str]) -> list[float]:
     """Rates from a CSV's lines (the first column; blank lines and lines starting with # skipped).
     Raises ValueError naming the line of a bad value."""
-    rates = []
+    rates: list[float] = []
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         cell = text.split(",")[0].strip()
+        # the file's content is never echoed: the message goes to logs and status, the file may be anything
         try:
             value = float(cell)
         except ValueError:
-            raise ValueError(f"line {number}: {cell!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"line {number}: {cell!r} is not a rate ≥ 0")
+            raise ValueError(f"line {number}: the first column is not a number") from None
+        if not math.isfinite(value) or not 0 <= value <= MAX_RATE:
+            raise ValueError(f"line {number}: the rate is not a finite number in [0, {MAX_RATE:g}] events/s")
+        if len(rates) == MAX_CSV_RATES:
+            raise ValueError(f"holds more than {MAX_CSV_RATES} rates (a day of seconds); shorten it")
         rates.append(value)
     if not rates:
         raise ValueError("holds no rate (one number per line, one line per second)")
     return rates
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def is_finite_number(value: Any) -> bool:
+    """An int or a finite float (not a bool, NaN or an infinity). Never raises, whatever the integer's size."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def csv_path_problem(csv: str) -> str | None:
+    """Why a `csv:` path may not be used, or None: it must stay inside the rate directory (relative, no
+    `..`, no `~`, no NUL), whatever the file system holds; `runtime.operators.resolve_rate_file` also checks
+    where its links lead."""
+    if "\x00" in csv:
+        return "holds a NUL character"
+    if csv.startswith("~"):
+        return "starts with ~ (a home directory)"
+    if csv.startswith("/"):
+        return "is an absolute path"
+    if ".." in csv.replace("\\", "/").split("/"):
+        return "climbs out with .."
+    return None
 
 
 def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
@@ -109,41 +154,69 @@ def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
     if "steps" in config:
         steps = config["steps"]
         if not isinstance(steps, list) or not steps:
-            return [f"{path}.steps: {steps!r} is not a list of steps; write steps: [{{rate: 100, seconds: 10}}, ...]"]
+            return [
+                f"{path}.steps: {shown(steps)} is not a list of steps; write steps: [{{rate: 100, seconds: 10}}, ...]"
+            ]
+        if len(steps) > MAX_STEPS:
+            return [f"{path}.steps: {len(steps)} steps, more than {MAX_STEPS}; use fewer, longer steps or a profile"]
         for i, step in enumerate(steps):
             where = f"{path}.steps[{i}]"
             if not isinstance(step, Mapping):
-                problems.append(f"{where}: {step!r} is not a mapping; write {{rate: 100, seconds: 10}}")
+                problems.append(f"{where}: {shown(step)} is not a mapping; write {{rate: 100, seconds: 10}}")
                 continue
-            for key, minimum, bound in (("rate", 0.0, "≥ 0"), ("seconds", 0.0, "> 0")):
+            for key, bound, maximum in (
+                ("rate", "≥ 0", MAX_RATE),
+                ("seconds", "> 0", MAX_STEP_SECONDS),
+            ):
                 value = step.get(key)
                 if value is None:
                     problems.append(f"{where}.{key}: is missing; add {key}: a number {bound}")
-                elif not _is_number(value) or value < minimum or (key == "seconds" and value == 0):
-                    problems.append(f"{where}.{key}: {value!r} is not a number {bound}; fix it")
-            unknown = sorted(set(step) - {"rate", "seconds"})
+                elif not is_finite_number(value) or value < 0 or (key == "seconds" and value == 0):
+                    problems.append(f"{where}.{key}: {shown(value)} is not a number {bound}; fix it")
+                elif value > maximum:
+                    problems.append(f"{where}.{key}: {shown(value)} is above {maximum}; set it to at most {maximum}")
+            unknown = sorted(shown(key) if not isinstance(key, str) else key for key in set(step) - {"rate", "seconds"})
             if unknown:
                 problems.append(f"{where}: unknown field {', '.join(map(str, unknown))}; a step has rate and seconds")
     if "csv" in config:
         csv = config["csv"]
         if not isinstance(csv, str) or not csv.strip():
             problems.append(
-                f"{path}.csv: {csv!r} is not a file path; write csv: rates.csv (one rate per line, one line per "
+                f"{path}.csv: {shown(csv)} is not a file path; write csv: rates.csv (one rate per line, one line per "
                 "second, relative to the manifest's directory)"
+            )
+        elif (why := csv_path_problem(csv)) is not None:
+            problems.append(
+                f"{path}.csv: {shown(csv)} {why}; give a path relative to the rate directory "
+                "(ELASTREAM_RATE_DIR, else the manifest's directory), e.g. csv: rates.csv"
             )
     if "profile" in config:
         name = config["profile"]
-        if name not in PRESETS:
-            problems.append(f"{path}.profile: {name!r} is unknown; use one of: {', '.join(PRESETS)}")
+        known = isinstance(name, str) and name in PRESETS  # a list or a mapping is unhashable: never `in` a dict
+        if not known:
+            problems.append(f"{path}.profile: {shown(name)} is unknown; use one of: {', '.join(PRESETS)}")
         rate = config.get("rate")
-        if rate is None or not _is_number(rate) or rate <= 0:
-            problems.append(f"{path}.rate: {rate!r} is not a number > 0; a profile scales to rate (its high rate)")
+        # a rate that is no finite number in [0, MAX_RATE] is the source's own check (one mistake, one line)
+        if rate is None or (is_finite_number(rate) and rate == 0):
+            problems.append(f"{path}.rate: {shown(rate)} is not a number > 0; a profile scales to rate (its high rate)")
         step = config.get("stepSeconds", DEFAULT_STEP_SECONDS)
-        if not _is_number(step) or step <= 0:
-            problems.append(f"{path}.stepSeconds: {step!r} is not a number > 0; fix it")
+        steps_long = sum(length for _, _, length in PRESETS[name]) if known else 1.0
+        if not is_finite_number(step) or step <= 0:
+            problems.append(f"{path}.stepSeconds: {shown(step)} is not a number > 0; fix it")
+        elif step * steps_long > MAX_STEP_SECONDS and step <= MAX_STEP_SECONDS:
+            # a preset is built second by second: its whole period, not one step, is held to a day
+            most = int(MAX_STEP_SECONDS // steps_long)
+            problems.append(
+                f"{path}.stepSeconds: {shown(step)} makes {name} {step * steps_long:g} s long, more than a day "
+                f"({MAX_STEP_SECONDS} s); set it to at most {most}"
+            )
+        elif step > MAX_STEP_SECONDS:
+            problems.append(
+                f"{path}.stepSeconds: {shown(step)} is above {MAX_STEP_SECONDS} (a day); set it to at most that"
+            )
         fluctuation = config.get("fluctuation", DEFAULT_FLUCTUATION)
-        if not _is_number(fluctuation) or not 0 <= fluctuation < 1:
-            problems.append(f"{path}.fluctuation: {fluctuation!r} is not a number in [0, 1); fix it")
+        if not is_finite_number(fluctuation) or not 0 <= fluctuation < 1:
+            problems.append(f"{path}.fluctuation: {shown(fluctuation)} is not a number in [0, 1); fix it")
     return problems
 
 
@@ -162,7 +235,7 @@ class RateProfile:
             steps = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
         elif "csv" in config:
             if read_csv is None:
-                raise ValueError(f"csv: {config['csv']!r} needs reading a file; pass its rates as steps")
+                raise ValueError(f"csv: {shown(config['csv'])} needs reading a file; pass its rates as steps")
             steps = [(r, 1.0) for r in read_csv(str(config["csv"]))]
         elif "profile" in config:
             steps = preset_steps(

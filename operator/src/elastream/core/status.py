@@ -119,8 +119,24 @@ def phase(facts: StatusFacts) -> str:
     return "Running"
 
 
+#: the CRD's maxLength of a condition's message (metav1.Condition's, 32768); measured here in UTF-8 bytes,
+#: which is never less than the characters the API server counts
+CONDITION_MESSAGE_MAX_BYTES = 32_768
+TRUNCATED = " … (truncated)"
+
+
+def fit_message(message: str, limit: int = CONDITION_MESSAGE_MAX_BYTES) -> str:
+    """`message` within `limit` UTF-8 bytes: as it is when it fits, else cut at a character boundary and
+    ended with TRUNCATED, so the status patch is never refused for a long message."""
+    data = message.encode("utf-8")
+    if len(data) <= limit:
+        return message
+    keep = limit - len(TRUNCATED.encode("utf-8"))
+    return data[:keep].decode("utf-8", errors="ignore") + TRUNCATED
+
+
 def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, str]:
-    return {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message}
+    return {"type": kind, "status": "True" if status else "False", "reason": reason, "message": fit_message(message)}
 
 
 def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:

@@ -105,4 +105,5 @@ def random_manifest(
 
 
 def random_topology(rng: random.Random, vertices: int, **options: Any) -> Topology:
-    return parse_manifest(random_manifest(rng, vertices, **options))
+    # a program's topology for the simulator, up to thousands of vertices: not held to a manifest's maxima
+    return parse_manifest(random_manifest(rng, vertices, **options), bounded=False)

@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kopf
@@ -45,7 +45,8 @@ class LeaderElection:
 
 @dataclass(frozen=True)
 class OperatorOptions:
-    redis_url: str
+    #: never in a repr (a log line, a traceback's locals): it may hold a password
+    redis_url: str = field(repr=False)
     namespaces: tuple[str, ...] = ()
     #: None: this process acts alone, at once (outside a cluster, one replica); else first the Lease
     leader_election: LeaderElection | None = None
@@ -164,12 +165,13 @@ def elect(election: LeaderElection, host: str, health_port: int) -> LeaderElecto
 def redis_at_start(url: str, wait_s: float = 10.0) -> Any:
     """The Redis client of the operator. Redis away at start (restarting beside the operator, say) does not stop
     the operator: it starts, serves its probes and takes the Lease, and every topology's status says
-    RedisUnavailable until Redis is back (its passes retry). Refused credentials are a configuration error: exit."""
-    from elastream.store.registry import RedisCredentialsRefused, RedisUnavailable, client_for, connect
+    RedisUnavailable until Redis is back (its passes retry). Refused credentials or a malformed URL are a
+    configuration error: exit."""
+    from elastream.store.registry import RedisMisconfigured, RedisUnavailable, client_for, connect
 
     try:
         return connect(url, wait_s=wait_s)
-    except RedisCredentialsRefused:
+    except RedisMisconfigured:  # a malformed URL, a refused password: exit with the one line that says so
         raise
     except RedisUnavailable as exc:
         log.warning("%s; starting anyway: each topology's status says RedisUnavailable until it is back", exc)

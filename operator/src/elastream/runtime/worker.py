@@ -77,7 +77,8 @@ ALL_INTERFACES = ("0.0.0.0", "::")
 @dataclass(frozen=True)
 class WorkerOptions:
     node: str
-    redis_url: str
+    #: never in a repr (a log line, a traceback's locals): it may hold a password
+    redis_url: str = field(repr=False)
     #: the address the inboxes, /healthz and metrics listen on (0.0.0.0: every interface)
     host: str = "127.0.0.1"
     #: the address peers reach this worker at (registered with the endpoints); empty: `host`

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,7 +36,11 @@ class RedisUnavailable(Exception):
     """Redis cannot be reached; the message says where and why."""
 
 
-class RedisCredentialsRefused(RedisUnavailable):
+class RedisMisconfigured(RedisUnavailable):
+    """Waiting does not help, the configuration must change (the URL is malformed, the password refused)."""
+
+
+class RedisCredentialsRefused(RedisMisconfigured):
     """Redis answered and refused the password: waiting does not help, the configuration must change."""
 
 
@@ -46,15 +51,23 @@ def client_for(url: str, **options: Any) -> redis.Redis:
 
 
 def redacted(url: str) -> str:
-    """`url` with the password of its user info replaced by `***`, everything else as written: what a message
-    may show. Plain string work, so no URL, however malformed, makes it raise."""
+    """`url` with its password replaced by `***`, everything else as written: what a message, a log line, an
+    event or a status may show. The password is the user info's (``redis://user:PASSWORD@host``, also when it
+    holds an unencoded / ? # or @, which ends the host part early) and a ``password=`` query parameter (the
+    form redis-py takes for ``unix://`` sockets). Plain string work, so no URL, however malformed, makes it
+    raise; when in doubt it hides more (the host too), never less."""
     scheme, sep, rest = url.partition("://")
-    netloc_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    userinfo, at, hostport = rest[:netloc_end].rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hostport}{rest[netloc_end:]}"
+    if sep:
+        netloc_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+        # an @ after the host part's end: the password holds one of / ? # (unencoded); hide up to the last @
+        split = rest.rfind("@", 0, netloc_end) if "@" in rest[:netloc_end] else rest.rfind("@")
+        userinfo = rest[:split] if split >= 0 else ""
+        if ":" in userinfo:
+            url = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{rest[split + 1 :]}"
+    return _PASSWORD_PARAMETER.sub(r"\1***", url)
+
+
+_PASSWORD_PARAMETER = re.compile(r"([?&;]password=)[^&;#]*", re.IGNORECASE)
 
 
 def connect(
@@ -67,6 +80,15 @@ def connect(
     to `wait_s` seconds, calling `on_retry(reason, delay)` before each wait; then raises `RedisUnavailable`.
     `options` go to the client (they may replace the timeouts: 2 s to connect, 10 s per reply)."""
     deadline = time.monotonic() + wait_s
+    try:
+        client_for(url, **options)
+    except ValueError:
+        # not its text: redis-py's reasons quote pieces of the URL ("Port could not be cast to integer value
+        # as 'pa'", a piece of a password with an unencoded /)
+        raise RedisMisconfigured(
+            f"{redacted(url)} is not a Redis URL (redis://[user:password@]host[:port][/db], rediss:// for TLS, "
+            "unix:///path/to/socket); percent-encode : / ? # @ in the password; fix --redis / ELASTREAM_REDIS_URL"
+        ) from None
     for delay in backoff():
         try:
             client = client_for(url, **options)
