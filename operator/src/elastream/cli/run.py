@@ -114,6 +114,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from elastream.runtime.security import DataPlaneConfigError, keys_from_env
     from elastream.runtime.worker import ALL_INTERFACES, Worker, WorkerOptions, configure_logging
 
     if not args.redis:
@@ -125,6 +126,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             f"--advertise: --bind {host} listens on every interface, so peers need the address to reach this "
             "worker at; pass --advertise HOST (on Kubernetes the pod IP, e.g. --advertise $(POD_IP))"
         )
+    try:
+        keys = keys_from_env()
+    except DataPlaneConfigError as exc:
+        raise CommandError(str(exc)) from None
     configure_logging(args.node)
     options = WorkerOptions(
         node=args.node,
@@ -138,6 +143,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         manifest_dir=os.path.dirname(os.path.abspath(args.topology)),
         schedule_version=args.schedule_version,
         health_port=args.health_port,
+        data_plane=keys,
     )
     return Worker(topology, options).run()
 
