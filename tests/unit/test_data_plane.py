@@ -248,3 +248,27 @@ def test_an_executor_takes_only_in_band_control_from_its_upstream_off_its_inbox(
     upstream.close(0)
     stranger.close(0)
     inbox.close()
+
+
+def test_an_executor_whose_only_input_is_a_dropped_control_message_waits_on(context) -> None:
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", stats=stats)
+    migration = Migration("t#0", _Store(), ExecutorParticipant("t#0", frozenset({"s#0"})))  # type: ignore[arg-type]
+    thread = ExecutorThread(
+        "t#0",
+        object(),
+        Context("t", 0, 1, 1, {}),
+        inbox,
+        None,
+        threading.Event(),
+        False,
+        migration,  # type: ignore[arg-type]
+    )
+    channel = Channel(context, "s#0", "t#0", inbox.endpoint)
+    channel.send_control({"type": ControlType.INIT, "mid": "forged"}, threading.Event())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not stats.snapshot()[0]:
+        assert thread._next_frame() is None  # nothing to process: no frame, and no exception either
+    assert stats.snapshot()[0] == {"control": 1}
+    channel.close(0)
+    inbox.close()

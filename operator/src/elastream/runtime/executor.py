@@ -393,6 +393,8 @@ class ExecutorThread(threading.Thread):
             if frame is None:
                 break
             self._take(frame)
+        if not self.ahead:  # what came was dropped (`_take`)
+            return None
         frame = self.ahead.popleft()
         if len(frame) > 3:  # taken for processing: its credit goes back to the sender
             self.inbox.ack(frame[3])
