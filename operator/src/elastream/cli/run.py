@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster = LocalCluster(topology, os.path.abspath(args.file), url, interval_s=args.interval)
             # the archive has its own connection: it makes a last pass after the cluster closed its client
             archive_client = connect(url, wait_s=10.0) if args.archive else None
-        except RedisUnavailable as exc:
+        except (RedisUnavailable, BackendError) as exc:
             raise CommandError(str(exc)) from None
         store_manifest(cluster.client, topology)  # `elastream analyze --topology NAME` finds it there
         controller = local_controller(
@@ -289,7 +289,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(topology, path, url, interval_s=1.0)
-        except RedisUnavailable as exc:
+        except (RedisUnavailable, BackendError) as exc:
             raise CommandError(str(exc)) from None
         controller = local_controller(topology, cluster, analyzer)
         print(

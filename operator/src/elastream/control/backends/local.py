@@ -94,7 +94,14 @@ class LocalCluster(NodeBackend):
         extra_env: dict[str, str] | None = None,
         health_port: int = 0,
     ) -> None:
+        # this run's data-plane keys, checked before anything connects (None: authentication off)
+        try:
+            enabled = auth_enabled({**os.environ, **(extra_env or {})})
+        except DataPlaneConfigError as exc:
+            raise BackendError(str(exc)) from None
         super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s)
+        #: in every worker's environment, never on a command line
+        self.data_plane: DataPlaneKeys | None = generate_keys() if enabled else None
         self.manifest_path = manifest_path
         self.redis_url = redis_url
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="elastream-run-")
@@ -104,12 +111,6 @@ class LocalCluster(NodeBackend):
         #: serve /healthz and /ready on this port of every node's address (0: off)
         self.health_port = health_port
         self.extra_env = dict(extra_env or {})
-        #: this run's data-plane keys, in every worker's environment (None: authentication off)
-        try:
-            enabled = auth_enabled({**os.environ, **self.extra_env})
-        except DataPlaneConfigError as exc:
-            raise BackendError(str(exc)) from None
-        self.data_plane: DataPlaneKeys | None = generate_keys() if enabled else None
         self.workers: dict[str, WorkerProcess] = {}
         #: workers of removed nodes, exiting after their switch (reaped by `check_alive`)
         self.retiring: list[WorkerProcess] = []
