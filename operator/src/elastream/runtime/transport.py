@@ -61,7 +61,7 @@ ACK_TAKE_S = 0.05
 BLOCKED_LOG_S = 5.0
 #: ZeroMQ reconnects to a lost peer after 100 ms, backing off to this at most
 RECONNECT_IVL_MAX_MS = 5000
-#: how often an inbox looks at its refused handshakes (its monitor socket), and a worker logs what it dropped
+#: how often an inbox looks at the handshakes it refused (its monitor socket)
 MONITOR_EVERY_S = 1.0
 #: connections an inbox remembers the sender of (a fresh one is checked again): more than any topology has
 MAX_PEERS = 4096
