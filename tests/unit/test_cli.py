@@ -153,10 +153,12 @@ def test_a_worker_without_valid_data_plane_keys_says_which_variable_never_its_va
     assert "short-secret" not in proc.stderr and "x" * 39 not in proc.stderr
 
 
-def test_run_with_a_bad_data_plane_switch_is_one_line(files) -> None:
+@pytest.mark.parametrize("command", ["run", "operator"])
+def test_run_and_operator_with_a_bad_data_plane_switch_are_one_line(files, command: str) -> None:
     topo, _ = files
     env = dict(os.environ, PYTHONWARNINGS="ignore", ELASTREAM_DATA_PLANE_AUTH="sometimes")
-    argv = ["run", str(topo), "--engine", "python", "--redis", "redis://127.0.0.1:1/0", "--duration", "1"]
+    argv = ["run", str(topo), "--engine", "python", "--duration", "1"] if command == "run" else ["operator"]
+    argv += ["--redis", "redis://127.0.0.1:1/0"]
     proc = subprocess.run([sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, env=env)
     assert proc.returncode == 1, proc.stderr
     assert "error: ELASTREAM_DATA_PLANE_AUTH='sometimes': expected on or off" in proc.stderr
