@@ -12,8 +12,11 @@
    round-robin shuffle (`balance: round-robin`).
 5. The cost of load-aware shuffle at full speed: src -> work (2 executors) -> null sink in one process,
    load-aware vs round-robin, alternated.
+6. The cost of the authenticated, encrypted data plane (CURVE, `ELASTREAM_DATA_PLANE_AUTH`, on by default):
+   the raw-throughput topology on 1 and 2 worker processes with it off and on, alternated.
 
-Writes docs/benchmarks/runtime.md and runtime.png. `--quick` shortens every run.
+Writes docs/benchmarks/runtime.md and runtime.png. `--quick` shortens every run. `--only data-plane` runs
+section 6 alone and replaces just that section of an existing runtime.md.
 """
 
 from __future__ import annotations
@@ -122,6 +125,96 @@ def shuffle_overhead(directory: str, url: str, seconds: float, rounds: int = 2) 
             rows.append({"balance": balance, "events_per_s": rate, "us_per_event": 1e6 * cpu / events if events else 0})
             log(f"  {balance:<11} shuffle: {rate:,.0f} events/s, {rows[-1]['us_per_event']:.1f} µs CPU per event")
     return rows
+
+
+def data_plane_cost(directory: str, url: str, seconds: float, rounds: int = 2) -> list[dict[str, Any]]:
+    """The raw-throughput topology on 1 and 2 processes with the data plane's CURVE off and on, alternated
+    `rounds` times (the machine is shared: alternating spreads its noise over both). Every channel, also
+    between executors of one process, is a TCP connection, so CURVE is paid on every hop."""
+    rows = []
+    for _ in range(rounds):
+        for nodes in (1, 2):
+            for auth in ("off", "on"):
+                path = write(directory, trivial_linear(nodes, None, "null"))
+                topology = load_manifest(path)
+                with LocalCluster(topology, path, url, extra_env={"ELASTREAM_DATA_PLANE_AUTH": auth}) as cluster:
+                    assert (cluster.data_plane is not None) == (auth == "on")
+                    cluster.start(initial_schedule(topology))
+                    rate, cpu = sink_rate(cluster, topology, seconds, warmup=3.0)
+                events = rate * seconds
+                rows.append(
+                    {
+                        "auth": auth,
+                        "processes": nodes,
+                        "events_per_s": rate,
+                        "us_per_event": 1e6 * cpu / events if events else float("nan"),
+                    }
+                )
+                log(
+                    f"  data plane auth {auth:<3} {nodes} process(es): {rate:,.0f} events/s, "
+                    f"{rows[-1]['us_per_event']:.1f} µs CPU per event"
+                )
+    return rows
+
+
+DATA_PLANE_HEADING = "## Authenticated, encrypted data plane: its cost at full speed"
+
+
+def data_plane_section(rows: list[dict[str, Any]], alone_s: float | None = None) -> list[str]:
+    """The section's lines; `alone_s`: it was run alone (`--only data-plane`) in that many seconds."""
+    lines = [
+        DATA_PLANE_HEADING,
+        "",
+        "src -> work (no cost) -> null sink as fast as it goes, on 1 and 2 worker processes, with",
+        "`ELASTREAM_DATA_PLANE_AUTH=off` (plain ZeroMQ TCP) and `on` (the default: CURVE, every frame encrypted",
+        "and authenticated with the topology's keys), alternated. Every channel is a TCP connection, also",
+        "between executors of one process, so both hops pay for CURVE. Frame validation (every received frame",
+        "is checked before an executor sees it) runs in both.",
+        *(
+            [
+                f"Run alone (`python bench/runtime.py --only data-plane`, {alone_s:.0f} s); the sections above",
+                "come from the last full run, made before the data plane was authenticated.",
+            ]
+            if alone_s is not None
+            else []
+        ),
+        "",
+        "| worker processes | data plane auth | events/s at the sink (runs) | median | CPU µs per event (median) |",
+        "|---:|---|---|---:|---:|",
+    ]
+    medians: dict[tuple[int, str], float] = {}
+    for nodes in (1, 2):
+        for auth in ("off", "on"):
+            mine = [r for r in rows if r["processes"] == nodes and r["auth"] == auth]
+            if not mine:
+                continue
+            medians[(nodes, auth)] = statistics.median(r["events_per_s"] for r in mine)
+            runs = ", ".join(f"{r['events_per_s']:,.0f}" for r in mine)
+            lines.append(
+                f"| {nodes} | {auth} | {runs} | {medians[(nodes, auth)]:,.0f} | "
+                f"{statistics.median(r['us_per_event'] for r in mine):.1f} |"
+            )
+    lines.append("")
+    for nodes in (1, 2):
+        off, on = medians.get((nodes, "off")), medians.get((nodes, "on"))
+        if off and on:
+            lines.append(f"{nodes} process(es): on / off = {on / off:.2f}x ({round(100 * (1 - on / off)):+d} % cost).")
+    return lines
+
+
+def splice_section(path: str, heading: str, lines: list[str]) -> None:
+    """Replace the section under `heading` in the markdown file at `path` (up to the next `## `), or append
+    it, leaving every other section as it was."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().rstrip("\n").split("\n")
+    if heading in text:
+        start = text.index(heading)
+        end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+        text[start:end] = [*lines, ""] if end < len(text) else lines
+    else:
+        text += ["", *lines]
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(text).rstrip("\n") + "\n")
 
 
 def raw_throughput(directory: str, url: str, seconds: float) -> list[dict[str, float]]:
@@ -300,6 +393,7 @@ def report(
     scale: list[dict[str, Any]],
     overhead: list[dict[str, Any]],
     took: float,
+    auth: list[dict[str, Any]] | None = None,
 ) -> None:
     lines = [
         "# Runtime benchmark",
@@ -377,6 +471,8 @@ def report(
                 f"{statistics.median(r['us_per_event'] for r in mine):.1f} |"
             )
         lines += ["", f"Load-aware / round-robin: {medians['load-aware'] / medians['round-robin']:.2f}x."]
+    if auth:
+        lines += ["", *data_plane_section(auth)]
     lines += [
         "",
         "## Post-scale throughput on real processes vs the fluid simulator",
@@ -449,26 +545,42 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short runs")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
+    parser.add_argument(
+        "--only", choices=("data-plane",), default=None, help="run one section and splice it into runtime.md"
+    )
     args = parser.parse_args(argv)
     seconds = 4.0 if args.quick else 10.0
     started = time.monotonic()
     directory = tempfile.mkdtemp(prefix="elastream-bench-")
     redis = EmbeddedRedis(directory)
+    if args.only == "data-plane":
+        try:
+            log("data-plane authentication: CURVE off vs on, 1 and 2 worker processes")
+            auth = data_plane_cost(directory, redis.url, seconds)
+        finally:
+            redis.stop()
+            shutil.rmtree(directory, ignore_errors=True)
+        path = os.path.join(args.out, "runtime.md")
+        splice_section(path, DATA_PLANE_HEADING, data_plane_section(auth, time.monotonic() - started))
+        log(f"updated the data-plane section of {path} in {time.monotonic() - started:.0f} s")
+        return 0
     try:
-        log("[1/5] raw throughput, 1 and 2 worker processes")
+        log("[1/6] raw throughput, 1 and 2 worker processes")
         raw = raw_throughput(directory, redis.url, seconds)
-        log("[2/5] end-to-end latency")
+        log("[2/6] end-to-end latency")
         lat = latency(directory, redis.url, seconds, rate=5000.0)
-        log("[3/5] back-pressure: sink latency under congestion")
+        log("[3/6] back-pressure: sink latency under congestion")
         cong = congested(directory, redis.url, 3 * seconds)
-        log("[4/5] post-scale throughput: stela vs round-robin, measured vs predicted")
+        log("[4/6] post-scale throughput: stela vs round-robin, measured vs predicted")
         scale = post_scale(directory, redis.url, seconds)
-        log("[5/5] load-aware vs round-robin shuffle at full speed")
+        log("[5/6] load-aware vs round-robin shuffle at full speed")
         overhead = shuffle_overhead(directory, redis.url, seconds)
+        log("[6/6] data-plane authentication: CURVE off vs on at full speed")
+        auth = data_plane_cost(directory, redis.url, seconds)
     finally:
         redis.stop()
         shutil.rmtree(directory, ignore_errors=True)
-    report(args.out, raw, lat, cong, scale, overhead, time.monotonic() - started)
+    report(args.out, raw, lat, cong, scale, overhead, time.monotonic() - started, auth)
     log(f"wrote {args.out}/runtime.md and runtime.png in {time.monotonic() - started:.0f} s")
     return 0
 

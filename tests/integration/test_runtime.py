@@ -17,6 +17,7 @@ import redis
 from elastream.control.backends.local import LocalCluster, node_host
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import load_manifest
+from elastream.runtime.security import generate_keys
 from elastream.store.metric_stream import MetricStream
 from harness import id_counts, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, src, work
@@ -244,7 +245,8 @@ def test_a_worker_without_redis_retries_then_says_why(tmp_path) -> None:
     path = write_manifest(str(tmp_path), doc)
     command = ["worker", "--topology", path, "--node", "node-0", "--redis", "redis://127.0.0.1:1/0"]
     command += ["--redis-wait", "6"]
-    result = subprocess.run([*ELASTREAM, *command], capture_output=True, text=True, timeout=60, check=False)
+    env = {**os.environ, **generate_keys().env()}  # the topology's data-plane keys, as its Secret gives them
+    result = subprocess.run([*ELASTREAM, *command], capture_output=True, text=True, timeout=60, check=False, env=env)
     assert result.returncode == 2
     assert result.stderr.count("retrying in") >= 2  # it retried with backoff rather than giving up at once
     assert "error: cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr

@@ -136,6 +136,40 @@ def test_bad_input_is_one_line_and_exit_1(files, tmp_path, argv, message) -> Non
     assert all(line.startswith("error: ") for line in proc.stderr.splitlines())
 
 
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({}, "ELASTREAM_DATA_PLANE_SERVER_KEY and ELASTREAM_DATA_PLANE_CLIENT_KEY not set"),
+        (
+            {"ELASTREAM_DATA_PLANE_SERVER_KEY": "x" * 39 + "!", "ELASTREAM_DATA_PLANE_CLIENT_KEY": "short-secret"},
+            "ELASTREAM_DATA_PLANE_SERVER_KEY / ELASTREAM_DATA_PLANE_CLIENT_KEY:",
+        ),
+        ({"ELASTREAM_DATA_PLANE_AUTH": "maybe"}, "ELASTREAM_DATA_PLANE_AUTH='maybe': expected on or off"),
+    ],
+)
+def test_a_worker_without_valid_data_plane_keys_says_which_variable_never_its_value(files, keys, message) -> None:
+    topo, _ = files
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTREAM_DATA_PLANE")}
+    env.update(keys, PYTHONWARNINGS="ignore")
+    argv = ["worker", "--topology", str(topo), "--node", "node-0", "--redis", "redis://127.0.0.1:1/0"]
+    proc = subprocess.run([sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and message in proc.stderr and "Traceback" not in proc.stderr
+    assert "short-secret" not in proc.stderr and "x" * 39 not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "operator"])
+def test_run_and_operator_with_a_bad_data_plane_switch_are_one_line(files, command: str) -> None:
+    topo, _ = files
+    env = dict(os.environ, PYTHONWARNINGS="ignore", ELASTREAM_DATA_PLANE_AUTH="sometimes")
+    argv = ["run", str(topo), "--engine", "python", "--duration", "1"] if command == "run" else ["operator"]
+    argv += ["--redis", "redis://127.0.0.1:1/0"]
+    proc = subprocess.run([sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: ELASTREAM_DATA_PLANE_AUTH='sometimes': expected on or off" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "elastream", *args], capture_output=True, text=True, env=env)

@@ -39,8 +39,17 @@ class FakeCore:
     def create_namespaced_config_map(self, namespace: str, body: dict[str, Any]) -> None:
         self.config_maps[body["metadata"]["name"]] = body
 
+    def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        import base64
+        from types import SimpleNamespace
+
+        self._missing(self.secrets, name)
+        string_data = self.secrets[name]["stringData"]
+        return SimpleNamespace(data={k: base64.b64encode(v.encode()).decode() for k, v in string_data.items()})
+
     def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self._missing(self.secrets, name)
+        self.secrets[name]["stringData"].update(body.get("stringData", {}))
 
     def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[body["metadata"]["name"]] = body
@@ -97,6 +106,47 @@ def test_config_map_and_secret_hold_the_topology_and_the_url() -> None:
     assert '"version"' in core.config_maps["web-topology"]["data"]["schedule.json"]
     assert core.secrets["web-redis"]["stringData"]["url"] == "redis://:pw@r:6379/0"
     assert core.secrets["web-redis"]["metadata"]["ownerReferences"][0]["uid"] == "u"
+
+
+def test_the_secret_holds_data_plane_keys_made_once_and_pods_read_them_from_it() -> None:
+    from elastream.runtime.security import DataPlaneKeys, keys_from_env
+
+    kube, core = backend()
+    kube.ensure_config()
+    data = core.secrets["web-redis"]["stringData"]
+    keys = DataPlaneKeys(data["dataPlaneServerKey"].encode(), data["dataPlaneClientKey"].encode())
+    kube.ensure_config()  # a later pass (a new operator, an apply) keeps them: running pods hold them
+    assert core.secrets["web-redis"]["stringData"]["dataPlaneServerKey"] == keys.server_secret.decode()
+    assert core.secrets["web-redis"]["stringData"]["dataPlaneClientKey"] == keys.client_secret.decode()
+    other, other_core = backend()
+    other_core.secrets.clear()
+    other.ensure_config()  # every topology (here: a fresh Secret) gets its own
+    assert other_core.secrets["web-redis"]["stringData"]["dataPlaneClientKey"] != keys.client_secret.decode()
+    pod = worker_pod(kube.topology, "node-0", kube.owner, WorkerPodSettings())
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ELASTREAM_DATA_PLANE_AUTH"]["value"] == "on"
+    for name, key in (("SERVER", "dataPlaneServerKey"), ("CLIENT", "dataPlaneClientKey")):
+        ref = env[f"ELASTREAM_DATA_PLANE_{name}_KEY"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "web-redis", "key": key}
+    assert keys.server_secret.decode() not in str(pod) and keys.client_secret.decode() not in str(pod)
+    resolved = {
+        name: data[e["valueFrom"]["secretKeyRef"]["key"]]
+        for name, e in env.items()
+        if "DATA_PLANE_" in name and "valueFrom" in e
+    }
+    assert keys_from_env({**resolved, "ELASTREAM_DATA_PLANE_AUTH": "on"}).client_public == keys.client_public  # type: ignore[union-attr]
+    off = worker_pod(kube.topology, "node-0", kube.owner, WorkerPodSettings(data_plane_auth=False))
+    off_env = {e["name"]: e for e in off["spec"]["containers"][0]["env"]}
+    assert off_env["ELASTREAM_DATA_PLANE_AUTH"]["value"] == "off" and "ELASTREAM_DATA_PLANE_SERVER_KEY" not in off_env
+
+
+def test_a_secret_made_before_data_plane_keys_gets_them_and_keeps_its_url() -> None:
+    kube, core = backend()
+    core.secrets["web-redis"] = {"metadata": {"name": "web-redis"}, "stringData": {"url": "redis://old"}}
+    kube.ensure_config()
+    data = core.secrets["web-redis"]["stringData"]
+    assert data["url"] == "redis://:pw@r:6379/0" and len(data["dataPlaneServerKey"]) == 40
 
 
 def test_missing_and_failed_pods_are_failures_and_removed_nodes_are_not() -> None:

@@ -105,6 +105,12 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     if not args.redis:
         raise CommandError("--redis: no URL; pass one or set ELASTREAM_REDIS_URL (the chart sets it from a Secret)")
+    from elastream.runtime.security import DataPlaneConfigError, auth_enabled
+
+    try:
+        auth_enabled()  # what the worker pods get: a typo fails here, not in every pod
+    except DataPlaneConfigError as exc:
+        raise CommandError(str(exc)) from None
     options = operator_options(args)
     logging.basicConfig(
         level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -114,6 +114,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from elastream.runtime.security import DataPlaneConfigError, keys_from_env
     from elastream.runtime.worker import ALL_INTERFACES, Worker, WorkerOptions, configure_logging
 
     if not args.redis:
@@ -125,6 +126,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             f"--advertise: --bind {host} listens on every interface, so peers need the address to reach this "
             "worker at; pass --advertise HOST (on Kubernetes the pod IP, e.g. --advertise $(POD_IP))"
         )
+    try:
+        keys = keys_from_env()
+    except DataPlaneConfigError as exc:
+        raise CommandError(str(exc)) from None
     configure_logging(args.node)
     options = WorkerOptions(
         node=args.node,
@@ -138,6 +143,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         manifest_dir=os.path.dirname(os.path.abspath(args.topology)),
         schedule_version=args.schedule_version,
         health_port=args.health_port,
+        data_plane=keys,
     )
     return Worker(topology, options).run()
 
@@ -186,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster = LocalCluster(topology, os.path.abspath(args.file), url, interval_s=args.interval)
             # the archive has its own connection: it makes a last pass after the cluster closed its client
             archive_client = connect(url, wait_s=10.0) if args.archive else None
-        except RedisUnavailable as exc:
+        except (RedisUnavailable, BackendError) as exc:
             raise CommandError(str(exc)) from None
         store_manifest(cluster.client, topology)  # `elastream analyze --topology NAME` finds it there
         controller = local_controller(
@@ -286,7 +292,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(topology, path, url, interval_s=1.0)
-        except RedisUnavailable as exc:
+        except (RedisUnavailable, BackendError) as exc:
             raise CommandError(str(exc)) from None
         controller = local_controller(topology, cluster, analyzer)
         print(

@@ -24,6 +24,7 @@ from elastream.control.backends.kubernetes import WorkerPodSettings
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers
+from elastream.runtime.security import auth_enabled
 
 log = logging.getLogger("elastream.operator")
 
@@ -82,6 +83,7 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
         image=options.worker_image,
         log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
         listen_on_pod_ip=options.listen_on_pod_ip,
+        data_plane_auth=auth_enabled(),
     )
 
 

@@ -59,6 +59,8 @@ IDLE_POLL_MS = 20
 CONTROLLER = "controller"
 #: frames an executor takes off its socket ahead of processing (their events are its visible queue length)
 READ_AHEAD = 8
+#: the control messages executors send each other in-band (and DCR's PREPARE, with protocol "dcr")
+IN_BAND = frozenset((ControlType.COMMIT, ControlType.BARRIER))
 #: test-only: `<executor>:<n>` makes that executor's loop raise `InjectedCrash` after n events (see above)
 TEST_CRASH_ENV = "ELASTREAM_TEST_CRASH"
 
@@ -391,6 +393,8 @@ class ExecutorThread(threading.Thread):
             if frame is None:
                 break
             self._take(frame)
+        if not self.ahead:  # what came was dropped (`_take`)
+            return None
         frame = self.ahead.popleft()
         if len(frame) > 3:  # taken for processing: its credit goes back to the sender
             self.inbox.ack(frame[3])
@@ -404,7 +408,21 @@ class ExecutorThread(threading.Thread):
         # they follow; the controller's own messages arrive through `control` and go before everything.
         if frame[0] == DATA:
             self.counters.queue_len += len(frame[2])
+        elif not self.in_band(frame[1], frame[2]):
+            self.inbox.stats.drop("control")
+            return
         self.ahead.append(frame)
+
+    def in_band(self, sender: str, message: Mapping[str, Any]) -> bool:
+        """Whether a control message that came on the inbox is one an upstream executor sends in-band:
+        COMMIT, BARRIER or DCR's PREPARE, from an executor of this one's upstream. The controller's messages
+        (INIT, ABORT, RESUME, CHECKPOINT_ABORT, ...) come only through the control queue, never a socket."""
+        kind = message.get("type")
+        if type(kind) is not str:
+            return False
+        if kind not in IN_BAND and not (kind == ControlType.PREPARE and message.get("protocol") == "dcr"):
+            return False
+        return sender in self.migration.participant.upstream
 
     def handle(self, frame: list[Any]) -> None:
         kind, sender, payload = frame

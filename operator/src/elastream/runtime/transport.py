@@ -17,6 +17,12 @@ Because the topology is a DAG and sinks never block on output, blocking sends ca
 
 A frame is ``msgpack([kind, sender, payload])``: DATA carries a list of events ``[id, key, value, ts]``,
 CONTROL a dict (PREPARE, COMMIT, ... from the migration protocol). Control frames need no credit.
+
+With the topology's `DataPlaneKeys` (`elastream.runtime.security`) inboxes are CURVE servers and channels
+CURVE clients: only peers holding the topology's keys connect, and everything on the wire is encrypted.
+Whatever arrives is checked before an executor sees it: a frame that does not decode, or is not the shape
+above, or (with keys) comes over a connection no ZAP handler accepted, or names another sender than the
+first frame of its connection did, is dropped and counted in the worker's `DataPlaneStats`, never raised.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import msgpack
 import zmq
+
+from elastream.runtime.security import PEER_USER_ID, DataPlaneKeys, secure_client, secure_server
 
 DATA = 0
 CONTROL = 1
@@ -52,6 +61,10 @@ ACK_TAKE_S = 0.05
 BLOCKED_LOG_S = 5.0
 #: ZeroMQ reconnects to a lost peer after 100 ms, backing off to this at most
 RECONNECT_IVL_MAX_MS = 5000
+#: how often an inbox looks at the handshakes it refused (its monitor socket)
+MONITOR_EVERY_S = 1.0
+#: connections an inbox remembers the sender of (a fresh one is checked again): more than any topology has
+MAX_PEERS = 4096
 
 log = logging.getLogger("elastream.worker")
 
@@ -66,42 +79,164 @@ def decode(frame: bytes | memoryview) -> list[Any]:
     return msgpack.unpackb(frame, raw=False, use_list=False, strict_map_key=False)  # type: ignore[no-any-return]
 
 
+def parse(frame: bytes | memoryview) -> tuple[int, str, Any] | None:
+    """A received frame as ``(kind, sender, payload)``, or None when it is not one: it does not decode, or
+    is not ``[DATA, str, [[id, key, value, ts], ...]]`` (ts a number) or ``[CONTROL, str, {...}]``. Garbage
+    from a peer must never reach an executor's loop, where a bad shape would raise outside any operator."""
+    try:
+        decoded: Any = decode(frame)
+    except Exception:  # msgpack raises ValueError subclasses, TypeError, ... for arbitrary bytes
+        return None
+    if type(decoded) is not tuple or len(decoded) != 3:
+        return None
+    kind, sender, payload = decoded
+    if type(sender) is not str:
+        return None
+    if kind == DATA and type(kind) is int:
+        if type(payload) is not tuple:
+            return None
+        for event in payload:  # ~30 ns an event
+            if type(event) is not tuple or len(event) != 4:
+                return None
+            ts = event[3]
+            if type(ts) is not float and type(ts) is not int:
+                return None
+    elif kind != CONTROL or type(kind) is not int or type(payload) is not dict:
+        return None
+    return kind, sender, payload
+
+
 _SEQ_BYTES = 8
+
+#: the handshake failures an inbox's monitor reports, and the reason each is counted under
+_HANDSHAKE_FAILURES: dict[int, str] = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # a CURVE client with a key that is not the topology's
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no CURVE, another server key, garbage bytes
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
+}
+
+
+class DataPlaneStats:
+    """What a worker's inboxes dropped and refused, by reason, cumulative since the worker started. One
+    object for all the worker's inboxes (executor threads count into it, the worker reads it).
+
+    Dropped frames: `malformed` (does not decode or has the wrong shape), `unauthenticated` (a connection
+    no ZAP handler accepted), `sender` (a sender name other than the one its connection started with),
+    `control` (a control message executors never send in-band, or from an executor that is not upstream).
+    Refused handshakes (with keys; such a peer delivers nothing at all): `auth` (not the topology's client
+    key), `protocol` (no CURVE or not the topology's server key), `other`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.dropped: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+
+    def drop(self, reason: str) -> None:
+        with self._lock:
+            self.dropped[reason] += 1
+
+    def refuse(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self.refused[reason] += n
+
+    def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
+        with self._lock:
+            return dict(self.dropped), dict(self.refused)
 
 
 class Inbox:
     """An executor's ROUTER socket, bound to `host` (on `port`, or an ephemeral port when 0). Its `endpoint`,
     which peers connect to, names `advertise` instead when given (a socket listening on 0.0.0.0 is reached
-    at the pod's address).
+    at the pod's address). With `keys` it is a CURVE server: only the topology's peers connect (the
+    context's `PeerAuthenticator` checks them), and their frames are encrypted.
 
     `receive` returns ``[kind, sender, payload, ack]``; the executor calls `ack(frame)` when it takes the
-    frame for processing, which returns the credit to the sender."""
+    frame for processing, which returns the credit to the sender. What it drops is counted in `stats`."""
 
-    def __init__(self, context: zmq.Context[Any], host: str, port: int = 0, advertise: str = "") -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        host: str,
+        port: int = 0,
+        advertise: str = "",
+        keys: DataPlaneKeys | None = None,
+        stats: DataPlaneStats | None = None,
+    ) -> None:
+        self.keys = keys
+        self.stats = stats or DataPlaneStats()
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
         self.socket.setsockopt(zmq.SNDHWM, 0)  # acks are tiny and cumulative; never drop them for a full pipe
         self.socket.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
-        if port:
-            self.socket.bind(f"tcp://{host}:{port}")
-        else:
-            port = self.socket.bind_to_random_port(f"tcp://{host}")
+        self.monitor: zmq.Socket[Any] | None = None
+        if keys is not None:
+            secure_server(self.socket, keys)
+            self.monitor = self.socket.get_monitor_socket(sum(_HANDSHAKE_FAILURES))
+        self._next_monitor = 0.0
+        #: the sender name of each connection (its routing id), fixed by its first frame
+        self._peers: dict[bytes, str] = {}
+        try:
+            if port:
+                self.socket.bind(f"tcp://{host}:{port}")
+            else:
+                port = self.socket.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError:
+            self.close()
+            raise
         self.endpoint = f"tcp://{advertise or host}:{port}"
 
     def receive(self, timeout_ms: int) -> list[Any] | None:
-        """The next frame, decoded, with its ack token last, or None after `timeout_ms` (0: do not wait)."""
+        """The next frame, decoded, with its ack token last, or None after `timeout_ms` (0: do not wait) or
+        when the frame that came was dropped (counted in `stats`)."""
+        if self.monitor is not None and time.monotonic() >= self._next_monitor:
+            self.take_refusals()
         if timeout_ms and not self.socket.poll(timeout_ms, zmq.POLLIN):
             return None
         try:
-            parts = self.socket.recv_multipart(zmq.NOBLOCK)
+            parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
         if len(parts) != 2 or len(parts[1]) <= _SEQ_BYTES:
-            return None  # not a channel of ours
-        message = parts[1]
-        kind, sender, payload = decode(memoryview(message)[_SEQ_BYTES:])
-        return [kind, sender, payload, (parts[0], message[:_SEQ_BYTES])]
+            self.stats.drop("malformed")  # not a channel of ours
+            return None
+        peer, message = parts
+        buffer = message.buffer
+        frame = parse(buffer[_SEQ_BYTES:])
+        if frame is None:
+            self.stats.drop("malformed")
+            return None
+        kind, sender, payload = frame
+        routing = peer.bytes
+        known = self._peers.get(routing)
+        if known is None:
+            if self.keys is not None and _user_id(message) != PEER_USER_ID:
+                self.stats.drop("unauthenticated")  # the connection was never checked by a ZAP handler
+                return None
+            if len(self._peers) >= MAX_PEERS:
+                self._peers.clear()  # every live connection is simply checked again
+            self._peers[routing] = sender
+        elif known != sender:
+            self.stats.drop("sender")
+            return None
+        return [kind, sender, payload, (routing, bytes(buffer[:_SEQ_BYTES]))]
+
+    def take_refusals(self) -> None:
+        """Count the handshakes refused since the last look (the monitor's events; called from `receive`,
+        by the thread that owns the inbox, at most every `MONITOR_EVERY_S`)."""
+        self._next_monitor = time.monotonic() + MONITOR_EVERY_S
+        monitor = self.monitor
+        if monitor is None:
+            return
+        while True:
+            try:
+                event = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # closed underneath
+                return
+            kind = int.from_bytes(event[0][:2], "little") if event and len(event[0]) >= 2 else 0
+            self.stats.refuse(_HANDSHAKE_FAILURES.get(kind, "other"))
 
     def ack(self, token: tuple[bytes, bytes]) -> None:
         """Return the credit of a frame taken for processing (its sender's cumulative count)."""
@@ -109,13 +244,32 @@ class Inbox:
             self.socket.send_multipart(token, zmq.NOBLOCK)
 
     def close(self) -> None:
+        if self.monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disable_monitor()
+            self.monitor.close(0)
         self.socket.close(0)
+
+
+def _user_id(message: zmq.Frame) -> str | None:
+    try:
+        value = message.get("User-Id")
+    except zmq.ZMQError:  # no such property: no ZAP handler accepted this connection
+        return None
+    return value if isinstance(value, str) else None
 
 
 class Channel:
     """The sending end of one (sender executor -> receiver executor) channel."""
 
-    def __init__(self, context: zmq.Context[Any], sender: str, receiver: str, endpoint: str) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        sender: str,
+        receiver: str,
+        endpoint: str,
+        keys: DataPlaneKeys | None = None,
+    ) -> None:
         self.sender = sender
         self.receiver = receiver
         self.endpoint = endpoint
@@ -126,6 +280,8 @@ class Channel:
         self.socket.setsockopt(zmq.LINGER, 2000)
         self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
         self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        if keys is not None:
+            secure_client(self.socket, keys)
         self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.socket.connect(endpoint)
         #: events sent, and the highest cumulative count the receiver has acked

@@ -9,6 +9,12 @@ mark the node ready; 7. once every node of the schedule is ready, start the sour
 Then, every interval, it publishes one `MetricSample` per executor to `<prefix>metrics` and serves the same
 counters as Prometheus metrics. SIGTERM or SIGINT stops it cleanly.
 
+The data plane is authenticated and encrypted with the topology's CURVE keys (`WorkerOptions.data_plane`,
+from the environment: `elastream.runtime.security`) unless `ELASTREAM_DATA_PLANE_AUTH=off`. What the
+inboxes drop (malformed frames, frames of unchecked connections, control messages no executor sends
+in-band) and the handshakes they refuse are counted (`DataPlaneStats`), served as Prometheus counters and
+logged, at most every `DATA_PLANE_LOG_S`, when they grew.
+
 Redis outages: once started, the worker never dies of an unreachable Redis (refused, reset, timed out,
 LOADING after a restart). Every thread that needs Redis (the control dispatcher, readiness marks, executors'
 acks, checkpoint saves and INIT's loads, redis-stream sinks and sources) waits it out with `retry_redis`:
@@ -51,7 +57,8 @@ from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceT
 from elastream.runtime.health import serve_health
 from elastream.runtime.operators import Context, NodeCpu, OperatorLoadError, make_operator, resolve_rate_file
 from elastream.runtime.participant import Migration, pack
-from elastream.runtime.transport import Channel, Inbox
+from elastream.runtime.security import DataPlaneKeys, PeerAuthenticator
+from elastream.runtime.transport import Channel, DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
 from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
@@ -72,6 +79,8 @@ REDIS_CONNECT_TIMEOUT_S = 2.0
 REDIS_SOCKET_TIMEOUT_S = 5.0
 #: `--bind` hosts that listen on every interface (peers then need `--advertise`)
 ALL_INTERFACES = ("0.0.0.0", "::")
+#: what the data plane dropped and refused is logged at most this often (when it grew)
+DATA_PLANE_LOG_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,8 @@ class WorkerOptions:
     schedule_version: int = 0
     #: serve /healthz and /ready (a pod's probes) on this port of `host` (0: off)
     health_port: int = 0
+    #: the topology's CURVE keys: inboxes accept only its peers, everything is encrypted (None: plain TCP)
+    data_plane: DataPlaneKeys | None = None
 
     @property
     def address(self) -> str:
@@ -128,6 +139,15 @@ class Worker:
         self.node = options.node
         self.stop = threading.Event()
         self.zmq = zmq.Context(io_threads=1)
+        #: what every inbox of this worker dropped and refused
+        self.data_plane = DataPlaneStats()
+        self._data_plane_logged: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self._data_plane_log_at = 0.0
+        #: the ZAP handler that admits only the topology's peers to the inboxes (before any inbox binds)
+        self.authenticator: PeerAuthenticator | None = None
+        if options.data_plane is not None:
+            self.authenticator = PeerAuthenticator(self.zmq, options.data_plane)
+            self.authenticator.start()
         self.cpu = NodeCpu(topology.node_cpu)
         #: the generation running now, and the one staged ahead of a migration (inboxes bound, idle)
         self.current: Generation | None = None
@@ -247,7 +267,12 @@ class Worker:
             for slot, executor in enumerate(mine):
                 if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
                     inboxes[executor] = Inbox(
-                        self.zmq, self.options.host, self._port_for(version, slot), self.options.address
+                        self.zmq,
+                        self.options.host,
+                        self._port_for(version, slot),
+                        self.options.address,
+                        self.options.data_plane,
+                        self.data_plane,
                     )
         except zmq.ZMQError:
             for inbox in inboxes.values():
@@ -290,7 +315,7 @@ class Worker:
         endpoints = found["endpoints"]
 
         def open_channel(sender: str, receiver: str, endpoint: str) -> Channel:
-            channel = Channel(self.zmq, sender, receiver, endpoint)
+            channel = Channel(self.zmq, sender, receiver, endpoint, self.options.data_plane)
             generation.channels.append(channel)
             return channel
 
@@ -447,6 +472,14 @@ class Worker:
         return 0
 
     def start(self, generation: Generation) -> None:
+        if self.options.data_plane is not None:
+            log.info("node %s: data plane authenticated and encrypted (CURVE, the topology's keys)", self.node)
+        else:
+            log.warning(
+                "node %s: data plane NOT authenticated (ELASTREAM_DATA_PLANE_AUTH=off): anyone who reaches this "
+                "worker's ports can send it events and read its traffic",
+                self.node,
+            )
         if self.options.health_port:
             serve_health(self.options.host, self.options.health_port, self.is_ready)
         if self.options.metrics_port:
@@ -483,6 +516,7 @@ class Worker:
             # a late wake-up (a busy machine, the clock went forward) skips the slots it missed
             next_publish = max(next_publish + interval, next_grid_time(time.time(), interval))
             self.publish_metrics()
+            self.log_data_plane()
             if parent is not None and os.getppid() != parent:
                 log.warning("node %s: the process that started it (pid %d) is gone; stopping", self.node, parent)
                 self.stop.set()
@@ -683,6 +717,25 @@ class Worker:
             if written or positions:  # Redis answered (a staged node has nothing to publish: no proof it is back)
                 REDIS.succeeded()
 
+    def log_data_plane(self, force: bool = False) -> None:
+        """Log what the data plane dropped and refused since the worker started, when it grew since the last
+        line, at most every `DATA_PLANE_LOG_S` (never a frame's content or a peer's key)."""
+        now = time.monotonic()
+        if not force and now < self._data_plane_log_at:
+            return
+        dropped, refused = self.data_plane.snapshot()
+        if (dropped, refused) == self._data_plane_logged:
+            return
+        self._data_plane_logged, self._data_plane_log_at = (dropped, refused), now + DATA_PLANE_LOG_S
+        log.warning(
+            "node %s: data plane: %d frames dropped%s, %d handshakes refused%s since start",
+            self.node,
+            sum(dropped.values()),
+            _by_reason(dropped),
+            sum(refused.values()),
+            _by_reason(refused),
+        )
+
     def source_positions(self, generation: Generation) -> dict[str, bytes]:
         """The read position of each running source (`restart` counts what the sources will replay from
         them); a source still waiting for INIT has none yet."""
@@ -731,6 +784,9 @@ class Worker:
                 for inbox in current.inboxes.values():
                     inbox.close()
             self.discard_staged()
+        self.log_data_plane(force=True)
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.zmq.term()
         log.info("node %s stopped", self.node)
 
@@ -776,6 +832,29 @@ class WorkerCollector:
         yield from families.values()
         yield queue
         yield latency
+        dropped_frames, refused_handshakes = self.worker.data_plane.snapshot()
+        dropped = CounterMetricFamily(
+            "elastream_data_plane_dropped_frames",
+            "frames the inboxes dropped: malformed, unauthenticated, sender (not its connection's), control "
+            "(not an in-band message of an upstream executor)",
+            labels=["node", "reason"],
+        )
+        refused = CounterMetricFamily(
+            "elastream_data_plane_refused_handshakes",
+            "connections the inboxes refused: auth (not the topology's key), protocol (no CURVE, another "
+            "server key), other",
+            labels=["node", "reason"],
+        )
+        for reason in ("malformed", "unauthenticated", "sender", "control"):
+            dropped.add_metric([self.worker.node, reason], float(dropped_frames.get(reason, 0)))
+        for reason in ("auth", "protocol", "other"):
+            refused.add_metric([self.worker.node, reason], float(refused_handshakes.get(reason, 0)))
+        yield dropped
+        yield refused
+
+
+def _by_reason(counts: Mapping[str, int]) -> str:
+    return f" ({', '.join(f'{reason} {n}' for reason, n in sorted(counts.items()))})" if counts else ""
 
 
 def _join(threads: Iterable[threading.Thread], timeout_s: float) -> None:

