@@ -203,12 +203,10 @@ class _Store:
         pass
 
 
-def test_an_executor_takes_only_in_band_control_from_its_upstream_off_its_inbox(context) -> None:
-    stats = DataPlaneStats()
-    inbox = Inbox(context, "127.0.0.1", stats=stats)
-    participant = ExecutorParticipant("t#0", frozenset({"s#0"}))
-    migration = Migration("t#0", _Store(), participant)  # type: ignore[arg-type]
-    thread = ExecutorThread(
+def executor_of_t(inbox: Inbox) -> ExecutorThread:
+    """Executor t#0 on `inbox`, with s#0 as its one upstream executor (no operator: only its inbox reads run)."""
+    migration = Migration("t#0", _Store(), ExecutorParticipant("t#0", frozenset({"s#0"})))  # type: ignore[arg-type]
+    return ExecutorThread(
         "t#0",
         object(),
         Context("t", 0, 1, 1, {}),
@@ -218,6 +216,12 @@ def test_an_executor_takes_only_in_band_control_from_its_upstream_off_its_inbox(
         False,
         migration,  # type: ignore[arg-type]
     )
+
+
+def test_an_executor_takes_only_in_band_control_from_its_upstream_off_its_inbox(context) -> None:
+    stats = DataPlaneStats()
+    inbox = Inbox(context, "127.0.0.1", stats=stats)
+    thread = executor_of_t(inbox)
     stop = threading.Event()
     upstream = Channel(context, "s#0", "t#0", inbox.endpoint)
     stranger = Channel(context, "x#0", "t#0", inbox.endpoint)
@@ -253,17 +257,7 @@ def test_an_executor_takes_only_in_band_control_from_its_upstream_off_its_inbox(
 def test_an_executor_whose_only_input_is_a_dropped_control_message_waits_on(context) -> None:
     stats = DataPlaneStats()
     inbox = Inbox(context, "127.0.0.1", stats=stats)
-    migration = Migration("t#0", _Store(), ExecutorParticipant("t#0", frozenset({"s#0"})))  # type: ignore[arg-type]
-    thread = ExecutorThread(
-        "t#0",
-        object(),
-        Context("t", 0, 1, 1, {}),
-        inbox,
-        None,
-        threading.Event(),
-        False,
-        migration,  # type: ignore[arg-type]
-    )
+    thread = executor_of_t(inbox)
     channel = Channel(context, "s#0", "t#0", inbox.endpoint)
     channel.send_control({"type": ControlType.INIT, "mid": "forged"}, threading.Event())
     deadline = time.monotonic() + 10
