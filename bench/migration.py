@@ -188,7 +188,7 @@ def store_rows(url: str, volumes: list[int]) -> list[dict[str, Any]]:
     from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
 
     client = redis_client.Redis.from_url(url)
-    store = CheckpointStore(client, "elastream:bench/store:")
+    store = CheckpointStore(client, "elastream:{bench/store}:")
     rows = []
     for volume in volumes:
         events = [pack((i, i % 64, i, time.time())) for i in range(volume)]

@@ -1,7 +1,7 @@
 """Redis checkpoint store for migrations: the record, per-key-group state, captured events, source positions
 and acks, under the topology's prefix.
 
-Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
+Key layout (`P` = `elastream:{namespace/name}:`, braces included, `M` = `P + "mig:" + id`):
 
     P mig:current                the id of the migration in progress (absent when none)
     P ckpt:latest                hash: id, completedAt, schedule (JSON) of the last complete periodic checkpoint

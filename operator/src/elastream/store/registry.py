@@ -1,6 +1,6 @@
 """Where workers and the backend meet in Redis: the current schedule, executor endpoints, readiness.
 
-Keys under the topology's prefix (`elastream:{namespace}/{name}:`):
+Keys under the topology's prefix (`elastream:{namespace/name}:`, braces included: the Redis Cluster hash tag):
 - `schedule`              JSON ``{"version": n, "schedule": Schedule.to_dict()}``: the running schedule
 - `schedule:<version>`    the same JSON for every version, staged ahead of a migration and then activated
 - `staged:<version>`      set of nodes that bound the inboxes of a staged version (idle, endpoints registered)
@@ -23,7 +23,7 @@ from typing import Any
 import redis
 
 from elastream.core.schedule import Schedule
-from elastream.core.topology import API_VERSION, KIND, Topology
+from elastream.core.topology import API_VERSION, KIND, Topology, topology_prefix
 from elastream.store.codec import text
 from elastream.store.retry import backoff
 
@@ -211,7 +211,7 @@ def _parse_schedule(raw: bytes | str | None) -> tuple[int, Schedule] | None:
 def manifest_key(name: str) -> str:
     """The key of a stored manifest: `name` is NAME (namespace default) or NAMESPACE/NAME."""
     namespace, _, short = name.rpartition("/")
-    return f"elastream:{namespace or 'default'}/{short}:manifest"
+    return f"{topology_prefix(namespace or 'default', short)}manifest"
 
 
 def store_manifest(client: redis.Redis, topology: Topology) -> None:
