@@ -1,0 +1,121 @@
+"""Redis Cluster: the URL that names one, the client `store.registry.client_for` makes for it, and the hash
+slots keys land in.
+
+A cluster is named by any one of its nodes, `redis+cluster://[user:password@]host[:port]` (`rediss+cluster://`
+for TLS); the client reads the slot map from that node (CLUSTER SLOTS), sends each command to the primary of
+its key's slot and follows MOVED/ASK redirections and failovers. Every key of a topology carries the hash tag
+`{namespace/name}` (`core.topology.topology_prefix`), so a topology's scripts, MULTI/EXEC and WATCH run on one
+slot, and topologies spread over the shards by their tags.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from redis._parsers import Encoder
+from redis.cluster import RedisCluster
+from redis.connection import parse_url
+from redis.crc import key_slot
+
+#: the schemes of a Redis Cluster URL, and the scheme of the URL of each of its nodes
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+#: the URL forms, for messages
+URL_FORMS = (
+    "redis://[user:password@]host[:port][/db] (one Redis), rediss:// for TLS, unix:///path/to/socket, "
+    "redis+cluster://[user:password@]host[:port] (a Redis Cluster: any one of its nodes), rediss+cluster:// "
+    "for TLS"
+)
+
+
+def cluster_node_url(url: str) -> str | None:
+    """The URL of the node a Redis Cluster URL names (`redis+cluster://` -> `redis://`, `rediss+cluster://`
+    -> `rediss://`), None for the URL of one Redis."""
+    scheme, sep, rest = url.partition("://")
+    node_scheme = CLUSTER_SCHEMES.get(scheme.lower()) if sep else None
+    return None if node_scheme is None else f"{node_scheme}://{rest}"
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether `client` talks to a Redis Cluster (a `client_for` of a cluster URL)."""
+    return isinstance(client, ClusterClient | RedisCluster)
+
+
+class ClusterClient:
+    """A `redis.cluster.RedisCluster` created on first use, as `redis.Redis` connects on first use: a cluster
+    that is away when the client is made (the operator starting beside it) is an error of the first call,
+    which the callers' retries wait out, not of the constructor. Every attribute but `get_encoder`,
+    `register_script` and `close` is the cluster client's. `url` is one node's (`redis://`, `rediss://`): the
+    client discovers the others from it (CLUSTER SLOTS) and follows their changes."""
+
+    def __init__(self, url: str, options: Mapping[str, Any]) -> None:
+        parsed = parse_url(url)  # type: ignore[no-untyped-call]  # ValueError for a malformed URL, as redis.Redis.from_url raises it
+        if "path" in parsed:
+            raise ValueError("a Redis Cluster is reached over TCP, not a unix socket")
+        if int(parsed.get("db") or 0) != 0:
+            raise ValueError("a Redis Cluster has only database 0")
+        self._url = url
+        self._options = dict(options)
+        self._where = f"{parsed.get('host')}:{parsed.get('port', 6379)}"
+        self._lock = threading.Lock()
+        self._client: RedisCluster | None = None
+
+    def cluster(self) -> RedisCluster:
+        """The cluster client, created (reading the slots from the node of the URL) on the first call."""
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._client is None:
+                self._client = RedisCluster.from_url(self._url, **self._options)
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cluster(), name)
+
+    def get_encoder(self) -> Encoder:
+        """What `register_script` hashes a script with; needs no connection."""
+        return Encoder(  # type: ignore[no-untyped-call]
+            self._options.get("encoding", "utf-8"),
+            self._options.get("encoding_errors", "strict"),
+            bool(self._options.get("decode_responses", False)),
+        )
+
+    def register_script(self, script: str | bytes) -> Any:
+        from redis.commands.core import Script
+
+        return Script(self, script)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __repr__(self) -> str:
+        return f"ClusterClient({self._where})"
+
+
+def hash_tag(key: str) -> str | None:
+    """The part of `key` Redis Cluster hashes when it is not the whole key: between the first `{` and the
+    first `}` after it, when not empty; None when the whole key is hashed."""
+    start = key.find("{")
+    if start < 0:
+        return None
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if end > start + 1 else None
+
+
+def slot_of(key: str) -> int:
+    """The hash slot (0..16383) of `key` in a Redis Cluster."""
+    return int(key_slot(key.encode()))
+
+
+def slot_mate(key: str, suffix: str) -> str:
+    """A key named after `key` + `suffix` that hashes to `key`'s slot, so a script or transaction may use both
+    on a Redis Cluster: `key` + `suffix` when `key` has a hash tag, else `{key}` + `suffix` (the tag is then
+    the whole of `key`, which is what `key` itself hashes). A `key` with a `}` and no tag keeps `key` +
+    `suffix` (no tag can name it)."""
+    if hash_tag(key) is not None or "}" in key:
+        return f"{key}{suffix}"
+    return f"{{{key}}}{suffix}"
