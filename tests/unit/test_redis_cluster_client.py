@@ -18,7 +18,15 @@ from redis.exceptions import (
 )
 
 from elastream.core.topology import topology_prefix
-from elastream.store.cluster import ClusterClient, cluster_node_url, hash_tag, is_cluster, slot_mate, slot_of
+from elastream.store.cluster import (
+    ClusterClient,
+    ClusterUnavailable,
+    cluster_node_url,
+    hash_tag,
+    is_cluster,
+    slot_mate,
+    slot_of,
+)
 from elastream.store.registry import RedisMisconfigured, RedisUnavailable, client_for, connect, redacted
 from elastream.store.retry import is_redis_outage
 
@@ -48,9 +56,13 @@ def test_a_cluster_url_gives_a_cluster_client_that_connects_on_first_use() -> No
     script = client.register_script("return 1")  # hashing a script needs no connection either
     assert len(script.sha) == 40
     client.close()
-    with pytest.raises(RedisClusterException) as info:
+    # a redis.ConnectionError: every `except redis.RedisError` and every retry of an outage waits it out
+    with pytest.raises(ClusterUnavailable) as info:
         client.get("k")
-    assert is_redis_outage(info.value)  # what every caller's retry waits out
+    assert isinstance(info.value, redis.ConnectionError) and is_redis_outage(info.value)
+    assert "127.0.0.1:1" in str(info.value.__cause__)
+    with pytest.raises(ClusterUnavailable):
+        client.pipeline(transaction=True)  # the pipeline needs the slot map too
     assert not is_cluster(client_for("redis://127.0.0.1:1/0"))
 
 

@@ -10,14 +10,18 @@ slot, and topologies spread over the shards by their tags.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import redis
 from redis._parsers import Encoder
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterPipeline, RedisCluster
 from redis.connection import parse_url
 from redis.crc import key_slot
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 #: the schemes of a Redis Cluster URL, and the scheme of the URL of each of its nodes
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -38,6 +42,61 @@ def cluster_node_url(url: str) -> str | None:
     return None if node_scheme is None else f"{node_scheme}://{rest}"
 
 
+class ClusterUnavailable(redis.ConnectionError):
+    """The Redis Cluster cannot serve now: no node of it answered, or a slot has no primary in the client's map
+    (a failover in progress). A `redis.ConnectionError`, so it is waited out wherever one Redis being away is.
+    Its cause is the cluster client's exception."""
+
+
+#: how redis-py's cluster client words "no node answered" and "the slots are not all served yet"
+_UNAVAILABLE = ("Redis Cluster cannot be connected", "All slots are not covered")
+
+
+@contextlib.contextmanager
+def unavailable_as_connection_error() -> Iterator[None]:
+    """Raise `ClusterUnavailable` for the cluster client's own exceptions that mean "not now"; others (a
+    cross-slot transaction, a node that is not in cluster mode) go through unchanged."""
+    try:
+        yield
+    except SlotNotCoveredError as exc:
+        raise ClusterUnavailable(f"Redis Cluster: {exc}") from exc
+    except RedisClusterException as exc:
+        if type(exc) is RedisClusterException and str(exc).startswith(_UNAVAILABLE):
+            raise ClusterUnavailable(str(exc).split(". ", 1)[0]) from exc
+        raise
+
+
+def _translating(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with unavailable_as_connection_error():
+            result = method(*args, **kwargs)
+        return _Pipeline(result) if isinstance(result, ClusterPipeline) else result
+
+    return call
+
+
+class _Pipeline:
+    """A cluster pipeline whose calls raise `ClusterUnavailable` like the client's (`with` works as on the
+    pipeline itself)."""
+
+    def __init__(self, pipe: ClusterPipeline) -> None:
+        self._pipe = pipe
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._pipe, name)
+        return _translating(attr) if callable(attr) else attr
+
+    def __enter__(self) -> _Pipeline:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pipe.reset()  # type: ignore[no-untyped-call]
+
+    def __len__(self) -> int:
+        return len(self._pipe)
+
+
 def is_cluster(client: Any) -> bool:
     """Whether `client` talks to a Redis Cluster (a `client_for` of a cluster URL)."""
     return isinstance(client, ClusterClient | RedisCluster)
@@ -47,8 +106,11 @@ class ClusterClient:
     """A `redis.cluster.RedisCluster` created on first use, as `redis.Redis` connects on first use: a cluster
     that is away when the client is made (the operator starting beside it) is an error of the first call,
     which the callers' retries wait out, not of the constructor. Every attribute but `get_encoder`,
-    `register_script` and `close` is the cluster client's. `url` is one node's (`redis://`, `rediss://`): the
-    client discovers the others from it (CLUSTER SLOTS) and follows their changes."""
+    `register_script` and `close` is the cluster client's, and its methods (its pipelines' too) raise
+    `ClusterUnavailable`, a `redis.ConnectionError`, where the cluster client raises one of its own
+    exceptions for a cluster that cannot serve now: every `except redis.RedisError` and every retry of an
+    outage handles a cluster's failover as it handles one Redis restarting. `url` is one node's (`redis://`,
+    `rediss://`): the client discovers the others from it (CLUSTER SLOTS) and follows their changes."""
 
     def __init__(self, url: str, options: Mapping[str, Any]) -> None:
         parsed = parse_url(url)  # type: ignore[no-untyped-call]  # ValueError for a malformed URL, as redis.Redis.from_url raises it
@@ -73,7 +135,9 @@ class ClusterClient:
             return self._client
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.cluster(), name)
+        with unavailable_as_connection_error():
+            attr = getattr(self.cluster(), name)
+        return _translating(attr) if callable(attr) else attr
 
     def get_encoder(self) -> Encoder:
         """What `register_script` hashes a script with; needs no connection."""

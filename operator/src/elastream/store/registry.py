@@ -25,7 +25,7 @@ from redis.exceptions import RedisClusterException
 
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology, topology_prefix
-from elastream.store.cluster import URL_FORMS, ClusterClient, cluster_node_url
+from elastream.store.cluster import URL_FORMS, ClusterClient, ClusterUnavailable, cluster_node_url
 from elastream.store.codec import text
 from elastream.store.retry import backoff
 
@@ -115,27 +115,20 @@ def connect(
             raise RedisCredentialsRefused(
                 f"Redis at {redacted(url)} refused the credentials ({exc}); fix the password"
             ) from None
-        except RedisClusterException as exc:
-            cause = exc.__cause__
-            if isinstance(cause, redis.AuthenticationError):
-                raise RedisCredentialsRefused(
-                    f"Redis Cluster at {redacted(url)} refused the credentials ({cause}); fix the password"
-                ) from None
+        except RedisClusterException as exc:  # what the cluster client raises that is not an outage
             if "not enabled" in str(exc):  # "Cluster mode is not enabled on this node"
                 raise RedisMisconfigured(
                     f"Redis at {redacted(url)} is not a Redis Cluster node (cluster mode is not enabled); "
                     "name one Redis as redis://host:port (rediss:// for TLS)"
                 ) from None
-            reason = f"cannot reach the Redis Cluster at {redacted(url)} ({_cluster_reason(exc)})"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RedisUnavailable(f"{reason}; start Redis or fix --redis / ELASTREAM_REDIS_URL") from None
-            delay = min(delay, remaining)
-            if on_retry is not None:
-                on_retry(reason, delay)
-            time.sleep(delay)
+            raise
         except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
-            reason = f"cannot reach Redis at {redacted(url)} ({exc})"
+            refused = _refused_credentials(exc)  # a cluster's nodes refused them (behind its client's errors)
+            if refused is not None:
+                raise RedisCredentialsRefused(
+                    f"Redis Cluster at {redacted(url)} refused the credentials ({refused}); fix the password"
+                ) from None
+            reason = f"cannot reach Redis at {redacted(url)} ({_one_line(exc)})"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RedisUnavailable(f"{reason}; start Redis or fix --redis / ELASTREAM_REDIS_URL") from None
@@ -156,12 +149,21 @@ def _cluster_enabled(client: redis.Redis) -> bool:
     return bool(int(section.get("cluster_enabled", 0) or 0))
 
 
-def _cluster_reason(exc: RedisClusterException) -> str:
-    """Why the cluster client could not start, in one line: redis-py's sentence, without the advice meant for
-    programmers, and the underlying error (never the URL: it is not in either)."""
-    cause = exc.__cause__
-    first = str(exc).split(". ", 1)[0]
-    return f"{first}: {type(cause).__name__}: {cause}" if cause is not None else first
+def _refused_credentials(exc: BaseException) -> BaseException | None:
+    """The `AuthenticationError` among the causes of `exc`, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.AuthenticationError):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """`exc`'s message, with the underlying error of a cluster that cannot be reached (never the URL: it is in
+    neither)."""
+    cause = exc.__cause__.__cause__ if isinstance(exc, ClusterUnavailable) and exc.__cause__ else None
+    return f"{exc}: {type(cause).__name__}: {cause}" if cause is not None else str(exc)
 
 
 class Registry:
