@@ -208,6 +208,43 @@ class LocalRedisCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
+NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
+
+
+@dataclass
+class LocalRedis:
+    """One redis-server on a free loopback port, persistence off (what a cluster's node runs, without the
+    cluster), for benchmarks that put one Redis beside a cluster."""
+
+    node: Node | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.node is not None
+        return f"redis://127.0.0.1:{self.node.port}/0"
+
+    def start(self, timeout_s: float = 30.0) -> LocalRedis:
+        server = shutil.which("redis-server")
+        if server is None:
+            raise RuntimeError("redis-server is needed: run `make setup` (it installs it)")
+        self.node = Node(port=free_port(), bus_port=0, dir=tempfile.mkdtemp(prefix="elastream-redis-"))
+        self.node.proc = subprocess.Popen(
+            [server, "--port", str(self.node.port), "--bind", "127.0.0.1", "--dir", self.node.dir, *NO_PERSISTENCE],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        node = self.node
+        wait_until(lambda: _answers(node), timeout_s, f"redis-server on port {node.port} to answer")
+        return self
+
+    def stop(self) -> None:
+        if self.node is not None and self.node.proc is not None:
+            self.node.proc.terminate()
+            self.node.proc.wait(timeout=10)
+            shutil.rmtree(self.node.dir, ignore_errors=True)
+            self.node.proc = None
+
+
 def _answers(node: Node) -> bool:
     try:
         return bool(node.client().ping())
