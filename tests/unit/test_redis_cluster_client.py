@@ -145,3 +145,26 @@ def test_a_cluster_failing_over_is_an_outage(exc: Exception) -> None:
 )
 def test_a_cluster_mistake_is_not_an_outage(exc: Exception) -> None:
     assert not is_redis_outage(exc)
+
+
+@pytest.mark.parametrize(
+    ("url", "valid"),
+    [
+        ("redis+cluster://:s3cret@redis-cluster.redis.svc:6379", True),
+        ("rediss+cluster://redis-cluster:6380", True),
+        ("redis://:s3cret@redis:6379/0", True),
+        ("cluster://redis:6379", False),
+        ("redis+sentinel://redis:26379", False),
+    ],
+)
+def test_the_charts_external_url_takes_a_cluster_url(url: str, valid: bool) -> None:
+    import json
+    import os
+
+    import jsonschema
+
+    from tests_paths import REPO
+
+    with open(os.path.join(REPO, "charts", "elastream", "values.schema.json"), encoding="utf-8") as handle:
+        schema = json.load(handle)["properties"]["redis"]["properties"]["external"]["properties"]["url"]
+    assert jsonschema.Draft7Validator(schema).is_valid(url) is valid
