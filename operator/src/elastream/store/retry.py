@@ -26,8 +26,9 @@ T = TypeVar("T")
 _CLUSTER_UNREACHABLE = ("Redis Cluster cannot be connected", "All slots are not covered")
 
 #: the first word of Redis error replies that mean "not now, try again": a Redis loading its data set after
-#: a restart, a replica whose primary is away, a failover in progress, a script running too long
-TRANSIENT_REPLIES = frozenset({"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN"})
+#: a restart, a replica whose primary is away, a failover in progress, a script running too long, a blocking
+#: read (BLPOP, XREAD BLOCK) released because its primary became a replica (nothing was read)
+TRANSIENT_REPLIES = frozenset({"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN", "UNBLOCKED"})
 
 
 def backoff(first_s: float = 0.2, factor: float = 2.0, cap_s: float = 5.0) -> Iterator[float]:
