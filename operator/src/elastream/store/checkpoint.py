@@ -252,7 +252,7 @@ class CheckpointStore:
             # that was a replica a moment ago, a restarted Redis) fails alone at EXEC while the rest applies;
             # redis-py loads scripts ahead only for a one-Redis pipeline (and its cluster pipeline has no
             # eval(): the command itself is queued)
-            pipe.execute_command("EVAL", _COMMIT_TRANSACTION, 1, f"{self.prefix}txn:{txn_id}")
+            pipe.execute_command("EVAL", _COMMIT_TRANSACTION, 1, f"{self.prefix}txn:{txn_id}")  # type: ignore[no-untyped-call]
         pipe.zrem(index, checkpoint_id, *leftovers)
         results = pipe.execute()
         # the events each leftover moved (0: its sinks took their staging back with the abort)
