@@ -22,6 +22,7 @@ from elastream.store.cluster import (
     ClusterClient,
     ClusterUnavailable,
     cluster_node_url,
+    cluster_seeds,
     hash_tag,
     is_cluster,
     slot_mate,
@@ -45,6 +46,28 @@ from elastream.store.retry import is_redis_outage
 )
 def test_a_cluster_url_names_one_node_of_it(url: str, node: str | None) -> None:
     assert cluster_node_url(url) == node
+
+
+@pytest.mark.parametrize(
+    ("url", "node", "seeds"),
+    [
+        ("redis+cluster://h1:7000,h2:7001,h3", "redis://h1:7000", [("h2", 7001), ("h3", 6379)]),
+        (
+            "rediss+cluster://app:s3cret@h1:7000,[::1]:7001/0?ssl_cert_reqs=none",
+            "rediss://app:s3cret@h1:7000/0?ssl_cert_reqs=none",
+            [("::1", 7001)],
+        ),
+        ("redis+cluster://h1:7000", "redis://h1:7000", []),
+    ],
+)
+def test_a_cluster_url_may_name_several_nodes(url: str, node: str, seeds: list[tuple[str, int]]) -> None:
+    # the client starts from whichever answers: a URL naming one node cannot start a new client while that
+    # node is down (a primary that crashed), one naming several can
+    assert cluster_node_url(url) == node
+    assert cluster_seeds(url) == seeds
+    assert "s3cret" not in redacted(url)
+    with pytest.raises(ValueError):
+        cluster_seeds("redis+cluster://h1:7000,h2:port")
 
 
 def test_a_cluster_url_gives_a_cluster_client_that_connects_on_first_use() -> None:
@@ -127,6 +150,10 @@ def test_the_default_sink_token_key_is_named_as_before() -> None:
         # redis-py takes the code off the message: only `status_code` still says READONLY
         ReadOnlyError("You can't write against a read only replica.", status_code="READONLY"),
         SlotNotCoveredError('Slot "42" is not covered by the cluster.'),
+        # a BLPOP on a primary that became a replica under it (the control channel's read: nothing popped)
+        redis.ResponseError(
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)"
+        ),
         RedisClusterException("Redis Cluster cannot be connected. Please provide at least one reachable node: x"),
         RedisClusterException("All slots are not covered after query all startup_nodes. 10923 of 16384 covered..."),
     ],

@@ -1,11 +1,11 @@
 """Redis Cluster: the URL that names one, the client `store.registry.client_for` makes for it, and the hash
 slots keys land in.
 
-A cluster is named by any one of its nodes, `redis+cluster://[user:password@]host[:port]` (`rediss+cluster://`
-for TLS); the client reads the slot map from that node (CLUSTER SLOTS), sends each command to the primary of
-its key's slot and follows MOVED/ASK redirections and failovers. Every key of a topology carries the hash tag
-`{namespace/name}` (`core.topology.topology_prefix`), so a topology's scripts, MULTI/EXEC and WATCH run on one
-slot, and topologies spread over the shards by their tags.
+A cluster is named by one or more of its nodes, `redis+cluster://[user:password@]host[:port][,host:port...]`
+(`rediss+cluster://` for TLS); the client reads the slot map from the first that answers (CLUSTER SLOTS),
+sends each command to the primary of its key's slot and follows MOVED/ASK redirections and failovers. Every
+key of a topology carries the hash tag `{namespace/name}` (`core.topology.topology_prefix`), so a topology's
+scripts, MULTI/EXEC and WATCH run on one slot, and topologies spread over the shards by their tags.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
 from redis._parsers import Encoder
-from redis.cluster import ClusterPipeline, RedisCluster
+from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
@@ -29,17 +29,48 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: the URL forms, for messages
 URL_FORMS = (
     "redis://[user:password@]host[:port][/db] (one Redis), rediss:// for TLS, unix:///path/to/socket, "
-    "redis+cluster://[user:password@]host[:port] (a Redis Cluster: any one of its nodes), rediss+cluster:// "
-    "for TLS"
+    "redis+cluster://[user:password@]host[:port][,host:port...] (a Redis Cluster: one or more of its nodes), "
+    "rediss+cluster:// for TLS"
 )
 
 
-def cluster_node_url(url: str) -> str | None:
-    """The URL of the node a Redis Cluster URL names (`redis+cluster://` -> `redis://`, `rediss+cluster://`
-    -> `rediss://`), None for the URL of one Redis."""
+def _split(url: str) -> tuple[str, str, list[str], str] | None:
+    """(node scheme, user info with its @ or "", the host:port seeds, the rest: path, query) of a cluster URL."""
     scheme, sep, rest = url.partition("://")
     node_scheme = CLUSTER_SCHEMES.get(scheme.lower()) if sep else None
-    return None if node_scheme is None else f"{node_scheme}://{rest}"
+    if node_scheme is None:
+        return None
+    at = rest.rfind("@")
+    userinfo, hosts_and_rest = (rest[: at + 1], rest[at + 1 :]) if at >= 0 else ("", rest)
+    end = min((i for i in (hosts_and_rest.find(c) for c in "/?#") if i >= 0), default=len(hosts_and_rest))
+    hosts = [h for h in hosts_and_rest[:end].split(",") if h] or [""]
+    return node_scheme, userinfo, hosts, hosts_and_rest[end:]
+
+
+def cluster_node_url(url: str) -> str | None:
+    """The URL of the first node a Redis Cluster URL names (`redis+cluster://` -> `redis://`,
+    `rediss+cluster://` -> `rediss://`, the credentials and options kept), None for the URL of one Redis."""
+    parts = _split(url)
+    if parts is None:
+        return None
+    node_scheme, userinfo, hosts, tail = parts
+    return f"{node_scheme}://{userinfo}{hosts[0]}{tail}"
+
+
+def cluster_seeds(url: str) -> list[tuple[str, int]]:
+    """The other nodes a Redis Cluster URL names after the first (`host:port,host:port`; port 6379 when not
+    given, IPv6 in brackets): where the client starts when the first does not answer. ValueError for a port
+    that is not a number."""
+    parts = _split(url)
+    seeds = []
+    for host in parts[2][1:] if parts else []:
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else ("", "", "")
+        if not colon:
+            name, port = host, "6379"
+        if not port.isdigit():
+            raise ValueError("a port of the cluster URL is not a number")
+        seeds.append((name.strip("[]"), int(port)))
+    return seeds
 
 
 class ClusterUnavailable(redis.ConnectionError):
@@ -110,15 +141,18 @@ class ClusterClient:
     `ClusterUnavailable`, a `redis.ConnectionError`, where the cluster client raises one of its own
     exceptions for a cluster that cannot serve now: every `except redis.RedisError` and every retry of an
     outage handles a cluster's failover as it handles one Redis restarting. `url` is one node's (`redis://`,
-    `rediss://`): the client discovers the others from it (CLUSTER SLOTS) and follows their changes."""
+    `rediss://`), `seeds` the other nodes the cluster URL names: the client reads the slot map from the first
+    that answers (CLUSTER SLOTS), then knows every node and follows their changes. A client made while the
+    URL's only node is down cannot start: name several nodes, or a Service in front of them."""
 
-    def __init__(self, url: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, url: str, options: Mapping[str, Any], seeds: Sequence[tuple[str, int]] = ()) -> None:
         parsed = parse_url(url)  # type: ignore[no-untyped-call]  # ValueError for a malformed URL, as redis.Redis.from_url raises it
         if "path" in parsed:
             raise ValueError("a Redis Cluster is reached over TCP, not a unix socket")
         if int(parsed.get("db") or 0) != 0:
             raise ValueError("a Redis Cluster has only database 0")
         self._url = url
+        self._seeds = list(seeds)
         self._options = dict(options)
         self._where = f"{parsed.get('host')}:{parsed.get('port', 6379)}"
         self._lock = threading.Lock()
@@ -131,7 +165,9 @@ class ClusterClient:
             return client
         with self._lock:
             if self._client is None:
-                self._client = RedisCluster.from_url(self._url, **self._options)
+                # the URL's node, then the other seeds: whichever answers first gives the slot map
+                others = [ClusterNode(host, port) for host, port in self._seeds]  # type: ignore[no-untyped-call]
+                self._client = RedisCluster.from_url(self._url, startup_nodes=others, **self._options)
             return self._client
 
     def __getattr__(self, name: str) -> Any:

@@ -25,7 +25,7 @@ from redis.exceptions import RedisClusterException
 
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology, topology_prefix
-from elastream.store.cluster import URL_FORMS, ClusterClient, ClusterUnavailable, cluster_node_url
+from elastream.store.cluster import URL_FORMS, ClusterClient, ClusterUnavailable, cluster_node_url, cluster_seeds
 from elastream.store.codec import text
 from elastream.store.retry import backoff
 
@@ -57,7 +57,7 @@ def client_for(url: str, **options: Any) -> redis.Redis:
         return redis.Redis.from_url(url, **options)
     # the commands elastream sends are the same on both (checked against a real cluster by the integration
     # tests); the declared type stays redis.Redis so the adapters need no second signature
-    return cast(redis.Redis, ClusterClient(node_url, options))
+    return cast(redis.Redis, ClusterClient(node_url, options, cluster_seeds(url)))
 
 
 def redacted(url: str) -> str:
