@@ -48,7 +48,8 @@ class LocalRedisCluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+        """Every node as a seed: a client made while one is down (a primary that crashed) starts from another."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self, timeout_s: float = 60.0) -> LocalRedisCluster:
         server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
@@ -104,6 +105,10 @@ class LocalRedisCluster:
                 str(node.bus_port),
                 "--cluster-node-timeout",
                 str(self.node_timeout_ms),
+                "--logfile",
+                "redis.log",
+                "--repl-diskless-sync-delay",
+                "0",
                 "--save",
                 "",
                 "--appendonly",
@@ -114,7 +119,9 @@ class LocalRedisCluster:
         )
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
-        """Every live node says cluster_state:ok, sees every slot served, and every primary has its replicas."""
+        """Every live node says cluster_state:ok, sees every slot served, every primary has its replicas and
+        every replica's link to its primary is up (its first sync done: a replica that never synced does not
+        take over)."""
 
         def healthy() -> bool:
             for node in self.live_nodes():
@@ -125,9 +132,17 @@ class LocalRedisCluster:
                 except redis.RedisError:
                     return False
             primaries = self.primaries()
-            return len(primaries) == self.masters and all(len(self.replicas_of(p)) == self.replicas for p in primaries)
+            replicas = [r for p in primaries for r in self.replicas_of(p)]
+            return (
+                len(primaries) == self.masters
+                and len(replicas) == self.masters * self.replicas
+                and all(r.client().info("replication").get("master_link_status") == "up" for r in replicas)
+                and all(_online_replicas(p) == self.replicas for p in primaries)
+            )
 
-        wait_until(healthy, timeout_s, "the cluster to be ok with every slot served and every replica attached")
+        wait_until(
+            healthy, timeout_s, "the cluster to be ok with every slot served and every replica attached and in sync"
+        )
 
     def live_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
@@ -188,6 +203,25 @@ class LocalRedisCluster:
         self.wait_healthy(timeout_s)
         return replica
 
+    def crash(self, primary: Node, timeout_s: float = 60.0) -> Node:
+        """Kill `primary` (SIGKILL: no goodbye to its replica or its clients) and wait until its replica has
+        been elected in its place; then start the dead node again from its nodes.conf, so it rejoins as the
+        new primary's replica and the cluster is whole for what comes next. Returns the new primary."""
+        replica = self.replicas_of(primary)[0]
+        assert primary.proc is not None
+        primary.proc.kill()
+        primary.proc.wait(timeout=10)
+        primary.proc = None
+        wait_until(
+            lambda: replica in self.primaries(), timeout_s, f"replica {replica.port} to be elected for {primary.port}"
+        )
+        server = shutil.which("redis-server")
+        assert server is not None
+        self._spawn(server, primary)
+        wait_until(lambda: _answers(primary), timeout_s, f"redis-server on port {primary.port} to answer again")
+        self.wait_healthy(timeout_s)
+        return replica
+
     def flush(self) -> None:
         for node in self.primaries():
             node.client().flushall()
@@ -243,6 +277,13 @@ class LocalRedis:
             self.node.proc.wait(timeout=10)
             shutil.rmtree(self.node.dir, ignore_errors=True)
             self.node.proc = None
+
+
+def _online_replicas(primary: Node) -> int:
+    """How many replicas the primary itself counts as online (their first sync done)."""
+    info = primary.client().info("replication")
+    states = [v.get("state") for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+    return states.count("online")
 
 
 def _answers(node: Node) -> bool:
