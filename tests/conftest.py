@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -105,3 +106,28 @@ def restartable_redis() -> Iterator[RedisServer]:
     finally:
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A real Redis Cluster for the session: three primaries with one replica each, on loopback ports
+    (`tests/redis_cluster.py`)."""
+    from redis_cluster import LocalRedisCluster
+
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.fail("redis-server and redis-cli are not installed: run `make setup`; the cluster tests need them")
+    cluster = LocalRedisCluster(masters=3, replicas=1)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: Any) -> str:
+    """The cluster's URL (`redis+cluster://127.0.0.1:PORT`), every primary flushed and the cluster healthy
+    (a failover test before may have swapped a primary and its replica)."""
+    redis_cluster.wait_healthy()
+    redis_cluster.flush()
+    return str(redis_cluster.url)

@@ -138,7 +138,7 @@ def installed(helm, kubectl, kubelet) -> dict[str, Any]:
 
 
 def sink_ids(client: redis.Redis, namespace: str, name: str, sink: str) -> Counter[int]:
-    entries = client.xrange(f"elastream:{namespace}/{name}:sink:{sink}", "-", "+")
+    entries = client.xrange(f"elastream:{{{namespace}/{name}}}:sink:{sink}", "-", "+")
     return Counter(int(fields[b"id"]) for _, fields in entries)
 
 
@@ -230,7 +230,7 @@ def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, ku
     assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
         f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
     )
-    audit = client.xrange(f"elastream:{e2e_namespace}/{name}:sink:audit", "-", "+")
+    audit = client.xrange(f"elastream:{{{e2e_namespace}/{name}}}:sink:audit", "-", "+")
     counts: dict[str, list[int]] = {}
     for _, fields in audit:
         counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
@@ -242,7 +242,7 @@ def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, ku
     while worker_pods(kubectl, e2e_namespace, name) and time.monotonic() < deadline:
         time.sleep(1)
     assert worker_pods(kubectl, e2e_namespace, name) == []
-    assert list(client.scan_iter(match=f"elastream:{e2e_namespace}/{name}:*")) == []
+    assert list(client.scan_iter(match=f"elastream:{{{e2e_namespace}/{name}}}:*")) == []
 
 
 def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, kubectl, e2e_namespace, tmp_path):
@@ -508,7 +508,7 @@ def assert_exactly_once(client: redis.Redis, namespace: str, name: str, timeout_
         f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
     )
     counts: dict[str, list[int]] = {}
-    for _, fields in client.xrange(f"elastream:{namespace}/{name}:sink:audit", "-", "+"):
+    for _, fields in client.xrange(f"elastream:{{{namespace}/{name}}}:sink:audit", "-", "+"):
         counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
     assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
     assert sum(len(v) for v in counts.values()) == EVENTS
@@ -595,7 +595,7 @@ def test_a_redis_emptied_under_a_running_topology_is_state_lost_not_duplicates(
     time.sleep(8)
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
     epoch = status(kubectl, e2e_namespace, name)["stateEpoch"]
-    for key in client.scan_iter(match=f"elastream:{e2e_namespace}/{name}:*"):
+    for key in client.scan_iter(match=f"elastream:{{{e2e_namespace}/{name}}}:*"):
         client.delete(key)  # this topology's state gone (as FLUSHALL would, without touching other tests)
     out = wait_status(
         kubectl, e2e_namespace, name,
@@ -628,7 +628,7 @@ def test_the_api_server_away_for_a_minute_stops_no_worker_and_the_operator_catch
     name = apply_topology(kubectl, e2e_namespace, tmp_path, doc)
     time.sleep(6)
     pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kubectl, e2e_namespace, name)}
-    samples = f"elastream:{e2e_namespace}/{name}:metrics"
+    samples = f"elastream:{{{e2e_namespace}/{name}}}:metrics"
     processed_before = _processed(client, samples)
     control_plane.apiserver_outage(60.0)
     # the workers never talk to the API server: they processed all along (their samples say so)

@@ -254,7 +254,7 @@ def test_redis_hot_window_round_trip(spark, redis_url):
     assert sorted(hot, key=repr) == sorted([s for s in samples if s.ts >= end - 20.0], key=repr)
     reference = analyze_samples(topology, samples, window=10)
     assert_agree(analyze_with_spark(spark, topology, hot, 10), reference)
-    assert read_hot_window(MetricStream(client, "elastream:empty/x:"), 10, 1.0) == []
+    assert read_hot_window(MetricStream(client, "elastream:{empty/x}:"), 10, 1.0) == []
     client.close()
 
 

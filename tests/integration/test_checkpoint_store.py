@@ -8,7 +8,7 @@ import redis
 from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
 
 pytestmark = pytest.mark.integration
-PREFIX = "elastream:default/t:"
+PREFIX = "elastream:{default/t}:"
 
 
 @pytest.fixture

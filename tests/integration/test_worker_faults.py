@@ -116,7 +116,7 @@ def test_an_executor_whose_loop_crashes_takes_its_worker_down_not_ready(
 
 def test_a_checkpoint_save_retried_after_a_lost_reply_is_applied_once(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    store = CheckpointStore(client, "elastream:default/save:")
+    store = CheckpointStore(client, "elastream:{default/save}:")
     checkpoint = ExecutorCheckpoint("count#0", "count", state={3: b"s"}, pending={"any": [b"e1", b"e2"]})
     store.save("ckpt-1", checkpoint, token="t1")
     store.save("ckpt-1", checkpoint, token="t1")  # the retry of a save whose reply was lost
@@ -126,4 +126,4 @@ def test_a_checkpoint_save_retried_after_a_lost_reply_is_applied_once(redis_url:
     assert store.load_pending("ckpt-1", "count", [], 0, 1) == [b"e1", b"e2", b"e3", b"e1", b"e2"]
     assert store.load_state("ckpt-1", "count", [3]) == {3: b"s"}
     assert store.delete_migration("ckpt-1") >= 3  # the tokens go with the checkpoint's other keys
-    assert not list(client.scan_iter(match="elastream:default/save:mig:ckpt-1*"))
+    assert not list(client.scan_iter(match="elastream:{default/save}:mig:ckpt-1*"))

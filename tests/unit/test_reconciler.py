@@ -446,6 +446,35 @@ class _NoKeys:
         return iter(())
 
 
+class _Keys:
+    """Records the patterns it is scanned for and holds one key under each prefix form."""
+
+    def __init__(self, *keys: str) -> None:
+        self.keys = set(keys)
+        self.patterns: list[str] = []
+
+    def scan_iter(self, match: str, count: int):
+        import fnmatch
+
+        self.patterns.append(match)
+        return iter([k for k in sorted(self.keys) if fnmatch.fnmatchcase(k, match.replace("\\", ""))])
+
+    def unlink(self, *keys: str) -> int:
+        self.keys -= set(keys)
+        return len(keys)
+
+
+def test_delete_without_a_controller_removes_the_keys_under_the_braced_prefix() -> None:
+    # a resource deleted before any controller ran: the keys are found by the prefix alone, which must be
+    # the topology's (hash-tagged) one, not the unbraced form of before
+    world = running(3)
+    world.topologies.topologies.pop("default/t")
+    client = _Keys("elastream:{default/t}:schedule", "elastream:default/t:old", "elastream:{default/u}:schedule")
+    world.topologies.redis_client = client  # type: ignore[assignment]
+    world.topologies.remove("default", "t")
+    assert client.keys == {"elastream:default/t:old", "elastream:{default/u}:schedule"}
+
+
 # ------------------------------------------------------------------------------------------ the writer
 
 

@@ -27,7 +27,7 @@ def test_valid_manifest_builds_a_dag_in_topological_order() -> None:
     assert topology.sources == ("spout",) and topology.sinks == ("out",)
     assert topology.stream("parse", "out").key == "user"
     assert topology.executors == 5
-    assert topology.redis_prefix == "elastream:default/t:"
+    assert topology.redis_prefix == "elastream:{default/t}:"  # the braces: one hash tag per topology
 
 
 def test_cycle_is_named() -> None:

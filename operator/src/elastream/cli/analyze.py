@@ -22,7 +22,7 @@ from elastream.analysis.session import spark_error_reason
 from elastream.cli import CommandError
 from elastream.core.metrics import Analysis, MetricSample, check_window_args
 from elastream.core.topology import Topology, load_manifest, parse_manifest
-from elastream.store.registry import redacted
+from elastream.store.registry import client_for, redacted
 
 if TYPE_CHECKING:
     import redis
@@ -47,14 +47,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _redis_client(url: str) -> redis.Redis:
-    import redis
-
     try:
-        return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+        return client_for(url, socket_connect_timeout=3, socket_timeout=10)
     except ValueError:
         # not the exception's text: redis-py's reasons quote pieces of the URL, a password's among them
         raise CommandError(
-            f"--redis: {redacted(url)} is not a Redis URL; use redis://[user:password@]host:6379/0"
+            f"--redis: {redacted(url)} is not a Redis URL; use redis://[user:password@]host:6379/0 "
+            "(redis+cluster://host:port for a Redis Cluster)"
         ) from None
 
 
@@ -74,13 +73,14 @@ def resolve_topology(spec: str, url: str | None) -> Topology:
             f"{spec} that `elastream run` runs there"
         )
     import redis
+    from redis.exceptions import RedisClusterException
 
     from elastream.store.registry import manifest_key, stored_manifest
 
     client = _redis_client(url)
     try:
         document = stored_manifest(client, spec)
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise _unreachable(url, exc) from None
     finally:
         client.close()
@@ -95,6 +95,7 @@ def resolve_topology(spec: str, url: str | None) -> Topology:
 
 def _read_redis(url: str, topology: Topology, window: int, interval_s: float) -> list[MetricSample]:
     import redis
+    from redis.exceptions import RedisClusterException
 
     from elastream.analysis.sources import read_hot_window
     from elastream.store.metric_stream import MetricStream
@@ -102,7 +103,7 @@ def _read_redis(url: str, topology: Topology, window: int, interval_s: float) ->
     client = _redis_client(url)
     try:
         return read_hot_window(MetricStream(client, topology.redis_prefix), window, interval_s)
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise _unreachable(url, exc) from None
     finally:
         client.close()

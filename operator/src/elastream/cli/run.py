@@ -84,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker.add_argument(
         "--redis",
         default=os.environ.get("ELASTREAM_REDIS_URL"),
-        help="Redis URL: redis://[:PASSWORD@]HOST:PORT/DB, rediss://… (TLS), unix://PATH (default: "
+        help="Redis URL: redis://[:PASSWORD@]HOST:PORT/DB, rediss://… (TLS), unix://PATH, "
+        "redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster; rediss+cluster:// for TLS) (default: "
         "$ELASTREAM_REDIS_URL, which keeps a password out of the process list)",
     )
     worker.add_argument(

@@ -45,7 +45,7 @@ from elastream.core.status import (
     merge_conditions,
     phase,
 )
-from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest
+from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest, topology_prefix
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
@@ -531,7 +531,7 @@ class ManagedTopologies:
                 managed.controller = None
             if prefix is None:
                 namespace, name = managed.key.split("/", 1)
-                prefix = f"elastream:{namespace}/{name}:"
+                prefix = topology_prefix(namespace, name)
             delete_keys(self.redis_client, prefix)
             managed.state_epoch = None
             managed.published.clear()
@@ -731,7 +731,7 @@ class ManagedTopologies:
         delete its Redis keys. Always returns (the finalizer must go): what could not be done is logged."""
         with self._lock:
             managed = self.topologies.pop(self.key(namespace, name), None)
-        prefix = f"elastream:{namespace}/{name}:"
+        prefix = topology_prefix(namespace, name)
         if managed is not None and managed.controller is not None:
             controller = managed.controller
             cancelled = getattr(controller.migrator, "cancelled", None)

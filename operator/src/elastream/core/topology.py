@@ -263,7 +263,7 @@ class Topology:
 
     @property
     def redis_prefix(self) -> str:
-        return f"elastream:{self.namespace}/{self.name}:"
+        return topology_prefix(self.namespace, self.name)
 
     def with_nodes(self, nodes: int) -> Topology:
         """The same topology asked to run on `nodes` nodes (what a scale request changes)."""
@@ -272,6 +272,16 @@ class Topology:
         if nodes > MAX_NODES:
             raise TopologyError([f"spec.nodes: {nodes} is above {MAX_NODES}, the most allowed; ask for fewer nodes"])
         return _replace(self, nodes=nodes)
+
+
+def topology_prefix(namespace: str, name: str) -> str:
+    """The prefix of every Redis key of the topology NAMESPACE/NAME: `elastream:{namespace/name}:`.
+
+    The braces are literal: `{namespace/name}` is the keys' Redis Cluster hash tag, so every key of one
+    topology hashes to one slot (its Lua scripts, MULTI/EXEC and WATCH stay on one shard of a Redis Cluster)
+    while different topologies spread over the shards by their tags. Both parts are DNS-1123 labels (no
+    braces), so the tag always ends where it should. On one Redis the braces change nothing but the names."""
+    return f"elastream:{{{namespace}/{name}}}:"
 
 
 def _replace(topology: Topology, **changes: Any) -> Topology:

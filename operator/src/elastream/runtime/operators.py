@@ -43,6 +43,7 @@ from elastream.core.rates import parse_rates
 from elastream.core.schedule import key_group_of, key_group_ranges
 from elastream.core.topology import Vertex
 from elastream.store.checkpoint import open_transactions_key, transaction_keys
+from elastream.store.cluster import is_cluster, slot_mate, slot_of
 from elastream.store.codec import text
 from elastream.store.retry import REDIS, backoff, is_redis_outage, retry_redis
 
@@ -759,6 +760,9 @@ class RedisStreamSink:
     skipped (the executor holds its batch and its inputs back-pressure); it gives up only when the executor
     stops.
 
+    On a Redis Cluster, an `exactly-once` stream must hash to the topology's slot (the default does; a name
+    holds the topology's tag `{namespace/name}`), as the commit writes it in the checkpoint's transaction.
+
     `exactly-once` is a two-phase commit, as Flink's transactional sinks do it: processed events stay in the
     executor until its next checkpoint (a periodic one or a migration's COMMIT), which stages them in Redis
     (`pre_commit`); the controller moves every staged event of a checkpoint into the streams in one atomic
@@ -784,7 +788,20 @@ class RedisStreamSink:
         self.buffer: list[Any] = []
         self.writer = f"{context.vertex}#{context.index}"
         self.what = f"sink {self.writer}: cannot write stream {self.stream}"
-        self.token_key = f"{self.stream}:writer:{self.writer}"
+        # in the stream's hash slot: the script writes both (one slot on a Redis Cluster)
+        self.token_key = slot_mate(self.stream, f":writer:{self.writer}")
+        if (
+            self.exactly_once
+            and self.prefix
+            and is_cluster(self.client)
+            and slot_of(self.stream) != slot_of(self.prefix)
+        ):
+            raise OperatorLoadError(
+                f"spec.vertices[{context.vertex}].sink.stream: {self.stream!r} is outside the topology's hash slot "
+                "on this Redis Cluster, and exactly-once delivery commits the stream with the checkpoint in one "
+                f"transaction; name it with the topology's hash tag ({self.prefix}NAME), leave the default, or "
+                "use delivery: at-least-once"
+            )
         self.script = self.client.register_script(_XADD_BATCH_ONCE)
         self.stop = context.stop
 

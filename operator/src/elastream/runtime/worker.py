@@ -62,7 +62,7 @@ from elastream.runtime.transport import Channel, DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
 from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
-from elastream.store.registry import RedisUnavailable, Registry, connect
+from elastream.store.registry import RedisUnavailable, Registry, client_for, connect
 from elastream.store.retry import REDIS, AnyOf, RetryCancelled, backoff, is_redis_outage, retry_redis
 
 log = logging.getLogger("elastream.worker")
@@ -424,7 +424,7 @@ class Worker:
 
     def _client_factory(self) -> redis.Redis:
         """A Redis client for a built-in source or sink (timeouts: a hung Redis cannot hold an executor)."""
-        return redis.Redis.from_url(
+        return client_for(
             self.options.redis_url,
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
             socket_timeout=REDIS_SOCKET_TIMEOUT_S,

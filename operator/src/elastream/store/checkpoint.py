@@ -1,7 +1,7 @@
 """Redis checkpoint store for migrations: the record, per-key-group state, captured events, source positions
 and acks, under the topology's prefix.
 
-Key layout (`P` = `elastream:{namespace}/{name}:`, `M` = `P + "mig:" + id`):
+Key layout (`P` = `elastream:{namespace/name}:`, braces included, `M` = `P + "mig:" + id`):
 
     P mig:current                the id of the migration in progress (absent when none)
     P ckpt:latest                hash: id, completedAt, schedule (JSON) of the last complete periodic checkpoint
@@ -87,7 +87,6 @@ class CheckpointStore:
         self.client = client
         self.prefix = prefix
         self.ttl_s = ttl_s
-        self._commit = client.register_script(_COMMIT_TRANSACTION)
 
     # ---- keys -------------------------------------------------------------------------------------------
     def _m(self, migration_id: str) -> str:
@@ -249,7 +248,11 @@ class CheckpointStore:
         pipe.delete(self.latest_key)
         pipe.hset(self.latest_key, mapping={"id": checkpoint_id, **{k: json.dumps(v) for k, v in info.items()}})
         for txn_id in [*leftovers, checkpoint_id]:
-            self._commit(keys=[f"{self.prefix}txn:{txn_id}"], client=pipe)
+            # EVAL, not EVALSHA: inside MULTI a script the server does not know (a Redis Cluster's primary
+            # that was a replica a moment ago, a restarted Redis) fails alone at EXEC while the rest applies;
+            # redis-py loads scripts ahead only for a one-Redis pipeline (and its cluster pipeline has no
+            # eval(): the command itself is queued)
+            pipe.execute_command("EVAL", _COMMIT_TRANSACTION, 1, f"{self.prefix}txn:{txn_id}")  # type: ignore[no-untyped-call]
         pipe.zrem(index, checkpoint_id, *leftovers)
         results = pipe.execute()
         # the events each leftover moved (0: its sinks took their staging back with the abort)

@@ -1,6 +1,6 @@
 """Where workers and the backend meet in Redis: the current schedule, executor endpoints, readiness.
 
-Keys under the topology's prefix (`elastream:{namespace}/{name}:`):
+Keys under the topology's prefix (`elastream:{namespace/name}:`, braces included: the Redis Cluster hash tag):
 - `schedule`              JSON ``{"version": n, "schedule": Schedule.to_dict()}``: the running schedule
 - `schedule:<version>`    the same JSON for every version, staged ahead of a migration and then activated
 - `staged:<version>`      set of nodes that bound the inboxes of a staged version (idle, endpoints registered)
@@ -18,12 +18,14 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from elastream.core.schedule import Schedule
-from elastream.core.topology import API_VERSION, KIND, Topology
+from elastream.core.topology import API_VERSION, KIND, Topology, topology_prefix
+from elastream.store.cluster import URL_FORMS, ClusterClient, ClusterUnavailable, cluster_node_url, cluster_seeds
 from elastream.store.codec import text
 from elastream.store.retry import backoff
 
@@ -46,8 +48,16 @@ class RedisCredentialsRefused(RedisMisconfigured):
 
 def client_for(url: str, **options: Any) -> redis.Redis:
     """A client for `url` that connects when first used: 2 s to connect and 10 s per reply unless `options`
-    say otherwise."""
-    return redis.Redis.from_url(url, **{"socket_connect_timeout": 2.0, "socket_timeout": 10.0, **options})
+    say otherwise. A Redis Cluster URL (`redis+cluster://`, `rediss+cluster://`) gives a `ClusterClient`: a
+    `redis.cluster.RedisCluster` that follows MOVED/ASK redirections and failovers, with the same commands.
+    A malformed URL raises ValueError here, before anything connects."""
+    options = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0, **options}
+    node_url = cluster_node_url(url)
+    if node_url is None:
+        return redis.Redis.from_url(url, **options)
+    # the commands elastream sends are the same on both (checked against a real cluster by the integration
+    # tests); the declared type stays redis.Redis so the adapters need no second signature
+    return cast(redis.Redis, ClusterClient(node_url, options, cluster_seeds(url)))
 
 
 def redacted(url: str) -> str:
@@ -86,20 +96,39 @@ def connect(
         # not its text: redis-py's reasons quote pieces of the URL ("Port could not be cast to integer value
         # as 'pa'", a piece of a password with an unencoded /)
         raise RedisMisconfigured(
-            f"{redacted(url)} is not a Redis URL (redis://[user:password@]host[:port][/db], rediss:// for TLS, "
-            "unix:///path/to/socket); percent-encode : / ? # @ in the password; fix --redis / ELASTREAM_REDIS_URL"
+            f"{redacted(url)} is not a Redis URL ({URL_FORMS}); percent-encode : / ? # @ in the password; "
+            "fix --redis / ELASTREAM_REDIS_URL"
         ) from None
+    cluster = cluster_node_url(url) is not None
     for delay in backoff():
         try:
             client = client_for(url, **options)
             client.ping()
+            if not cluster and _cluster_enabled(client):
+                client.close()
+                raise RedisMisconfigured(
+                    f"Redis at {redacted(url)} is a node of a Redis Cluster: one Redis client would get MOVED "
+                    "for most keys; name it as a cluster, redis+cluster://host:port (rediss+cluster:// for TLS)"
+                )
             return client
         except redis.AuthenticationError as exc:
             raise RedisCredentialsRefused(
                 f"Redis at {redacted(url)} refused the credentials ({exc}); fix the password"
             ) from None
+        except RedisClusterException as exc:  # what the cluster client raises that is not an outage
+            if "not enabled" in str(exc):  # "Cluster mode is not enabled on this node"
+                raise RedisMisconfigured(
+                    f"Redis at {redacted(url)} is not a Redis Cluster node (cluster mode is not enabled); "
+                    "name one Redis as redis://host:port (rediss:// for TLS)"
+                ) from None
+            raise
         except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
-            reason = f"cannot reach Redis at {redacted(url)} ({exc})"
+            refused = _refused_credentials(exc)  # a cluster's nodes refused them (behind its client's errors)
+            if refused is not None:
+                raise RedisCredentialsRefused(
+                    f"Redis Cluster at {redacted(url)} refused the credentials ({refused}); fix the password"
+                ) from None
+            reason = f"cannot reach Redis at {redacted(url)} ({_one_line(exc)})"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RedisUnavailable(f"{reason}; start Redis or fix --redis / ELASTREAM_REDIS_URL") from None
@@ -108,6 +137,33 @@ def connect(
                 on_retry(reason, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")  # backoff() never ends
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    """Whether the one Redis `client` reaches runs in cluster mode (False when it does not say: an ACL user
+    without INFO, a Redis-compatible server without the section)."""
+    try:
+        section = client.info("cluster")
+    except redis.ResponseError:
+        return False
+    return bool(int(section.get("cluster_enabled", 0) or 0))
+
+
+def _refused_credentials(exc: BaseException) -> BaseException | None:
+    """The `AuthenticationError` among the causes of `exc`, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.AuthenticationError):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """`exc`'s message, with the underlying error of a cluster that cannot be reached (never the URL: it is in
+    neither)."""
+    cause = exc.__cause__.__cause__ if isinstance(exc, ClusterUnavailable) and exc.__cause__ else None
+    return f"{exc}: {type(cause).__name__}: {cause}" if cause is not None else str(exc)
 
 
 class Registry:
@@ -211,7 +267,7 @@ def _parse_schedule(raw: bytes | str | None) -> tuple[int, Schedule] | None:
 def manifest_key(name: str) -> str:
     """The key of a stored manifest: `name` is NAME (namespace default) or NAMESPACE/NAME."""
     namespace, _, short = name.rpartition("/")
-    return f"elastream:{namespace or 'default'}/{short}:manifest"
+    return f"{topology_prefix(namespace or 'default', short)}manifest"
 
 
 def store_manifest(client: redis.Redis, topology: Topology) -> None:

@@ -17,12 +17,18 @@ from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
 import redis
+from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
 
 T = TypeVar("T")
 
+#: how a Redis Cluster client (`redis.cluster.RedisCluster`) says that no node of the cluster answered, or that
+#: the slots are not all served yet (a failover in progress): outages too
+_CLUSTER_UNREACHABLE = ("Redis Cluster cannot be connected", "All slots are not covered")
+
 #: the first word of Redis error replies that mean "not now, try again": a Redis loading its data set after
-#: a restart, a replica whose primary is away, a failover in progress, a script running too long
-TRANSIENT_REPLIES = frozenset({"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN"})
+#: a restart, a replica whose primary is away, a failover in progress, a script running too long, a blocking
+#: read (BLPOP, XREAD BLOCK) released because its primary became a replica (nothing was read)
+TRANSIENT_REPLIES = frozenset({"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN", "UNBLOCKED"})
 
 
 def backoff(first_s: float = 0.2, factor: float = 2.0, cap_s: float = 5.0) -> Iterator[float]:
@@ -43,12 +49,23 @@ def is_redis_outage(exc: BaseException) -> bool:
     """Whether `exc` says Redis is unreachable or not serving for now (worth waiting out), as opposed to a
     mistake in the call (wrong type, bad script, no permission) that no retry fixes. Connection errors include
     a refused or reset connection, LOADING (`BusyLoadingError`) and a refused password (an ACL being
-    restored with the data)."""
+    restored with the data); a Redis Cluster's failover (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, READONLY, a
+    slot without a primary, no node reachable) is one too."""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ConnectionError | TimeoutError):
         return True
+    # a Redis Cluster failing over: CLUSTERDOWN and MASTERDOWN (ClusterDownError), TRYAGAIN, a slot without a
+    # primary in the client's map, no node reachable while it reads the slots again, a MOVED or ASK the
+    # client's own retries did not settle (its slot map is read again within a few redirections)
+    if isinstance(exc, ClusterDownError | TryAgainError | SlotNotCoveredError | AskError):
+        return True
+    if type(exc) is RedisClusterException:
+        return str(exc).startswith(_CLUSTER_UNREACHABLE)
     if isinstance(exc, redis.ResponseError):
+        # redis-py takes the error code off the message of the replies it maps to a class (READONLY ->
+        # ReadOnlyError "You can't write against a read only replica."): it keeps it as `status_code`
+        code = getattr(exc, "status_code", None)
         words = str(exc).split(maxsplit=1)
-        return bool(words) and words[0] in TRANSIENT_REPLIES
+        return code in TRANSIENT_REPLIES or (bool(words) and words[0] in TRANSIENT_REPLIES)
     return False
 
 
