@@ -302,17 +302,89 @@ def test_the_chart_ships_the_repository_crd(render: Any) -> None:
         assert a.read() == b.read()
 
 
-NAMESPACED_RULES = {
-    ("elastream.dev", "streamtopologies"): {"get", "list", "watch", "patch", "update"},
-    ("elastream.dev", "streamtopologies/status"): {"get", "patch", "update"},
-    ("elastream.dev", "streamtopologies/scale"): {"get"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "configmaps"): {"get", "create", "patch", "update", "delete"},
-    ("", "secrets"): {"get", "create", "patch", "update", "delete"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+#: every Kubernetes API call the operator's code makes (a method of a kubernetes client API object), as the
+#: RBAC rule it needs: (API group, resource, verb). `test_the_code_makes_exactly_the_tabled_api_calls` scans
+#: operator/src/elastream for these calls, so a new call without a row, or a row no code calls, fails.
+CODE_CALLS: dict[str, tuple[str, str, str]] = {
+    # ResourceApi: the status writer, the autoscaler's spec.nodes, the restart-from-scratch annotation
+    "patch_namespaced_custom_object_status": ("elastream.dev", "streamtopologies/status", "patch"),
+    "patch_namespaced_custom_object": ("elastream.dev", "streamtopologies", "patch"),
+    # KubernetesEvents
+    "create_namespaced_event": ("", "events", "create"),
+    # KubernetesBackend: worker pods, the topology's ConfigMap and Secret
+    "list_namespaced_pod": ("", "pods", "list"),
+    "create_namespaced_pod": ("", "pods", "create"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
+    "create_namespaced_config_map": ("", "configmaps", "create"),
+    "patch_namespaced_config_map": ("", "configmaps", "patch"),
+    "read_namespaced_secret": ("", "secrets", "get"),
+    "create_namespaced_secret": ("", "secrets", "create"),
+    "patch_namespaced_secret": ("", "secrets", "patch"),
+    # LeaderElector (the Lease; its own Role in the release namespace)
+    "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
+    "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
+    "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
 }
-CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+#: what kopf itself asks of the API server, as the operator runs it (standalone: no peering; posting off: no
+#: events of its own; finalizer and progress in annotations, written by merge patches; discovery needs no rule)
+KOPF_CALLS: set[tuple[str, str, str]] = {
+    ("elastream.dev", "streamtopologies", "list"),  # the initial listing of the watch
+    ("elastream.dev", "streamtopologies", "watch"),
+    ("elastream.dev", "streamtopologies", "patch"),  # finalizer, progress annotations
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observation
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+LEASES = ("coordination.k8s.io", "leases")
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions")}
+#: a client method name: verb_[namespaced_]kind[_status]
+API_CALL = re.compile(
+    r"\.((?:create|read|list|patch|replace|delete|delete_collection)_(?:namespaced_)?[a-z_]+)\("
+)
+
+
+def code_api_calls() -> set[str]:
+    """The Kubernetes client methods the operator's code calls (objects named api, core, core_api, custom_api)."""
+    found: set[str] = set()
+    root = os.path.join(REPO, "operator", "src", "elastream")
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                source = handle.read()
+            for match in re.finditer(r"\b(api|core|core_api|custom_api)\s*\.\s*(\w+)\(", source):
+                if API_CALL.match(f".{match.group(2)}("):
+                    found.add(match.group(2))
+    return found
+
+
+def rules_needed(scope: str) -> dict[tuple[str, ...], set[str]]:
+    """(group, resource) -> verbs the code and kopf need: `namespaced` (the watched namespaces), `cluster`
+    (cluster-scoped resources) or `leases` (the release namespace's Role)."""
+    needed: dict[tuple[str, ...], set[str]] = {}
+    for group, resource, verb in {*CODE_CALLS.values(), *KOPF_CALLS}:
+        key = (group, resource)
+        kind = "leases" if key == LEASES else "cluster" if key in CLUSTER_SCOPED else "namespaced"
+        if kind == scope:
+            needed.setdefault(key, set()).add(verb)
+    return needed
+
+
+NAMESPACED_RULES = rules_needed("namespaced")
+CRD_RULES = rules_needed("cluster")
+
+
+def test_the_code_makes_exactly_the_tabled_api_calls() -> None:
+    """A call the table lacks (and so RBAC may lack) or a row no code calls (a rule nobody uses) fails."""
+    calls = code_api_calls()
+    assert calls - set(CODE_CALLS) == set(), "calls without a row in CODE_CALLS (and an RBAC rule)"
+    assert set(CODE_CALLS) - calls == set(), "rows of CODE_CALLS no code calls: drop them and their rule"
+
+
+def test_the_lease_rules_are_what_the_elector_calls() -> None:
+    assert rules_needed("leases") == {LEASES: {"create", "get", "update"}}
+
+
 ELECTION_ROLE = f"{FULLNAME}-leader-election"
 
 
