@@ -313,8 +313,10 @@ CODE_CALLS: dict[str, tuple[str, str, str]] = {
     "create_namespaced_event": ("", "events", "create"),
     # KubernetesBackend: worker pods, the topology's ConfigMap and Secret
     "list_namespaced_pod": ("", "pods", "list"),
+    "read_namespaced_pod": ("", "pods", "get"),  # its owner, before a delete
     "create_namespaced_pod": ("", "pods", "create"),
     "delete_namespaced_pod": ("", "pods", "delete"),
+    "read_namespaced_config_map": ("", "configmaps", "get"),  # its owner, before a patch
     "create_namespaced_config_map": ("", "configmaps", "create"),
     "patch_namespaced_config_map": ("", "configmaps", "patch"),
     "read_namespaced_secret": ("", "secrets", "get"),
@@ -337,9 +339,7 @@ KOPF_CALLS: set[tuple[str, str, str]] = {
 LEASES = ("coordination.k8s.io", "leases")
 CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions")}
 #: a client method name: verb_[namespaced_]kind[_status]
-API_CALL = re.compile(
-    r"\.((?:create|read|list|patch|replace|delete|delete_collection)_(?:namespaced_)?[a-z_]+)\("
-)
+API_CALL = re.compile(r"(?:create|read|list|patch|replace|delete|delete_collection)_(?:namespaced_)?[a-z_]+")
 
 
 def code_api_calls() -> set[str]:
@@ -352,9 +352,10 @@ def code_api_calls() -> set[str]:
                 continue
             with open(os.path.join(folder, name), encoding="utf-8") as handle:
                 source = handle.read()
-            for match in re.finditer(r"\b(api|core|core_api|custom_api)\s*\.\s*(\w+)\(", source):
-                if API_CALL.match(f".{match.group(2)}("):
-                    found.add(match.group(2))
+            # called, or handed on to be called (`self._read("Pod", self.core.read_namespaced_pod, name)`)
+            for match in re.finditer(r"\b(?:api|core|core_api|custom_api)\s*\.\s*(\w+)", source):
+                if API_CALL.fullmatch(match.group(1)):
+                    found.add(match.group(1))
     return found
 
 

@@ -36,7 +36,7 @@ from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
 from elastream.core.outcomes import Outcome
-from elastream.core.ports import BackendError, ScaleRequest, StateLost
+from elastream.core.ports import BackendError, NotOwned, ScaleRequest, StateLost
 from elastream.core.schedule import Schedule
 from elastream.core.status import (
     EventReason,
@@ -503,9 +503,14 @@ class ManagedTopologies:
             managed.attempt = Attempt("start", failures, now + delay, str(exc))
             if isinstance(exc, redis.RedisError):
                 managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
+            elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
+                managed.set(not_owned=str(exc))
             else:
                 managed.set(backend_error=str(exc))
-            managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
+            if isinstance(exc, NotOwned):
+                managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
+            else:
+                managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
                 controller.close()
             managed.write()
@@ -514,7 +519,7 @@ class ManagedTopologies:
         managed.attempt = None
         if managed.applied_parallelism is None:
             managed.applied_parallelism = spec_parallelism(topology)
-        managed.set(started=True, backend_error="", redis_unavailable="", state_lost="")
+        managed.set(started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="")
         return None
 
     def _restart_from_scratch(self, managed: ManagedTopology) -> None:

@@ -13,6 +13,12 @@ of the topology, old or new, holds the same ones and pods of other topologies do
 staged and idle). The in-place migration steps are `NodeBackend`'s; this class only creates, deletes and
 inspects pods.
 
+Nothing that is not the topology's is ever patched or deleted: the ConfigMap and the Secret are read before
+they are patched, a pod before it is deleted (also the pod holding a name a new worker needs, on a 409), and
+only an object whose ownerReferences name this StreamTopology by uid goes ahead (a pod is deleted with that
+uid as a precondition); anything else raises `NotOwned` naming the object and the fix, and stays untouched.
+Pods labelled like the topology's but not owned by it are no nodes of it.
+
 Pods are never restarted by Kubernetes (restartPolicy Never): a worker that dies is a failure the
 controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint.
 """
@@ -30,7 +36,7 @@ import redis
 import yaml
 
 from elastream.control.backends.nodes import NodeBackend
-from elastream.core.ports import BackendError
+from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology
 from elastream.runtime.security import (
@@ -97,6 +103,43 @@ def config_map_name(topology: Topology) -> str:
 
 def secret_name(topology: Topology) -> str:
     return f"{topology.name}-redis"
+
+
+def _field(obj: Any, attribute: str, key: str) -> Any:
+    """A field of a client model (`obj.owner_references`) or of a plain dict (`obj["ownerReferences"]`)."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, attribute, None)
+
+
+def owners_of(obj: Any) -> list[tuple[str, str, str]]:
+    """(kind, name, uid) of each ownerReference of an API object (a client model or a dict)."""
+    metadata = _field(obj, "metadata", "metadata")
+    refs = _field(metadata, "owner_references", "ownerReferences") or []
+    return [tuple(str(_field(r, key, key)) for key in ("kind", "name", "uid")) for r in refs]  # type: ignore[misc]
+
+
+def is_owned_by(obj: Any, owner: Mapping[str, Any]) -> bool:
+    """The object's ownerReferences name this StreamTopology, by uid (a label anyone can set; a uid names one
+    resource, so a topology deleted and re-created under the same name does not own what the old one left)."""
+    return any(kind == KIND and uid == str(owner["uid"]) for kind, _, uid in owners_of(obj))
+
+
+def not_owned(kind: str, namespace: str, name: str, obj: Any, owner: Mapping[str, Any]) -> NotOwned:
+    """The refusal for an object in the way: which object, whose it is, and the fix."""
+    owners = owners_of(obj)
+    if any(k == KIND and n == owner["name"] for k, n, _ in owners):
+        whose = f"it belongs to an earlier StreamTopology {owner['name']}, not deleted by the garbage collector yet"
+    elif owners:
+        whose = "it is owned by " + ", ".join(f"{k} {n}" for k, n, _ in owners)
+    else:
+        whose = "it has no owner"
+    return NotOwned(
+        f"{kind} {namespace}/{name} exists and is not this StreamTopology's ({whose}); the operator leaves it "
+        f"untouched: delete or rename it"
+    )
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -295,19 +338,16 @@ class KubernetesBackend(NodeBackend):
             "labels": labels_for(self.topology),
             "ownerReferences": [owner_reference(self.owner)],
         }
+        current = self._read("ConfigMap", self.core.read_namespaced_config_map, config_map_name(self.topology))
         try:
-            self.core.patch_namespaced_config_map(metadata["name"], self.namespace, {"data": data})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
-            self.core.create_namespaced_config_map(self.namespace, {"metadata": metadata, "data": data})
+            if current is None:
+                self.core.create_namespaced_config_map(self.namespace, {"metadata": metadata, "data": data})
+            else:
+                self.core.patch_namespaced_config_map(metadata["name"], self.namespace, {"data": data})
+        except ApiException as exc:  # 409: made meanwhile by someone else; the next pass looks at it again
+            raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
         name = secret_name(self.topology)
-        try:
-            existing = self.core.read_namespaced_secret(name, self.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise BackendError(f"Secret {name}: {exc.reason}") from None
-            existing = None
+        existing = self._read("Secret", self.core.read_namespaced_secret, name)
         string_data = {"url": self.redis_url}
         held = set((existing.data or {}) if existing is not None else {})
         if not {SECRET_SERVER_KEY, SECRET_CLIENT_KEY} <= held:
@@ -318,22 +358,41 @@ class KubernetesBackend(NodeBackend):
                 "stringData": string_data,
                 "type": "Opaque",
             }
-            self.core.create_namespaced_secret(self.namespace, secret)
+            try:
+                self.core.create_namespaced_secret(self.namespace, secret)
+            except ApiException as exc:
+                raise BackendError(f"Secret {name}: {exc.reason}") from None
             return
         try:
             self.core.patch_namespaced_secret(name, self.namespace, {"stringData": string_data})
         except ApiException as exc:
             raise BackendError(f"Secret {name}: {exc.reason}") from None
 
+    def _read(self, kind: str, read: Any, name: str) -> Any:
+        """The object `name` (None when there is none), checked to be this topology's: one that is not raises
+        `NotOwned` and is never patched or deleted."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = read(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise BackendError(f"{kind} {name}: {exc.reason}") from None
+        if not is_owned_by(found, self.owner):
+            raise not_owned(kind, self.namespace, name, found, self.owner)
+        return found
+
     def pods(self, fresh: bool = False) -> dict[str, Any]:
-        """node -> its pod (a `V1Pod`), listed by the topology's labels (cached for `POD_CACHE_S`)."""
+        """node -> its pod (a `V1Pod`), listed by the topology's labels and owned by it (a pod someone else
+        labelled alike is no node of it; cached for `POD_CACHE_S`)."""
         now = time.monotonic()
         if fresh or now - self._pods_at > POD_CACHE_S:
             listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
             self._pods = {
                 (p.metadata.labels or {}).get("elastream.dev/node", ""): p
                 for p in listed.items
-                if p.metadata.deletion_timestamp is None
+                if p.metadata.deletion_timestamp is None and is_owned_by(p, self.owner)
             }
             self._pods_at = now
         return self._pods
@@ -361,7 +420,8 @@ class KubernetesBackend(NodeBackend):
             except ApiException as exc:
                 late = time.monotonic() > deadline
                 if exc.status == 409 and not late:
-                    self._delete_pod(name)  # a dead pod of the same name: make room
+                    # a dead pod of ours of the same name: make room; anyone else's: NotOwned, untouched
+                    self._delete_pod(name, refuse=True)
                 elif not is_api_unavailable(exc) or late:
                     # a quota, an admission webhook, a forbidden field: the API server's own words say which
                     raise BackendError(f"pod {name} not created: {exc.reason}: {_api_message(exc)}") from None
@@ -457,13 +517,33 @@ class KubernetesBackend(NodeBackend):
         super().apply(schedule, migration_id)
         self.ensure_config()  # the ConfigMap shows the schedule that runs now
 
-    def _delete_pod(self, name: str) -> None:
+    def _delete_pod(self, name: str, refuse: bool = False) -> None:
+        """Delete the pod `name` if it is this topology's (its ownerReferences), and only that very pod (a uid
+        precondition: not one created under the same name since it was read). A pod that is not the topology's
+        is left alone: with `refuse` that raises `NotOwned`, else it is logged."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=10)
+            pod = self._read("Pod", self.core.read_namespaced_pod, name)
+        except NotOwned as exc:
+            if refuse:
+                raise
+            log.warning("%s", exc)
+            return
+        except BackendError as exc:
+            log.warning("deleting pod %s: %s", name, exc)
+            return
+        if pod is None:
+            return
+        try:
+            self.core.delete_namespaced_pod(
+                name,
+                self.namespace,
+                grace_period_seconds=10,
+                body={"preconditions": {"uid": pod.metadata.uid}},
+            )
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):  # 409: the precondition failed, the pod is another one now
                 log.warning("deleting pod %s: %s", name, exc.reason)
 
 
