@@ -38,8 +38,8 @@ RELEASE, NAMESPACE = "es", "elastream-system"
 FULLNAME = f"{RELEASE}-elastream"
 REDIS = f"{RELEASE}-redis"
 KUBERNETES_VERSION = "1.34.0"
-#: the operator's default wait for worker pods, as the chart passes it
-TIMEOUT_ARGS = ["--worker-start-timeout", "180"]
+#: the operator's default wait for worker pods and their image pull policy, as the chart passes them
+TIMEOUT_ARGS = ["--worker-start-timeout", "180", "--worker-image-pull-policy", "IfNotPresent"]
 #: leader election with the chart's defaults: the Lease in the release namespace (the kubelet expands the variable)
 ELECTION_ARGS = [
     "--leader-elect",
@@ -77,6 +77,12 @@ SCENARIOS: dict[str, list[str]] = {
     "persistence-no-class": ["redis.persistence.storageClass=-"],
     "no-persistence": ["redis.persistence.enabled=false"],
     "listen-on-pod-ip": ["listenOnPodIP=true"],
+    "worker-images": [
+        "worker.image.pullPolicy=Always",
+        "worker.imagePullSecrets[0].name=regcred",
+        "worker.imagePullSecrets[1].name=mirror",
+        "worker.allowedImages={registry.example.com/streams/,ghcr.io/acme/worker}",
+    ],
 }
 
 
@@ -179,6 +185,9 @@ def test_lint_strict(helm: str, scenario: str) -> None:
         (["redis.persistence.size=lots"], "/redis/persistence/size"),
         (["redis.persistence.storageClass=Fast_Disks"], "/redis/persistence/storageClass"),
         (["redis.persistence.accessModes={ReadWriteSometimes}"], "/redis/persistence/accessModes"),
+        (["worker.image.pullPolicy=Sometimes"], "/worker/image/pullPolicy"),
+        (["worker.imagePullSecrets[0].nam=regcred"], "/worker/imagePullSecrets/0"),
+        (["worker.allowedImages={a b}"], "/worker/allowedImages/0"),
     ],
 )
 def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], message: str) -> None:
@@ -539,6 +548,36 @@ def test_spark_settings_reach_the_operator(helm: str) -> None:
     assert env["ELASTREAM_SPARK_MASTER"] == "spark://master:7077"
     assert env["ELASTREAM_SPARK_CONF"] == "spark.cores.max=4,spark.executor.memory=2g"
     assert env["ELASTREAM_LOG_LEVEL"] == "DEBUG"
+
+
+def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: Any, monkeypatch) -> None:
+    """worker.image.pullPolicy, worker.imagePullSecrets and worker.allowedImages, read through the operator's own
+    command line as the rendered Deployment runs it: the worker pods it makes, and the images it allows."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.core.images import image_allowed
+    from elastream.core.topology import load_manifest
+    from elastream.handlers.main import worker_pod_settings
+
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
+    for scenario, policy, secrets, allowed in (
+        ("default", "IfNotPresent", None, ()),
+        (
+            "worker-images",
+            "Always",
+            [{"name": "regcred"}, {"name": "mirror"}],
+            ("registry.example.com/streams/", "ghcr.io/acme/worker"),
+        ),
+    ):
+        operator = container(render(scenario))
+        options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
+        assert options.allowed_images == allowed
+        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert pod["spec"]["containers"][0]["imagePullPolicy"] == policy
+        assert pod["spec"].get("imagePullSecrets") == secrets
+    assert image_allowed("ghcr.io/acme/worker:1.2", allowed) and not image_allowed("ghcr.io/acme/evil:1", allowed)
 
 
 def labels_are_standard(obj: Mapping[str, Any]) -> None:

@@ -35,6 +35,7 @@ from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSe
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
+from elastream.core.images import image_allowed, image_refusal
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError, NotOwned, ScaleRequest, StateLost
 from elastream.core.schedule import Schedule
@@ -360,6 +361,8 @@ class ManagedTopologies:
     custom_api: Any
     analyzer: Any
     settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
+    #: the worker images a topology's spec.image may name (`core.images`); empty: any
+    allowed_images: tuple[str, ...] = ()
     interval_s: float = 1.0
     #: how long worker pods may take to be scheduled, started and ready
     start_timeout_s: float = 180.0
@@ -438,6 +441,10 @@ class ManagedTopologies:
             # parsed before anything else walks the spec: a spec too deep or too big (an alias bomb) is one
             # InvalidSpec line, where comparing it with the last one would have ended in RecursionError
             wanted = topology_from_resource(body)
+            image = str(wanted.spec.get("image") or "")
+            if image and not image_allowed(image, self.allowed_images):
+                # before anything is created: no pod of a refused image, no ConfigMap or Secret for it
+                raise TopologyError([image_refusal(image, self.allowed_images)])
         except TopologyError as exc:
             message = invalid_spec_message(exc)
             managed.set(invalid_spec=message)

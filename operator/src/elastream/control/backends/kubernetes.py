@@ -65,6 +65,8 @@ class WorkerPodSettings:
 
     image: str = "elastream-worker:dev"
     image_pull_policy: str = "IfNotPresent"
+    #: names of Secrets (in the topology's namespace) the kubelet pulls the worker image with
+    image_pull_secrets: tuple[str, ...] = ()
     log_level: str = "INFO"
     interval_s: float = 1.0
     service_account: str | None = None
@@ -248,6 +250,8 @@ def worker_pod(
     }
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     placement = spec.get("placement")
     if isinstance(placement, Mapping):
         for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
