@@ -38,8 +38,15 @@ RELEASE, NAMESPACE = "es", "elastream-system"
 FULLNAME = f"{RELEASE}-elastream"
 REDIS = f"{RELEASE}-redis"
 KUBERNETES_VERSION = "1.34.0"
-#: the operator's default wait for worker pods and their image pull policy, as the chart passes them
-TIMEOUT_ARGS = ["--worker-start-timeout", "180", "--worker-image-pull-policy", "IfNotPresent"]
+#: the default scraper of the metrics ports (networkPolicy.metricsFrom)
+PROMETHEUS = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+#: the operator's default wait for worker pods, their image pull policy and the per-topology NetworkPolicies, as
+#: the chart passes them
+TIMEOUT_ARGS = [
+    "--worker-start-timeout", "180",
+    "--worker-image-pull-policy", "IfNotPresent",
+    "--network-policies", "--metrics-from", json.dumps([PROMETHEUS], separators=(",", ":")),
+]  # fmt: skip
 #: leader election with the chart's defaults: the Lease in the release namespace (the kubelet expands the variable)
 ELECTION_ARGS = [
     "--leader-elect",
@@ -77,6 +84,10 @@ SCENARIOS: dict[str, list[str]] = {
     "persistence-no-class": ["redis.persistence.storageClass=-"],
     "no-persistence": ["redis.persistence.enabled=false"],
     "listen-on-pod-ip": ["listenOnPodIP=true"],
+    "no-network-policy": ["networkPolicy.enabled=false"],
+    "metrics-from-monitoring": [
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+    ],
     "worker-images": [
         "worker.image.pullPolicy=Always",
         "worker.imagePullSecrets[0].name=regcred",
@@ -186,6 +197,8 @@ def test_lint_strict(helm: str, scenario: str) -> None:
         (["redis.persistence.storageClass=Fast_Disks"], "/redis/persistence/storageClass"),
         (["redis.persistence.accessModes={ReadWriteSometimes}"], "/redis/persistence/accessModes"),
         (["worker.image.pullPolicy=Sometimes"], "/worker/image/pullPolicy"),
+        (["networkPolicy.enabled=no"], "/networkPolicy/enabled"),
+        (["networkPolicy.metricsFrom[0].podSelecter.x=y"], "/networkPolicy/metricsFrom/0"),
         (["worker.imagePullSecrets[0].nam=regcred"], "/worker/imagePullSecrets/0"),
         (["worker.allowedImages={a b}"], "/worker/allowedImages/0"),
     ],
@@ -331,6 +344,10 @@ CODE_CALLS: dict[str, tuple[str, str, str]] = {
     "read_namespaced_secret": ("", "secrets", "get"),
     "create_namespaced_secret": ("", "secrets", "create"),
     "patch_namespaced_secret": ("", "secrets", "patch"),
+    # KubernetesBackend: the topology's NetworkPolicy (networkPolicy.enabled)
+    "read_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "get"),
+    "create_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "create"),
+    "patch_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "patch"),
     # LeaderElector (the Lease; its own Role in the release namespace)
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
@@ -352,7 +369,8 @@ API_CALL = re.compile(r"(?:create|read|list|patch|replace|delete|delete_collecti
 
 
 def code_api_calls() -> set[str]:
-    """The Kubernetes client methods the operator's code calls (objects named api, core, core_api, custom_api)."""
+    """The Kubernetes client methods the operator's code calls or hands on (on objects named api, core, core_api,
+    custom_api or networking: what the operator names its client API objects)."""
     found: set[str] = set()
     root = os.path.join(REPO, "operator", "src", "elastream")
     for folder, _, files in os.walk(root):
@@ -362,7 +380,7 @@ def code_api_calls() -> set[str]:
             with open(os.path.join(folder, name), encoding="utf-8") as handle:
                 source = handle.read()
             # called, or handed on to be called (`self._read("Pod", self.core.read_namespaced_pod, name)`)
-            for match in re.finditer(r"\b(?:api|core|core_api|custom_api)\s*\.\s*(\w+)", source):
+            for match in re.finditer(r"\b(?:api|core|core_api|custom_api|networking)\s*\.\s*(\w+)", source):
                 if API_CALL.fullmatch(match.group(1)):
                     found.add(match.group(1))
     return found
@@ -578,6 +596,73 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
         assert pod["spec"]["containers"][0]["imagePullPolicy"] == policy
         assert pod["spec"].get("imagePullSecrets") == secrets
     assert image_allowed("ghcr.io/acme/worker:1.2", allowed) and not image_allowed("ghcr.io/acme/evil:1", allowed)
+
+
+NETWORK_POLICY_RULE = ("networking.k8s.io", "networkpolicies")
+
+
+def test_without_network_policies_there_are_none_nor_their_rule(render: Any) -> None:
+    docs = render("no-network-policy")
+    assert objects(docs, "NetworkPolicy") == []
+    assert "--network-policies" not in container(docs)["args"]
+    rules = rules_of(one(docs, "ClusterRole", FULLNAME))
+    assert NETWORK_POLICY_RULE not in rules
+    assert rules == {k: v for k, v in {**NAMESPACED_RULES, **CRD_RULES}.items() if k != NETWORK_POLICY_RULE}
+
+
+def test_the_operator_accepts_only_the_metrics_scrape(render: Any) -> None:
+    policy = one(render("default"), "NetworkPolicy", FULLNAME)
+    deployment = one(render("default"), "Deployment", FULLNAME)
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert {p["containerPort"] for p in container(render("default"))["ports"]} == {8080, 8081}  # 8081: kubelet
+
+
+def test_redis_accepts_only_the_operator_and_worker_pods(render: Any) -> None:
+    from elastream.control.backends.kubernetes import labels_for
+    from elastream.core.topology import load_manifest
+
+    worker_labels = labels_for(load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0")
+    for scenario, namespaces in (
+        ("default", {}),
+        ("watch-namespace", {"matchLabels": {"kubernetes.io/metadata.name": "streams"}}),
+    ):
+        docs = render(scenario)
+        policy = one(docs, "NetworkPolicy", REDIS)
+        statefulset, _, _ = redis_pod(docs)
+        assert policy["spec"]["podSelector"] == statefulset["spec"]["selector"]
+        [rule] = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+        operator, workers = rule["from"]
+        assert operator == {"podSelector": one(docs, "Deployment", FULLNAME)["spec"]["selector"]}
+        assert workers["namespaceSelector"] == namespaces
+        # the selector matches the pods the operator makes, of any topology
+        assert workers["podSelector"]["matchLabels"].items() <= worker_labels.items()
+        assert "app.kubernetes.io/instance" not in workers["podSelector"]["matchLabels"]
+    assert [p["metadata"]["name"] for p in objects(render("external-url"), "NetworkPolicy")] == [FULLNAME]
+
+
+def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch) -> None:
+    """networkPolicy.metricsFrom, read through the operator's own command line, is what each topology's
+    NetworkPolicy lets reach the workers' metrics port."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.kubernetes import worker_network_policy
+    from elastream.core.topology import load_manifest
+    from elastream.handlers.main import worker_pod_settings
+
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    for scenario, scraper in (("default", PROMETHEUS), ("metrics-from-monitoring", monitoring)):
+        docs = render(scenario)
+        operator = container(docs)
+        options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
+        assert options.network_policies
+        policy = worker_network_policy(demo, {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert policy["spec"]["ingress"][1] == {"from": [scraper], "ports": [{"protocol": "TCP", "port": 9100}]}
+        assert one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"][0]["from"] == [scraper]
 
 
 def labels_are_standard(obj: Mapping[str, Any]) -> None:

@@ -430,3 +430,80 @@ def test_an_apply_retried_after_redis_went_away_switches_to_the_same_version() -
     kube.apply(target, "m1")  # the migration's retry
     assert kube.registry.staged == [5] and switches == [5, 5] and kube.version == 5  # type: ignore[attr-defined]
     assert kube.applying is None
+
+
+class FakeNetworking:
+    """An in-memory NetworkingV1Api: NetworkPolicies by name."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, dict[str, Any]] = {}
+        self.patches: list[str] = []
+
+    def read_namespaced_network_policy(self, name: str, namespace: str) -> Any:
+        from kubernetes.client.exceptions import ApiException as Real
+
+        if name not in self.policies:
+            raise Real(status=404)
+        return SimpleNamespace(metadata=FakeCore._metadata(self.policies[name]))
+
+    def create_namespaced_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+        self.policies[body["metadata"]["name"]] = body
+
+    def patch_namespaced_network_policy(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.policies[name]["spec"] = body["spec"]
+        self.patches.append(name)
+
+
+SCRAPER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+
+def policy_backend() -> tuple[KubernetesBackend, FakeCore, FakeNetworking]:
+    kube, core = backend()
+    networking = FakeNetworking()
+    kube.networking = networking
+    kube.settings = WorkerPodSettings(network_policy=True, metrics_from=(SCRAPER,))
+    return kube, core, networking
+
+
+def test_each_topology_gets_a_network_policy_its_workers_alone_pass_before_any_pod_starts() -> None:
+    kube, _, networking = policy_backend()
+    kube.preflight()
+    policy = networking.policies["web-workers"]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "u"
+    spec = policy["spec"]
+    pod = worker_pod(kube.topology, "node-0", kube.owner, kube.settings)
+    selected = spec["podSelector"]["matchLabels"]
+    assert selected.items() <= pod["metadata"]["labels"].items()  # it selects the topology's pods
+    assert spec["policyTypes"] == ["Ingress"]  # egress (Redis, DNS, sources, sinks) is not restricted
+    data, metrics = spec["ingress"]
+    assert data == {"from": [{"podSelector": {"matchLabels": selected}}]}  # same namespace, same topology
+    assert selected["app.kubernetes.io/instance"] == "web"  # not another topology's workers
+    assert metrics == {"from": [SCRAPER], "ports": [{"protocol": "TCP", "port": 9100}]}
+    # a later pass brings it back to what it should be
+    networking.policies["web-workers"]["spec"] = {"podSelector": {}, "ingress": [{}]}
+    kube.preflight()
+    assert networking.policies["web-workers"]["spec"] == spec and networking.patches == ["web-workers"]
+
+
+def test_without_a_scraper_the_workers_metrics_port_stays_closed() -> None:
+    kube, _, networking = policy_backend()
+    kube.settings = WorkerPodSettings(network_policy=True)
+    kube.ensure_network_policy()
+    assert len(networking.policies["web-workers"]["spec"]["ingress"]) == 1
+
+
+def test_a_network_policy_of_that_name_that_is_not_the_topologys_is_left_alone() -> None:
+    kube, core, networking = policy_backend()
+    theirs = someone_elses("web-workers")
+    theirs["spec"] = {"podSelector": {}}
+    networking.policies["web-workers"] = theirs
+    with pytest.raises(NotOwned, match=r"NetworkPolicy default/web-workers exists .*delete or rename it"):
+        kube.preflight()
+    assert networking.policies["web-workers"]["spec"] == {"podSelector": {}} and networking.patches == []
+    assert core.pods == {} and core.secrets == {}  # nothing started without its policy
+
+
+def test_network_policies_off_make_no_call() -> None:
+    kube, _ = backend()
+    kube.networking = None
+    kube.ensure_network_policy()  # off by default: no client needed

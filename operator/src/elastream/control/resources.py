@@ -363,6 +363,8 @@ class ManagedTopologies:
     settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
     #: the worker images a topology's spec.image may name (`core.images`); empty: any
     allowed_images: tuple[str, ...] = ()
+    #: a `kubernetes.client.NetworkingV1Api`, for each topology's NetworkPolicy (`settings.network_policy`)
+    networking_api: Any = None
     interval_s: float = 1.0
     #: how long worker pods may take to be scheduled, started and ready
     start_timeout_s: float = 180.0
@@ -693,6 +695,7 @@ class ManagedTopologies:
             self.redis_url,
             self.settings,
             self.start_timeout_s,
+            networking=self.networking_api,
         )
         migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
         controller = TopologyController(

@@ -59,6 +59,10 @@ class OperatorOptions:
     worker_image_pull_secrets: tuple[str, ...] = ()
     #: the images a topology's spec.image may name (`elastream.core.images`); empty: any
     allowed_images: tuple[str, ...] = ()
+    #: keep a NetworkPolicy per topology (its workers reachable from its own workers only), whose metrics port
+    #: accepts `metrics_from` (NetworkPolicyPeers: the Prometheus that scrapes the workers)
+    network_policies: bool = False
+    metrics_from: tuple[dict[str, Any], ...] = ()
     engine: Literal["spark", "python"] = "spark"
     interval_s: float = 1.0
     #: metrics and health listen on the pod IP ($POD_IP) instead of every interface, and so do the worker
@@ -91,6 +95,8 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
         log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
         listen_on_pod_ip=options.listen_on_pod_ip,
         data_plane_auth=auth_enabled(),
+        network_policy=options.network_policies,
+        metrics_from=options.metrics_from,
     )
 
 
@@ -203,6 +209,7 @@ def run(options: OperatorOptions) -> int:
         analyzer=Analyzer(engine=options.engine),
         settings=worker_pod_settings(options),
         allowed_images=options.allowed_images,
+        networking_api=client.NetworkingV1Api() if options.network_policies else None,
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
         volatile_every_s=options.status_every_s,

@@ -76,6 +76,10 @@ class WorkerPodSettings:
     listen_on_pod_ip: bool = False
     #: authenticate and encrypt the data plane with the topology's CURVE keys (from its Secret)
     data_plane_auth: bool = True
+    #: keep a NetworkPolicy `<topology>-workers` beside the topology's Secret: its workers accept traffic from
+    #: its own workers only, and their metrics port from `metrics_from` (NetworkPolicyPeers: the scraper)
+    network_policy: bool = False
+    metrics_from: tuple[Mapping[str, Any], ...] = ()
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -142,6 +146,37 @@ def not_owned(kind: str, namespace: str, name: str, obj: Any, owner: Mapping[str
         f"{kind} {namespace}/{name} exists and is not this StreamTopology's ({whose}); the operator leaves it "
         f"untouched: delete or rename it"
     )
+
+
+def network_policy_name(topology: Topology) -> str:
+    return f"{topology.name}-workers"
+
+
+def worker_network_policy(topology: Topology, owner: Mapping[str, Any], settings: WorkerPodSettings) -> dict[str, Any]:
+    """The topology's NetworkPolicy: its worker pods accept any port from its own worker pods (the data plane,
+    whose ports move between schedule versions) and the metrics port from `settings.metrics_from`; nothing else
+    (the kubelet's probes come from the node, which a NetworkPolicy always allows). Egress is not restricted:
+    workers reach Redis, DNS and the topology's own sources and sinks."""
+    workers = {"matchLabels": labels_for(topology)}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": workers}]}]
+    if settings.metrics_from:
+        ingress.append(
+            {
+                "from": [dict(peer) for peer in settings.metrics_from],
+                "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(topology),
+            "namespace": topology.namespace,
+            "labels": labels_for(topology),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {"podSelector": workers, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -315,9 +350,12 @@ class KubernetesBackend(NodeBackend):
         redis_url: str,
         settings: WorkerPodSettings | None = None,
         start_timeout_s: float = 180.0,
+        networking: Any = None,
     ) -> None:
         super().__init__(topology, client, start_timeout_s)
         self.core = core
+        #: a `kubernetes.client.NetworkingV1Api` (needed with `settings.network_policy`)
+        self.networking = networking
         self.owner = dict(owner)
         self.redis_url = redis_url
         self.settings = settings or WorkerPodSettings()
@@ -372,6 +410,26 @@ class KubernetesBackend(NodeBackend):
         except ApiException as exc:
             raise BackendError(f"Secret {name}: {exc.reason}") from None
 
+    def ensure_network_policy(self) -> None:
+        """The topology's NetworkPolicy (with `settings.network_policy`), created or brought back to what it
+        should be; one that is not the topology's raises `NotOwned` and is left alone."""
+        from kubernetes.client.exceptions import ApiException
+
+        if not self.settings.network_policy:
+            return
+        if self.networking is None:
+            raise BackendError("network policies are on but the operator has no networking.k8s.io client")
+        body = worker_network_policy(self.topology, self.owner, self.settings)
+        name = network_policy_name(self.topology)
+        current = self._read("NetworkPolicy", self.networking.read_namespaced_network_policy, name)
+        try:
+            if current is None:
+                self.networking.create_namespaced_network_policy(self.namespace, body)
+            else:
+                self.networking.patch_namespaced_network_policy(name, self.namespace, {"spec": body["spec"]})
+        except ApiException as exc:
+            raise BackendError(f"NetworkPolicy {name}: {exc.reason}: {_api_message(exc)}") from None
+
     def _read(self, kind: str, read: Any, name: str) -> Any:
         """The object `name` (None when there is none), checked to be this topology's: one that is not raises
         `NotOwned` and is never patched or deleted."""
@@ -403,6 +461,7 @@ class KubernetesBackend(NodeBackend):
 
     # --------------------------------------------------------------------------------- NodeBackend hooks
     def preflight(self) -> None:
+        self.ensure_network_policy()  # before the first pod: no worker is ever reachable from outside
         self.ensure_config()
 
     def is_transient(self, exc: Exception) -> bool:
@@ -509,6 +568,7 @@ class KubernetesBackend(NodeBackend):
             self.schedule, self.version = schedule, found[0]
             self.endpoints = self.registry.endpoints(found[0])
             log.info("adopted the worker pods of %s (schedule version %d)", self.topology.name, found[0])
+            self.ensure_network_policy()
             self.ensure_config()
             return
         if self.running_nodes():  # pods of another schedule (a migration past COMMIT): its state is in Redis
