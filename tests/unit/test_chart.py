@@ -218,6 +218,7 @@ def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], me
             ["operator.replicas=2", "operator.leaderElection.enabled=false"],
             "more than one operator replica needs operator.leaderElection.enabled=true",
         ),
+        (["spark.master=spark://master:7077"], "spark.master is set: its executors connect back to the operator"),
         (
             ["operator.leaderElection.renewDeadlineSeconds=15"],
             "renewDeadlineSeconds (15) must be less than leaseDurationSeconds (15)",
@@ -557,7 +558,7 @@ def test_spark_settings_reach_the_operator(helm: str) -> None:
         "template",
         RELEASE,
         CHART,
-        *set_args(["spark.master=spark://master:7077", "operator.logLevel=DEBUG"]),
+        *set_args(["spark.master=spark://master:7077", "operator.logLevel=DEBUG", "networkPolicy.enabled=false"]),
         "--set-string",
         r"spark.conf.spark\.executor\.memory=2g,spark.conf.spark\.cores\.max=4",
     )
@@ -617,6 +618,18 @@ def test_the_operator_accepts_only_the_metrics_scrape(render: Any) -> None:
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}]
     assert {p["containerPort"] for p in container(render("default"))["ports"]} == {8080, 8081}  # 8081: kubelet
+
+
+def test_a_remote_spark_masters_executors_reach_the_driver(helm: str) -> None:
+    spark = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "spark"}}}
+    proc = run_helm(
+        helm, "template", RELEASE, CHART, "--namespace", NAMESPACE,
+        *set_args(["spark.master=spark://master:7077", "networkPolicy.sparkFrom[0].namespaceSelector.matchLabels"
+                   ".kubernetes\\.io/metadata\\.name=spark"]),
+    )  # fmt: skip
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    metrics, executors = one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"]
+    assert metrics["from"] == [PROMETHEUS] and executors == {"from": [spark]}  # any port: Spark picks them
 
 
 def test_redis_accepts_only_the_operator_and_worker_pods(render: Any) -> None:
