@@ -38,8 +38,15 @@ RELEASE, NAMESPACE = "es", "elastream-system"
 FULLNAME = f"{RELEASE}-elastream"
 REDIS = f"{RELEASE}-redis"
 KUBERNETES_VERSION = "1.34.0"
-#: the operator's default wait for worker pods, as the chart passes it
-TIMEOUT_ARGS = ["--worker-start-timeout", "180"]
+#: the default scraper of the metrics ports (networkPolicy.metricsFrom)
+PROMETHEUS = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+#: the operator's default wait for worker pods, their image pull policy and the per-topology NetworkPolicies, as
+#: the chart passes them
+TIMEOUT_ARGS = [
+    "--worker-start-timeout", "180",
+    "--worker-image-pull-policy", "IfNotPresent",
+    "--network-policies", "--metrics-from", json.dumps([PROMETHEUS], separators=(",", ":")),
+]  # fmt: skip
 #: leader election with the chart's defaults: the Lease in the release namespace (the kubelet expands the variable)
 ELECTION_ARGS = [
     "--leader-elect",
@@ -77,6 +84,16 @@ SCENARIOS: dict[str, list[str]] = {
     "persistence-no-class": ["redis.persistence.storageClass=-"],
     "no-persistence": ["redis.persistence.enabled=false"],
     "listen-on-pod-ip": ["listenOnPodIP=true"],
+    "no-network-policy": ["networkPolicy.enabled=false"],
+    "metrics-from-monitoring": [
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+    ],
+    "worker-images": [
+        "worker.image.pullPolicy=Always",
+        "worker.imagePullSecrets[0].name=regcred",
+        "worker.imagePullSecrets[1].name=mirror",
+        "worker.allowedImages={registry.example.com/streams/,ghcr.io/acme/worker}",
+    ],
 }
 
 
@@ -179,6 +196,11 @@ def test_lint_strict(helm: str, scenario: str) -> None:
         (["redis.persistence.size=lots"], "/redis/persistence/size"),
         (["redis.persistence.storageClass=Fast_Disks"], "/redis/persistence/storageClass"),
         (["redis.persistence.accessModes={ReadWriteSometimes}"], "/redis/persistence/accessModes"),
+        (["worker.image.pullPolicy=Sometimes"], "/worker/image/pullPolicy"),
+        (["networkPolicy.enabled=no"], "/networkPolicy/enabled"),
+        (["networkPolicy.metricsFrom[0].podSelecter.x=y"], "/networkPolicy/metricsFrom/0"),
+        (["worker.imagePullSecrets[0].nam=regcred"], "/worker/imagePullSecrets/0"),
+        (["worker.allowedImages={a b}"], "/worker/allowedImages/0"),
     ],
 )
 def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], message: str) -> None:
@@ -196,6 +218,7 @@ def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], me
             ["operator.replicas=2", "operator.leaderElection.enabled=false"],
             "more than one operator replica needs operator.leaderElection.enabled=true",
         ),
+        (["spark.master=spark://master:7077"], "spark.master is set: its executors connect back to the operator"),
         (
             ["operator.leaderElection.renewDeadlineSeconds=15"],
             "renewDeadlineSeconds (15) must be less than leaseDurationSeconds (15)",
@@ -302,17 +325,95 @@ def test_the_chart_ships_the_repository_crd(render: Any) -> None:
         assert a.read() == b.read()
 
 
-NAMESPACED_RULES = {
-    ("elastream.dev", "streamtopologies"): {"get", "list", "watch", "patch", "update"},
-    ("elastream.dev", "streamtopologies/status"): {"get", "patch", "update"},
-    ("elastream.dev", "streamtopologies/scale"): {"get"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "configmaps"): {"get", "create", "patch", "update", "delete"},
-    ("", "secrets"): {"get", "create", "patch", "update", "delete"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+#: every Kubernetes API call the operator's code makes (a method of a kubernetes client API object), as the
+#: RBAC rule it needs: (API group, resource, verb). `test_the_code_makes_exactly_the_tabled_api_calls` scans
+#: operator/src/elastream for these calls, so a new call without a row, or a row no code calls, fails.
+CODE_CALLS: dict[str, tuple[str, str, str]] = {
+    # ResourceApi: the status writer, the autoscaler's spec.nodes, the restart-from-scratch annotation
+    "patch_namespaced_custom_object_status": ("elastream.dev", "streamtopologies/status", "patch"),
+    "patch_namespaced_custom_object": ("elastream.dev", "streamtopologies", "patch"),
+    # KubernetesEvents
+    "create_namespaced_event": ("", "events", "create"),
+    # KubernetesBackend: worker pods, the topology's ConfigMap and Secret
+    "list_namespaced_pod": ("", "pods", "list"),
+    "read_namespaced_pod": ("", "pods", "get"),  # its owner, before a delete
+    "create_namespaced_pod": ("", "pods", "create"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
+    "read_namespaced_config_map": ("", "configmaps", "get"),  # its owner, before a patch
+    "create_namespaced_config_map": ("", "configmaps", "create"),
+    "patch_namespaced_config_map": ("", "configmaps", "patch"),
+    "read_namespaced_secret": ("", "secrets", "get"),
+    "create_namespaced_secret": ("", "secrets", "create"),
+    "patch_namespaced_secret": ("", "secrets", "patch"),
+    # KubernetesBackend: the topology's NetworkPolicy (networkPolicy.enabled)
+    "read_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "get"),
+    "create_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "create"),
+    "patch_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "patch"),
+    # LeaderElector (the Lease; its own Role in the release namespace)
+    "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
+    "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
+    "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
 }
-CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+#: what kopf itself asks of the API server, as the operator runs it (standalone: no peering; posting off: no
+#: events of its own; finalizer and progress in annotations, written by merge patches; discovery needs no rule)
+KOPF_CALLS: set[tuple[str, str, str]] = {
+    ("elastream.dev", "streamtopologies", "list"),  # the initial listing of the watch
+    ("elastream.dev", "streamtopologies", "watch"),
+    ("elastream.dev", "streamtopologies", "patch"),  # finalizer, progress annotations
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observation
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+LEASES = ("coordination.k8s.io", "leases")
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions")}
+#: a client method name: verb_[namespaced_]kind[_status]
+API_CALL = re.compile(r"(?:create|read|list|patch|replace|delete|delete_collection)_(?:namespaced_)?[a-z_]+")
+
+
+def code_api_calls() -> set[str]:
+    """The Kubernetes client methods the operator's code calls or hands on (on objects named api, core, core_api,
+    custom_api or networking: what the operator names its client API objects)."""
+    found: set[str] = set()
+    root = os.path.join(REPO, "operator", "src", "elastream")
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                source = handle.read()
+            # called, or handed on to be called (`self._read("Pod", self.core.read_namespaced_pod, name)`)
+            for match in re.finditer(r"\b(?:api|core|core_api|custom_api|networking)\s*\.\s*(\w+)", source):
+                if API_CALL.fullmatch(match.group(1)):
+                    found.add(match.group(1))
+    return found
+
+
+def rules_needed(scope: str) -> dict[tuple[str, ...], set[str]]:
+    """(group, resource) -> verbs the code and kopf need: `namespaced` (the watched namespaces), `cluster`
+    (cluster-scoped resources) or `leases` (the release namespace's Role)."""
+    needed: dict[tuple[str, ...], set[str]] = {}
+    for group, resource, verb in {*CODE_CALLS.values(), *KOPF_CALLS}:
+        key = (group, resource)
+        kind = "leases" if key == LEASES else "cluster" if key in CLUSTER_SCOPED else "namespaced"
+        if kind == scope:
+            needed.setdefault(key, set()).add(verb)
+    return needed
+
+
+NAMESPACED_RULES = rules_needed("namespaced")
+CRD_RULES = rules_needed("cluster")
+
+
+def test_the_code_makes_exactly_the_tabled_api_calls() -> None:
+    """A call the table lacks (and so RBAC may lack) or a row no code calls (a rule nobody uses) fails."""
+    calls = code_api_calls()
+    assert calls - set(CODE_CALLS) == set(), "calls without a row in CODE_CALLS (and an RBAC rule)"
+    assert set(CODE_CALLS) - calls == set(), "rows of CODE_CALLS no code calls: drop them and their rule"
+
+
+def test_the_lease_rules_are_what_the_elector_calls() -> None:
+    assert rules_needed("leases") == {LEASES: {"create", "get", "update"}}
+
+
 ELECTION_ROLE = f"{FULLNAME}-leader-election"
 
 
@@ -457,7 +558,7 @@ def test_spark_settings_reach_the_operator(helm: str) -> None:
         "template",
         RELEASE,
         CHART,
-        *set_args(["spark.master=spark://master:7077", "operator.logLevel=DEBUG"]),
+        *set_args(["spark.master=spark://master:7077", "operator.logLevel=DEBUG", "networkPolicy.enabled=false"]),
         "--set-string",
         r"spark.conf.spark\.executor\.memory=2g,spark.conf.spark\.cores\.max=4",
     )
@@ -466,6 +567,115 @@ def test_spark_settings_reach_the_operator(helm: str) -> None:
     assert env["ELASTREAM_SPARK_MASTER"] == "spark://master:7077"
     assert env["ELASTREAM_SPARK_CONF"] == "spark.cores.max=4,spark.executor.memory=2g"
     assert env["ELASTREAM_LOG_LEVEL"] == "DEBUG"
+
+
+def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: Any, monkeypatch) -> None:
+    """worker.image.pullPolicy, worker.imagePullSecrets and worker.allowedImages, read through the operator's own
+    command line as the rendered Deployment runs it: the worker pods it makes, and the images it allows."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.core.images import image_allowed
+    from elastream.core.topology import load_manifest
+    from elastream.handlers.main import worker_pod_settings
+
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
+    for scenario, policy, secrets, allowed in (
+        ("default", "IfNotPresent", None, ()),
+        (
+            "worker-images",
+            "Always",
+            [{"name": "regcred"}, {"name": "mirror"}],
+            ("registry.example.com/streams/", "ghcr.io/acme/worker"),
+        ),
+    ):
+        operator = container(render(scenario))
+        options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
+        assert options.allowed_images == allowed
+        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert pod["spec"]["containers"][0]["imagePullPolicy"] == policy
+        assert pod["spec"].get("imagePullSecrets") == secrets
+    assert image_allowed("ghcr.io/acme/worker:1.2", allowed) and not image_allowed("ghcr.io/acme/evil:1", allowed)
+
+
+NETWORK_POLICY_RULE = ("networking.k8s.io", "networkpolicies")
+
+
+def test_without_network_policies_there_are_none_nor_their_rule(render: Any) -> None:
+    docs = render("no-network-policy")
+    assert objects(docs, "NetworkPolicy") == []
+    assert "--network-policies" not in container(docs)["args"]
+    rules = rules_of(one(docs, "ClusterRole", FULLNAME))
+    assert NETWORK_POLICY_RULE not in rules
+    assert rules == {k: v for k, v in {**NAMESPACED_RULES, **CRD_RULES}.items() if k != NETWORK_POLICY_RULE}
+
+
+def test_the_operator_accepts_only_the_metrics_scrape(render: Any) -> None:
+    policy = one(render("default"), "NetworkPolicy", FULLNAME)
+    deployment = one(render("default"), "Deployment", FULLNAME)
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert {p["containerPort"] for p in container(render("default"))["ports"]} == {8080, 8081}  # 8081: kubelet
+
+
+def test_a_remote_spark_masters_executors_reach_the_driver(helm: str) -> None:
+    spark = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "spark"}}}
+    proc = run_helm(
+        helm, "template", RELEASE, CHART, "--namespace", NAMESPACE,
+        *set_args(["spark.master=spark://master:7077", "networkPolicy.sparkFrom[0].namespaceSelector.matchLabels"
+                   ".kubernetes\\.io/metadata\\.name=spark"]),
+    )  # fmt: skip
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    metrics, executors = one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"]
+    assert metrics["from"] == [PROMETHEUS] and executors == {"from": [spark]}  # any port: Spark picks them
+
+
+def test_redis_accepts_only_the_operator_and_worker_pods(render: Any) -> None:
+    from elastream.control.backends.kubernetes import labels_for
+    from elastream.core.topology import load_manifest
+
+    worker_labels = labels_for(load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0")
+    for scenario, namespaces in (
+        ("default", {}),
+        ("watch-namespace", {"matchLabels": {"kubernetes.io/metadata.name": "streams"}}),
+    ):
+        docs = render(scenario)
+        policy = one(docs, "NetworkPolicy", REDIS)
+        statefulset, _, _ = redis_pod(docs)
+        assert policy["spec"]["podSelector"] == statefulset["spec"]["selector"]
+        [rule] = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+        operator, workers = rule["from"]
+        assert operator == {"podSelector": one(docs, "Deployment", FULLNAME)["spec"]["selector"]}
+        assert workers["namespaceSelector"] == namespaces
+        # the selector matches the pods the operator makes, of any topology
+        assert workers["podSelector"]["matchLabels"].items() <= worker_labels.items()
+        assert "app.kubernetes.io/instance" not in workers["podSelector"]["matchLabels"]
+    assert [p["metadata"]["name"] for p in objects(render("external-url"), "NetworkPolicy")] == [FULLNAME]
+
+
+def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch) -> None:
+    """networkPolicy.metricsFrom, read through the operator's own command line, is what each topology's
+    NetworkPolicy lets reach the workers' metrics port."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.kubernetes import worker_network_policy
+    from elastream.core.topology import load_manifest
+    from elastream.handlers.main import worker_pod_settings
+
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    for scenario, scraper in (("default", PROMETHEUS), ("metrics-from-monitoring", monitoring)):
+        docs = render(scenario)
+        operator = container(docs)
+        options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
+        assert options.network_policies
+        policy = worker_network_policy(demo, {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert policy["spec"]["ingress"][1] == {"from": [scraper], "ports": [{"protocol": "TCP", "port": 9100}]}
+        assert one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"][0]["from"] == [scraper]
 
 
 def labels_are_standard(obj: Mapping[str, Any]) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, worker_pod
-from elastream.core.ports import BackendError
+from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, owner_reference, worker_pod
+from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
 from helpers import assert_worker_binds, edge, manifest, sink, src
@@ -25,12 +25,32 @@ class FakeCore:
         #: pod -> (PodScheduled status, its message) and pod -> a container's waiting reason
         self.scheduled: dict[str, tuple[str, str]] = {}
         self.waiting: dict[str, str] = {}
+        self.deleted: list[str] = []
 
     def _missing(self, store: dict[str, Any], name: str) -> None:
         from kubernetes.client.exceptions import ApiException as Real
 
         if name not in store:
             raise Real(status=404)
+
+    @staticmethod
+    def _metadata(body: dict[str, Any]) -> Any:
+        """A client model's metadata: its uid and ownerReferences as attributes."""
+        metadata = body["metadata"]
+        refs = [
+            SimpleNamespace(kind=r["kind"], name=r["name"], uid=r["uid"]) for r in metadata.get("ownerReferences") or []
+        ]
+        return SimpleNamespace(
+            name=metadata["name"],
+            uid=metadata.setdefault("uid", f"uid-{metadata['name']}-{id(body)}"),
+            labels=metadata.get("labels"),
+            owner_references=refs or None,
+            deletion_timestamp=None,
+        )
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> Any:
+        self._missing(self.config_maps, name)
+        return SimpleNamespace(metadata=self._metadata(self.config_maps[name]))
 
     def patch_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self._missing(self.config_maps, name)
@@ -41,11 +61,13 @@ class FakeCore:
 
     def read_namespaced_secret(self, name: str, namespace: str) -> Any:
         import base64
-        from types import SimpleNamespace
 
         self._missing(self.secrets, name)
         string_data = self.secrets[name]["stringData"]
-        return SimpleNamespace(data={k: base64.b64encode(v.encode()).decode() for k, v in string_data.items()})
+        return SimpleNamespace(
+            metadata=self._metadata(self.secrets[name]),
+            data={k: base64.b64encode(v.encode()).decode() for k, v in string_data.items()},
+        )
 
     def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self._missing(self.secrets, name)
@@ -55,11 +77,28 @@ class FakeCore:
         self.secrets[body["metadata"]["name"]] = body
 
     def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException as Real
+
+        if body["metadata"]["name"] in self.pods:
+            raise Real(status=409, reason="AlreadyExists")
         self.pods[body["metadata"]["name"]] = body
         self.phase[body["metadata"]["name"]] = "Running"
 
-    def delete_namespaced_pod(self, name: str, namespace: str, grace_period_seconds: int = 0) -> None:
-        self.pods.pop(name, None)
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any:
+        self._missing(self.pods, name)
+        return SimpleNamespace(metadata=self._metadata(self.pods[name]))
+
+    def delete_namespaced_pod(
+        self, name: str, namespace: str, grace_period_seconds: int = 0, body: dict[str, Any] | None = None
+    ) -> None:
+        from kubernetes.client.exceptions import ApiException as Real
+
+        self._missing(self.pods, name)
+        wanted = ((body or {}).get("preconditions") or {}).get("uid")
+        if wanted is not None and wanted != self._metadata(self.pods[name]).uid:
+            raise Real(status=409, reason="Conflict")
+        self.pods.pop(name)
+        self.deleted.append(name)
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
         wanted = dict(pair.split("=") for pair in label_selector.split(","))
@@ -80,7 +119,7 @@ class FakeCore:
                     )
                 items.append(
                     SimpleNamespace(
-                        metadata=SimpleNamespace(name=name, labels=labels, deletion_timestamp=None),
+                        metadata=self._metadata(pod),
                         status=SimpleNamespace(
                             phase=self.phase[name],
                             conditions=conditions,
@@ -143,7 +182,10 @@ def test_the_secret_holds_data_plane_keys_made_once_and_pods_read_them_from_it()
 
 def test_a_secret_made_before_data_plane_keys_gets_them_and_keeps_its_url() -> None:
     kube, core = backend()
-    core.secrets["web-redis"] = {"metadata": {"name": "web-redis"}, "stringData": {"url": "redis://old"}}
+    core.secrets["web-redis"] = {
+        "metadata": {"name": "web-redis", "ownerReferences": [owner_reference(kube.owner)]},
+        "stringData": {"url": "redis://old"},
+    }
     kube.ensure_config()
     data = core.secrets["web-redis"]["stringData"]
     assert data["url"] == "redis://:pw@r:6379/0" and len(data["dataPlaneServerKey"]) == 40
@@ -177,6 +219,90 @@ def test_stop_workers_deletes_every_pod_of_the_topology() -> None:
     core.create_namespaced_pod("default", {"metadata": {"name": "other", "labels": {"app": "x"}}})
     kube.stop_workers()
     assert list(core.pods) == ["other"]
+
+
+def someone_elses(name: str, owner: dict[str, str] | None = None) -> dict[str, Any]:
+    """An object of that name made by someone else: a user's, another controller's (`owner`: kind, name, uid)."""
+    refs = [{"apiVersion": "v1", "controller": True, **owner}] if owner else []
+    return {
+        "metadata": {"name": name, "uid": f"their-{name}", "labels": {"app": "theirs"}, "ownerReferences": refs},
+        "stringData": {"url": "redis://theirs"},
+        "data": {"theirs": "1"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("owner", "whose"),
+    [
+        ({}, "it has no owner"),
+        ({"kind": "Deployment", "name": "billing", "uid": "d1"}, "it is owned by Deployment billing"),
+        ({"kind": "StreamTopology", "name": "web", "uid": "old"}, "an earlier StreamTopology web"),
+    ],
+)
+def test_a_config_map_or_secret_the_topology_does_not_own_is_never_patched(owner: dict[str, str], whose: str) -> None:
+    for store, kind, name in (("config_maps", "ConfigMap", "web-topology"), ("secrets", "Secret", "web-redis")):
+        kube, core = backend()
+        theirs = someone_elses(name, owner)
+        getattr(core, store)[name] = theirs
+        before = repr(theirs)
+        with pytest.raises(NotOwned) as refused:
+            kube.ensure_config()
+        message = str(refused.value)
+        assert message.startswith(f"{kind} default/{name} exists and is not this StreamTopology's")
+        assert whose in message and message.endswith("delete or rename it")
+        assert repr(getattr(core, store)[name]) == before  # untouched
+
+
+def test_a_config_map_and_secret_the_topology_owns_are_patched() -> None:
+    kube, core = backend()
+    kube.ensure_config()
+    kube.schedule = None
+    kube.ensure_config()  # a later pass: read, found ours, patched
+    assert "schedule.json" not in core.config_maps["web-topology"]["data"]
+
+
+def test_a_pod_in_the_way_of_a_new_worker_is_deleted_only_if_it_is_the_topologys() -> None:
+    kube, core = backend()
+    kube.spawn("node-0")
+    ours = core.pods["web-node-0"]
+    core.phase["web-node-0"] = "Failed"  # a dead pod of ours holds the name: it makes room
+    kube.spawn("node-0")
+    assert core.deleted == ["web-node-0"] and core.pods["web-node-0"] is not ours
+    # someone else's pod of that name: NotOwned, never deleted, no pod created
+    core.pods["web-node-1"] = someone_elses("web-node-1", {"kind": "ReplicaSet", "name": "web-abc", "uid": "r1"})
+    core.phase["web-node-1"] = "Running"
+    with pytest.raises(NotOwned, match=r"Pod default/web-node-1 exists .*ReplicaSet web-abc.*delete or rename it"):
+        kube.spawn("node-1")
+    assert core.deleted == ["web-node-0"] and core.pods["web-node-1"]["metadata"]["labels"] == {"app": "theirs"}
+
+
+def test_pods_labelled_like_the_topologys_but_not_owned_are_no_nodes_and_never_deleted() -> None:
+    kube, core = backend()
+    kube.spawn("node-0")
+    forged = someone_elses("web-node-7")
+    labels = core.pods["web-node-0"]["metadata"]["labels"]
+    forged["metadata"]["labels"] = {**labels, "elastream.dev/node": "node-7"}
+    core.pods["web-node-7"] = forged
+    core.phase["web-node-7"] = "Running"
+    assert kube.running_nodes() == {"node-0"}
+    kube.stop_nodes(["node-7"])  # even asked by name: left alone
+    kube.stop_workers(timeout_s=0.1)
+    assert core.deleted == ["web-node-0"] and list(core.pods) == ["web-node-7"]
+
+
+def test_a_delete_is_only_of_the_pod_that_was_read() -> None:
+    kube, core = backend()
+    kube.spawn("node-0")
+    read = core.read_namespaced_pod
+
+    def replaced_meanwhile(name: str, namespace: str) -> Any:
+        found = read(name, namespace)
+        core.pods[name] = dict(core.pods[name], metadata=dict(core.pods[name]["metadata"], uid="another"))
+        return found
+
+    core.read_namespaced_pod = replaced_meanwhile  # type: ignore[method-assign]
+    kube.stop_nodes(["node-0"])  # the uid precondition fails (409): the other pod stays
+    assert "web-node-0" in core.pods and core.deleted == []
 
 
 UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available."
@@ -304,3 +430,80 @@ def test_an_apply_retried_after_redis_went_away_switches_to_the_same_version() -
     kube.apply(target, "m1")  # the migration's retry
     assert kube.registry.staged == [5] and switches == [5, 5] and kube.version == 5  # type: ignore[attr-defined]
     assert kube.applying is None
+
+
+class FakeNetworking:
+    """An in-memory NetworkingV1Api: NetworkPolicies by name."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, dict[str, Any]] = {}
+        self.patches: list[str] = []
+
+    def read_namespaced_network_policy(self, name: str, namespace: str) -> Any:
+        from kubernetes.client.exceptions import ApiException as Real
+
+        if name not in self.policies:
+            raise Real(status=404)
+        return SimpleNamespace(metadata=FakeCore._metadata(self.policies[name]))
+
+    def create_namespaced_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+        self.policies[body["metadata"]["name"]] = body
+
+    def patch_namespaced_network_policy(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.policies[name]["spec"] = body["spec"]
+        self.patches.append(name)
+
+
+SCRAPER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+
+def policy_backend() -> tuple[KubernetesBackend, FakeCore, FakeNetworking]:
+    kube, core = backend()
+    networking = FakeNetworking()
+    kube.networking = networking
+    kube.settings = WorkerPodSettings(network_policy=True, metrics_from=(SCRAPER,))
+    return kube, core, networking
+
+
+def test_each_topology_gets_a_network_policy_its_workers_alone_pass_before_any_pod_starts() -> None:
+    kube, _, networking = policy_backend()
+    kube.preflight()
+    policy = networking.policies["web-workers"]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "u"
+    spec = policy["spec"]
+    pod = worker_pod(kube.topology, "node-0", kube.owner, kube.settings)
+    selected = spec["podSelector"]["matchLabels"]
+    assert selected.items() <= pod["metadata"]["labels"].items()  # it selects the topology's pods
+    assert spec["policyTypes"] == ["Ingress"]  # egress (Redis, DNS, sources, sinks) is not restricted
+    data, metrics = spec["ingress"]
+    assert data == {"from": [{"podSelector": {"matchLabels": selected}}]}  # same namespace, same topology
+    assert selected["app.kubernetes.io/instance"] == "web"  # not another topology's workers
+    assert metrics == {"from": [SCRAPER], "ports": [{"protocol": "TCP", "port": 9100}]}
+    # a later pass brings it back to what it should be
+    networking.policies["web-workers"]["spec"] = {"podSelector": {}, "ingress": [{}]}
+    kube.preflight()
+    assert networking.policies["web-workers"]["spec"] == spec and networking.patches == ["web-workers"]
+
+
+def test_without_a_scraper_the_workers_metrics_port_stays_closed() -> None:
+    kube, _, networking = policy_backend()
+    kube.settings = WorkerPodSettings(network_policy=True)
+    kube.ensure_network_policy()
+    assert len(networking.policies["web-workers"]["spec"]["ingress"]) == 1
+
+
+def test_a_network_policy_of_that_name_that_is_not_the_topologys_is_left_alone() -> None:
+    kube, core, networking = policy_backend()
+    theirs = someone_elses("web-workers")
+    theirs["spec"] = {"podSelector": {}}
+    networking.policies["web-workers"] = theirs
+    with pytest.raises(NotOwned, match=r"NetworkPolicy default/web-workers exists .*delete or rename it"):
+        kube.preflight()
+    assert networking.policies["web-workers"]["spec"] == {"podSelector": {}} and networking.patches == []
+    assert core.pods == {} and core.secrets == {}  # nothing started without its policy
+
+
+def test_network_policies_off_make_no_call() -> None:
+    kube, _ = backend()
+    kube.networking = None
+    kube.ensure_network_policy()  # off by default: no client needed

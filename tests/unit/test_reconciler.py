@@ -421,6 +421,58 @@ def test_a_failed_start_backs_off_and_says_so() -> None:
     assert "exceeded quota" in world.condition("Degraded")["message"]
 
 
+def test_a_spec_image_outside_the_allow_list_is_invalid_and_creates_nothing() -> None:
+    world = World(3, image="evil.example/miner:1")
+    world.topologies.allowed_images = ("registry.example.com/streams/",)
+    world.run_for(65.0)
+    assert world.backends == []  # never built: no pod, no ConfigMap, no Secret
+    assert world.status["phase"] == "Failed"
+    available = world.condition("Available")
+    assert available["reason"] == "InvalidSpec"
+    assert available["message"] == (
+        "spec.image: 'evil.example/miner:1' is not an allowed worker image (the operator allows "
+        "registry.example.com/streams/); use an image the list allows, or have the operator's "
+        "worker.allowedImages extended"
+    )
+    assert world.reasons() == ["InvalidSpec"]  # once, not once per pass
+    world.patch_spec(image="registry.example.com/streams/worker:1.0")
+    world.run_for(2.0)
+    assert world.status["phase"] == "Running" and len(world.backends) == 1
+
+
+def test_an_object_in_the_way_is_degraded_object_not_owned_and_cleared_once_it_is_gone() -> None:
+    from elastream.core.ports import NotOwned
+
+    world = World(3)
+    refusal = "Secret default/t-redis exists and is not this StreamTopology's (it has no owner); " + (
+        "the operator leaves it untouched: delete or rename it"
+    )
+    in_the_way = [True]
+
+    def blocked(owner, topology, metadata, managed):
+        controller = world.build(owner, topology, metadata, managed)
+        start = controller.start
+
+        def refuse_or_start(schedule=None):
+            if in_the_way[0]:
+                raise NotOwned(refusal)
+            start(schedule)
+
+        controller.start = refuse_or_start  # type: ignore[method-assign]
+        return controller
+
+    world.topologies.build = blocked
+    world.run_for(30.0)
+    assert world.status["phase"] == "Degraded"
+    degraded = world.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ObjectNotOwned"
+    assert degraded["message"] == refusal
+    assert "ObjectNotOwned" in world.reasons() and "StartFailed" not in world.reasons()
+    in_the_way[0] = False  # the user deleted it: the next retry starts the topology
+    world.run_for(400.0)
+    assert world.status["phase"] == "Running" and world.condition("Degraded")["reason"] == "AsExpected"
+
+
 def test_delete_completes_while_a_pass_holds_the_topology() -> None:
     world = running(3)
     world.topologies.delete_wait_s = 0.2

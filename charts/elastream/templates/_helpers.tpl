@@ -97,6 +97,9 @@ operator's own default; it creates the Lease when it is missing).
 {{- fail (printf "operator.leaderElection: renewDeadlineSeconds (%d) must be more than 1.2 x retryPeriodSeconds (%d)" (int $election.renewDeadlineSeconds) (int $election.retryPeriodSeconds)) }}
 {{- end }}
 {{- end }}
+{{- if and .Values.networkPolicy.enabled .Values.spark.master (not .Values.networkPolicy.sparkFrom) }}
+{{- fail "spark.master is set: its executors connect back to the operator (the Spark driver), which networkPolicy.enabled closes; set networkPolicy.sparkFrom to their pods or namespace, or networkPolicy.enabled=false" }}
+{{- end }}
 {{- if not .Values.redis.enabled }}
 {{- if and .Values.redis.external.url .Values.redis.external.existingSecret }}
 {{- fail "redis.external: set either url or existingSecret, not both" }}

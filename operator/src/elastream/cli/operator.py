@@ -69,6 +69,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get("ELASTREAM_WORKER_IMAGE", "elastream-worker:dev"),
         help="worker image when a topology's spec.image is empty (default $ELASTREAM_WORKER_IMAGE)",
     )
+    parser.add_argument(
+        "--worker-image-pull-policy",
+        choices=("Always", "IfNotPresent", "Never"),
+        default="IfNotPresent",
+        help="imagePullPolicy of every worker pod (IfNotPresent)",
+    )
+    parser.add_argument(
+        "--worker-image-pull-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="a Secret in the topology's namespace the kubelet pulls worker images with (repeatable)",
+    )
+    parser.add_argument(
+        "--allowed-image",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a worker image a topology's spec.image may name (repeatable; none: any): a repository (any tag or "
+        "digest of it), a path ending in / (every image under it) or a glob with * ; anything else is InvalidSpec",
+    )
+    parser.add_argument(
+        "--network-policies",
+        action="store_true",
+        help="keep a NetworkPolicy <topology>-workers per topology: its worker pods accept traffic from its own "
+        "worker pods only, and their metrics port from --metrics-from",
+    )
+    parser.add_argument(
+        "--metrics-from",
+        default="[]",
+        metavar="JSON",
+        help="with --network-policies: who may scrape the workers' metrics port, a JSON list of NetworkPolicy "
+        'peers, e.g. \'[{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": '
+        '"prometheus"}}}]\' (default none)',
+    )
     parser.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
     parser.add_argument(
         "--listen-on-pod-ip",
@@ -130,6 +165,10 @@ def operator_options(args: argparse.Namespace) -> Any:
         raise CommandError(f"--reconcile-workers: {args.reconcile_workers}; give 1 to 256 threads")
     if not 1 <= args.status_every <= 3600:
         raise CommandError(f"--status-every: {args.status_every:g} s; give 1 to 3600 seconds")
+    for pattern in args.allowed_image:
+        if not pattern.strip() or any(c.isspace() for c in pattern):
+            raise CommandError(f"--allowed-image: {pattern!r}; give an image, a path ending in / or a glob")
+    metrics_from = network_peers(args.metrics_from)
     main = importlib.import_module("elastream.handlers.main")
     return main.OperatorOptions(
         redis_url=args.redis,
@@ -138,12 +177,39 @@ def operator_options(args: argparse.Namespace) -> Any:
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         worker_image=args.worker_image,
+        worker_image_pull_policy=args.worker_image_pull_policy,
+        worker_image_pull_secrets=tuple(args.worker_image_pull_secret),
+        allowed_images=tuple(args.allowed_image),
+        network_policies=args.network_policies,
+        metrics_from=metrics_from,
         engine=args.engine,
         listen_on_pod_ip=args.listen_on_pod_ip,
         worker_start_timeout_s=args.worker_start_timeout,
         reconcile_workers=args.reconcile_workers,
         status_every_s=args.status_every,
     )
+
+
+PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
+
+
+def network_peers(text: str) -> tuple[dict[str, Any], ...]:
+    """`--metrics-from`: a JSON list of NetworkPolicy peers (objects of podSelector, namespaceSelector, ipBlock)."""
+    import json
+
+    try:
+        peers = json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"--metrics-from: not JSON ({exc})") from None
+    if not isinstance(peers, list) or not all(
+        isinstance(p, dict) and p and set(p) <= PEER_KEYS and all(isinstance(v, dict) for v in p.values())
+        for p in peers
+    ):
+        raise CommandError(
+            "--metrics-from: give a JSON list of NetworkPolicy peers, each an object of podSelector, "
+            "namespaceSelector and/or ipBlock objects"
+        )
+    return tuple(peers)
 
 
 def leader_election(args: argparse.Namespace, settings: Any) -> Any:

@@ -35,8 +35,9 @@ from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSe
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
+from elastream.core.images import image_allowed, image_refusal
 from elastream.core.outcomes import Outcome
-from elastream.core.ports import BackendError, ScaleRequest, StateLost
+from elastream.core.ports import BackendError, NotOwned, ScaleRequest, StateLost
 from elastream.core.schedule import Schedule
 from elastream.core.status import (
     EventReason,
@@ -360,6 +361,10 @@ class ManagedTopologies:
     custom_api: Any
     analyzer: Any
     settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
+    #: the worker images a topology's spec.image may name (`core.images`); empty: any
+    allowed_images: tuple[str, ...] = ()
+    #: a `kubernetes.client.NetworkingV1Api`, for each topology's NetworkPolicy (`settings.network_policy`)
+    networking_api: Any = None
     interval_s: float = 1.0
     #: how long worker pods may take to be scheduled, started and ready
     start_timeout_s: float = 180.0
@@ -438,6 +443,10 @@ class ManagedTopologies:
             # parsed before anything else walks the spec: a spec too deep or too big (an alias bomb) is one
             # InvalidSpec line, where comparing it with the last one would have ended in RecursionError
             wanted = topology_from_resource(body)
+            image = str(wanted.spec.get("image") or "")
+            if image and not image_allowed(image, self.allowed_images):
+                # before anything is created: no pod of a refused image, no ConfigMap or Secret for it
+                raise TopologyError([image_refusal(image, self.allowed_images)])
         except TopologyError as exc:
             message = invalid_spec_message(exc)
             managed.set(invalid_spec=message)
@@ -503,9 +512,14 @@ class ManagedTopologies:
             managed.attempt = Attempt("start", failures, now + delay, str(exc))
             if isinstance(exc, redis.RedisError):
                 managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
+            elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
+                managed.set(not_owned=str(exc))
             else:
                 managed.set(backend_error=str(exc))
-            managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
+            if isinstance(exc, NotOwned):
+                managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
+            else:
+                managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
                 controller.close()
             managed.write()
@@ -514,7 +528,7 @@ class ManagedTopologies:
         managed.attempt = None
         if managed.applied_parallelism is None:
             managed.applied_parallelism = spec_parallelism(topology)
-        managed.set(started=True, backend_error="", redis_unavailable="", state_lost="")
+        managed.set(started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="")
         return None
 
     def _restart_from_scratch(self, managed: ManagedTopology) -> None:
@@ -681,6 +695,7 @@ class ManagedTopologies:
             self.redis_url,
             self.settings,
             self.start_timeout_s,
+            networking=self.networking_api,
         )
         migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
         controller = TopologyController(

@@ -118,6 +118,11 @@ class BackendError(Exception):
     and why (a quote of the worker's log where there is one)."""
 
 
+class NotOwned(BackendError):
+    """An object the backend would patch or delete (a worker pod, the topology's ConfigMap or Secret) exists
+    and is not the topology's: it is left untouched; the message names it and the fix."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Worker nodes under a schedule. Migrations (`control.migration`) drive it: `prepare` before anything is

@@ -29,6 +29,7 @@ WORKER_LOST = "WorkerLost"
 BACKEND_ERROR = "BackendError"
 REDIS_UNAVAILABLE = "RedisUnavailable"
 STATE_LOST = "StateLost"
+OBJECT_NOT_OWNED = "ObjectNotOwned"
 AS_EXPECTED = "AsExpected"
 
 
@@ -61,6 +62,7 @@ class EventReason(enum.StrEnum):
     STATE_RESET = "StateReset"
     START_FAILED = "StartFailed"
     INVALID_SPEC = INVALID_SPEC
+    OBJECT_NOT_OWNED = OBJECT_NOT_OWNED
     SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
     AUTOSCALER_DECIDED = "AutoscalerDecided"
     AUTOSCALER_RECOMMENDS = "AutoscalerRecommends"
@@ -96,6 +98,8 @@ class StatusFacts:
     redis_down_s: float = 0.0
     #: the topology's state in Redis is gone (emptied, a new volume, a wrong URL): why
     state_lost: str = ""
+    #: an object the topology needs (a worker pod, its ConfigMap or Secret) is someone else's: which, and the fix
+    not_owned: str = ""
 
 
 def phase(facts: StatusFacts) -> str:
@@ -103,7 +107,7 @@ def phase(facts: StatusFacts) -> str:
         return "Failed"
     if facts.scaling:
         return "Scaling"
-    if facts.state_lost:
+    if facts.state_lost or facts.not_owned:
         return "Degraded"
     if not facts.started:
         return "Pending"
@@ -172,6 +176,8 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         degraded = _condition(DEGRADED, True, INVALID_SPEC, facts.invalid_spec)
     elif facts.state_lost:
         degraded = _condition(DEGRADED, True, STATE_LOST, facts.state_lost)
+    elif facts.not_owned:
+        degraded = _condition(DEGRADED, True, OBJECT_NOT_OWNED, facts.not_owned)
     elif facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S:
         degraded = _condition(
             DEGRADED,

@@ -54,6 +54,15 @@ class OperatorOptions:
     metrics_port: int = 8080
     health_port: int = 8081
     worker_image: str = "elastream-worker:dev"
+    #: the pull policy and pull Secrets of every worker pod
+    worker_image_pull_policy: str = "IfNotPresent"
+    worker_image_pull_secrets: tuple[str, ...] = ()
+    #: the images a topology's spec.image may name (`elastream.core.images`); empty: any
+    allowed_images: tuple[str, ...] = ()
+    #: keep a NetworkPolicy per topology (its workers reachable from its own workers only), whose metrics port
+    #: accepts `metrics_from` (NetworkPolicyPeers: the Prometheus that scrapes the workers)
+    network_policies: bool = False
+    metrics_from: tuple[dict[str, Any], ...] = ()
     engine: Literal["spark", "python"] = "spark"
     interval_s: float = 1.0
     #: metrics and health listen on the pod IP ($POD_IP) instead of every interface, and so do the worker
@@ -81,9 +90,13 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
     """What the operator's options decide for every worker pod."""
     return WorkerPodSettings(
         image=options.worker_image,
+        image_pull_policy=options.worker_image_pull_policy,
+        image_pull_secrets=options.worker_image_pull_secrets,
         log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
         listen_on_pod_ip=options.listen_on_pod_ip,
         data_plane_auth=auth_enabled(),
+        network_policy=options.network_policies,
+        metrics_from=options.metrics_from,
     )
 
 
@@ -195,6 +208,8 @@ def run(options: OperatorOptions) -> int:
         custom_api=client.CustomObjectsApi(),
         analyzer=Analyzer(engine=options.engine),
         settings=worker_pod_settings(options),
+        allowed_images=options.allowed_images,
+        networking_api=client.NetworkingV1Api() if options.network_policies else None,
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
         volatile_every_s=options.status_every_s,

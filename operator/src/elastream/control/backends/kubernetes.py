@@ -13,6 +13,12 @@ of the topology, old or new, holds the same ones and pods of other topologies do
 staged and idle). The in-place migration steps are `NodeBackend`'s; this class only creates, deletes and
 inspects pods.
 
+Nothing that is not the topology's is ever patched or deleted: the ConfigMap and the Secret are read before
+they are patched, a pod before it is deleted (also the pod holding a name a new worker needs, on a 409), and
+only an object whose ownerReferences name this StreamTopology by uid goes ahead (a pod is deleted with that
+uid as a precondition); anything else raises `NotOwned` naming the object and the fix, and stays untouched.
+Pods labelled like the topology's but not owned by it are no nodes of it.
+
 Pods are never restarted by Kubernetes (restartPolicy Never): a worker that dies is a failure the
 controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint.
 """
@@ -30,7 +36,7 @@ import redis
 import yaml
 
 from elastream.control.backends.nodes import NodeBackend
-from elastream.core.ports import BackendError
+from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology
 from elastream.runtime.security import (
@@ -59,6 +65,8 @@ class WorkerPodSettings:
 
     image: str = "elastream-worker:dev"
     image_pull_policy: str = "IfNotPresent"
+    #: names of Secrets (in the topology's namespace) the kubelet pulls the worker image with
+    image_pull_secrets: tuple[str, ...] = ()
     log_level: str = "INFO"
     interval_s: float = 1.0
     service_account: str | None = None
@@ -68,6 +76,10 @@ class WorkerPodSettings:
     listen_on_pod_ip: bool = False
     #: authenticate and encrypt the data plane with the topology's CURVE keys (from its Secret)
     data_plane_auth: bool = True
+    #: keep a NetworkPolicy `<topology>-workers` beside the topology's Secret: its workers accept traffic from
+    #: its own workers only, and their metrics port from `metrics_from` (NetworkPolicyPeers: the scraper)
+    network_policy: bool = False
+    metrics_from: tuple[Mapping[str, Any], ...] = ()
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -97,6 +109,74 @@ def config_map_name(topology: Topology) -> str:
 
 def secret_name(topology: Topology) -> str:
     return f"{topology.name}-redis"
+
+
+def _field(obj: Any, attribute: str, key: str) -> Any:
+    """A field of a client model (`obj.owner_references`) or of a plain dict (`obj["ownerReferences"]`)."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, attribute, None)
+
+
+def owners_of(obj: Any) -> list[tuple[str, str, str]]:
+    """(kind, name, uid) of each ownerReference of an API object (a client model or a dict)."""
+    metadata = _field(obj, "metadata", "metadata")
+    refs = _field(metadata, "owner_references", "ownerReferences") or []
+    return [tuple(str(_field(r, key, key)) for key in ("kind", "name", "uid")) for r in refs]  # type: ignore[misc]
+
+
+def is_owned_by(obj: Any, owner: Mapping[str, Any]) -> bool:
+    """The object's ownerReferences name this StreamTopology, by uid (a label anyone can set; a uid names one
+    resource, so a topology deleted and re-created under the same name does not own what the old one left)."""
+    return any(kind == KIND and uid == str(owner["uid"]) for kind, _, uid in owners_of(obj))
+
+
+def not_owned(kind: str, namespace: str, name: str, obj: Any, owner: Mapping[str, Any]) -> NotOwned:
+    """The refusal for an object in the way: which object, whose it is, and the fix."""
+    owners = owners_of(obj)
+    if any(k == KIND and n == owner["name"] for k, n, _ in owners):
+        whose = f"it belongs to an earlier StreamTopology {owner['name']}, not deleted by the garbage collector yet"
+    elif owners:
+        whose = "it is owned by " + ", ".join(f"{k} {n}" for k, n, _ in owners)
+    else:
+        whose = "it has no owner"
+    return NotOwned(
+        f"{kind} {namespace}/{name} exists and is not this StreamTopology's ({whose}); the operator leaves it "
+        f"untouched: delete or rename it"
+    )
+
+
+def network_policy_name(topology: Topology) -> str:
+    return f"{topology.name}-workers"
+
+
+def worker_network_policy(topology: Topology, owner: Mapping[str, Any], settings: WorkerPodSettings) -> dict[str, Any]:
+    """The topology's NetworkPolicy: its worker pods accept any port from its own worker pods (the data plane,
+    whose ports move between schedule versions) and the metrics port from `settings.metrics_from`; nothing else
+    (the kubelet's probes come from the node, which a NetworkPolicy always allows). Egress is not restricted:
+    workers reach Redis, DNS and the topology's own sources and sinks."""
+    workers = {"matchLabels": labels_for(topology)}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": workers}]}]
+    if settings.metrics_from:
+        ingress.append(
+            {
+                "from": [dict(peer) for peer in settings.metrics_from],
+                "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(topology),
+            "namespace": topology.namespace,
+            "labels": labels_for(topology),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {"podSelector": workers, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,6 +285,8 @@ def worker_pod(
     }
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     placement = spec.get("placement")
     if isinstance(placement, Mapping):
         for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
@@ -268,9 +350,12 @@ class KubernetesBackend(NodeBackend):
         redis_url: str,
         settings: WorkerPodSettings | None = None,
         start_timeout_s: float = 180.0,
+        networking: Any = None,
     ) -> None:
         super().__init__(topology, client, start_timeout_s)
         self.core = core
+        #: a `kubernetes.client.NetworkingV1Api` (needed with `settings.network_policy`)
+        self.networking = networking
         self.owner = dict(owner)
         self.redis_url = redis_url
         self.settings = settings or WorkerPodSettings()
@@ -295,19 +380,16 @@ class KubernetesBackend(NodeBackend):
             "labels": labels_for(self.topology),
             "ownerReferences": [owner_reference(self.owner)],
         }
+        current = self._read("ConfigMap", self.core.read_namespaced_config_map, config_map_name(self.topology))
         try:
-            self.core.patch_namespaced_config_map(metadata["name"], self.namespace, {"data": data})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
-            self.core.create_namespaced_config_map(self.namespace, {"metadata": metadata, "data": data})
+            if current is None:
+                self.core.create_namespaced_config_map(self.namespace, {"metadata": metadata, "data": data})
+            else:
+                self.core.patch_namespaced_config_map(metadata["name"], self.namespace, {"data": data})
+        except ApiException as exc:  # 409: made meanwhile by someone else; the next pass looks at it again
+            raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
         name = secret_name(self.topology)
-        try:
-            existing = self.core.read_namespaced_secret(name, self.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise BackendError(f"Secret {name}: {exc.reason}") from None
-            existing = None
+        existing = self._read("Secret", self.core.read_namespaced_secret, name)
         string_data = {"url": self.redis_url}
         held = set((existing.data or {}) if existing is not None else {})
         if not {SECRET_SERVER_KEY, SECRET_CLIENT_KEY} <= held:
@@ -318,28 +400,68 @@ class KubernetesBackend(NodeBackend):
                 "stringData": string_data,
                 "type": "Opaque",
             }
-            self.core.create_namespaced_secret(self.namespace, secret)
+            try:
+                self.core.create_namespaced_secret(self.namespace, secret)
+            except ApiException as exc:
+                raise BackendError(f"Secret {name}: {exc.reason}") from None
             return
         try:
             self.core.patch_namespaced_secret(name, self.namespace, {"stringData": string_data})
         except ApiException as exc:
             raise BackendError(f"Secret {name}: {exc.reason}") from None
 
+    def ensure_network_policy(self) -> None:
+        """The topology's NetworkPolicy (with `settings.network_policy`), created or brought back to what it
+        should be; one that is not the topology's raises `NotOwned` and is left alone."""
+        from kubernetes.client.exceptions import ApiException
+
+        if not self.settings.network_policy:
+            return
+        if self.networking is None:
+            raise BackendError("network policies are on but the operator has no networking.k8s.io client")
+        body = worker_network_policy(self.topology, self.owner, self.settings)
+        name = network_policy_name(self.topology)
+        current = self._read("NetworkPolicy", self.networking.read_namespaced_network_policy, name)
+        try:
+            if current is None:
+                self.networking.create_namespaced_network_policy(self.namespace, body)
+            else:
+                self.networking.patch_namespaced_network_policy(name, self.namespace, {"spec": body["spec"]})
+        except ApiException as exc:
+            raise BackendError(f"NetworkPolicy {name}: {exc.reason}: {_api_message(exc)}") from None
+
+    def _read(self, kind: str, read: Any, name: str) -> Any:
+        """The object `name` (None when there is none), checked to be this topology's: one that is not raises
+        `NotOwned` and is never patched or deleted."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = read(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise BackendError(f"{kind} {name}: {exc.reason}") from None
+        if not is_owned_by(found, self.owner):
+            raise not_owned(kind, self.namespace, name, found, self.owner)
+        return found
+
     def pods(self, fresh: bool = False) -> dict[str, Any]:
-        """node -> its pod (a `V1Pod`), listed by the topology's labels (cached for `POD_CACHE_S`)."""
+        """node -> its pod (a `V1Pod`), listed by the topology's labels and owned by it (a pod someone else
+        labelled alike is no node of it; cached for `POD_CACHE_S`)."""
         now = time.monotonic()
         if fresh or now - self._pods_at > POD_CACHE_S:
             listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
             self._pods = {
                 (p.metadata.labels or {}).get("elastream.dev/node", ""): p
                 for p in listed.items
-                if p.metadata.deletion_timestamp is None
+                if p.metadata.deletion_timestamp is None and is_owned_by(p, self.owner)
             }
             self._pods_at = now
         return self._pods
 
     # --------------------------------------------------------------------------------- NodeBackend hooks
     def preflight(self) -> None:
+        self.ensure_network_policy()  # before the first pod: no worker is ever reachable from outside
         self.ensure_config()
 
     def is_transient(self, exc: Exception) -> bool:
@@ -361,7 +483,8 @@ class KubernetesBackend(NodeBackend):
             except ApiException as exc:
                 late = time.monotonic() > deadline
                 if exc.status == 409 and not late:
-                    self._delete_pod(name)  # a dead pod of the same name: make room
+                    # a dead pod of ours of the same name: make room; anyone else's: NotOwned, untouched
+                    self._delete_pod(name, refuse=True)
                 elif not is_api_unavailable(exc) or late:
                     # a quota, an admission webhook, a forbidden field: the API server's own words say which
                     raise BackendError(f"pod {name} not created: {exc.reason}: {_api_message(exc)}") from None
@@ -445,6 +568,7 @@ class KubernetesBackend(NodeBackend):
             self.schedule, self.version = schedule, found[0]
             self.endpoints = self.registry.endpoints(found[0])
             log.info("adopted the worker pods of %s (schedule version %d)", self.topology.name, found[0])
+            self.ensure_network_policy()
             self.ensure_config()
             return
         if self.running_nodes():  # pods of another schedule (a migration past COMMIT): its state is in Redis
@@ -457,13 +581,33 @@ class KubernetesBackend(NodeBackend):
         super().apply(schedule, migration_id)
         self.ensure_config()  # the ConfigMap shows the schedule that runs now
 
-    def _delete_pod(self, name: str) -> None:
+    def _delete_pod(self, name: str, refuse: bool = False) -> None:
+        """Delete the pod `name` if it is this topology's (its ownerReferences), and only that very pod (a uid
+        precondition: not one created under the same name since it was read). A pod that is not the topology's
+        is left alone: with `refuse` that raises `NotOwned`, else it is logged."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=10)
+            pod = self._read("Pod", self.core.read_namespaced_pod, name)
+        except NotOwned as exc:
+            if refuse:
+                raise
+            log.warning("%s", exc)
+            return
+        except BackendError as exc:
+            log.warning("deleting pod %s: %s", name, exc)
+            return
+        if pod is None:
+            return
+        try:
+            self.core.delete_namespaced_pod(
+                name,
+                self.namespace,
+                grace_period_seconds=10,
+                body={"preconditions": {"uid": pod.metadata.uid}},
+            )
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):  # 409: the precondition failed, the pod is another one now
                 log.warning("deleting pod %s: %s", name, exc.reason)
 
 
