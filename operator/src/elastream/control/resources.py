@@ -46,7 +46,14 @@ from elastream.core.status import (
     merge_conditions,
     phase,
 )
-from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest, topology_prefix
+from elastream.core.topology import (
+    API_VERSION,
+    Topology,
+    TopologyError,
+    glob_escape,
+    parse_manifest,
+    topology_prefix,
+)
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
@@ -797,7 +804,7 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     """Delete every Redis key of a topology (its prefix), the sink streams included."""
     removed = 0
     batch: list[Any] = []
-    for key in client.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000):
+    for key in client.scan_iter(match=f"{glob_escape(prefix)}*", count=1000):
         batch.append(key)
         if len(batch) >= 500:
             removed += int(client.unlink(*batch))
@@ -805,10 +812,6 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     if batch:
         removed += int(client.unlink(*batch))
     return removed
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def invalid_spec_message(exc: TopologyError) -> str:

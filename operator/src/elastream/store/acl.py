@@ -1,0 +1,142 @@
+"""A topology's Redis user (`core.acl`) in Redis: set, checked, deleted, on one Redis or every node of a Redis
+Cluster (ACL SETUSER is not propagated by the cluster: primaries and replicas each get it, so a failover
+changes nothing), and the URL its workers connect with.
+
+ACL commands the operator's own Redis user may not run (NOPERM; an "unknown command" of a service that has
+none) raise `AclRefused`, whose message names the fix and never a password.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from typing import Any
+
+import redis
+
+from elastream.core.acl import topology_acl_rules, topology_user
+from elastream.core.topology import glob_escape, topology_prefix
+from elastream.store.cluster import is_cluster
+
+log = logging.getLogger("elastream.store")
+
+#: the fix, for every message about ACL commands refused
+ACL_FIX = (
+    "grant the operator's Redis user the ACL rights (+acl, for ACL SETUSER/GETUSER/DELUSER on every node), or "
+    "turn topology users off (--redis-topology-users off, the chart's redis.topologyUsers: false), so workers "
+    "use the operator's Redis identity"
+)
+
+
+class AclRefused(Exception):
+    """Redis refused an ACL command of the operator: the topology cannot get its own user."""
+
+
+def topology_url(url: str, user: str, password: str) -> str:
+    """`url` (the operator's Redis URL) with its user info replaced by `user:password`; scheme, hosts (all of a
+    `redis+cluster://` URL's), port, database and options as written, but no `password=`/`username=` query
+    parameter (redis-py would not let them win, and they are the operator's). `user` and `password` hold no
+    character that needs escaping (`core.acl.topology_user`, a hex password)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError("not a Redis URL")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    # an @ in the host part ends the user info (a password with an unencoded @ too: take the last one)
+    at = rest.rfind("@", 0, end) if "@" in rest[:end] else -1
+    if at < 0 and "@" in rest and scheme.lower() == "unix":
+        at = rest.find("@")  # unix://user:password@/path/to/socket
+    host_and_rest = rest[at + 1 :] if at >= 0 else rest
+    host_and_rest = _CREDENTIAL_PARAMETER.sub(lambda m: "?" if m.group(1) == "?" else "", host_and_rest)
+    host_and_rest = re.sub(r"\?(&|$)", lambda m: "?" if m.group(1) == "&" else "", host_and_rest).replace("?&", "?")
+    return f"{scheme}://{user}:{password}@{host_and_rest}"
+
+
+_CREDENTIAL_PARAMETER = re.compile(r"([?&;])(?:password|username)=[^&;#]*", re.IGNORECASE)
+
+
+def _nodes(client: redis.Redis) -> list[tuple[str, Any]]:
+    """(name, how to run a command there) of every node: the one Redis, or every node of the cluster."""
+    if not is_cluster(client):
+        return [("redis", client.execute_command)]
+    cluster: Any = client
+    nodes = cluster.get_nodes()
+    return [
+        (node.name, lambda *args, _node=node: cluster.execute_command(*args, target_nodes=_node))
+        for node in sorted(nodes, key=lambda n: n.name)
+    ]
+
+
+def _refused(command: str, exc: redis.ResponseError) -> AclRefused:
+    # NOPERM and "unknown command" texts name the command, never an argument; any other error of ACL SETUSER
+    # may quote a rule (the password among them): not shown
+    said = str(exc)
+    plain = re.match(r"(?i)(this user has no permissions|unknown (sub)?command|NOPERM)", said)
+    shown = said if plain else type(exc).__name__
+    return AclRefused(f"Redis refused ACL {command} ({shown}): {ACL_FIX}")
+
+
+def _is_current(found: Any, namespace: str, name: str, password: str) -> bool:
+    """Whether ACL GETUSER's reply `found` is the topology's user as `topology_acl_rules` makes it."""
+    if not found:
+        return False
+    reply = _decoded(found)
+    flags = reply.get("flags") or []
+    passwords = reply.get("passwords") or []
+    keys = reply.get("keys") or ""
+    pattern = f"~{glob_escape(topology_prefix(namespace, name))}*"
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    keys_text = keys if isinstance(keys, str) else " ".join(keys)
+    return "on" in flags and list(passwords) == [digest] and keys_text == pattern
+
+
+def _decoded(value: Any) -> Any:
+    """ACL GETUSER's reply (a flat list of names and values, bytes) as a dict of text."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, dict):
+        return {_decoded(k): _decoded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_decoded(v) for v in value]
+        if len(items) % 2 == 0 and all(isinstance(k, str) for k in items[::2]) and items and items[0] == "flags":
+            return dict(zip(items[::2], items[1::2], strict=True))
+        return items
+    return value
+
+
+def ensure_topology_user(
+    client: redis.Redis, namespace: str, name: str, password: str, force: bool = False
+) -> list[str]:
+    """Make sure the topology's user exists as it must (on every node of a cluster): one ACL GETUSER per node,
+    and ACL SETUSER where it is missing or differs (a Redis restarted without an ACL file lost it, another
+    password or key pattern); with `force`, ACL SETUSER everywhere (the first time a process looks: rules of
+    an older version are replaced; its clients stay connected). Returns the nodes where it was set (empty: it
+    was there everywhere). Raises `AclRefused` when Redis refuses, a `redis.RedisError` (e.g.
+    `ConnectionError`) when it cannot answer."""
+    user = topology_user(namespace, name)
+    set_on = []
+    for node, run in _nodes(client):
+        try:
+            found = run("ACL", "GETUSER", user)
+        except redis.ResponseError as exc:
+            raise _refused("GETUSER", exc) from None
+        if not force and _is_current(found, namespace, name, password):
+            continue
+        try:
+            run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password))
+        except redis.ResponseError as exc:
+            raise _refused("SETUSER", exc) from None
+        set_on.append(node)
+    if set_on:
+        log.info("Redis user %s set on %s", user, ", ".join(set_on))
+    return set_on
+
+
+def delete_topology_user(client: redis.Redis, namespace: str, name: str) -> None:
+    """ACL DELUSER the topology's user on every node (which also disconnects its clients); none is fine."""
+    user = topology_user(namespace, name)
+    for _, run in _nodes(client):
+        try:
+            run("ACL", "DELUSER", user)
+        except redis.ResponseError as exc:
+            raise _refused("DELUSER", exc) from None
