@@ -30,7 +30,12 @@ ACL_FIX = (
 
 
 class AclRefused(Exception):
-    """Redis refused an ACL command of the operator: the topology cannot get its own user."""
+    """Redis refused an ACL command of the operator: the topology cannot get its own user. `reason` is
+    Redis' word for it (never a password)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def topology_url(url: str, user: str, password: str) -> str:
@@ -73,7 +78,7 @@ def _refused(command: str, exc: redis.ResponseError) -> AclRefused:
     said = str(exc)
     plain = re.match(r"(?i)(this user has no permissions|unknown (sub)?command|NOPERM)", said)
     shown = said if plain else type(exc).__name__
-    return AclRefused(f"Redis refused ACL {command} ({shown}): {ACL_FIX}")
+    return AclRefused(f"Redis refused ACL {command} ({shown}): {ACL_FIX}", f"ACL {command}: {shown}")
 
 
 def _is_current(found: Any, namespace: str, name: str, password: str) -> bool:
