@@ -205,7 +205,7 @@ def test_redis_stream_source_backs_off_on_connection_errors_instead_of_dying(cap
     assert client.calls == 2
     source.poll(now + 1.0, lambda *e: got.append(e), 10)
     assert got == [(5001, "k", "v")] and source.position()[0] == ["5-1", 1]
-    assert "source orders#0: cannot read stream in: Redis unreachable" in caplog.text
+    assert "source orders#0: cannot read stream p:source:in: Redis unreachable" in caplog.text
 
 
 def test_metric_stream_cap_holds_an_hour_of_the_actual_executors() -> None:
