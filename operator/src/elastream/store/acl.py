@@ -65,11 +65,49 @@ def _nodes(client: redis.Redis) -> list[tuple[str, Any]]:
     if not is_cluster(client):
         return [("redis", client.execute_command)]
     cluster: Any = client
-    nodes = cluster.get_nodes()
-    return [
-        (node.name, lambda *args, _node=node: cluster.execute_command(*args, target_nodes=_node))
-        for node in sorted(nodes, key=lambda n: n.name)
-    ]
+    known = {node.name: node for node in cluster.get_nodes()}
+    runs: dict[str, Any] = {
+        name: (lambda *args, _node=node: cluster.execute_command(*args, target_nodes=_node))
+        for name, node in known.items()
+    }
+    # the client's map holds the nodes CLUSTER SLOTS listed when it was read: a replica still syncing (or added
+    # since) is missing from it, and must get the user too; CLUSTER NODES lists every node
+    seed = next(iter(known.values()))
+    listed = cluster.execute_command("CLUSTER", "NODES", target_nodes=seed)
+    for address, flags in _cluster_nodes(listed):
+        if address in runs or any(bad in flags for bad in ("fail", "noaddr", "handshake")):
+            continue
+        host, _, port = address.rpartition(":")
+        runs[address] = _direct(seed, host, int(port))
+    return sorted(runs.items())
+
+
+def _cluster_nodes(reply: Any) -> list[tuple[str, str]]:
+    """(host:port, flags) of each line of a CLUSTER NODES reply (`<id> <ip:port@bus> <flags> ...`)."""
+    text = reply.decode() if isinstance(reply, bytes) else str(reply or "")
+    found = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and ":" in fields[1]:
+            found.append((fields[1].split("@")[0].split(",")[0], fields[2]))
+    return found
+
+
+def _direct(seed: Any, host: str, port: int) -> Any:
+    """Run one command on the node at host:port with the seed node's connection settings (credentials, TLS)."""
+    pool = seed.redis_connection.connection_pool
+    settings = {k: v for k, v in pool.connection_kwargs.items() if k != "redis_connect_func"}
+    settings.update(host=host, port=port)
+
+    def run(*args: Any) -> Any:
+        connection = pool.connection_class(**settings)
+        try:
+            connection.send_command(*args)
+            return connection.read_response()
+        finally:
+            connection.disconnect()
+
+    return run
 
 
 def _refused(command: str, exc: redis.ResponseError) -> AclRefused:

