@@ -47,10 +47,10 @@ def topology_url(url: str, user: str, password: str) -> str:
     if not sep:
         raise ValueError("not a Redis URL")
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    # an @ in the host part ends the user info (a password with an unencoded @ too: take the last one)
-    at = rest.rfind("@", 0, end) if "@" in rest[:end] else -1
-    if at < 0 and "@" in rest and scheme.lower() == "unix":
-        at = rest.find("@")  # unix://user:password@/path/to/socket
+    # as `registry.redacted` reads it: the last @ of the host part ends the user info; an @ after the host
+    # part's end means the password holds an unencoded / ? or # (or the URL is unix://user:password@/path):
+    # the user info ends at the last @, so none of the operator's password is ever kept
+    at = rest.rfind("@", 0, end) if "@" in rest[:end] else rest.rfind("@")
     host_and_rest = rest[at + 1 :] if at >= 0 else rest
     host_and_rest = _CREDENTIAL_PARAMETER.sub(lambda m: "?" if m.group(1) == "?" else "", host_and_rest)
     host_and_rest = re.sub(r"\?(&|$)", lambda m: "?" if m.group(1) == "&" else "", host_and_rest).replace("?&", "?")
