@@ -176,3 +176,28 @@ def wait(probe: Any, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(0.2)
+
+
+def test_a_redis_that_refuses_acl_commands_leaves_workers_the_given_identity_in_one_warning(
+    tmp_path: Any, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from elastream.control.backends.local import LocalCluster
+    from elastream.core.topology import load_manifest
+
+    admin = redis.Redis.from_url(redis_url)
+    secret = "op-" + "9" * 40
+    admin.execute_command("ACL", "SETUSER", "op", "reset", "on", f">{secret}", "~*", "&*", "+@all", "-acl")
+    try:
+        given = redis_url.replace("redis://", f"redis://op:{secret}@", 1)
+        doc = manifest([src("src", 1), {"name": "out", "sink": {"type": "null"}}], [edge("src", "out")], name="plain")
+        path = write_manifest(str(tmp_path), doc)
+        with caplog.at_level("WARNING", logger="elastream.local"):
+            cluster = LocalCluster(load_manifest(path), path, given)
+            cluster.close()
+        assert cluster.worker_redis_url == given
+        lines = [r.getMessage() for r in caplog.records if r.name == "elastream.local"]
+        assert len(lines) == 1 and "workers use the given URL's identity" in lines[0], lines
+        assert "acl|setuser" in lines[0] or "acl|getuser" in lines[0]
+        assert secret not in lines[0]
+    finally:
+        admin.execute_command("ACL", "DELUSER", "op")
