@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from typing import Any
 
 import redis
@@ -183,3 +184,33 @@ def delete_topology_user(client: redis.Redis, namespace: str, name: str) -> None
             run("ACL", "DELUSER", user)
         except redis.ResponseError as exc:
             raise _refused("DELUSER", exc) from None
+
+
+class UserKeeper:
+    """Looks at the topology's user every `every_s` seconds on a thread of its own, and sets it again where Redis
+    lost it: whatever the controller is doing meanwhile (a migration or a checkpoint waiting for its workers'
+    acks), workers locked out by a Redis restarted without an ACL file get back in within a second or so.
+    Errors (Redis away, ACL refused) are logged at DEBUG: the next look tries again."""
+
+    def __init__(self, client: redis.Redis, namespace: str, name: str, password: str, every_s: float = 1.0) -> None:
+        self.client, self.namespace, self.name = client, namespace, name
+        self._password = password
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"redis-user-{name}", daemon=True)
+
+    def start(self) -> UserKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                ensure_topology_user(self.client, self.namespace, self.name, self._password)
+            except (AclRefused, redis.RedisError) as exc:
+                log.debug("Redis user of %s/%s not checked: %s", self.namespace, self.name, exc)

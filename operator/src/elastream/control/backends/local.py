@@ -10,8 +10,9 @@ Worker output goes to `<run dir>/<node>.log`.
 
 Redis: each cluster gives its workers the URL of the topology's own ACL user (`elastream.store.acl`: keys and
 channels under the topology's prefix only, no command that lists or changes anything else), made with a
-password of this run before the first worker starts, checked again every tick (a Redis restarted without an
-ACL file lost it) and deleted on close. A Redis that refuses ACL commands (a managed service, a user without
+password of this run before the first worker starts, looked at every second by a thread of its own
+(`UserKeeper`: a Redis restarted without an ACL file lost it, whatever the controller is doing) and deleted on
+close. A Redis that refuses ACL commands (a managed service, a user without
 `+acl`) is said in one warning line, and the workers then use the given URL's identity.
 
 The data plane: each cluster generates its topology's CURVE keys (`elastream.runtime.security`) and hands
@@ -49,12 +50,12 @@ from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
 from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
 from elastream.runtime.security import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
-from elastream.store.acl import AclRefused, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
 from elastream.store.registry import connect, redacted
 
 log = logging.getLogger("elastream.local")
 
-#: how often the topology's Redis user is looked at, at most (failure checks run every few ms in a migration)
+#: how often the topology's Redis user is looked at (`UserKeeper`, a thread of its own)
 USER_CHECK_S = 1.0
 
 
@@ -121,7 +122,7 @@ class LocalCluster(NodeBackend):
         self.redis_url = redis_url
         #: the password of the topology's Redis user, None when its workers use `redis_url`'s identity
         self._redis_password: str | None = None
-        self._user_checked_at = 0.0
+        self._keeper: UserKeeper | None = None
         #: what the workers connect with: the topology user's URL, or `redis_url`
         self.worker_redis_url = redis_url
         if topology_user:
@@ -146,7 +147,6 @@ class LocalCluster(NodeBackend):
         return {n for n, w in self.workers.items() if w.process.poll() is None}
 
     def spawn(self, node: str, staged_version: int = 0) -> None:
-        self._user_checked_at = 0.0
         self.ensure_redis_user()  # a worker that starts must find it (a restarted Redis lost it)
         self.workers[node] = self._spawn(node, staged_version)
 
@@ -157,7 +157,6 @@ class LocalCluster(NodeBackend):
         self.retiring += [self.workers.pop(n) for n in nodes if n in self.workers]
 
     def failed_nodes(self) -> dict[str, str]:
-        self.ensure_redis_user()  # every controller tick looks at the workers: the user is looked at with them
         failed = {}
         for worker in self.workers.values():
             code = worker.process.poll()
@@ -169,7 +168,6 @@ class LocalCluster(NodeBackend):
 
     def check_alive(self) -> None:
         self.retiring = [w for w in self.retiring if w.process.poll() is None]
-        self.ensure_redis_user()
         super().check_alive()
 
     def stop_workers(self, timeout_s: float = 10.0) -> None:
@@ -206,6 +204,7 @@ class LocalCluster(NodeBackend):
             return
         self._redis_password = password
         self.worker_redis_url = topology_url(self.redis_url, self._user(), password)
+        self._keeper = UserKeeper(self.client, topology.namespace, topology.name, password, USER_CHECK_S).start()
 
     def _user(self) -> str:
         return topology_user(self.topology.namespace, self.topology.name)
@@ -213,10 +212,8 @@ class LocalCluster(NodeBackend):
     def ensure_redis_user(self) -> None:
         """Set the topology's user again where Redis lost it (restarted without an ACL file); Redis away or
         refusing now: the next look tries again (workers wait out a refused password as an outage)."""
-        now = time.monotonic()
-        if self._redis_password is None or now - self._user_checked_at < USER_CHECK_S:
+        if self._redis_password is None:
             return
-        self._user_checked_at = now
         try:
             ensure_topology_user(self.client, self.topology.namespace, self.topology.name, self._redis_password)
         except (AclRefused, redis.RedisError) as exc:
@@ -288,6 +285,8 @@ class LocalCluster(NodeBackend):
 
     def close(self) -> None:
         self.stop_workers()
+        if self._keeper is not None:
+            self._keeper.stop()
         if self._redis_password is not None:
             try:
                 delete_topology_user(self.client, self.topology.namespace, self.topology.name)
