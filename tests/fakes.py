@@ -20,6 +20,14 @@ class FakeBackend:
         self.started: list[Schedule] = []
         self.dead: dict[str, str] = {}
         self.log: list[str] = []
+        #: how often the topology's Redis user was checked, and what checking it raises (an `AclRefused`)
+        self.redis_user_checks = 0
+        self.redis_user_error: Exception | None = None
+
+    def ensure_redis_user(self) -> None:
+        self.redis_user_checks += 1
+        if self.redis_user_error is not None:
+            raise self.redis_user_error
 
     def current_schedule(self) -> Schedule:
         if self.schedule is None:

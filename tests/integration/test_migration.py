@@ -15,6 +15,7 @@ from elastream.control.migration import MigrationDriver
 from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.topology import stream_key, topology_prefix
 from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, with_audit, write_manifest
 from tests_paths import EXAMPLES
 
@@ -132,7 +133,10 @@ def test_a_redis_stream_source_resumes_from_its_position_after_a_migration(tmp_p
     client = redis_client.Redis.from_url(redis_url)
     pipe = client.pipeline()
     for i in range(3000):
-        pipe.xadd("orders", {"key": f"c{i % 7}", "value": str(i)})
+        pipe.xadd(
+            stream_key(topology_prefix("default", "from-redis-migrating"), "source", "orders"),
+            {"key": f"c{i % 7}", "value": str(i)},
+        )
     pipe.execute()
     doc = manifest(
         [

@@ -16,7 +16,7 @@ import redis
 
 from elastream.control.backends.local import LocalCluster, node_host
 from elastream.core.schedule import initial_schedule
-from elastream.core.topology import load_manifest
+from elastream.core.topology import load_manifest, stream_key, topology_prefix
 from elastream.runtime.security import generate_keys
 from elastream.store.metric_stream import MetricStream
 from harness import id_counts, running, sink_events, wait_for_sink, write_manifest
@@ -330,8 +330,9 @@ def test_stop_and_start_runs_a_new_schedule_on_new_processes(tmp_path, redis_url
 
 def test_redis_stream_source_reads_every_entry_once(tmp_path, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
+    orders = stream_key(topology_prefix("default", "from-redis"), "source", "orders")
     for i in range(500):
-        client.xadd("orders", {"key": f"c{i % 7}", "value": str(i)})
+        client.xadd(orders, {"key": f"c{i % 7}", "value": str(i)})
     doc = manifest(
         [
             {"name": "orders", "parallelism": 2, "source": {"type": "redis-stream", "stream": "orders"}},

@@ -11,17 +11,21 @@ import redis as redis_client
 
 from elastream.control.migration import MigrationDriver
 from elastream.core.schedule import Schedule
-from elastream.core.topology import split_executor_id
+from elastream.core.topology import split_executor_id, stream_key, topology_prefix
 from harness import running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, work
 
 pytestmark = pytest.mark.integration
 
 
+#: the key of the source `orders` of the topology default/source-rescale
+ORDERS = stream_key(topology_prefix("default", "source-rescale"), "source", "orders")
+
+
 def append(client: redis_client.Redis, start: int, count: int) -> None:
     pipe = client.pipeline()
     for i in range(start, start + count):
-        pipe.xadd("orders", {"key": f"c{i % 7}", "value": str(i)})
+        pipe.xadd(ORDERS, {"key": f"c{i % 7}", "value": str(i)})
     pipe.execute()
 
 

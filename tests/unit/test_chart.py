@@ -46,6 +46,7 @@ TIMEOUT_ARGS = [
     "--worker-start-timeout", "180",
     "--worker-image-pull-policy", "IfNotPresent",
     "--network-policies", "--metrics-from", json.dumps([PROMETHEUS], separators=(",", ":")),
+    "--redis-topology-users", "on",
 ]  # fmt: skip
 #: leader election with the chart's defaults: the Lease in the release namespace (the kubelet expands the variable)
 ELECTION_ARGS = [
@@ -83,6 +84,7 @@ SCENARIOS: dict[str, list[str]] = {
     ],
     "persistence-no-class": ["redis.persistence.storageClass=-"],
     "no-persistence": ["redis.persistence.enabled=false"],
+    "no-topology-users": ["redis.enabled=false", "redis.external.url=redis://r:6379", "redis.topologyUsers=false"],
     "listen-on-pod-ip": ["listenOnPodIP=true"],
     "no-network-policy": ["networkPolicy.enabled=false"],
     "metrics-from-monitoring": [
@@ -805,6 +807,11 @@ def test_an_external_redis_url_goes_into_a_secret(render: Any) -> None:
     ]
     assert decoded(one(docs, "Secret", REDIS)) == {"url": "redis://:s3cret@redis.example:6379/1"}
     assert env_of(container(docs))["ELASTREAM_REDIS_URL"] == {"secretKeyRef": {"name": REDIS, "key": "url"}}
+
+
+def test_topology_users_can_be_turned_off_for_a_redis_that_forbids_acl_commands(render: Any) -> None:
+    args = container(render("no-topology-users"))["args"]
+    assert args[args.index("--redis-topology-users") + 1] == "off"
 
 
 def test_an_existing_secret_is_used_as_it_is(render: Any) -> None:

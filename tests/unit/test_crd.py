@@ -160,6 +160,28 @@ def test_lists_and_strings_that_cel_reads_are_bounded(schema: dict[str, Any]) ->
         assert "maxLength" in spec["streams"]["items"]["properties"][end]
 
 
+def test_a_stream_name_has_the_parsers_pattern_in_the_crd(schema: dict[str, Any], demo: dict[str, Any]) -> None:
+    import copy
+    import re
+
+    from elastream.core.topology import STREAM_NAME_PATTERN, TopologyError, parse_manifest
+
+    vertex = spec_schema(schema)["properties"]["vertices"]["items"]["properties"]
+    for kind in ("source", "sink"):
+        stream = vertex[kind]["properties"]["stream"]
+        assert stream["pattern"] == STREAM_NAME_PATTERN and stream["maxLength"] == 100
+    for name, ok in (("out", True), ("a.b:c_d-e", True), ("elastream:{prod/payments}:sink:out", False), ("*", False)):
+        assert bool(re.fullmatch(STREAM_NAME_PATTERN, name)) is ok  # the API server's (ECMA) reading is the same
+        doc = copy.deepcopy(demo)
+        sink = next(v for v in doc["spec"]["vertices"] if "sink" in v)
+        sink["sink"]["stream"] = name
+        if ok:
+            parse_manifest(doc)
+        else:
+            with pytest.raises(TopologyError):
+                parse_manifest(doc)
+
+
 def test_the_crd_maxima_are_the_parsers_bounds(schema: dict[str, Any]) -> None:
     # every maximum and maxItems of the spec is one of core.topology's named bounds, and every bound is in the
     # CRD: the API server refuses what the parser would, with the same number (the [0, 1] shares and the

@@ -88,6 +88,30 @@ def renamed(name: str) -> Change:
 
 
 HOSTILE: list[tuple[str, Change, str]] = [
+    # stream names, never raw Redis keys: another topology's key (or a glob) is refused
+    (
+        "sink-stream-raw-key",
+        lambda s: s["vertices"][4]["sink"].update(stream="elastream:{prod/payments}:sink:out"),
+        "spec.vertices[4].sink.stream: 'elastream:{prod/payments}:sink:out' is not a stream name: use 1-100 "
+        "letters, digits, '.', '_', '-' or ':' (e.g. out); its key is under the topology's own prefix",
+    ),
+    (
+        "source-stream-glob",
+        lambda s: s["vertices"][0]["source"].update(stream="orders*"),
+        "spec.vertices[0].source.stream: 'orders*' is not a stream name",
+    ),
+    (
+        "source-stream-slash",
+        lambda s: s["vertices"][0]["source"].update(stream="prod/payments"),
+        "spec.vertices[0].source.stream: 'prod/payments' is not a stream name",
+    ),
+    ("sink-stream-empty", lambda s: s["vertices"][4]["sink"].update(stream=""), "spec.vertices[4].sink.stream: ''"),
+    (
+        "sink-stream-long",
+        lambda s: s["vertices"][4]["sink"].update(stream="x" * 101),
+        "spec.vertices[4].sink.stream:",
+    ),
+    ("sink-stream-newline", lambda s: s["vertices"][4]["sink"].update(stream="out\n"), "spec.vertices[4].sink.stream:"),
     # sizes that would make initial_schedule exhaust memory, or loop for ever
     ("nodes-billion", lambda s: s.update(nodes=1_000_000_000), "spec.nodes: 1000000000 is above 1000"),
     ("nodes-huge-int", lambda s: s.update(nodes=2**70), "spec.nodes: an integer of about 22 digits is above 1000"),
@@ -289,6 +313,16 @@ def test_a_hostile_manifest_is_refused_in_one_line_naming_the_field(change: Chan
     with pytest.raises(TopologyError) as info:
         parse_manifest(mutated(change))
     assert_one_line(info.value, expected)
+
+
+def test_stream_names_map_to_keys_under_the_topologys_prefix() -> None:
+    from elastream.core.topology import stream_key, topology_prefix
+
+    topology = parse_manifest(mutated(lambda s: s["vertices"][4]["sink"].update(stream="out.v2:eu_1-a")))
+    assert topology.vertices["out"].config["stream"] == "out.v2:eu_1-a"
+    prefix = topology_prefix("default", "demo")
+    assert stream_key(prefix, "sink", "out.v2:eu_1-a") == "elastream:{default/demo}:sink:out.v2:eu_1-a"
+    assert stream_key(prefix, "source", "orders") == "elastream:{default/demo}:source:orders"
 
 
 def test_the_demo_itself_is_fine() -> None:

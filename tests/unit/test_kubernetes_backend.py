@@ -130,21 +130,98 @@ class FakeCore:
         return SimpleNamespace(items=items)
 
 
-def backend():
+class FakeAclRedis:
+    """The ACL commands of one Redis: users by name, each its `ACL SETUSER` rules."""
+
+    def __init__(self) -> None:
+        self.users: dict[str, list[str]] = {}
+        self.commands: list[tuple[str, ...]] = []
+
+    def execute_command(self, *args: str) -> Any:
+        self.commands.append(args[:3])
+        verb, user = args[1], args[2]
+        if verb == "SETUSER":
+            self.users[user] = list(args[3:])
+            return b"OK"
+        if verb == "DELUSER":
+            return int(self.users.pop(user, None) is not None)
+        rules = self.users.get(user)
+        if rules is None:
+            return None
+        import hashlib
+
+        password = next(r[1:] for r in rules if r.startswith(">"))
+        keys = next(r for r in rules if r.startswith("~"))
+        return {"flags": ["on"], "passwords": [hashlib.sha256(password.encode()).hexdigest()], "keys": keys}
+
+
+ADMIN_URL = "redis://:pw@r:6379/0?ssl_ca_certs=/etc/ca.pem"
+
+
+def backend(topology_users: bool = True):
     topology = parse_manifest(manifest([src("s", 2), sink("z", 2)], [edge("s", "z")], name="web", nodes=2))
     core = FakeCore()
-    kube = KubernetesBackend(topology, None, core, {"name": "web", "uid": "u"}, "redis://:pw@r:6379/0")  # type: ignore[arg-type]
+    kube = KubernetesBackend(
+        topology,
+        FakeAclRedis(),  # type: ignore[arg-type]
+        core,
+        {"name": "web", "uid": "u"},
+        ADMIN_URL,
+        topology_users=topology_users,
+    )
     kube.schedule = initial_schedule(topology)
     return kube, core
 
 
-def test_config_map_and_secret_hold_the_topology_and_the_url() -> None:
+def test_config_map_and_secret_hold_the_topology_and_the_topologys_own_redis_url() -> None:
     kube, core = backend()
     kube.ensure_config()
     assert "kind: StreamTopology" in core.config_maps["web-topology"]["data"]["topology.yaml"]
     assert '"version"' in core.config_maps["web-topology"]["data"]["schedule.json"]
-    assert core.secrets["web-redis"]["stringData"]["url"] == "redis://:pw@r:6379/0"
+    data = core.secrets["web-redis"]["stringData"]
+    password = data["redisPassword"]
+    assert len(password) == 64 and int(password, 16) >= 0  # 32 random bytes, hex
+    # the operator's URL with the topology's user: host, port, db and TLS options kept, the admin password gone
+    assert data["url"] == f"redis://elastream.default.web:{password}@r:6379/0?ssl_ca_certs=/etc/ca.pem"
+    assert ":pw@" not in str(core.secrets["web-redis"])
     assert core.secrets["web-redis"]["metadata"]["ownerReferences"][0]["uid"] == "u"
+
+
+def test_the_redis_password_is_made_once_and_kept_across_passes_and_operators() -> None:
+    kube, core = backend()
+    kube.ensure_config()
+    first = dict(core.secrets["web-redis"]["stringData"])
+    kube.ensure_config()  # a later pass
+    again = KubernetesBackend(kube.topology, kube.client, core, kube.owner, ADMIN_URL)  # a restarted operator
+    again.ensure_config()
+    assert core.secrets["web-redis"]["stringData"]["redisPassword"] == first["redisPassword"]
+    assert core.secrets["web-redis"]["stringData"]["url"] == first["url"]
+
+
+def test_the_user_is_set_before_the_first_pod_checked_cheaply_after_and_set_again_when_redis_lost_it() -> None:
+    from elastream.core.acl import topology_acl_rules
+
+    kube, core = backend()
+    redis = kube.client
+    kube.preflight()
+    password = core.secrets["web-redis"]["stringData"]["redisPassword"]
+    assert redis.users["elastream.default.web"] == topology_acl_rules("default", "web", password)  # type: ignore[attr-defined]
+    redis.commands.clear()  # type: ignore[attr-defined]
+    kube.ensure_redis_user()  # a reconcile pass: one look
+    assert redis.commands == [("ACL", "GETUSER", "elastream.default.web")]  # type: ignore[attr-defined]
+    redis.users.clear()  # type: ignore[attr-defined]  # Redis restarted without an ACL file
+    kube.ensure_redis_user()
+    assert redis.users["elastream.default.web"] == topology_acl_rules("default", "web", password)  # type: ignore[attr-defined]
+    kube.delete_redis_user()
+    assert redis.users == {}  # type: ignore[attr-defined]
+
+
+def test_with_topology_users_off_the_secret_holds_the_operators_url_and_redis_is_not_asked() -> None:
+    kube, core = backend(topology_users=False)
+    kube.preflight()
+    assert core.secrets["web-redis"]["stringData"]["url"] == ADMIN_URL
+    assert "redisPassword" not in core.secrets["web-redis"]["stringData"]
+    assert kube.client.commands == []  # type: ignore[attr-defined]
 
 
 def test_the_secret_holds_data_plane_keys_made_once_and_pods_read_them_from_it() -> None:
@@ -188,7 +265,8 @@ def test_a_secret_made_before_data_plane_keys_gets_them_and_keeps_its_url() -> N
     }
     kube.ensure_config()
     data = core.secrets["web-redis"]["stringData"]
-    assert data["url"] == "redis://:pw@r:6379/0" and len(data["dataPlaneServerKey"]) == 40
+    assert data["url"].startswith("redis://elastream.default.web:") and len(data["dataPlaneServerKey"]) == 40
+    assert len(data["redisPassword"]) == 64
 
 
 def test_missing_and_failed_pods_are_failures_and_removed_nodes_are_not() -> None:

@@ -193,7 +193,7 @@ def test_redis_stream_source_backs_off_on_connection_errors_instead_of_dying(cap
     from elastream.runtime.operators import RedisStreamSource
 
     client = _FlakyRedis()
-    source = RedisStreamSource(lambda: client)
+    source = RedisStreamSource(lambda: client, "p:")
     source.open(Context("orders", 0, 1, 8, {"stream": "in"}))
     got: list = []
     now = 1000.0
@@ -205,7 +205,7 @@ def test_redis_stream_source_backs_off_on_connection_errors_instead_of_dying(cap
     assert client.calls == 2
     source.poll(now + 1.0, lambda *e: got.append(e), 10)
     assert got == [(5001, "k", "v")] and source.position()[0] == ["5-1", 1]
-    assert "source orders#0: cannot read stream in: Redis unreachable" in caplog.text
+    assert "source orders#0: cannot read stream p:source:in: Redis unreachable" in caplog.text
 
 
 def test_metric_stream_cap_holds_an_hour_of_the_actual_executors() -> None:
@@ -254,7 +254,7 @@ class _FakeStream:
 def stream_source(stream: _FakeStream, index: int, parallelism: int, max_parallelism: int = 8) -> Any:
     from elastream.runtime.operators import RedisStreamSource
 
-    source = RedisStreamSource(lambda: stream)
+    source = RedisStreamSource(lambda: stream, "p:")
     lanes = key_group_ranges(max_parallelism, parallelism)[index]
     source.open(Context("orders", index, parallelism, max_parallelism, {"stream": "in"}, key_groups=lanes))
     return source

@@ -493,9 +493,63 @@ def test_delete_completes_while_a_pass_holds_the_topology() -> None:
     managed.lock.release()
 
 
+def test_every_pass_checks_the_topologys_redis_user_so_a_lost_one_is_set_again() -> None:
+    world = running(3)
+    before = world.backend.redis_user_checks
+    world.run_for(10.0)
+    assert world.backend.redis_user_checks - before >= 4  # one check per pass (a tick every 2 s)
+
+
+def test_acl_commands_refused_are_degraded_redis_user_refused_with_the_fix_and_one_event() -> None:
+    from elastream.store.acl import ACL_FIX, AclRefused
+
+    world = running(3)
+    refusal = AclRefused(
+        f"Redis refused ACL GETUSER (this user has no permissions to run the 'acl|getuser' command): {ACL_FIX}"
+    )
+    world.backend.redis_user_error = refusal
+    world.run_for(20.0)
+    degraded = world.condition("Degraded")
+    assert world.status["phase"] == "Degraded"
+    assert degraded["status"] == "True" and degraded["reason"] == "RedisUserRefused"
+    assert "+acl" in degraded["message"] and "--redis-topology-users off" in degraded["message"]
+    assert world.reasons().count("RedisUserRefused") == 1  # said once, not every pass
+    assert "internal error" not in str(world.status)  # never a traceback's text
+    world.backend.redis_user_error = None  # the operator's user was granted +acl
+    world.run_for(4.0)
+    assert world.status["phase"] == "Running" and world.condition("Degraded")["reason"] == "AsExpected"
+
+
+def test_a_start_refused_acl_commands_starts_no_worker_and_says_the_fix() -> None:
+    from elastream.store.acl import ACL_FIX, AclRefused
+
+    world = World(3)
+
+    def refusing(owner, topology, metadata, managed):
+        controller = world.build(owner, topology, metadata, managed)
+
+        def refuse(schedule=None):
+            raise AclRefused(f"Redis refused ACL SETUSER (unknown command 'ACL'): {ACL_FIX}")
+
+        controller.start = refuse  # type: ignore[method-assign]
+        return controller
+
+    world.topologies.build = refusing
+    world.run_for(30.0)
+    assert world.status["phase"] == "Degraded" and world.condition("Degraded")["reason"] == "RedisUserRefused"
+    assert "RedisUserRefused" in world.reasons() and "StartFailed" not in world.reasons()
+    assert all(not b.started for b in world.backends)
+
+
 class _NoKeys:
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, ...]] = []
+
     def scan_iter(self, match: str, count: int):
         return iter(())
+
+    def execute_command(self, *args: str) -> None:
+        self.commands.append(args)
 
 
 class _Keys:
@@ -504,6 +558,7 @@ class _Keys:
     def __init__(self, *keys: str) -> None:
         self.keys = set(keys)
         self.patterns: list[str] = []
+        self.commands: list[tuple[str, ...]] = []
 
     def scan_iter(self, match: str, count: int):
         import fnmatch
@@ -515,6 +570,9 @@ class _Keys:
         self.keys -= set(keys)
         return len(keys)
 
+    def execute_command(self, *args: str) -> None:
+        self.commands.append(args)
+
 
 def test_delete_without_a_controller_removes_the_keys_under_the_braced_prefix() -> None:
     # a resource deleted before any controller ran: the keys are found by the prefix alone, which must be
@@ -525,6 +583,8 @@ def test_delete_without_a_controller_removes_the_keys_under_the_braced_prefix() 
     world.topologies.redis_client = client  # type: ignore[assignment]
     world.topologies.remove("default", "t")
     assert client.keys == {"elastream:default/t:old", "elastream:{default/u}:schedule"}
+    # and its Redis user, before the keys (its clients are disconnected with it)
+    assert client.commands == [("ACL", "DELUSER", "elastream.default.t")]
 
 
 # ------------------------------------------------------------------------------------------ the writer

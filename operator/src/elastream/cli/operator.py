@@ -104,6 +104,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         'peers, e.g. \'[{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": '
         '"prometheus"}}}]\' (default none)',
     )
+    parser.add_argument(
+        "--redis-topology-users",
+        choices=("on", "off"),
+        default=os.environ.get("ELASTREAM_REDIS_TOPOLOGY_USERS", "on"),
+        help="give each topology's workers a Redis ACL user of its own, its keys only (on, the default; needs "
+        "+acl rights for the operator's Redis user on every node); off: workers get the operator's Redis URL "
+        "(default $ELASTREAM_REDIS_TOPOLOGY_USERS, else on)",
+    )
     parser.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
     parser.add_argument(
         "--listen-on-pod-ip",
@@ -169,6 +177,8 @@ def operator_options(args: argparse.Namespace) -> Any:
         if not pattern.strip() or any(c.isspace() for c in pattern):
             raise CommandError(f"--allowed-image: {pattern!r}; give an image, a path ending in / or a glob")
     metrics_from = network_peers(args.metrics_from)
+    if args.redis_topology_users not in ("on", "off"):  # the environment's value is not checked by argparse
+        raise CommandError(f"--redis-topology-users: {args.redis_topology_users!r}; give on or off")
     main = importlib.import_module("elastream.handlers.main")
     return main.OperatorOptions(
         redis_url=args.redis,
@@ -182,6 +192,7 @@ def operator_options(args: argparse.Namespace) -> Any:
         allowed_images=tuple(args.allowed_image),
         network_policies=args.network_policies,
         metrics_from=metrics_from,
+        redis_topology_users=args.redis_topology_users == "on",
         engine=args.engine,
         listen_on_pod_ip=args.listen_on_pod_ip,
         worker_start_timeout_s=args.worker_start_timeout,

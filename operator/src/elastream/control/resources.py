@@ -46,7 +46,15 @@ from elastream.core.status import (
     merge_conditions,
     phase,
 )
-from elastream.core.topology import API_VERSION, Topology, TopologyError, parse_manifest, topology_prefix
+from elastream.core.topology import (
+    API_VERSION,
+    Topology,
+    TopologyError,
+    glob_escape,
+    parse_manifest,
+    topology_prefix,
+)
+from elastream.store.acl import AclRefused, delete_topology_user
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
@@ -365,6 +373,8 @@ class ManagedTopologies:
     allowed_images: tuple[str, ...] = ()
     #: a `kubernetes.client.NetworkingV1Api`, for each topology's NetworkPolicy (`settings.network_policy`)
     networking_api: Any = None
+    #: give each topology's workers a Redis ACL user of its own (`store.acl`); off: the operator's URL
+    topology_users: bool = True
     interval_s: float = 1.0
     #: how long worker pods may take to be scheduled, started and ready
     start_timeout_s: float = 180.0
@@ -467,6 +477,7 @@ class ManagedTopologies:
                 return delay
         controller = managed.controller
         assert controller is not None
+        self._check_redis_user(managed)
         self._apply_settings(managed, wanted)
         before = controller.last_recovery
         self.report_pending(managed, _look(managed.backend.pending_nodes, {}))
@@ -506,7 +517,7 @@ class ManagedTopologies:
             managed.set(state_lost=str(exc))
             managed.write()
             return self.tick_s
-        except (BackendError, redis.RedisError) as exc:
+        except (BackendError, redis.RedisError, AclRefused) as exc:
             failures = attempt.failures + 1 if attempt is not None and attempt.target == "start" else 1
             delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
             managed.attempt = Attempt("start", failures, now + delay, str(exc))
@@ -514,10 +525,14 @@ class ManagedTopologies:
                 managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
             elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
                 managed.set(not_owned=str(exc))
+            elif isinstance(exc, AclRefused):  # no worker starts without its user: the fix is the operator's
+                managed.set(redis_user_refused=str(exc))
             else:
                 managed.set(backend_error=str(exc))
             if isinstance(exc, NotOwned):
                 managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
+            elif isinstance(exc, AclRefused):
+                managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
             else:
                 managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
@@ -528,8 +543,27 @@ class ManagedTopologies:
         managed.attempt = None
         if managed.applied_parallelism is None:
             managed.applied_parallelism = spec_parallelism(topology)
-        managed.set(started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="")
+        managed.set(
+            started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="", redis_user_refused=""
+        )
         return None
+
+    def _check_redis_user(self, managed: ManagedTopology) -> None:
+        """The topology's Redis user is there (one ACL GETUSER per Redis node), set again when Redis lost it (a
+        restart without an ACL file): before the pass ticks, so workers waiting out a refused password get back
+        in. Redis away is the controller's tick's to note (RedisUnavailable); ACL commands refused are the
+        RedisUserRefused condition and one event."""
+        try:
+            managed.backend.ensure_redis_user()
+        except AclRefused as exc:
+            if managed.facts.redis_user_refused != str(exc):
+                managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
+            managed.set(redis_user_refused=str(exc))
+            return
+        except redis.RedisError as exc:
+            log.debug("Redis user of %s not checked: %s", managed.key, exc)
+            return
+        managed.set(redis_user_refused="")
 
     def _restart_from_scratch(self, managed: ManagedTopology) -> None:
         """The user's answer to StateLost (the annotation): stop the workers, delete what is left of the
@@ -696,6 +730,7 @@ class ManagedTopologies:
             self.settings,
             self.start_timeout_s,
             networking=self.networking_api,
+            topology_users=self.topology_users,
         )
         migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
         controller = TopologyController(
@@ -768,7 +803,15 @@ class ManagedTopologies:
         deadline = self.clock() + 30.0
         while True:
             try:
+                if self.topology_users:
+                    # first: it also disconnects what is left of the workers' connections, which could still
+                    # write after the keys are gone
+                    delete_topology_user(self.redis_client, namespace, name)
                 delete_keys(self.redis_client, prefix)
+                return
+            except AclRefused as exc:
+                log.warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
+                delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
                 return
             except redis.RedisError as exc:
                 if self.clock() > deadline:
@@ -777,6 +820,14 @@ class ManagedTopologies:
                     )
                     return
                 time.sleep(1.0)
+
+
+def delete_keys_logged(client: redis.Redis, prefix: str, key: str) -> None:
+    """`delete_keys`, a Redis error logged rather than raised."""
+    try:
+        delete_keys(client, prefix)
+    except redis.RedisError as exc:
+        log.warning("keys of %s not deleted (Redis: %s); they stay under %s", key, exc, prefix)
 
 
 def _look(read: Callable[[], dict[str, str]], default: dict[str, str]) -> dict[str, str]:
@@ -797,7 +848,7 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     """Delete every Redis key of a topology (its prefix), the sink streams included."""
     removed = 0
     batch: list[Any] = []
-    for key in client.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000):
+    for key in client.scan_iter(match=f"{glob_escape(prefix)}*", count=1000):
         batch.append(key)
         if len(batch) >= 500:
             removed += int(client.unlink(*batch))
@@ -805,10 +856,6 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     if batch:
         removed += int(client.unlink(*batch))
     return removed
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def invalid_spec_message(exc: TopologyError) -> str:

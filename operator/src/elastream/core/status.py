@@ -30,6 +30,7 @@ BACKEND_ERROR = "BackendError"
 REDIS_UNAVAILABLE = "RedisUnavailable"
 STATE_LOST = "StateLost"
 OBJECT_NOT_OWNED = "ObjectNotOwned"
+REDIS_USER_REFUSED = "RedisUserRefused"
 AS_EXPECTED = "AsExpected"
 
 
@@ -63,6 +64,7 @@ class EventReason(enum.StrEnum):
     START_FAILED = "StartFailed"
     INVALID_SPEC = INVALID_SPEC
     OBJECT_NOT_OWNED = OBJECT_NOT_OWNED
+    REDIS_USER_REFUSED = REDIS_USER_REFUSED
     SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
     AUTOSCALER_DECIDED = "AutoscalerDecided"
     AUTOSCALER_RECOMMENDS = "AutoscalerRecommends"
@@ -100,6 +102,8 @@ class StatusFacts:
     state_lost: str = ""
     #: an object the topology needs (a worker pod, its ConfigMap or Secret) is someone else's: which, and the fix
     not_owned: str = ""
+    #: Redis refuses the ACL commands that give the topology its own Redis user: what it said, and the fix
+    redis_user_refused: str = ""
 
 
 def phase(facts: StatusFacts) -> str:
@@ -107,7 +111,7 @@ def phase(facts: StatusFacts) -> str:
         return "Failed"
     if facts.scaling:
         return "Scaling"
-    if facts.state_lost or facts.not_owned:
+    if facts.state_lost or facts.not_owned or facts.redis_user_refused:
         return "Degraded"
     if not facts.started:
         return "Pending"
@@ -178,6 +182,8 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         degraded = _condition(DEGRADED, True, STATE_LOST, facts.state_lost)
     elif facts.not_owned:
         degraded = _condition(DEGRADED, True, OBJECT_NOT_OWNED, facts.not_owned)
+    elif facts.redis_user_refused:
+        degraded = _condition(DEGRADED, True, REDIS_USER_REFUSED, facts.redis_user_refused)
     elif facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S:
         degraded = _condition(
             DEGRADED,

@@ -284,6 +284,25 @@ def topology_prefix(namespace: str, name: str) -> str:
     return f"elastream:{{{namespace}/{name}}}:"
 
 
+def glob_escape(text: str) -> str:
+    """`text` matched literally by a Redis glob (SCAN MATCH, an ACL key or channel pattern): `* ? [ ] \\`
+    escaped with a backslash."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+#: what a redis-stream source's or sink's `stream:` may be: a name, never a raw Redis key (no braces, '*', '/'
+#: or spaces), so its key always lies under the topology's own prefix (`stream_key`)
+STREAM_NAME_PATTERN = r"^[A-Za-z0-9._:-]{1,100}$"
+STREAM_NAME_RULE = "use 1-100 letters, digits, '.', '_', '-' or ':'"
+
+
+def stream_key(prefix: str, kind: str, name: str) -> str:
+    """The Redis key of the redis-stream `kind` ("source" or "sink") called `name` of the topology whose keys
+    start with `prefix`: `<prefix>source:<name>` or `<prefix>sink:<name>`. A stream's name defaults to its
+    vertex's, so a sink's default key is `<prefix>sink:<vertex>`."""
+    return f"{prefix}{kind}:{name}"
+
+
 def _replace(topology: Topology, **changes: Any) -> Topology:
     import dataclasses
 
@@ -718,6 +737,13 @@ def _vertex_block(
             )
     if kind == "source" and config.get("type") == "synthetic":
         problems.extend(rate_config_problems(config, f"{path}.source"))
+    if kind in ("source", "sink") and "stream" in config:
+        stream = config["stream"]
+        if not isinstance(stream, str) or not re.fullmatch(STREAM_NAME_PATTERN, stream):
+            problems.append(
+                f"{path}.{kind}.stream: {shown(stream)} is not a stream name: {STREAM_NAME_RULE} (e.g. out); "
+                "its key is under the topology's own prefix"
+            )
     if kind == "sink" and "delivery" in config:
         if config.get("type") != "redis-stream":
             problems.append(f"{path}.sink.delivery: only a redis-stream sink has a delivery mode; remove it")

@@ -63,6 +63,8 @@ class OperatorOptions:
     #: accepts `metrics_from` (NetworkPolicyPeers: the Prometheus that scrapes the workers)
     network_policies: bool = False
     metrics_from: tuple[dict[str, Any], ...] = ()
+    #: give each topology's workers a Redis ACL user of its own (`elastream.store.acl`); off: the operator's URL
+    redis_topology_users: bool = True
     engine: Literal["spark", "python"] = "spark"
     interval_s: float = 1.0
     #: metrics and health listen on the pod IP ($POD_IP) instead of every interface, and so do the worker
@@ -210,6 +212,7 @@ def run(options: OperatorOptions) -> int:
         settings=worker_pod_settings(options),
         allowed_images=options.allowed_images,
         networking_api=client.NetworkingV1Api() if options.network_policies else None,
+        topology_users=options.redis_topology_users,
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
         volatile_every_s=options.status_every_s,

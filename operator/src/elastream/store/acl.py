@@ -1,0 +1,216 @@
+"""A topology's Redis user (`core.acl`) in Redis: set, checked, deleted, on one Redis or every node of a Redis
+Cluster (ACL SETUSER is not propagated by the cluster: primaries and replicas each get it, so a failover
+changes nothing), and the URL its workers connect with.
+
+ACL commands the operator's own Redis user may not run (NOPERM; an "unknown command" of a service that has
+none) raise `AclRefused`, whose message names the fix and never a password.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from typing import Any
+
+import redis
+
+from elastream.core.acl import topology_acl_rules, topology_user
+from elastream.core.topology import glob_escape, topology_prefix
+from elastream.store.cluster import is_cluster
+
+log = logging.getLogger("elastream.store")
+
+#: the fix, for every message about ACL commands refused
+ACL_FIX = (
+    "grant the operator's Redis user the ACL rights (+acl, for ACL SETUSER/GETUSER/DELUSER on every node), or "
+    "turn topology users off (--redis-topology-users off, the chart's redis.topologyUsers: false), so workers "
+    "use the operator's Redis identity"
+)
+
+
+class AclRefused(Exception):
+    """Redis refused an ACL command of the operator: the topology cannot get its own user. `reason` is
+    Redis' word for it (never a password)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def topology_url(url: str, user: str, password: str) -> str:
+    """`url` (the operator's Redis URL) with its user info replaced by `user:password`; scheme, hosts (all of a
+    `redis+cluster://` URL's), port, database and options as written, but no `password=`/`username=` query
+    parameter (redis-py would not let them win, and they are the operator's). `user` and `password` hold no
+    character that needs escaping (`core.acl.topology_user`, a hex password)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError("not a Redis URL")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    # as `registry.redacted` reads it: the last @ of the host part ends the user info; an @ after the host
+    # part's end means the password holds an unencoded / ? or # (or the URL is unix://user:password@/path):
+    # the user info ends at the last @, so none of the operator's password is ever kept
+    at = rest.rfind("@", 0, end) if "@" in rest[:end] else rest.rfind("@")
+    host_and_rest = rest[at + 1 :] if at >= 0 else rest
+    host_and_rest = _CREDENTIAL_PARAMETER.sub(lambda m: "?" if m.group(1) == "?" else "", host_and_rest)
+    host_and_rest = re.sub(r"\?(&|$)", lambda m: "?" if m.group(1) == "&" else "", host_and_rest).replace("?&", "?")
+    return f"{scheme}://{user}:{password}@{host_and_rest}"
+
+
+_CREDENTIAL_PARAMETER = re.compile(r"([?&;])(?:password|username)=[^&;#]*", re.IGNORECASE)
+
+
+def _nodes(client: redis.Redis) -> list[tuple[str, Any]]:
+    """(name, how to run a command there) of every node: the one Redis, or every node of the cluster."""
+    if not is_cluster(client):
+        return [("redis", client.execute_command)]
+    cluster: Any = client
+    known = {node.name: node for node in cluster.get_nodes()}
+    runs: dict[str, Any] = {
+        name: (lambda *args, _node=node: cluster.execute_command(*args, target_nodes=_node))
+        for name, node in known.items()
+    }
+    # the client's map holds the nodes CLUSTER SLOTS listed when it was read: a replica still syncing (or added
+    # since) is missing from it, and must get the user too; CLUSTER NODES lists every node
+    seed = next(iter(known.values()))
+    listed = cluster.execute_command("CLUSTER", "NODES", target_nodes=seed)
+    for address, flags in _cluster_nodes(listed):
+        if address in runs or any(bad in flags for bad in ("fail", "noaddr", "handshake")):
+            continue
+        host, _, port = address.rpartition(":")
+        runs[address] = _direct(seed, host, int(port))
+    return sorted(runs.items())
+
+
+def _cluster_nodes(reply: Any) -> list[tuple[str, str]]:
+    """(host:port, flags) of each line of a CLUSTER NODES reply (`<id> <ip:port@bus> <flags> ...`)."""
+    text = reply.decode() if isinstance(reply, bytes) else str(reply or "")
+    found = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and ":" in fields[1]:
+            found.append((fields[1].split("@")[0].split(",")[0], fields[2]))
+    return found
+
+
+def _direct(seed: Any, host: str, port: int) -> Any:
+    """Run one command on the node at host:port with the seed node's connection settings (credentials, TLS)."""
+    pool = seed.redis_connection.connection_pool
+    settings = {k: v for k, v in pool.connection_kwargs.items() if k != "redis_connect_func"}
+    settings.update(host=host, port=port)
+
+    def run(*args: Any) -> Any:
+        connection = pool.connection_class(**settings)
+        try:
+            connection.send_command(*args)
+            return connection.read_response()
+        finally:
+            connection.disconnect()
+
+    return run
+
+
+def _refused(command: str, exc: redis.ResponseError) -> AclRefused:
+    # NOPERM and "unknown command" texts name the command, never an argument; any other error of ACL SETUSER
+    # may quote a rule (the password among them): not shown
+    said = str(exc)
+    plain = re.match(r"(?i)(this user has no permissions|unknown (sub)?command|NOPERM)", said)
+    shown = said if plain else type(exc).__name__
+    return AclRefused(f"Redis refused ACL {command} ({shown}): {ACL_FIX}", f"ACL {command}: {shown}")
+
+
+def _is_current(found: Any, namespace: str, name: str, password: str) -> bool:
+    """Whether ACL GETUSER's reply `found` is the topology's user as `topology_acl_rules` makes it."""
+    if not found:
+        return False
+    reply = _decoded(found)
+    flags = reply.get("flags") or []
+    passwords = reply.get("passwords") or []
+    keys = reply.get("keys") or ""
+    pattern = f"~{glob_escape(topology_prefix(namespace, name))}*"
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    keys_text = keys if isinstance(keys, str) else " ".join(keys)
+    return "on" in flags and list(passwords) == [digest] and keys_text == pattern
+
+
+def _decoded(value: Any) -> Any:
+    """ACL GETUSER's reply (a flat list of names and values, bytes) as a dict of text."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, dict):
+        return {_decoded(k): _decoded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_decoded(v) for v in value]
+        if len(items) % 2 == 0 and all(isinstance(k, str) for k in items[::2]) and items and items[0] == "flags":
+            return dict(zip(items[::2], items[1::2], strict=True))
+        return items
+    return value
+
+
+def ensure_topology_user(
+    client: redis.Redis, namespace: str, name: str, password: str, force: bool = False
+) -> list[str]:
+    """Make sure the topology's user exists as it must (on every node of a cluster): one ACL GETUSER per node,
+    and ACL SETUSER where it is missing or differs (a Redis restarted without an ACL file lost it, another
+    password or key pattern); with `force`, ACL SETUSER everywhere (the first time a process looks: rules of
+    an older version are replaced; its clients stay connected). Returns the nodes where it was set (empty: it
+    was there everywhere). Raises `AclRefused` when Redis refuses, a `redis.RedisError` (e.g.
+    `ConnectionError`) when it cannot answer."""
+    user = topology_user(namespace, name)
+    set_on = []
+    for node, run in _nodes(client):
+        try:
+            found = run("ACL", "GETUSER", user)
+        except redis.ResponseError as exc:
+            raise _refused("GETUSER", exc) from None
+        if not force and _is_current(found, namespace, name, password):
+            continue
+        try:
+            run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password))
+        except redis.ResponseError as exc:
+            raise _refused("SETUSER", exc) from None
+        set_on.append(node)
+    if set_on:
+        log.info("Redis user %s set on %s", user, ", ".join(set_on))
+    return set_on
+
+
+def delete_topology_user(client: redis.Redis, namespace: str, name: str) -> None:
+    """ACL DELUSER the topology's user on every node (which also disconnects its clients); none is fine."""
+    user = topology_user(namespace, name)
+    for _, run in _nodes(client):
+        try:
+            run("ACL", "DELUSER", user)
+        except redis.ResponseError as exc:
+            raise _refused("DELUSER", exc) from None
+
+
+class UserKeeper:
+    """Looks at the topology's user every `every_s` seconds on a thread of its own, and sets it again where Redis
+    lost it: whatever the controller is doing meanwhile (a migration or a checkpoint waiting for its workers'
+    acks), workers locked out by a Redis restarted without an ACL file get back in within a second or so.
+    Errors (Redis away, ACL refused) are logged at DEBUG: the next look tries again."""
+
+    def __init__(self, client: redis.Redis, namespace: str, name: str, password: str, every_s: float = 1.0) -> None:
+        self.client, self.namespace, self.name = client, namespace, name
+        self._password = password
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"redis-user-{name}", daemon=True)
+
+    def start(self) -> UserKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                ensure_topology_user(self.client, self.namespace, self.name, self._password)
+            except (AclRefused, redis.RedisError) as exc:
+                log.debug("Redis user of %s/%s not checked: %s", self.namespace, self.name, exc)
