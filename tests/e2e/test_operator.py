@@ -10,6 +10,7 @@ more CPU than the nodes have is reported Pending with the scheduler's reason, an
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -120,11 +121,19 @@ def installed(helm, kubectl, kubelet) -> dict[str, Any]:
     kubectl("wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/component=operator",
             "-n", SYSTEM, "--timeout=240s")  # fmt: skip
     secret = kubectl("get", "secret", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.data.password}", quiet=True)
-    import base64
 
     password = base64.b64decode(secret.stdout).decode()
     ip = kubectl("get", "svc", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.spec.clusterIP}", quiet=True)
-    client = redis.Redis(host=ip.stdout.strip(), port=6379, password=password, socket_timeout=10)
+    # the chart's default: Redis speaks TLS only, with a certificate of the chart's CA for its Service's names; the
+    # test reaches it by ClusterIP, so it checks the chain but not the host name (the operator and workers do both)
+    ca = kubectl(
+        "get", "secret", f"{RELEASE}-redis-tls", "-n", SYSTEM, "-o", "jsonpath={.data.ca\\.crt}", quiet=True
+    )  # fmt: skip
+    ca_pem = base64.b64decode(ca.stdout).decode()
+    client = redis.Redis(
+        host=ip.stdout.strip(), port=6379, password=password, socket_timeout=10,
+        ssl=True, ssl_ca_data=ca_pem, ssl_check_hostname=False,
+    )  # fmt: skip
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -134,7 +143,7 @@ def installed(helm, kubectl, kubelet) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)
-    return {"redis": client, "host": ip.stdout.strip(), "password": password}
+    return {"redis": client, "host": ip.stdout.strip(), "password": password, "ca": ca_pem}
 
 
 def sink_ids(client: redis.Redis, namespace: str, name: str, sink: str) -> Counter[int]:
@@ -664,3 +673,139 @@ def _processed(client: redis.Redis, stream: str) -> int:
         if sample.get("vertex") == "out":
             newest.setdefault(sample["executor"], int(float(sample.get("processed", 0))))
     return sum(newest.values())
+
+
+# ------------------------------------------------------------------------------------------------- issue 21
+
+ATTACK_SCRIPT = os.path.join(os.path.dirname(__file__), "tenant_attack.py")
+
+
+def refused_handshakes(kubectl, namespace: str, name: str) -> float:
+    """The topology's workers' `elastream_data_plane_refused_handshakes_total`, summed (scraped on their pod IPs)."""
+    import urllib.request
+
+    total = 0.0
+    for pod in pods_of(kubectl, namespace, name):
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9100/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("elastream_data_plane_refused_handshakes_total{"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def start_attacker(kubectl, tmp_path, attacker: tuple[str, str], victim: tuple[str, str], endpoint: str) -> str:
+    """A pod in the attacker's namespace with exactly its worker's credentials (the topology's Secret and the Redis CA
+    of its ConfigMap) and image, running tests/e2e/tenant_attack.py against the victim."""
+    (namespace, name), (victim_ns, victim_name) = attacker, victim
+    image = pods_of(kubectl, namespace, name)[0]["spec"]["containers"][0]["image"]
+    with open(ATTACK_SCRIPT) as file:
+        script = file.read()
+    secret = f"{name}-redis"
+    docs = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "attack"}, "data": {"attack.py": script}},
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "attacker"},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+                "containers": [
+                    {
+                        "name": "attack",
+                        "image": image,
+                        "command": ["python", "/attack/attack.py"],
+                        "env": [
+                            {
+                                "name": "ELASTREAM_REDIS_URL",
+                                "valueFrom": {"secretKeyRef": {"name": secret, "key": "url"}},
+                            },
+                            *(
+                                {
+                                    "name": f"ELASTREAM_DATA_PLANE_{k.upper()}_KEY",
+                                    "valueFrom": {"secretKeyRef": {"name": secret, "key": f"dataPlane{k}Key"}},
+                                }
+                                for k in ("Server", "Client")
+                            ),
+                            {"name": "OWN_PREFIX", "value": f"elastream:{{{namespace}/{name}}}:"},
+                            {"name": "VICTIM_PREFIX", "value": f"elastream:{{{victim_ns}/{victim_name}}}:"},
+                            {"name": "VICTIM_ENDPOINT", "value": endpoint},
+                        ],
+                        "volumeMounts": [
+                            {"name": "attack", "mountPath": "/attack"},
+                            {"name": "ca", "mountPath": "/etc/elastream"},
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {"name": "attack", "configMap": {"name": "attack"}},
+                    {
+                        "name": "ca",
+                        "configMap": {
+                            "name": f"{name}-topology",
+                            "items": [{"key": "redis-ca.crt", "path": "redis-ca.crt"}],
+                        },
+                    },
+                ],
+            },
+        },
+    ]
+    path = tmp_path / f"attacker-{namespace}.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    kubectl("apply", "-n", namespace, "-f", str(path))
+    return namespace
+
+
+def attack_report(kubectl, namespace: str) -> dict[str, Any]:
+    kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/attacker", "-n", namespace, "--timeout=180s"
+    )  # fmt: skip
+    lines = [ln for ln in kubectl("logs", "-n", namespace, "attacker").stdout.splitlines() if ln.startswith("{")]
+    assert lines, "the attacker printed no report"
+    return json.loads(lines[-1])
+
+
+def test_two_tenants_cannot_reach_each_others_keys_or_sockets(installed, kubectl, e2e_namespace, tmp_path):
+    """Two tenants, two namespaces, the chart's defaults (per-topology ACL users, Redis over TLS only, CURVE,
+    NetworkPolicies). Each tenant's worker credentials and image try the other's Redis keys, control lists, metric
+    stream and data-plane sockets; every attempt is refused, and both topologies run exactly once meanwhile."""
+    client: redis.Redis = installed["redis"]
+    tenant_b = f"{e2e_namespace[:50]}-b"
+    kubectl("create", "namespace", tenant_b)
+    try:
+        tenants = [(e2e_namespace, "alpha"), (tenant_b, "beta")]
+        for namespace, name in tenants:
+            apply_topology(kubectl, namespace, tmp_path, topology_manifest(name, nodes=2))
+        # what the chart's defaults put in place
+        users = " ".join(u.decode() if isinstance(u, bytes) else str(u) for u in client.acl_users())
+        for namespace, name in tenants:
+            url = kubectl("get", "secret", f"{name}-redis", "-n", namespace, "-o", "jsonpath={.data.url}", quiet=True)
+            worker_url = base64.b64decode(url.stdout).decode()
+            assert worker_url.startswith("rediss://") and installed["password"] not in worker_url
+            assert namespace in users and name in users, users  # one ACL user per topology
+            kubectl("get", "networkpolicy", f"{name}-workers", "-n", namespace)
+        kubectl("get", "networkpolicy", f"{RELEASE}-redis", "-n", SYSTEM)
+        plain = redis.Redis(host=installed["host"], port=6379, password=installed["password"], socket_timeout=5)
+        with pytest.raises(redis.ConnectionError):
+            plain.ping()  # no plain-text port: TLS only
+        before = {t: refused_handshakes(kubectl, *t) for t in tenants}
+        started = []
+        for attacker, victim in ((tenants[0], tenants[1]), (tenants[1], tenants[0])):
+            prefix = f"elastream:{{{victim[0]}/{victim[1]}}}:"
+            version = json.loads(client.get(f"{prefix}schedule"))["version"]
+            endpoint = client.hget(f"{prefix}endpoints:{version}", "count#0").decode()
+            started.append((start_attacker(kubectl, tmp_path, attacker, victim, endpoint), attacker, victim))
+        for namespace, attacker, victim in started:
+            report = attack_report(kubectl, namespace)
+            print(f"  {attacker} -> {victim}: {json.dumps(report)}")
+            tried = dict(report["redis"])
+            assert tried.pop("own SET") == "allowed", report  # its credentials work: the refusals are ACLs
+            assert all(outcome == "NOPERM" for outcome in tried.values()), tried
+            assert attacker[0] in report["whoami"] and attacker[1] in report["whoami"], report
+            assert refused_handshakes(kubectl, *victim) > before[victim], "the victim counted no refused handshake"
+        for namespace, name in tenants:
+            assert_exactly_once(client, namespace, name)
+            prefix = f"elastream:{{{namespace}/{name}}}:"
+            assert client.get(f"{prefix}attack") is None  # nothing written across
+    finally:
+        kubectl("delete", "namespace", tenant_b, "--wait=false", check=False)

@@ -90,6 +90,20 @@ SCENARIOS: dict[str, list[str]] = {
     "metrics-from-monitoring": [
         "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
     ],
+    "no-redis-tls": ["redis.tls.enabled=false"],
+    "redis-tls-cert-manager": ["redis.tls.certManager.enabled=true"],
+    "redis-tls-cert-manager-issuer": [
+        "redis.tls.certManager.enabled=true",
+        "redis.tls.certManager.issuerRef.name=corp-ca",
+        "redis.tls.certManager.issuerRef.kind=ClusterIssuer",
+    ],
+    "redis-tls-existing-secret": ["redis.tls.existingSecret=my-redis-tls"],
+    "external-url-private-ca": [
+        "redis.enabled=false",
+        "redis.external.url=rediss://:s3cret@redis.example:6380/0?ssl_ca_certs=/etc/elastream/redis-tls/ca.crt",
+        "redis.external.caSecret=corp-ca",
+        "redis.external.caSecretKey=root.pem",
+    ],
     "worker-images": [
         "worker.image.pullPolicy=Always",
         "worker.imagePullSecrets[0].name=regcred",
@@ -216,6 +230,7 @@ def test_the_values_schema_rejects_wrong_values(helm: str, values: list[str], me
     [
         (["redis.enabled=false"], "set redis.external.url"),
         (["redis.enabled=false", "redis.external.url=redis://r:6379", "redis.external.existingSecret=s"], "not both"),
+        (["redis.tls.existingSecret=mine", "redis.tls.certManager.enabled=true"], "redis.tls: set either"),
         (
             ["operator.replicas=2", "operator.leaderElection.enabled=false"],
             "more than one operator replica needs operator.leaderElection.enabled=true",
@@ -490,8 +505,8 @@ def test_the_operator_runs_locked_down(render: Any) -> None:
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == FULLNAME
-    # a read-only root filesystem with a writable /tmp
-    [mount] = operator["volumeMounts"]
+    # a read-only root filesystem with a writable /tmp (and, with Redis' TLS, its CA read-only)
+    [mount] = [m for m in operator["volumeMounts"] if not m.get("readOnly")]
     assert mount["mountPath"] == "/tmp"
     assert next(v for v in pod["volumes"] if v["name"] == mount["name"])["emptyDir"] is not None
 
@@ -716,7 +731,8 @@ def test_the_bundled_redis(render: Any) -> None:
     data = decoded(one(docs, "Secret", REDIS))
     password = data["password"]
     assert re.fullmatch(r"[A-Za-z0-9]{24}", password)
-    assert data["url"] == f"redis://:{password}@{REDIS}.{NAMESPACE}.svc:6379/0"
+    ca = "/etc/elastream/redis-tls/ca.crt"
+    assert data["url"] == f"rediss://:{password}@{REDIS}.{NAMESPACE}.svc:6379/0?ssl_ca_certs={ca}"
     service = one(docs, "Service", REDIS)
     assert service["spec"]["type"] == "ClusterIP" and "clusterIP" not in service["spec"]
     assert service["spec"]["ports"][0]["port"] == 6379
@@ -766,7 +782,7 @@ def test_the_bundled_redis_persists_by_default(render: Any) -> None:
     command = redis["command"]
     assert option(command, "appendonly") == "yes"
     assert option(command, "appendfsync") == "everysec"
-    assert option(command, "port") == "6379"
+    assert option(command, "tls-port") == "6379"
     data_dir = option(command, "dir")
     [mount] = [m for m in redis["volumeMounts"] if m["mountPath"] == data_dir]
     assert not mount.get("readOnly")
@@ -906,9 +922,99 @@ def test_rendered_objects_pass_the_kubernetes_schemas(render: Any, scenario: str
     version = kubernetes_version(kubernetes_validate)
     checked = set()
     for obj in render(scenario):
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            continue  # cert-manager's own CRDs: no schema here (the redis-tls tests check their fields)
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
         checked.add(obj["kind"])
     assert {"Deployment", "ClusterRole", "CustomResourceDefinition", "ServiceAccount", "Service"} <= checked
+
+
+def redis_tls(docs: tuple[dict[str, Any], ...]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """The bundled Redis' command line, its `tls` volume and the operator's `redis-ca` volume."""
+    _, pod, redis = redis_pod(docs)
+    [tls] = [v for v in pod["volumes"] if v["name"] == "tls"]
+    operator = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    [ca] = [v for v in operator["volumes"] if v["name"] == "redis-ca"]
+    return redis["command"], tls, ca
+
+
+def tls_secrets(docs: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    return [d for d in objects(docs, "Secret") if d["type"] == "kubernetes.io/tls"]
+
+
+def openssl(*args: str, stdin: str = "") -> str:
+    proc = subprocess.run(["openssl", *args], input=stdin, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_bundled_redis_speaks_tls_only_with_a_generated_certificate_for_its_service(
+    render: Any, tmp_path: Any
+) -> None:
+    docs = render("default")
+    command, tls, ca_volume = redis_tls(docs)
+    assert option(command, "port") == "0"  # no plain listener at all
+    assert option(command, "tls-port") == "6379" and option(command, "tls-auth-clients") == "no"
+    secret = one(docs, "Secret", f"{REDIS}-tls")
+    assert secret["type"] == "kubernetes.io/tls" and tls["secret"]["secretName"] == f"{REDIS}-tls"
+    files = {item["path"] for item in tls["secret"]["items"]}
+    for name in ("tls-cert-file", "tls-key-file", "tls-ca-cert-file"):
+        assert os.path.basename(option(command, name)) in files
+    # the operator gets the CA, never the server's key
+    assert ca_volume["secret"] == {"secretName": f"{REDIS}-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    data = decoded(secret)
+    (tmp_path / "ca.crt").write_text(data["ca.crt"])
+    (tmp_path / "tls.crt").write_text(data["tls.crt"])
+    assert "tls.crt: OK" in openssl("verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt"))
+    names = openssl("x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt"))
+    for name in (REDIS, f"{REDIS}.{NAMESPACE}.svc", f"{REDIS}.{NAMESPACE}.svc.cluster.local", "localhost"):
+        assert f"DNS:{name}," in names + ","
+    assert "PRIVATE KEY" in data["tls.key"] and "PRIVATE KEY" not in data["ca.crt"]
+
+
+def test_redis_tls_off_is_plain_tcp_with_nothing_mounted(render: Any) -> None:
+    docs = render("no-redis-tls")
+    _, pod, redis = redis_pod(docs)
+    assert option(redis["command"], "port") == "6379" and "--tls-port" not in redis["command"]
+    assert "tls" not in {v["name"] for v in pod["volumes"]}
+    assert not objects(docs, "Certificate") and not tls_secrets(docs)
+    assert decoded(one(docs, "Secret", REDIS))["url"].startswith("redis://")
+    operator = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    assert "redis-ca" not in {v["name"] for v in operator["volumes"]}
+
+
+def test_cert_manager_issues_the_redis_certificate_with_a_chart_made_ca_or_the_given_issuer(render: Any) -> None:
+    docs = render("redis-tls-cert-manager")
+    assert not tls_secrets(docs)  # cert-manager writes it
+    certificate = one(docs, "Certificate", f"{REDIS}-tls")
+    assert certificate["apiVersion"] == "cert-manager.io/v1" and certificate["spec"]["secretName"] == f"{REDIS}-tls"
+    assert f"{REDIS}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    assert certificate["spec"]["issuerRef"] == {"name": f"{REDIS}-tls-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    assert one(docs, "Certificate", f"{REDIS}-tls-ca")["spec"]["isCA"] is True
+    assert one(docs, "Issuer", f"{REDIS}-tls-ca")["spec"]["ca"]["secretName"] == f"{REDIS}-tls-ca"
+    assert "selfSigned" in one(docs, "Issuer", f"{REDIS}-tls-selfsigned")["spec"]
+    command, tls, _ = redis_tls(docs)
+    assert tls["secret"]["secretName"] == f"{REDIS}-tls" and option(command, "port") == "0"
+    docs = render("redis-tls-cert-manager-issuer")
+    certificate = one(docs, "Certificate", f"{REDIS}-tls")
+    assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert not objects(docs, "Issuer") and len(objects(docs, "Certificate")) == 1
+
+
+def test_a_tls_secret_of_ones_own_is_used_as_it_is(render: Any) -> None:
+    docs = render("redis-tls-existing-secret")
+    assert not objects(docs, "Certificate") and not tls_secrets(docs)
+    _, tls, ca = redis_tls(docs)
+    assert tls["secret"]["secretName"] == ca["secret"]["secretName"] == "my-redis-tls"
+
+
+def test_an_external_redis_with_a_private_ca_gets_it_mounted_in_the_operator(render: Any) -> None:
+    docs = render("external-url-private-ca")
+    operator = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    [ca] = [v for v in operator["volumes"] if v["name"] == "redis-ca"]
+    assert ca["secret"] == {"secretName": "corp-ca", "items": [{"key": "root.pem", "path": "ca.crt"}]}
+    [container] = operator["containers"]
+    assert {"name": "redis-ca", "mountPath": "/etc/elastream/redis-tls", "readOnly": True} in container["volumeMounts"]

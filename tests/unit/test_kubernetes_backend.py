@@ -155,7 +155,7 @@ class FakeAclRedis:
         return {"flags": ["on"], "passwords": [hashlib.sha256(password.encode()).hexdigest()], "keys": keys}
 
 
-ADMIN_URL = "redis://:pw@r:6379/0?ssl_ca_certs=/etc/ca.pem"
+ADMIN_URL = "redis://:pw@r:6379/0?socket_timeout=5"
 
 
 def backend(topology_users: bool = True):
@@ -182,7 +182,7 @@ def test_config_map_and_secret_hold_the_topology_and_the_topologys_own_redis_url
     password = data["redisPassword"]
     assert len(password) == 64 and int(password, 16) >= 0  # 32 random bytes, hex
     # the operator's URL with the topology's user: host, port, db and TLS options kept, the admin password gone
-    assert data["url"] == f"redis://elastream.default.web:{password}@r:6379/0?ssl_ca_certs=/etc/ca.pem"
+    assert data["url"] == f"redis://elastream.default.web:{password}@r:6379/0?socket_timeout=5"
     assert ":pw@" not in str(core.secrets["web-redis"])
     assert core.secrets["web-redis"]["metadata"]["ownerReferences"][0]["uid"] == "u"
 
@@ -267,6 +267,52 @@ def test_a_secret_made_before_data_plane_keys_gets_them_and_keeps_its_url() -> N
     data = core.secrets["web-redis"]["stringData"]
     assert data["url"].startswith("redis://elastream.default.web:") and len(data["dataPlaneServerKey"]) == 40
     assert len(data["redisPassword"]) == 64
+
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def test_a_tls_url_s_ca_goes_to_the_workers_configmap_and_their_url_names_it_there(tmp_path: Any) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text(CA_PEM)
+    kube, core = backend()
+    kube.redis_url = f"rediss://:pw@r.sys.svc:6379/0?ssl_ca_certs={ca}"
+    kube.ensure_config()
+    assert core.config_maps["web-topology"]["data"]["redis-ca.crt"] == CA_PEM
+    password = core.secrets["web-redis"]["stringData"]["redisPassword"]
+    assert core.secrets["web-redis"]["stringData"]["url"] == (
+        f"rediss://elastream.default.web:{password}@r.sys.svc:6379/0?ssl_ca_certs=/etc/elastream/redis-ca.crt"
+    )
+    kube.spawn("node-0")
+    volume = core.pods["web-node-0"]["spec"]["volumes"][0]["configMap"]
+    assert {"key": "redis-ca.crt", "path": "redis-ca.crt"} in volume["items"]
+    mounts = core.pods["web-node-0"]["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "topology", "mountPath": "/etc/elastream", "readOnly": True} in mounts
+
+
+def test_without_a_ca_file_nothing_extra_is_mounted() -> None:
+    kube, core = backend()
+    kube.ensure_config()
+    kube.spawn("node-0")
+    assert "redis-ca.crt" not in core.config_maps["web-topology"]["data"]
+    assert [i["key"] for i in core.pods["web-node-0"]["spec"]["volumes"][0]["configMap"]["items"]] == ["topology.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(None, "cannot be read: No such file"), ("not a cert", "holds no PEM certificate"), ("x" * 300_000, "is over")],
+)
+def test_an_unusable_ca_file_is_one_clear_error_naming_the_fix(tmp_path: Any, content: str | None, says: str) -> None:
+    ca = tmp_path / "ca.crt"
+    if content is not None:
+        ca.write_text(content)
+    kube, core = backend()
+    kube.redis_url = f"rediss://:secretpw@r:6379/0?ssl_ca_certs={ca}"
+    with pytest.raises(BackendError) as raised:
+        kube.ensure_config()
+    assert says in str(raised.value) and "redis.tls" in str(raised.value)
+    assert "secretpw" not in str(raised.value)
+    assert "web-redis" not in core.secrets  # nothing half made: no Secret pointing at a CA the pods lack
 
 
 def test_missing_and_failed_pods_are_failures_and_removed_nodes_are_not() -> None:

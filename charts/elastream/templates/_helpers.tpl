@@ -83,6 +83,26 @@ operator's own default; it creates the Lease when it is missing).
 {{- else }}url{{ end }}
 {{- end }}
 
+{{/* Whether the bundled Redis serves TLS. */}}
+{{- define "elastream.redisTLS" -}}
+{{- if and .Values.redis.enabled .Values.redis.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The Secret with the bundled Redis' tls.crt, tls.key and ca.crt: redis.tls.existingSecret or "<release>-redis-tls". */}}
+{{- define "elastream.redisTLSSecretName" -}}
+{{- .Values.redis.tls.existingSecret | default (printf "%s-tls" (include "elastream.redisName" . | trunc 59 | trimSuffix "-")) }}
+{{- end }}
+
+{{/* The DNS names the bundled Redis' certificate holds: its Service's names, and localhost for redis-cli in its pod. */}}
+{{- define "elastream.redisDNSNames" -}}
+{{- $name := include "elastream.redisName" . }}
+{{- $ns := .Release.Namespace }}
+{{- list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.cluster.local" $name $ns) "localhost" | toJson }}
+{{- end }}
+
+{{/* Where the operator finds the CA that signed Redis' certificate (named in the URL: ssl_ca_certs). */}}
+{{- define "elastream.redisCAPath" -}}/etc/elastream/redis-tls/ca.crt{{- end }}
+
 {{/* Checks across values that the schema cannot express; fails the render with what to set. */}}
 {{- define "elastream.validateValues" -}}
 {{- $election := .Values.operator.leaderElection }}
@@ -99,6 +119,9 @@ operator's own default; it creates the Lease when it is missing).
 {{- end }}
 {{- if and .Values.networkPolicy.enabled .Values.spark.master (not .Values.networkPolicy.sparkFrom) }}
 {{- fail "spark.master is set: its executors connect back to the operator (the Spark driver), which networkPolicy.enabled closes; set networkPolicy.sparkFrom to their pods or namespace, or networkPolicy.enabled=false" }}
+{{- end }}
+{{- if and (include "elastream.redisTLS" .) .Values.redis.tls.existingSecret .Values.redis.tls.certManager.enabled }}
+{{- fail "redis.tls: set either existingSecret (your own certificate) or certManager.enabled (cert-manager issues one), not both" }}
 {{- end }}
 {{- if not .Values.redis.enabled }}
 {{- if and .Values.redis.external.url .Values.redis.external.existingSecret }}

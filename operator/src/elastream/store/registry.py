@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -78,6 +79,24 @@ def redacted(url: str) -> str:
 
 
 _PASSWORD_PARAMETER = re.compile(r"([?&;]password=)[^&;#]*", re.IGNORECASE)
+
+#: the query parameter of a Redis URL naming the CA file a TLS connection checks the server against
+CA_FILE_PARAMETER = "ssl_ca_certs"
+
+
+def ca_file_of(url: str) -> str | None:
+    """The CA file a `rediss://` URL names (`?ssl_ca_certs=/path/ca.crt`), None when it names none."""
+    values = parse_qs(urlsplit(url).query).get(CA_FILE_PARAMETER)
+    return values[-1] if values else None
+
+
+def with_ca_file(url: str, path: str) -> str:
+    """`url` with its CA file (`ssl_ca_certs`) replaced by `path`, everything else as written: the same
+    Redis, checked against the same CA found somewhere else (in a worker pod rather than the operator's)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != CA_FILE_PARAMETER]
+    query.append((CA_FILE_PARAMETER, path))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
 def connect(

@@ -56,6 +56,7 @@ from elastream.runtime.security import (
     generate_keys,
 )
 from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.registry import ca_file_of, with_ca_file
 
 log = logging.getLogger("elastream.kubernetes")
 
@@ -68,6 +69,12 @@ SECRET_REDIS_PASSWORD = "redisPassword"
 #: how long a list of the topology's pods is reused (failure checks run every few ms during a migration)
 POD_CACHE_S = 0.5
 WORKER_UID = 10001
+#: the CA of Redis' TLS certificate in the topology's ConfigMap, and where worker pods find it (the ConfigMap
+#: is mounted at /etc/elastream): the operator copies the file its own URL names (`ssl_ca_certs`)
+REDIS_CA_KEY = "redis-ca.crt"
+WORKER_REDIS_CA_PATH = f"/etc/elastream/{REDIS_CA_KEY}"
+#: a CA bundle larger than this is refused (a ConfigMap holds at most 1 MiB)
+MAX_REDIS_CA_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -202,14 +209,35 @@ def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def read_redis_ca(path: str) -> str:
+    """The CA certificate(s) at `path` (PEM), which the operator's Redis URL names for TLS; `BackendError`
+    saying what to mount when it cannot be read or is no certificate."""
+    fix = "mount the CA that signed Redis' certificate there (chart: redis.tls, or redis.external.caSecret)"
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_REDIS_CA_BYTES + 1)
+    except OSError as exc:
+        raise BackendError(
+            f"the Redis URL's CA file {path} (ssl_ca_certs) cannot be read: {exc.strerror}; {fix}"
+        ) from None
+    if len(raw) > MAX_REDIS_CA_BYTES:
+        raise BackendError(f"the Redis URL's CA file {path} is over {MAX_REDIS_CA_BYTES // 1024} KiB; {fix}")
+    text = raw.decode("ascii", errors="replace")
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise BackendError(f"the Redis URL's CA file {path} holds no PEM certificate; {fix}")
+    return text
+
+
 def worker_pod(
     topology: Topology,
     node: str,
     owner: Mapping[str, Any],
     settings: WorkerPodSettings,
     staged_version: int = 0,
+    redis_ca: bool = False,
 ) -> dict[str, Any]:
-    """The pod of one node: what `kubectl get pod <topology>-<node> -o yaml` shows."""
+    """The pod of one node: what `kubectl get pod <topology>-<node> -o yaml` shows. `redis_ca`: Redis is
+    reached over TLS with a CA the topology's ConfigMap carries (`redis-ca.crt`, mounted beside the manifest)."""
     spec = topology.spec
     image = str(spec.get("image") or settings.image)
     args = [
@@ -288,7 +316,10 @@ def worker_pod(
                 "name": "topology",
                 "configMap": {
                     "name": config_map_name(topology),
-                    "items": [{"key": "topology.yaml", "path": "topology.yaml"}],
+                    "items": [
+                        {"key": "topology.yaml", "path": "topology.yaml"},
+                        *([{"key": REDIS_CA_KEY, "path": REDIS_CA_KEY}] if redis_ca else []),
+                    ],
                 },
             },
             {"name": "tmp", "emptyDir": {}},
@@ -394,6 +425,11 @@ class KubernetesBackend(NodeBackend):
         data = {"topology.yaml": yaml.safe_dump(manifest_document(self.topology), sort_keys=False)}
         if self.schedule is not None:
             data["schedule.json"] = json.dumps({"version": self.version, **self.schedule.to_dict()}, indent=1)
+        worker_url = self.redis_url
+        ca_file = ca_file_of(self.redis_url)
+        if ca_file is not None:  # TLS with a CA of its own: the workers get a copy (public, never a key)
+            data[REDIS_CA_KEY] = read_redis_ca(ca_file)
+            worker_url = with_ca_file(self.redis_url, WORKER_REDIS_CA_PATH)
         metadata = {
             "name": config_map_name(self.topology),
             "namespace": self.namespace,
@@ -411,7 +447,7 @@ class KubernetesBackend(NodeBackend):
         name = secret_name(self.topology)
         existing = self._read("Secret", self.core.read_namespaced_secret, name)
         held = dict(_field(existing, "data", "data") or {}) if existing is not None else {}
-        string_data = {"url": self.redis_url}
+        string_data = {"url": worker_url}
         if self.topology_users:
             # generated once: running pods hold it, so it never changes while the Secret exists
             password = _decoded_entry(held.get(SECRET_REDIS_PASSWORD)) or secrets.token_hex(32)
@@ -419,7 +455,7 @@ class KubernetesBackend(NodeBackend):
                 string_data[SECRET_REDIS_PASSWORD] = password
             self._redis_password = password
             user = topology_user(self.topology.namespace, self.topology.name)
-            string_data["url"] = topology_url(self.redis_url, user, password)
+            string_data["url"] = topology_url(worker_url, user, password)
         if not {SECRET_SERVER_KEY, SECRET_CLIENT_KEY} <= set(held):
             string_data.update(generate_keys().secret_data())
         if existing is None:
@@ -531,7 +567,9 @@ class KubernetesBackend(NodeBackend):
     def spawn(self, node: str, staged_version: int = 0) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        body = worker_pod(self.topology, node, self.owner, self.settings, staged_version)
+        body = worker_pod(
+            self.topology, node, self.owner, self.settings, staged_version, ca_file_of(self.redis_url) is not None
+        )
         name = body["metadata"]["name"]
         deadline = time.monotonic() + 60.0
         while True:
