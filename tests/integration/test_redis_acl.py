@@ -201,3 +201,29 @@ def test_a_redis_that_refuses_acl_commands_leaves_workers_the_given_identity_in_
         assert secret not in lines[0]
     finally:
         admin.execute_command("ACL", "DELUSER", "op")
+
+
+def test_one_keeper_sets_every_lost_user_again_and_only_those_it_keeps(redis_url: str) -> None:
+    """The operator's one `UserKeeper` (one thread, one ACL USERS a tick, for every topology): users Redis lost
+    come back within a tick, a user it was told to forget does not."""
+    from elastream.store.acl import UserKeeper
+
+    admin = client_for(redis_url)
+    for (namespace, name), password in ((A, PASSWORD_A), (B, PASSWORD_B)):
+        ensure_topology_user(admin, namespace, name, password)
+    keeper = UserKeeper(admin, every_s=0.2)
+    try:
+        keeper.keep(*A, PASSWORD_A)
+        keeper.keep(*B, PASSWORD_B)
+        keeper.forget(*B)
+        admin.execute_command("ACL", "DELUSER", topology_user(*A), topology_user(*B))  # as a restarted Redis
+        users = lambda: {u.decode() for u in admin.execute_command("ACL", "USERS")}  # noqa: E731
+        wait(lambda: topology_user(*A) in users(), 10, "the kept user set again")
+        time.sleep(1.0)  # five ticks
+        assert topology_user(*B) not in users()  # forgotten: not set again
+        a = client_for(topology_url(redis_url, topology_user(*A), PASSWORD_A))
+        assert_confined(a, topology_prefix(*A), topology_prefix(*B))  # the same rules, the same password
+    finally:
+        keeper.stop()
+        for namespace, name in (A, B):
+            delete_topology_user(admin, namespace, name)

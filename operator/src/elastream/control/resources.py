@@ -54,7 +54,7 @@ from elastream.core.topology import (
     parse_manifest,
     topology_prefix,
 )
-from elastream.store.acl import AclRefused, delete_topology_user
+from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
@@ -375,6 +375,9 @@ class ManagedTopologies:
     networking_api: Any = None
     #: give each topology's workers a Redis ACL user of its own (`store.acl`); off: the operator's URL
     topology_users: bool = True
+    #: sets those users again within a tick when Redis lost them, for every topology on one thread (None: only
+    #: the reconcile passes look)
+    user_keeper: UserKeeper | None = None
     interval_s: float = 1.0
     #: how long worker pods may take to be scheduled, started and ready
     start_timeout_s: float = 180.0
@@ -731,6 +734,7 @@ class ManagedTopologies:
             self.start_timeout_s,
             networking=self.networking_api,
             topology_users=self.topology_users,
+            user_keeper=self.user_keeper,
         )
         migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
         controller = TopologyController(

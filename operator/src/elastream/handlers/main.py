@@ -25,6 +25,7 @@ from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers
 from elastream.runtime.security import auth_enabled
+from elastream.store.acl import UserKeeper
 
 log = logging.getLogger("elastream.operator")
 
@@ -213,6 +214,7 @@ def run(options: OperatorOptions) -> int:
         allowed_images=options.allowed_images,
         networking_api=client.NetworkingV1Api() if options.network_policies else None,
         topology_users=options.redis_topology_users,
+        user_keeper=UserKeeper(redis_client) if options.redis_topology_users else None,
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
         volatile_every_s=options.status_every_s,

@@ -186,31 +186,75 @@ def delete_topology_user(client: redis.Redis, namespace: str, name: str) -> None
             raise _refused("DELUSER", exc) from None
 
 
+def restore_missing_users(client: redis.Redis, users: dict[tuple[str, str], str]) -> list[str]:
+    """Set again, on every node, each of `users` ((namespace, name) -> password) that the node lacks: one ACL
+    USERS per node however many users, ACL SETUSER only for a missing one. Returns "user on node" for each one
+    set. Raises `AclRefused` or a `redis.RedisError` as `ensure_topology_user` does."""
+    restored = []
+    for node, run in _nodes(client):
+        try:
+            present = {_decoded(user) for user in run("ACL", "USERS") or []}
+        except redis.ResponseError as exc:
+            raise _refused("USERS", exc) from None
+        for (namespace, name), password in users.items():
+            user = topology_user(namespace, name)
+            if user in present:
+                continue
+            try:
+                run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password))
+            except redis.ResponseError as exc:
+                raise _refused("SETUSER", exc) from None
+            restored.append(f"{user} on {node}")
+    if restored:
+        log.info("Redis users set again (Redis had lost them): %s", ", ".join(restored))
+    return restored
+
+
 class UserKeeper:
-    """Looks at the topology's user every `every_s` seconds on a thread of its own, and sets it again where Redis
-    lost it: whatever the controller is doing meanwhile (a migration or a checkpoint waiting for its workers'
-    acks), workers locked out by a Redis restarted without an ACL file get back in within a second or so.
-    Errors (Redis away, ACL refused) are logged at DEBUG: the next look tries again."""
+    """Looks at the topology users it keeps every `every_s` seconds, all of them on one thread with one ACL USERS
+    per node, and sets again those Redis lost: whatever the controllers are doing meanwhile (a migration or a
+    checkpoint waiting for its workers' acks), workers locked out by a Redis restarted without an ACL file get
+    back in within a tick. One keeper serves every topology of a process (the operator's thousand topologies
+    cost one call per node per tick, not a thread and a call each). Errors (Redis away, ACL refused) are
+    logged at DEBUG: the next tick tries again; the reconcile passes report them."""
 
-    def __init__(self, client: redis.Redis, namespace: str, name: str, password: str, every_s: float = 1.0) -> None:
-        self.client, self.namespace, self.name = client, namespace, name
-        self._password = password
+    def __init__(self, client: redis.Redis, every_s: float = 2.0) -> None:
+        self.client = client
         self.every_s = every_s
+        self._users: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"redis-user-{name}", daemon=True)
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> UserKeeper:
-        self._thread.start()
-        return self
+    def keep(self, namespace: str, name: str, password: str) -> None:
+        """Keep the user of NAMESPACE/NAME (from now on; the thread starts with the first user)."""
+        with self._lock:
+            self._users[(namespace, name)] = password
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="redis-user-keeper", daemon=True)
+                self._thread.start()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Stop keeping the user of NAMESPACE/NAME (its workers are gone, or it is deleted)."""
+        with self._lock:
+            self._users.pop((namespace, name), None)
+
+    def kept(self) -> dict[tuple[str, str], str]:
+        with self._lock:
+            return dict(self._users)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
+            users = self.kept()
+            if not users:
+                continue
             try:
-                ensure_topology_user(self.client, self.namespace, self.name, self._password)
+                restore_missing_users(self.client, users)
             except (AclRefused, redis.RedisError) as exc:
-                log.debug("Redis user of %s/%s not checked: %s", self.namespace, self.name, exc)
+                log.debug("Redis users not checked: %s", exc)

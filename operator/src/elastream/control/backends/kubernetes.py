@@ -11,9 +11,10 @@ generated when the Secret is created (or first lacks them) and never changed whi
 of the topology, old or new, holds the same ones and pods of other topologies do not. The Redis URL is the
 operator's with the topology's own ACL user (`elastream.store.acl`: its keys and channels only) and a
 password kept in the Secret the same way (`redisPassword`); the user is set in Redis before the first pod
-starts, checked on every reconcile pass (`ensure_redis_user`) and, while a pass is held by a migration, every
-2 s by a thread of its own (`store.acl.UserKeeper`). With `topology_users` off the Secret holds
-the operator's URL, as for a Redis service that refuses ACL commands. Its readiness probe
+starts, checked on every reconcile pass (`ensure_redis_user`) and, also while a pass is held by a migration,
+every 2 s by the operator's one `store.acl.UserKeeper` (one thread and one ACL USERS per node for all
+topologies). With `topology_users` off the Secret holds the operator's URL, as for a Redis service that refuses
+ACL commands. Its readiness probe
 (`/ready` on port 8081) means its executors are bound and registered (or, for a node a migration adds,
 staged and idle). The in-place migration steps are `NodeBackend`'s; this class only creates, deletes and
 inspects pods.
@@ -394,6 +395,7 @@ class KubernetesBackend(NodeBackend):
         start_timeout_s: float = 180.0,
         networking: Any = None,
         topology_users: bool = True,
+        user_keeper: UserKeeper | None = None,
     ) -> None:
         super().__init__(topology, client, start_timeout_s)
         #: give the workers a Redis user of the topology's own (else the operator's URL, `redis_url`)
@@ -402,8 +404,9 @@ class KubernetesBackend(NodeBackend):
         self._redis_password: str | None = None
         #: set the user unconditionally the first time (rules of an older operator are replaced)
         self._user_set = False
-        #: looks at the user every few seconds while a pass is held (a migration): `store.acl.UserKeeper`
-        self._keeper: UserKeeper | None = None
+        #: the operator's one `store.acl.UserKeeper`: it looks at the user every few seconds, also while a pass is
+        #: held (a migration waiting for its workers, who need the user)
+        self.user_keeper = user_keeper
         self.core = core
         #: a `kubernetes.client.NetworkingV1Api` (needed with `settings.network_policy`)
         self.networking = networking
@@ -487,21 +490,18 @@ class KubernetesBackend(NodeBackend):
             self.client, self.topology.namespace, self.topology.name, self._redis_password, force=not self._user_set
         )
         self._user_set = True
-        if self._keeper is None:
-            self._keeper = UserKeeper(
-                self.client, self.topology.namespace, self.topology.name, self._redis_password, every_s=2.0
-            ).start()
+        if self.user_keeper is not None:
+            self.user_keeper.keep(self.topology.namespace, self.topology.name, self._redis_password)
 
     def delete_redis_user(self) -> None:
         """ACL DELUSER the topology's user on every node (its clients are disconnected with it)."""
-        self._stop_keeper()
+        self._forget_user()
         if self.topology_users:
             delete_topology_user(self.client, self.topology.namespace, self.topology.name)
 
-    def _stop_keeper(self) -> None:
-        if self._keeper is not None:
-            self._keeper.stop()
-            self._keeper = None
+    def _forget_user(self) -> None:
+        if self.user_keeper is not None:
+            self.user_keeper.forget(self.topology.namespace, self.topology.name)
 
     def ensure_network_policy(self) -> None:
         """The topology's NetworkPolicy (with `settings.network_policy`), created or brought back to what it
@@ -622,7 +622,7 @@ class KubernetesBackend(NodeBackend):
         metrics and positions, which must not land after the topology's Redis keys are deleted."""
         from kubernetes.client.exceptions import ApiException
 
-        self._stop_keeper()  # no worker left to keep the user for (the next start makes a new keeper)
+        self._forget_user()  # no worker left to keep the user for (the next start keeps it again)
         # one by one: the operator's RBAC grants `delete` on pods, not `deletecollection`
         self.stop_nodes(sorted(self.pods(fresh=True)))
         deadline = time.monotonic() + timeout_s

@@ -204,7 +204,8 @@ class LocalCluster(NodeBackend):
             return
         self._redis_password = password
         self.worker_redis_url = topology_url(self.redis_url, self._user(), password)
-        self._keeper = UserKeeper(self.client, topology.namespace, topology.name, password, USER_CHECK_S).start()
+        self._keeper = UserKeeper(self.client, USER_CHECK_S)
+        self._keeper.keep(topology.namespace, topology.name, password)
 
     def _user(self) -> str:
         return topology_user(self.topology.namespace, self.topology.name)
