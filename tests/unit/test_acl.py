@@ -34,6 +34,22 @@ def test_the_rules_confine_keys_and_channels_to_the_prefix_and_take_away_what_li
     assert TOPOLOGY_COMMAND_RULES.index("-cluster") < TOPOLOGY_COMMAND_RULES.index("+cluster|slots")
 
 
+def test_redis_6_rules_name_only_what_6_2_has_and_take_away_the_same() -> None:
+    from elastream.core.acl import REDIS_6_COMMAND_RULES
+
+    rules = topology_acl_rules("prod", "payments", PASSWORD, server_major=6)
+    assert rules[rules.index("&elastream:{prod/payments}:*") + 1 :] == list(REDIS_6_COMMAND_RULES)
+    # 6.2 cannot take a subcommand away, and has no functions nor CLUSTER SHARDS (ACL SETUSER refuses them)
+    assert not any(r.startswith("-") and "|" in r for r in REDIS_6_COMMAND_RULES)
+    assert not {"-function", "-fcall", "-fcall_ro", "+cluster|shards"} & set(REDIS_6_COMMAND_RULES)
+    # SCRIPT as a whole is taken (FLUSH, KILL), LOAD and EXISTS given back (redis-py's Script needs them)
+    assert REDIS_6_COMMAND_RULES.index("-script") < REDIS_6_COMMAND_RULES.index("+script|load")
+    assert "+script|exists" in REDIS_6_COMMAND_RULES
+    seven = {r for r in TOPOLOGY_COMMAND_RULES if not r.startswith("-script|")} - {"-function", "-fcall", "-fcall_ro"}
+    assert seven - {"+cluster|shards"} <= set(REDIS_6_COMMAND_RULES)  # every other denial kept
+    assert topology_acl_rules("a", "b", PASSWORD, server_major=8) == topology_acl_rules("a", "b", PASSWORD)
+
+
 def test_a_glob_character_in_the_prefix_is_escaped() -> None:
     # names are DNS labels (no glob characters); the escape is there should that ever change
     assert "~elastream:{a/b\\*}:*" in topology_acl_rules("a", "b*", PASSWORD)

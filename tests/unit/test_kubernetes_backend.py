@@ -138,6 +138,8 @@ class FakeAclRedis:
         self.commands: list[tuple[str, ...]] = []
 
     def execute_command(self, *args: str) -> Any:
+        if args[0] == "INFO":
+            return {"redis_version": "7.0.15"}
         self.commands.append(args[:3])
         verb, user = args[1], args[2]
         if verb == "SETUSER":

@@ -9,7 +9,10 @@ commands neither category holds that still list or affect other tenants, then th
 CLIENT, ACL and CLUSTER a client library needs. Redis checks the same rules inside Lua scripts.
 
 The rules were checked against redis-server 7.0 (`ACL CAT dangerous`, `ACL CAT admin`); every command named
-exists there, since ACL SETUSER refuses unknown ones.
+exists there, since ACL SETUSER refuses unknown ones. Redis 6.2 (the embedded Redis of `elastream run`, many
+managed services) has no functions and no CLUSTER SHARDS and cannot take a subcommand away (`-script|flush` is
+a syntax error there), so its rules (`REDIS_6_COMMAND_RULES`) remove SCRIPT and give back LOAD and EXISTS, and
+name only what 6.2 has. Redis before 6.2 (no channel rules) is not supported.
 """
 
 from __future__ import annotations
@@ -73,6 +76,24 @@ TOPOLOGY_COMMAND_RULES: tuple[str, ...] = (
 )
 
 
+#: the same for Redis 6.2: no FUNCTION/FCALL and no CLUSTER SHARDS there, and no `-command|subcommand`
+REDIS_6_COMMAND_RULES: tuple[str, ...] = (
+    *(
+        rule
+        for rule in TOPOLOGY_COMMAND_RULES
+        if rule not in ("-function", "-fcall", "-fcall_ro", "+cluster|shards") and not rule.startswith("-script|")
+    ),
+    "-script",
+    "+script|load",
+    "+script|exists",
+)
+
+
+def command_rules(server_major: int) -> tuple[str, ...]:
+    """The command rules for a Redis whose major version is `server_major` (6: 6.2's; 7 and later: 7.0's)."""
+    return REDIS_6_COMMAND_RULES if server_major < 7 else TOPOLOGY_COMMAND_RULES
+
+
 def topology_user(namespace: str, name: str) -> str:
     """The ACL user of the topology NAMESPACE/NAME: `elastream.<namespace>.<name>`. A namespace (a DNS-1123
     label) has no dots, so the first two dots split it back; every character is one a URL's user info holds
@@ -80,8 +101,10 @@ def topology_user(namespace: str, name: str) -> str:
     return f"{USER_PREFIX}.{namespace}.{name}"
 
 
-def topology_acl_rules(namespace: str, name: str, password: str) -> list[str]:
+def topology_acl_rules(namespace: str, name: str, password: str, server_major: int = 7) -> list[str]:
     """The arguments of `ACL SETUSER <user>` that make the topology's user what it must be, whatever it was:
-    reset, on, its one password, its keys and channels, its commands."""
+    reset, on, its one password, its keys and channels, its commands (for a Redis of major version
+    `server_major`)."""
     pattern = f"{glob_escape(topology_prefix(namespace, name))}*"
-    return ["reset", "on", f">{password}", f"~{pattern}", "resetchannels", f"&{pattern}", *TOPOLOGY_COMMAND_RULES]
+    rules = command_rules(server_major)
+    return ["reset", "on", f">{password}", f"~{pattern}", "resetchannels", f"&{pattern}", *rules]

@@ -111,6 +111,19 @@ def _direct(seed: Any, host: str, port: int) -> Any:
     return run
 
 
+def _server_major(run: Any) -> int:
+    """The major version of the Redis `run` talks to (INFO server's redis_version; 7 when it says none)."""
+    try:
+        info = run("INFO", "server")
+    except redis.ResponseError:  # INFO refused to the operator's user: assume a current Redis
+        return 7
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    if isinstance(info, dict):
+        text = f"redis_version:{info.get('redis_version', '')}"
+    found = re.search(r"redis_version:(\d+)\.", text)
+    return int(found.group(1)) if found else 7
+
+
 def _refused(command: str, exc: redis.ResponseError) -> AclRefused:
     # NOPERM and "unknown command" texts name the command, never an argument; any other error of ACL SETUSER
     # may quote a rule (the password among them): not shown
@@ -167,7 +180,7 @@ def ensure_topology_user(
         if not force and _is_current(found, namespace, name, password):
             continue
         try:
-            run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password))
+            run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password, _server_major(run)))
         except redis.ResponseError as exc:
             raise _refused("SETUSER", exc) from None
         set_on.append(node)
@@ -201,7 +214,7 @@ def restore_missing_users(client: redis.Redis, users: dict[tuple[str, str], str]
             if user in present:
                 continue
             try:
-                run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password))
+                run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password, _server_major(run)))
             except redis.ResponseError as exc:
                 raise _refused("SETUSER", exc) from None
             restored.append(f"{user} on {node}")
