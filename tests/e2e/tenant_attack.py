@@ -23,6 +23,8 @@ def attempt(call) -> str:
     try:
         call()
     except redis.ResponseError as exc:
+        if "no permissions" in str(exc).lower():  # redis-py drops the NOPERM word of the reply
+            return "NOPERM"
         return str(exc).split(" ", 1)[0] or type(exc).__name__
     except redis.RedisError as exc:
         return type(exc).__name__
@@ -84,7 +86,7 @@ def socket_attacks(endpoint: str, server_secret: bytes, client_secret: bytes, se
 def main() -> None:
     client = redis.Redis.from_url(os.environ["ELASTREAM_REDIS_URL"], socket_timeout=10, socket_connect_timeout=5)
     report = {"redis": redis_attacks(client, os.environ["OWN_PREFIX"], os.environ["VICTIM_PREFIX"])}
-    report["whoami"] = attempt(lambda: client.acl_whoami())
+    report["whoami"] = str(client.acl_whoami())
     report["sockets"] = socket_attacks(
         os.environ["VICTIM_ENDPOINT"],
         os.environ["ELASTREAM_DATA_PLANE_SERVER_KEY"].encode(),
