@@ -179,14 +179,21 @@ def ensure_topology_user(
             raise _refused("GETUSER", exc) from None
         if not force and _is_current(found, namespace, name, password):
             continue
-        try:
-            run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password, _server_major(run)))
-        except redis.ResponseError as exc:
-            raise _refused("SETUSER", exc) from None
+        _set_user(run, namespace, name, password, _server_major(run))
         set_on.append(node)
     if set_on:
         log.info("Redis user %s set on %s", user, ", ".join(set_on))
     return set_on
+
+
+def _set_user(run: Any, namespace: str, name: str, password: str, server_major: int) -> None:
+    """ACL SETUSER the topology's user on one node, with the rules for its Redis version; `AclRefused` when
+    the node refuses."""
+    rules = topology_acl_rules(namespace, name, password, server_major)
+    try:
+        run("ACL", "SETUSER", topology_user(namespace, name), *rules)
+    except redis.ResponseError as exc:
+        raise _refused("SETUSER", exc) from None
 
 
 def delete_topology_user(client: redis.Redis, namespace: str, name: str) -> None:
@@ -209,15 +216,13 @@ def restore_missing_users(client: redis.Redis, users: dict[tuple[str, str], str]
             present = {_decoded(user) for user in run("ACL", "USERS") or []}
         except redis.ResponseError as exc:
             raise _refused("USERS", exc) from None
-        for (namespace, name), password in users.items():
-            user = topology_user(namespace, name)
-            if user in present:
-                continue
-            try:
-                run("ACL", "SETUSER", user, *topology_acl_rules(namespace, name, password, _server_major(run)))
-            except redis.ResponseError as exc:
-                raise _refused("SETUSER", exc) from None
-            restored.append(f"{user} on {node}")
+        missing = {key: password for key, password in users.items() if topology_user(*key) not in present}
+        if not missing:
+            continue
+        server_major = _server_major(run)  # once per node, however many users it lost
+        for (namespace, name), password in missing.items():
+            _set_user(run, namespace, name, password, server_major)
+            restored.append(f"{topology_user(namespace, name)} on {node}")
     if restored:
         log.info("Redis users set again (Redis had lost them): %s", ", ".join(restored))
     return restored
