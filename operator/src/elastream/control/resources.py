@@ -310,6 +310,12 @@ class ManagedTopology:
         running = len(schedule.nodes) if schedule is not None else 0
         # what must be ready is what runs: a failed scaling leaves the old schedule Running, not Degraded
         self.set(ready_nodes=ready, desired_nodes=running if schedule is not None else self.facts.desired_nodes)
+        attempt = self.attempt  # failures in a row of what is retried: enough of them and the topology is Stalled
+        start = attempt is not None and attempt.target == "start"
+        self.set(
+            start_failures=attempt.failures if attempt is not None and start else 0,
+            scaling_failures=attempt.failures if attempt is not None and not start else 0,
+        )
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.conditions = merge_conditions(self.conditions, desired_conditions(self.facts), now, self.generation)
         status: dict[str, Any] = {
