@@ -740,3 +740,49 @@ def test_the_operator_exits_on_a_malformed_redis_url_in_one_line_without_the_pas
         redis_at_start(url, wait_s=0.3)
     assert "is not a Redis URL" in str(info.value) and "\n" not in str(info.value)
     assert "s3c" not in str(info.value) + caplog.text
+
+
+def gitops_conditions(world: World) -> dict[str, tuple[str, str]]:
+    return {
+        c["type"]: (c["status"], c["reason"])
+        for c in world.status["conditions"]
+        if c["type"] in ("Ready", "Reconciling", "Stalled")
+    }
+
+
+def test_a_scaling_failing_again_and_again_stalls_and_a_new_value_unstalls_it() -> None:
+    world = running(3)
+    assert gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+    world.migrator.outcome = "raise"
+    world.patch_spec(nodes=5)
+    world.run_for(2.0)  # one failure: retried with backoff, still reconciling
+    assert gitops_conditions(world) == {"Ready": ("False", "ScalingFailed"), "Reconciling": ("True", "ScalingFailed")}
+    world.run_for(40.0)  # 5 and 10 s later: three failures in a row
+    assert world.reasons().count("ScalingBackoff") >= 3
+    assert gitops_conditions(world) == {"Ready": ("False", "ScalingFailed"), "Stalled": ("True", "ScalingFailed")}
+    world.migrator.outcome = "succeeded"
+    world.patch_spec(nodes=4)
+    world.run_for(2.0)
+    assert world.status["nodes"] == 4 and gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+
+
+def test_a_start_failing_again_and_again_stalls() -> None:
+    world = World(3)
+
+    def broken(owner, topology, metadata, managed):
+        controller = world.build(owner, topology, metadata, managed)
+
+        def no_start(schedule=None):
+            from elastream.core.ports import BackendError
+
+            raise BackendError("pod t-node-0 not created: Forbidden: exceeded quota: pods")
+
+        controller.start = no_start  # type: ignore[method-assign]
+        return controller
+
+    world.topologies.build = broken
+    world.run_for(1.0)
+    assert gitops_conditions(world) == {"Ready": ("False", "BackendError"), "Reconciling": ("True", "StartFailed")}
+    world.run_for(30.0)  # 5 and 10 s later: three failures in a row
+    assert gitops_conditions(world) == {"Ready": ("False", "StartFailed"), "Stalled": ("True", "StartFailed")}
+    assert "exceeded quota" in world.condition("Stalled")["message"]
