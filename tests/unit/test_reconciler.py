@@ -17,7 +17,7 @@ from elastream.control.resources import KubernetesEvents, ManagedTopologies, Man
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology
-from fakes import FakeBackend, FakeMigrator, ListFeed, SimulatedMetrics
+from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -105,6 +105,11 @@ class World:
         #: the "Redis" of this world: the epoch key lives here
         self.keys: dict[str, str] = {}
         self.migrators: list[FakeMigrator] = []
+        self.checkpoints: list[FakeCheckpoints] = []
+        #: the nodes whose worker pod exists (pods outlive an operator: share it with the next World)
+        self.pods: set[str] = set()
+        #: checkpoints in "Redis" (outlive an operator too)
+        self.checkpoint_keys: dict[str, str] = {}
         self.topologies = ManagedTopologies(
             redis_client=None,  # type: ignore[arg-type]
             redis_url="redis://unused",
@@ -119,9 +124,12 @@ class World:
     def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):
         backend = FakeBackend()
         backend.keys = self.keys  # type: ignore[attr-defined]
+        backend.workers = self.pods
         migrator = FakeMigrator(backend)
+        checkpoints = FakeCheckpoints(backend, self.checkpoint_keys)
         self.backends.append(backend)
         self.migrators.append(migrator)
+        self.checkpoints.append(checkpoints)
         return TopologyController(
             topology=topology,
             backend=backend,  # type: ignore[arg-type]
@@ -135,6 +143,7 @@ class World:
             on_nodes_changed=lambda nodes: owner._autoscaled(managed, nodes),
             epochs=DictEpochs(self.keys),
             expected_epoch=managed.state_epoch,
+            checkpoints=checkpoints,
         )
 
     def patch_spec(self, **spec: Any) -> None:

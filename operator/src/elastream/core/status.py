@@ -13,6 +13,10 @@ Beside them, the conditions GitOps tools read (kstatus, sigs.k8s.io/cli-utils, a
 
 Whenever Ready is False exactly one of Reconciling and Stalled is True, and never both: kstatus (upstream)
 takes a custom resource with neither as Current, and takes whichever of the two it meets first in the list.
+The one exception is a topology suspended as its spec asks (`spec.suspend: true`, phase `Suspended`): Ready is
+False (reason Suspended: nothing runs) with neither, so kstatus reads it as Current, as it reads a Deployment
+scaled to zero or a suspended CronJob; while the suspend still waits for its last checkpoint, Reconciling
+says so (reason Suspending).
 That one of them is absent rather than False follows fluxcd/pkg's condition checks (only one of Reconciling
 and Stalled present at a time; neither True while Ready is True).
 
@@ -51,6 +55,10 @@ OBJECT_NOT_OWNED = "ObjectNotOwned"
 REDIS_USER_REFUSED = "RedisUserRefused"
 AS_EXPECTED = "AsExpected"
 START_FAILED = "StartFailed"
+SUSPENDED = "Suspended"
+SUSPENDING = "Suspending"
+RESUMING = "Resuming"
+SUSPEND_FAILED = "SuspendFailed"
 
 
 class EventReason(enum.StrEnum):
@@ -87,6 +95,9 @@ class EventReason(enum.StrEnum):
     SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
     AUTOSCALER_DECIDED = "AutoscalerDecided"
     AUTOSCALER_RECOMMENDS = "AutoscalerRecommends"
+    SUSPENDED = SUSPENDED
+    SUSPEND_BACKOFF = "SuspendBackoff"
+    RESUMED = "Resumed"
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
@@ -96,7 +107,7 @@ REDIS_GRACE_S = 60.0
 #: backoff, but the user is the one who can change it (kstatus then says Failed, and Flux stops waiting)
 STALL_AFTER_FAILURES = 3
 
-PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed")
+PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed", "Suspended")
 
 
 @dataclass(frozen=True)
@@ -131,16 +142,28 @@ class StatusFacts:
     scaling_failures: int = 0
     #: failures in a row of the start (retried with backoff; the error is in `backend_error`)
     start_failures: int = 0
+    #: `spec.suspend` is done: the last checkpoint taken, no worker runs (`suspended_at` names the checkpoint
+    #: the topology resumes from; "" when it never completed one and resumes from the sources' beginning)
+    suspended: bool = False
+    suspended_at: str = ""
+    #: `spec.suspend` asked and not done yet: what it waits for (the last checkpoint, a failed one retried)
+    suspending: str = ""
+    #: failures in a row of the suspend's last checkpoint (the workers run on meanwhile)
+    suspend_failures: int = 0
+    #: the workers are starting again from the checkpoint of a suspend
+    resuming: bool = False
 
 
 def phase(facts: StatusFacts) -> str:
     if facts.invalid_spec:
         return "Failed"
+    if facts.suspended and stalled(facts) is None:
+        return "Suspended"
     if facts.scaling:
         return "Scaling"
     if facts.state_lost or facts.not_owned or facts.redis_user_refused:
         return "Degraded"
-    if not facts.started:
+    if not facts.started or facts.resuming:
         return "Pending"
     if (
         facts.state_lost
@@ -177,8 +200,27 @@ def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, 
 def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
     """The conditions (type, status, reason, message) for `facts`: Available, Progressing, Degraded, Ready, and
     Reconciling or Stalled when one of them is True (see the module's doc)."""
+    if facts.suspended and stalled(facts) is None:
+        return _suspended_conditions(facts)
     available, progressing, degraded = _workload_conditions(facts)
     return [available, progressing, degraded, *_gitops_conditions(facts, available, progressing, degraded)]
+
+
+def _suspended_conditions(facts: StatusFacts) -> list[dict[str, str]]:
+    """A topology suspended as asked: nothing runs and nothing is wrong. Ready False without Reconciling or
+    Stalled, which kstatus reads as Current (the desired state, `suspend: true`, is reached)."""
+    point = (
+        f"resumes from checkpoint {facts.suspended_at}"
+        if facts.suspended_at
+        else "no checkpoint was ever completed: resumes from the sources' beginning"
+    )
+    message = f"suspended by spec.suspend: no worker runs, the state is kept in Redis; {point}"
+    return [
+        _condition(AVAILABLE, False, SUSPENDED, message),
+        _condition(PROGRESSING, False, SUSPENDED, "suspended: nothing to do until spec.suspend is false"),
+        _condition(DEGRADED, False, SUSPENDED, message),
+        _condition(READY, False, SUSPENDED, message),
+    ]
 
 
 def stalled(facts: StatusFacts) -> tuple[str, str] | None:
@@ -196,6 +238,13 @@ def stalled(facts: StatusFacts) -> tuple[str, str] | None:
             SCALING_FAILED,
             f"scaling failed {facts.scaling_failures} times in a row, the old schedule runs on (retried with "
             f"backoff; change spec.nodes to try another value): {facts.scaling_failed}",
+        )
+    if facts.suspending and facts.suspend_failures >= STALL_AFTER_FAILURES:
+        return (
+            SUSPEND_FAILED,
+            f"the last checkpoint before suspending failed {facts.suspend_failures} times in a row; the workers "
+            f"run on, nothing was stopped (retried with backoff; set spec.suspend: false to give up): "
+            f"{facts.suspending}",
         )
     if (
         not facts.started
@@ -269,6 +318,12 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
         progressing = _condition(PROGRESSING, True, SCALING, "a migration is moving executors")
     elif facts.redis_unavailable:
         progressing = _condition(PROGRESSING, True, REDIS_UNAVAILABLE, f"waiting for Redis: {facts.redis_unavailable}")
+    elif facts.suspending:
+        progressing = _condition(PROGRESSING, True, SUSPENDING, f"suspending: {facts.suspending}")
+    elif facts.resuming:
+        progressing = _condition(
+            PROGRESSING, True, RESUMING, "resuming: starting the workers from the checkpoint of the suspend"
+        )
     elif facts.recovering:
         progressing = _condition(PROGRESSING, True, RECOVERING, "rolling back to the last checkpoint")
     elif not facts.started and not facts.invalid_spec:
