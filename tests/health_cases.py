@@ -88,6 +88,30 @@ CASES: dict[str, Case] = {
         "Failed",
         "Degraded",
     ),
+    # spec.suspend: true reached: nothing runs and nothing is wrong (as a Deployment scaled to zero)
+    "suspended": Case(StatusFacts(0, 0, started=True, suspended=True, suspended_at="ckpt-12"), "Current", "Suspended"),
+    "suspended-before-any-checkpoint": Case(StatusFacts(0, 0, started=True, suspended=True), "Current", "Suspended"),
+    "suspending": Case(
+        StatusFacts(3, 3, started=True, suspending="taking the last checkpoint before stopping the workers"),
+        "InProgress",
+        "Progressing",
+    ),
+    "suspend-failed-repeatedly": Case(
+        StatusFacts(
+            3,
+            3,
+            started=True,
+            suspending="the last checkpoint was not taken: node-2 not answering",
+            suspend_failures=STALL_AFTER_FAILURES,
+        ),
+        "Failed",
+        "Degraded",
+    ),
+    "resuming": Case(StatusFacts(3, 0, started=True, resuming=True), "InProgress", "Progressing"),
+    # suspended, and then Redis lost its data: what only the user can fix wins over Suspended
+    "suspended-state-lost": Case(
+        StatusFacts(0, 0, started=True, suspended=True, state_lost="epoch e-1 missing"), "Failed", "Degraded"
+    ),
     # the spec changed (generation 2) and the operator has not reported on it yet: whatever the conditions say
     "generation-not-observed": Case(StatusFacts(3, 3, started=True), "InProgress", "Progressing", 2, 1),
     "stalled-generation-not-observed": Case(
@@ -106,7 +130,7 @@ def document(name: str, case: Case) -> dict[str, Any]:
         "spec": {"nodes": facts.desired_nodes},
         "status": {
             "phase": phase(facts),
-            "nodes": facts.desired_nodes if facts.started else 0,
+            "nodes": facts.desired_nodes if facts.started and not facts.suspended else 0,
             "readyNodes": facts.ready_nodes,
             "observedGeneration": case.observed,
             "conditions": merge_conditions(None, desired_conditions(facts), NOW, case.observed),

@@ -127,6 +127,37 @@ def test_a_start_failing_in_backoff_is_reconciling_then_stalled() -> None:
     assert error in next(c for c in desired_conditions(stuck) if c["type"] == "Stalled")["message"]
 
 
+def test_suspended_is_ready_false_and_neither_reconciling_nor_stalled() -> None:
+    facts = StatusFacts(0, 0, started=True, suspended=True, suspended_at="ckpt-12")
+    assert phase(facts) == "Suspended"
+    assert by_type(facts) == {
+        "Available": ("False", "Suspended"),
+        "Progressing": ("False", "Suspended"),
+        "Degraded": ("False", "Suspended"),
+        "Ready": ("False", "Suspended"),
+    }
+    ready = next(c for c in desired_conditions(facts) if c["type"] == "Ready")
+    assert "ckpt-12" in ready["message"]
+    never = StatusFacts(0, 0, started=True, suspended=True)
+    assert "sources' beginning" in next(c for c in desired_conditions(never) if c["type"] == "Ready")["message"]
+
+
+def test_suspending_is_reconciling_then_stalled_when_its_checkpoint_keeps_failing() -> None:
+    why = "the last checkpoint was not taken: node-2 not answering"
+    once = StatusFacts(3, 3, started=True, suspending=why, suspend_failures=1)
+    assert phase(once) == "Running"  # nothing was stopped
+    assert gitops(once) == {"Ready": ("False", "Suspending"), "Reconciling": ("True", "Suspending")}
+    stuck = StatusFacts(3, 3, started=True, suspending=why, suspend_failures=STALL_AFTER_FAILURES)
+    assert gitops(stuck) == {"Ready": ("False", "SuspendFailed"), "Stalled": ("True", "SuspendFailed")}
+    assert why in next(c for c in desired_conditions(stuck) if c["type"] == "Stalled")["message"]
+
+
+def test_resuming_is_reconciling_and_redis_away_meanwhile_says_so() -> None:
+    assert gitops(StatusFacts(3, 0, started=True, resuming=True))["Reconciling"] == ("True", "Resuming")
+    away = StatusFacts(3, 0, started=True, resuming=True, redis_unavailable=REDIS_DOWN, redis_down_s=5.0)
+    assert gitops(away)["Reconciling"] == ("True", "RedisUnavailable")
+
+
 facts_strategy = st.builds(
     StatusFacts,
     desired_nodes=st.integers(0, 4),
@@ -146,6 +177,10 @@ facts_strategy = st.builds(
     redis_user_refused=st.sampled_from(["", "NOPERM"]),
     scaling_failures=st.integers(0, 5),
     start_failures=st.integers(0, 5),
+    suspended=st.booleans(),
+    suspending=st.sampled_from(["", "checkpoint failed"]),
+    suspend_failures=st.integers(0, 5),
+    resuming=st.booleans(),
 )
 
 
@@ -164,6 +199,8 @@ def test_the_conditions_keep_kstatus_and_flux_rules_in_every_state(facts: Status
     ]
     if ready:
         assert abnormal == [] and conditions["Available"]["status"] == "True"
+    elif conditions["Ready"]["reason"] == "Suspended":  # suspended as asked: the one Ready False that is Current
+        assert phase(facts) == "Suspended" and abnormal == []
     else:
         assert "Reconciling" in conditions or "Stalled" in conditions
     # Ready says what the three workload conditions say

@@ -585,7 +585,8 @@ class ManagedTopologies:
         elif isinstance(exc, AclRefused):
             managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
         else:
-            managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
+            what = "resuming" if target == "resume" else "starting"
+            managed.events.emit(EventReason.START_FAILED, f"{what}: {exc}; retrying in {delay:.0f} s", warning=True)
         return delay
 
     def _suspend(self, managed: ManagedTopology, now: float) -> float:
