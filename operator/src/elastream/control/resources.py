@@ -499,12 +499,11 @@ class ManagedTopologies:
         if managed.attempt is not None and managed.attempt.target == "suspend":
             managed.attempt = None  # the suspend is no longer asked for: nothing was stopped, nothing to retry
         managed.set(suspending="")
+        self._check_redis_user(managed)  # before a resume too: the workers that start must find their user
         if controller.suspended:
-            self._check_redis_user(managed)  # the workers that start must find their Redis user
             delay = self._resume(managed, now)
             if delay is not None:
                 return delay
-        self._check_redis_user(managed)
         self._apply_settings(managed, wanted)
         before = controller.last_recovery
         self.report_pending(managed, _look(managed.backend.pending_nodes, {}))
