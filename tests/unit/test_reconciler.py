@@ -975,6 +975,14 @@ def test_a_topology_created_suspended_starts_from_the_beginning_on_resume() -> N
     assert world.status["phase"] == "Running"
 
 
+def test_a_redis_emptied_while_suspended_is_state_lost_before_the_resume() -> None:
+    world = suspended(3)
+    world.keys.clear()
+    world.run_for(60.0)
+    assert world.condition("Stalled")["reason"] == "StateLost" and world.status["phase"] == "Degraded"
+    assert world.reasons().count("StateLost") == 1 and world.pods == set()
+
+
 def test_resume_on_an_emptied_redis_is_state_lost_not_a_start_from_nothing() -> None:
     world = suspended(3)
     world.keys.clear()  # FLUSHALL while suspended

@@ -222,6 +222,15 @@ class TopologyController:
         )
         return SuspendResult(True, checkpoint)
 
+    def check_state(self) -> bool:
+        """Whether Redis still holds this topology's state (its epoch), for a suspended topology's passes: a
+        Redis emptied while suspended is StateLost then, not only at the resume. Redis away: nothing that
+        runs needs it now, so that is not an error here (the resume notes it)."""
+        try:
+            return self._check_epoch()
+        except redis.RedisError:
+            return True
+
     def resume(self) -> MigrationReport | None:
         """Start the workers of a suspended topology from its latest checkpoint, by the restore a recovery
         uses (`migrator.recover`: every executor initialised from the checkpoint's state, sources replaying

@@ -599,7 +599,13 @@ class ManagedTopologies:
         controller = managed.controller
         assert controller is not None
         if controller.suspended:
-            managed.set(suspended=True, suspended_at=controller.resume_point or "", suspending="")
+            controller.check_state()
+            managed.set(
+                suspended=True,
+                suspended_at=controller.resume_point or "",
+                suspending="",
+                state_lost=controller.state_lost,
+            )
             managed.write()
             return SUSPENDED_TICK_S
         attempt = managed.attempt
