@@ -148,6 +148,7 @@ class FakeCheckpoints:
         self.store = store if store is not None else {}
         self.taken: list[str] = []
         self.failure = ""
+        self.discarded = 0
 
     def take(self) -> CheckpointResult:
         checkpoint_id = f"ckpt-{int(self.store.get('ckpt:count', '0')) + 1}"
@@ -161,6 +162,10 @@ class FakeCheckpoints:
 
     def latest(self) -> str | None:
         return self.store.get("ckpt:latest")
+
+    def discard_uncommitted(self) -> int:
+        self.discarded += 1
+        return 0
 
 
 class SimulatedMetrics:

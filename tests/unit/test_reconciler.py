@@ -972,6 +972,7 @@ def test_a_topology_created_suspended_starts_from_the_beginning_on_resume() -> N
     world.patch_spec(suspend=False)
     world.reconcile()
     assert len(world.backend.started) == 1 and world.migrator.recovered == []  # never checkpointed: a fresh start
+    assert world.checkpoints[-1].discarded == 1  # nothing staged before is committed by the first checkpoint
     assert world.status["phase"] == "Running"
 
 

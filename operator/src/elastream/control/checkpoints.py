@@ -61,6 +61,11 @@ class CheckpointDriver:
         latest = self.store.latest_checkpoint()
         return str(latest["id"]) if latest else None
 
+    def discard_uncommitted(self) -> int:
+        """Drop what the exactly-once sinks staged and no checkpoint committed (a start from the sources'
+        beginning replays it: the next checkpoint must not commit it as a leftover). Returns the keys dropped."""
+        return self.store.discard_transactions()
+
     def take(self) -> CheckpointResult:
         """One checkpoint round; never raises for a failed round (the result says why)."""
         schedule = self.backend.current_schedule()

@@ -74,6 +74,8 @@ class Checkpoints(Protocol):
 
     def latest(self) -> str | None: ...
 
+    def discard_uncommitted(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class SuspendResult:
@@ -248,6 +250,10 @@ class TopologyController:
         if not (set(schedule.nodes) <= self.backend.running_nodes() and not self.backend.failed_nodes()):
             latest = self.checkpoints.latest() if self.checkpoints is not None else None
             if latest is None:
+                if self.checkpoints is not None:
+                    # staged before the suspend and never committed: replayed from the beginning now, so the
+                    # first checkpoint must not commit it as a leftover of an abandoned round
+                    self.checkpoints.discard_uncommitted()
                 self.backend.start(schedule)
             else:
                 report = self.migrator.recover({node: "resuming after a suspend" for node in schedule.nodes})
