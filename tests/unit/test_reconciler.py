@@ -1015,3 +1015,20 @@ def test_redis_away_during_resume_is_redis_unavailable_and_retried() -> None:
     world.run_for(10.0)  # the retry after the backoff
     assert world.status["phase"] == "Running" and calls["n"] == 2
     assert gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+
+
+def test_an_operator_restarted_after_every_pod_went_restores_the_checkpoint_not_an_empty_start() -> None:
+    world = running(3)
+    world.checkpoint_keys["ckpt:latest"] = "ckpt-9"  # the last periodic checkpoint
+    world.pods.clear()  # a node drain while the operator was away: every worker pod is gone
+    restarted = World(3)
+    restarted.body, restarted.custom.body = world.body, world.body
+    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
+    schedule = world.backend.schedule
+    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted.reconcile()
+    backend = restarted.backend
+    assert backend.started == [] and backend.log == ["assumed"]  # not started empty ...
+    assert len(restarted.migrator.recovered) == 1  # ... restored by the recovery's rollback to the checkpoint
+    assert restarted.pods == {"node-0", "node-1", "node-2"} and world.status["phase"] == "Running"
+    assert "Recovered" in restarted.reasons()

@@ -151,11 +151,23 @@ class TopologyController:
     def start(self, schedule: Schedule | None = None) -> None:
         """Run the topology: a migration an earlier controller left past COMMIT is finished (its target
         schedule starts and is initialised from the state in Redis), one before COMMIT is aborted; then the
-        periodic work starts."""
+        periodic work starts. Adopting a running `schedule` (an operator restart) none of whose workers is
+        left restores the latest checkpoint, as a recovery would: started empty, its sources would begin
+        again and exactly-once sinks would see their events twice."""
         self._check_epoch(starting=True)
         if self.archiver is not None:
             self.archiver.start()
         target = self.migrator.interrupted_target()
+        if target is None and schedule is not None and self._every_worker_gone_since_a_checkpoint():
+            self.backend.assume(schedule)
+            report = self._restore("every worker was gone when the controller started")
+            if report is not None:
+                self.events.emit(
+                    EventReason.RECOVERED,
+                    f"every worker was gone when the controller started: rolled back to checkpoint "
+                    f"{report.restored_from}, {report.replayed} events replayed",
+                )
+            return
         self.backend.start(target or schedule or initial_schedule(self.topology))
         self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
         self._since = self.clock.now()
@@ -243,6 +255,25 @@ class TopologyController:
         if not self.suspended:
             return None
         self._check_epoch(starting=True)
+        report = self._restore("resuming after a suspend")
+        self.suspended, self.resume_point = False, None
+        self.events.emit(
+            EventReason.RESUMED,
+            f"resumed from checkpoint {report.restored_from}: {report.replayed} events replayed"
+            if report is not None
+            else "resumed from the sources' beginning (no checkpoint was ever completed)",
+        )
+        return report
+
+    def _every_worker_gone_since_a_checkpoint(self) -> bool:
+        return (
+            self.checkpoints is not None and not self.backend.running_nodes() and self.checkpoints.latest() is not None
+        )
+
+    def _restore(self, why: str) -> MigrationReport | None:
+        """Start every worker of the assumed schedule from the latest checkpoint by the recovery's restore
+        (`migrator.recover`), or from the sources' beginning when there is none; then the periodic work.
+        Workers that already run it (an earlier attempt's restore, finished by `_resume`) are left alone."""
         report: MigrationReport | None = None
         if self.migrator.unfinished() is not None:
             self._resume()  # an earlier attempt's restore left (Redis went away): finished from its record
@@ -251,28 +282,21 @@ class TopologyController:
             latest = self.checkpoints.latest() if self.checkpoints is not None else None
             if latest is None:
                 if self.checkpoints is not None:
-                    # staged before the suspend and never committed: replayed from the beginning now, so the
-                    # first checkpoint must not commit it as a leftover of an abandoned round
+                    # staged before and never committed: replayed from the beginning now, so the first
+                    # checkpoint must not commit it as a leftover of an abandoned round
                     self.checkpoints.discard_uncommitted()
                 self.backend.start(schedule)
             else:
-                report = self.migrator.recover({node: "resuming after a suspend" for node in schedule.nodes})
+                report = self.migrator.recover({node: why for node in schedule.nodes})
                 if report is None or report.outcome != Outcome.SUCCEEDED:
                     raise BackendError(
                         f"the restore from checkpoint {latest} failed: {report.reason if report else 'no report'}"
                     )
-        self.suspended, self.resume_point = False, None
         self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
         self._since = self.clock.now()
         for task in self.background:
             task.start()
             self._started.append(task)
-        self.events.emit(
-            EventReason.RESUMED,
-            f"resumed from checkpoint {report.restored_from}: {report.replayed} events replayed"
-            if report is not None
-            else "resumed from the sources' beginning (no checkpoint was ever completed)",
-        )
         return report
 
     def _check_epoch(self, starting: bool = False) -> bool:
