@@ -1032,3 +1032,12 @@ def test_an_operator_restarted_after_every_pod_went_restores_the_checkpoint_not_
     assert len(restarted.migrator.recovered) == 1  # ... restored by the recovery's rollback to the checkpoint
     assert restarted.pods == {"node-0", "node-1", "node-2"} and world.status["phase"] == "Running"
     assert "Recovered" in restarted.reasons()
+
+
+def test_a_suspend_over_a_lost_state_stops_nothing_and_stalls_on_state_lost() -> None:
+    world = running(3)
+    world.keys.clear()
+    world.patch_spec(suspend=True)
+    world.run_for(30.0)
+    assert world.pods == {"node-0", "node-1", "node-2"} and world.checkpoints[-1].taken == []
+    assert world.condition("Stalled")["reason"] == "StateLost" and "SuspendBackoff" not in world.reasons()

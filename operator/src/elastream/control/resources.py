@@ -618,6 +618,12 @@ class ManagedTopologies:
         result = controller.suspend()
         self._note_store(managed)
         managed.set(state_lost=controller.state_lost)
+        if not result.done and controller.state_lost:
+            # no checkpoint can be written over a lost state, and stopping would lose what the workers hold:
+            # the workers run on, Stalled (StateLost) says what the user must decide
+            managed.set(suspending="the topology's state in Redis is lost: nothing is stopped")
+            managed.write()
+            return self.tick_s
         if not result.done:
             failures = attempt.failures + 1 if attempt is not None and attempt.target == "suspend" else 1
             delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
