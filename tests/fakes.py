@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from elastream.control.checkpoints import CheckpointResult
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration import MigrationReport
 from elastream.core.ports import BackendError, ScaleRequest
@@ -20,6 +21,9 @@ class FakeBackend:
         self.started: list[Schedule] = []
         self.dead: dict[str, str] = {}
         self.log: list[str] = []
+        #: nodes with a worker (pod) that exists: changed in place, so a test can share it between the
+        #: backends of two operator lifetimes (pods outlive an operator restart)
+        self.workers: set[str] = set()
         #: how often the topology's Redis user was checked, and what checking it raises (an `AclRefused`)
         self.redis_user_checks = 0
         self.redis_user_error: Exception | None = None
@@ -43,12 +47,22 @@ class FakeBackend:
     def start(self, schedule: Schedule) -> None:
         self.started.append(schedule)
         self.schedule = schedule
+        self.workers.update(schedule.nodes)
 
     def failed_nodes(self) -> dict[str, str]:
         return dict(self.dead)
 
     def stop_workers(self) -> None:
         self.log.append("workers stopped")
+        self.workers.clear()
+        self.dead = {}
+
+    def running_nodes(self) -> set[str]:
+        return set(self.workers) - set(self.dead)
+
+    def assume(self, schedule: Schedule) -> None:
+        self.log.append("assumed")
+        self.schedule = schedule
 
 
 @dataclass
@@ -108,6 +122,8 @@ class FakeMigrator:
             self.recover_failures -= 1
             raise BackendError("pod t-node-1 not created: Forbidden: exceeded quota: pods")
         self.backend.dead = {}
+        if self.backend.schedule is not None:  # the restore starts the workers that are not there
+            self.backend.workers.update(self.backend.schedule.nodes)
         return MigrationReport(
             "r1",
             "restart",
@@ -121,6 +137,35 @@ class FakeMigrator:
             "succeeded",
             restored_from="ckpt-7",  # type: ignore[arg-type]
         )
+
+
+class FakeCheckpoints:
+    """Checkpoints on demand: each `take` completes the next id (kept in `store`, the test's "Redis", so it
+    outlives an operator restart), or fails with `failure` while that is set."""
+
+    def __init__(self, backend: FakeBackend, store: dict[str, str] | None = None) -> None:
+        self.backend = backend
+        self.store = store if store is not None else {}
+        self.taken: list[str] = []
+        self.failure = ""
+        self.discarded = 0
+
+    def take(self) -> CheckpointResult:
+        checkpoint_id = f"ckpt-{int(self.store.get('ckpt:count', '0')) + 1}"
+        self.store["ckpt:count"] = checkpoint_id.split("-")[1]
+        if self.failure:
+            return CheckpointResult(checkpoint_id, "failed", reason=self.failure)
+        self.taken.append(checkpoint_id)
+        self.backend.log.append(f"checkpoint {checkpoint_id}")
+        self.store["ckpt:latest"] = checkpoint_id
+        return CheckpointResult(checkpoint_id, "completed", 12.0)
+
+    def latest(self) -> str | None:
+        return self.store.get("ckpt:latest")
+
+    def discard_uncommitted(self) -> int:
+        self.discarded += 1
+        return 0
 
 
 class SimulatedMetrics:

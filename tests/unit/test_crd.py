@@ -124,6 +124,16 @@ def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
             assert field in status, f"printer column {path} is not a documented status field"
 
 
+def test_the_status_phases_are_the_operators(crd: dict[str, Any]) -> None:
+    from elastream.core.status import PHASES
+
+    [version] = crd["spec"]["versions"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert tuple(status["phase"]["enum"]) == PHASES
+    phase_column = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Phase")
+    assert all(p in phase_column["description"] for p in PHASES)
+
+
 def walk(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every schema node with its field path (list items as [], map values as {})."""
     yield path, node
@@ -228,6 +238,7 @@ def test_defaults_are_the_parsers(schema: dict[str, Any]) -> None:
     assert "nodes" in spec_schema(schema)["required"]
     assert found == {
         "spec.slotsPerNode": topology.DEFAULT_SLOTS_PER_NODE,
+        "spec.suspend": False,
         "spec.spreadOverNodes": False,
         "spec.vertices[].parallelism": 1,
         "spec.vertices[].maxParallelism": topology.DEFAULT_MAX_PARALLELISM,
@@ -274,7 +285,7 @@ def test_enums_are_the_parsers(schema: dict[str, Any]) -> None:
         "spec.scaling.migration": topology.MIGRATIONS,
         "spec.scaling.auto.policy": topology.AUTOSCALE_POLICIES,
         "spec.scaling.auto.combine": topology.AUTOSCALE_COMBINES,
-        "status.phase": ("Pending", "Running", "Scaling", "Degraded", "Failed"),
+        "status.phase": ("Pending", "Running", "Scaling", "Degraded", "Failed", "Suspended"),
         "status.conditions[].status": ("True", "False", "Unknown"),
     }
 
@@ -436,6 +447,7 @@ def mutated(document: dict[str, Any], change: Callable[[dict[str, Any]], object]
             "spec.vertices[1].paralellism: unknown field; remove it or fix its name",
         ),
         (lambda s: s["vertices"][1].update(stateful="yes"), "spec.vertices[1].stateful: 'yes' is not of type"),
+        (lambda s: s.update(suspend="yes"), "spec.suspend: 'yes' is not of type 'boolean'"),
         (lambda s: s.update(vertices=[]), "spec.vertices: has 0 items; give at least 1"),
         (
             lambda s: s["resources"]["limits"].update(cpu=1.5),
@@ -463,6 +475,7 @@ def test_the_parser_rejects_what_the_schema_rejects_on_the_same_field(demo: dict
         lambda s: s["scaling"].update(window=1),
         lambda s: s["scaling"].update(congestionRate=0.5),
         lambda s: s["vertices"][1]["logic"].update(builtin="map"),
+        lambda s: s.update(suspend="true"),
     ):
         document = mutated(demo, change)
         [problem] = schema_problems(document)

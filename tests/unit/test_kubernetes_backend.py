@@ -633,3 +633,21 @@ def test_network_policies_off_make_no_call() -> None:
     kube, _ = backend()
     kube.networking = None
     kube.ensure_network_policy()  # off by default: no client needed
+
+
+def test_a_suspended_schedule_is_assumed_without_a_pod_and_the_restore_starts_every_one() -> None:
+    kube, core = backend()  # a restarted operator's backend: nothing started by it
+    schedule = initial_schedule(kube.topology)
+    kube.schedule, kube.version = None, 0
+
+    class Suspended(VersionRegistry):
+        def schedule(self) -> tuple[int, Any]:
+            return 4, schedule  # the version it ran when it was suspended, kept in Redis
+
+    kube.registry = Suspended()  # type: ignore[assignment]
+    kube.control = lambda s: SimpleNamespace(send_nodes=lambda nodes, message: None)  # type: ignore[method-assign]
+    kube.assume(schedule)
+    assert (kube.schedule, kube.version) == (schedule, 4) and core.pods == {}
+    assert set(kube.failed_nodes()) == set(schedule.nodes)  # what the restore starts: every node
+    kube.apply(schedule, "r1")  # the restore's apply: a pod per node, the next version of the other parity
+    assert set(core.pods) == {f"web-{n}" for n in schedule.nodes} and kube.version == 5

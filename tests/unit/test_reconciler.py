@@ -17,7 +17,7 @@ from elastream.control.resources import KubernetesEvents, ManagedTopologies, Man
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology
-from fakes import FakeBackend, FakeMigrator, ListFeed, SimulatedMetrics
+from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -105,6 +105,11 @@ class World:
         #: the "Redis" of this world: the epoch key lives here
         self.keys: dict[str, str] = {}
         self.migrators: list[FakeMigrator] = []
+        self.checkpoints: list[FakeCheckpoints] = []
+        #: the nodes whose worker pod exists (pods outlive an operator: share it with the next World)
+        self.pods: set[str] = set()
+        #: checkpoints in "Redis" (outlive an operator too)
+        self.checkpoint_keys: dict[str, str] = {}
         self.topologies = ManagedTopologies(
             redis_client=None,  # type: ignore[arg-type]
             redis_url="redis://unused",
@@ -119,9 +124,12 @@ class World:
     def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):
         backend = FakeBackend()
         backend.keys = self.keys  # type: ignore[attr-defined]
+        backend.workers = self.pods
         migrator = FakeMigrator(backend)
+        checkpoints = FakeCheckpoints(backend, self.checkpoint_keys)
         self.backends.append(backend)
         self.migrators.append(migrator)
+        self.checkpoints.append(checkpoints)
         return TopologyController(
             topology=topology,
             backend=backend,  # type: ignore[arg-type]
@@ -135,6 +143,7 @@ class World:
             on_nodes_changed=lambda nodes: owner._autoscaled(managed, nodes),
             epochs=DictEpochs(self.keys),
             expected_epoch=managed.state_epoch,
+            checkpoints=checkpoints,
         )
 
     def patch_spec(self, **spec: Any) -> None:
@@ -740,3 +749,295 @@ def test_the_operator_exits_on_a_malformed_redis_url_in_one_line_without_the_pas
         redis_at_start(url, wait_s=0.3)
     assert "is not a Redis URL" in str(info.value) and "\n" not in str(info.value)
     assert "s3c" not in str(info.value) + caplog.text
+
+
+def gitops_conditions(world: World) -> dict[str, tuple[str, str]]:
+    return {
+        c["type"]: (c["status"], c["reason"])
+        for c in world.status["conditions"]
+        if c["type"] in ("Ready", "Reconciling", "Stalled")
+    }
+
+
+def test_a_scaling_failing_again_and_again_stalls_and_a_new_value_unstalls_it() -> None:
+    world = running(3)
+    assert gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+    world.migrator.outcome = "raise"
+    world.patch_spec(nodes=5)
+    world.run_for(2.0)  # one failure: retried with backoff, still reconciling
+    assert gitops_conditions(world) == {"Ready": ("False", "ScalingFailed"), "Reconciling": ("True", "ScalingFailed")}
+    world.run_for(40.0)  # 5 and 10 s later: three failures in a row
+    assert world.reasons().count("ScalingBackoff") >= 3
+    assert gitops_conditions(world) == {"Ready": ("False", "ScalingFailed"), "Stalled": ("True", "ScalingFailed")}
+    world.migrator.outcome = "succeeded"
+    world.patch_spec(nodes=4)
+    world.run_for(2.0)
+    assert world.status["nodes"] == 4 and gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+
+
+def test_a_start_failing_again_and_again_stalls() -> None:
+    world = World(3)
+
+    def broken(owner, topology, metadata, managed):
+        controller = world.build(owner, topology, metadata, managed)
+
+        def no_start(schedule=None):
+            from elastream.core.ports import BackendError
+
+            raise BackendError("pod t-node-0 not created: Forbidden: exceeded quota: pods")
+
+        controller.start = no_start  # type: ignore[method-assign]
+        return controller
+
+    world.topologies.build = broken
+    world.run_for(1.0)
+    assert gitops_conditions(world) == {"Ready": ("False", "BackendError"), "Reconciling": ("True", "StartFailed")}
+    world.run_for(30.0)  # 5 and 10 s later: three failures in a row
+    assert gitops_conditions(world) == {"Ready": ("False", "StartFailed"), "Stalled": ("True", "StartFailed")}
+    assert "exceeded quota" in world.condition("Stalled")["message"]
+
+
+# ------------------------------------------------------------------------------------ suspend and resume
+
+
+def suspended(nodes: int = 3) -> World:
+    world = running(nodes)
+    world.patch_spec(suspend=True)
+    world.run_for(1.0)
+    assert world.status["phase"] == "Suspended"
+    return world
+
+
+def test_suspend_takes_a_checkpoint_then_stops_the_workers_and_says_suspended() -> None:
+    world = running(3)
+    world.patch_spec(suspend=True)
+    world.reconcile()  # no settling: a suspend is not a burst of scalings
+    assert world.backend.log == ["checkpoint ckpt-1", "workers stopped"]  # the checkpoint first, then the stop
+    assert world.pods == set()
+    status = world.status
+    assert (status["phase"], status["nodes"], status["readyNodes"]) == ("Suspended", 0, 0)
+    assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
+        "Available": ("False", "Suspended"),
+        "Progressing": ("False", "Suspended"),
+        "Degraded": ("False", "Suspended"),
+        "Ready": ("False", "Suspended"),
+    }  # no Reconciling, no Stalled: kstatus reads it as Current
+    assert "ckpt-1" in world.condition("Ready")["message"]
+    assert world.reasons().count("Suspended") == 1
+    world.run_for(120.0)  # nothing more happens while suspended: no checkpoint, no recovery, no start
+    assert world.backend.log == ["checkpoint ckpt-1", "workers stopped"] and world.migrator.recovered == []
+    assert world.reasons().count("Suspended") == 1 and len(world.backends) == 1
+
+
+def test_resume_restores_the_suspends_checkpoint_by_the_recovery_path() -> None:
+    world = suspended(3)
+    world.patch_spec(suspend=False)
+    world.reconcile()
+    assert world.migrator.recovered == [{n: "resuming after a suspend" for n in ("node-0", "node-1", "node-2")}]
+    assert world.backend.started == [world.backend.started[0]]  # not started afresh: restored
+    assert world.pods == {"node-0", "node-1", "node-2"}
+    assert world.status["phase"] == "Running" and world.status["nodes"] == 3
+    assert gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+    resumed = [e["message"] for e in world.core.events if e["reason"] == "Resumed"]
+    assert resumed == ["resumed from checkpoint ckpt-7: 321 events replayed"]  # the fake restore's report
+    world.run_for(30.0)
+    assert world.migrator.recovered[1:] == []  # resumed once
+
+
+def test_scaling_asked_while_suspended_waits_and_applies_on_resume() -> None:
+    world = suspended(3)
+    controller = world.topologies.topologies["default/t"].controller
+    assert controller is not None
+    evaluations: list[float] = []
+    controller.autoscale = lambda: evaluations.append(1.0)  # type: ignore[method-assign,assignment,return-value]
+    world.patch_spec(nodes=5)  # kubectl scale while suspended
+    world.patch_spec(scaling={"auto": {"enabled": True, "minNodes": 1, "maxNodes": 8}})
+    world.run_for(60.0)
+    assert world.migrator.applied == [] and evaluations == []  # recorded, not acted on; no autoscaler
+    assert world.status["phase"] == "Suspended" and world.body["spec"]["nodes"] == 5
+    world.patch_spec(suspend=False)
+    world.reconcile()  # restored to the schedule it had, then migrated to spec.nodes in the same pass
+    assert len(world.migrator.recovered) == 1
+    assert len(world.migrator.applied) == 1 and len(world.migrator.applied[0].nodes) == 5
+    assert world.status["nodes"] == 5 and world.status["phase"] == "Running"
+
+
+def test_suspend_asked_during_a_scaling_waits_for_it_to_finish() -> None:
+    world = running(3)
+    migrate = world.migrator.migrate
+
+    def migrate_while_the_user_suspends(schedule):
+        world.patch_spec(suspend=True)  # the patch lands while the migration moves executors
+        world.backend.log.append("migration done")
+        return migrate(schedule)
+
+    world.migrator.migrate = migrate_while_the_user_suspends  # type: ignore[method-assign]
+    world.patch_spec(nodes=4)
+    world.run_for(5.0)
+    assert world.backend.log == ["migration done", "checkpoint ckpt-1", "workers stopped"]
+    assert world.status["phase"] == "Suspended"
+
+
+def test_a_migration_left_unfinished_is_finished_before_the_suspends_checkpoint() -> None:
+    world = running(3)
+    world.migrator.left = "m-left"  # Redis went away in the middle of it: nobody drives it
+    world.patch_spec(suspend=True)
+    world.reconcile()
+    assert world.migrator.resumed >= 1 and world.migrator.left is None
+    assert world.backend.log == ["checkpoint ckpt-1", "workers stopped"]
+
+
+def test_a_failed_checkpoint_stops_nothing_and_is_retried_with_backoff_then_stalls() -> None:
+    world = running(3)
+    checkpoints = world.checkpoints[-1]
+    checkpoints.failure = "checkpoint ckpt-1 timed out: node-2 did not ack"
+    world.patch_spec(suspend=True)
+    world.reconcile()
+    assert world.pods == {"node-0", "node-1", "node-2"} and "workers stopped" not in world.backend.log
+    assert world.status["phase"] == "Running"
+    assert gitops_conditions(world) == {"Ready": ("False", "Suspending"), "Reconciling": ("True", "Suspending")}
+    assert "did not ack" in world.condition("Progressing")["message"]
+    assert world.reasons().count("SuspendBackoff") == 1
+    world.run_for(3.0)  # inside the backoff (5 s): not retried
+    assert world.reasons().count("SuspendBackoff") == 1
+    world.run_for(20.0)  # 5 and 10 s later: three failures in a row
+    assert gitops_conditions(world) == {"Ready": ("False", "SuspendFailed"), "Stalled": ("True", "SuspendFailed")}
+    assert world.pods == {"node-0", "node-1", "node-2"}  # still nothing stopped
+    checkpoints.failure = ""
+    world.run_for(30.0)
+    assert world.status["phase"] == "Suspended" and world.pods == set()
+    assert world.backend.log[-2:] == [f"checkpoint {checkpoints.taken[-1]}", "workers stopped"]
+
+
+def test_a_suspend_given_up_while_its_checkpoint_fails_leaves_the_topology_running() -> None:
+    world = running(3)
+    world.checkpoints[-1].failure = "Redis: connection refused"
+    world.patch_spec(suspend=True)
+    world.run_for(2.0)
+    world.patch_spec(suspend=False)
+    world.run_for(2.0)
+    assert world.status["phase"] == "Running" and gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+    assert world.migrator.recovered == []  # it was never stopped: nothing to restore
+
+
+def test_suspending_with_every_worker_gone_records_the_last_checkpoint_as_the_resume_point() -> None:
+    world = running(3)
+    world.checkpoint_keys["ckpt:latest"] = "ckpt-4"  # the last periodic one
+    world.backend.dead = {n: f"worker pod t-{n} is gone" for n in ("node-0", "node-1", "node-2")}
+    world.patch_spec(suspend=True)
+    world.reconcile()
+    assert world.checkpoints[-1].taken == []  # none can complete without workers; none is waited for
+    assert world.status["phase"] == "Suspended" and "ckpt-4" in world.condition("Ready")["message"]
+    assert world.migrator.recovered == []  # no recovery of the dead ones while suspending
+
+
+def test_an_operator_restarted_in_the_middle_of_a_suspend_checkpoints_and_stops_the_pods() -> None:
+    world = running(3)
+    world.patch_spec(suspend=True)  # ... and the operator dies before its next pass
+    restarted = World(3)
+    restarted.body, restarted.custom.body = world.body, world.body
+    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
+    schedule = world.backend.schedule
+    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted.reconcile()
+    backend = restarted.backend
+    assert backend.started == [schedule]  # the running pods adopted, not started anew ...
+    assert backend.log == ["checkpoint ckpt-1", "workers stopped"]  # ... then checkpointed and stopped
+    assert world.pods == set() and world.status["phase"] == "Suspended"
+
+
+def test_an_operator_restarted_while_suspended_starts_nothing_and_resumes_from_the_checkpoint() -> None:
+    world = suspended(3)
+    restarted = World(3)
+    restarted.body, restarted.custom.body = world.body, world.body
+    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
+    schedule = world.backend.schedule
+    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted.run_for(10.0)
+    backend = restarted.backend
+    assert backend.started == [] and backend.log == ["assumed"] and restarted.pods == set()
+    assert world.status["phase"] == "Suspended" and "ckpt-1" in restarted.condition("Ready")["message"]
+    restarted.patch_spec(suspend=False)
+    restarted.reconcile()
+    assert len(restarted.migrator.recovered) == 1 and restarted.pods == {"node-0", "node-1", "node-2"}
+    assert world.status["phase"] == "Running"
+
+
+def test_a_topology_created_suspended_starts_from_the_beginning_on_resume() -> None:
+    world = World(3, suspend=True)
+    world.run_for(5.0)
+    assert world.status["phase"] == "Suspended" and world.pods == set() and world.backend.started == []
+    assert "sources' beginning" in world.condition("Ready")["message"]
+    assert world.status["stateEpoch"]  # its state in Redis is proven from the first pass
+    world.patch_spec(suspend=False)
+    world.reconcile()
+    assert len(world.backend.started) == 1 and world.migrator.recovered == []  # never checkpointed: a fresh start
+    assert world.checkpoints[-1].discarded == 1  # nothing staged before is committed by the first checkpoint
+    assert world.status["phase"] == "Running"
+
+
+def test_a_redis_emptied_while_suspended_is_state_lost_before_the_resume() -> None:
+    world = suspended(3)
+    world.keys.clear()
+    world.run_for(60.0)
+    assert world.condition("Stalled")["reason"] == "StateLost" and world.status["phase"] == "Degraded"
+    assert world.reasons().count("StateLost") == 1 and world.pods == set()
+
+
+def test_resume_on_an_emptied_redis_is_state_lost_not_a_start_from_nothing() -> None:
+    world = suspended(3)
+    world.keys.clear()  # FLUSHALL while suspended
+    world.patch_spec(suspend=False)
+    world.run_for(10.0)
+    assert world.condition("Stalled")["reason"] == "StateLost"
+    assert world.migrator.recovered == [] and world.pods == set()
+
+
+def test_redis_away_during_resume_is_redis_unavailable_and_retried() -> None:
+    import redis
+
+    world = suspended(3)
+    recover = world.migrator.recover
+    calls = {"n": 0}
+
+    def recover_with_redis_away(failed):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise redis.ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+        return recover(failed)
+
+    world.migrator.recover = recover_with_redis_away  # type: ignore[method-assign]
+    world.patch_spec(suspend=False)
+    world.reconcile()
+    assert world.condition("Progressing")["reason"] == "RedisUnavailable"
+    assert gitops_conditions(world)["Reconciling"] == ("True", "RedisUnavailable")
+    assert world.status["phase"] == "Pending" and world.pods == set()
+    world.run_for(10.0)  # the retry after the backoff
+    assert world.status["phase"] == "Running" and calls["n"] == 2
+    assert gitops_conditions(world) == {"Ready": ("True", "AsExpected")}
+
+
+def test_an_operator_restarted_after_every_pod_went_restores_the_checkpoint_not_an_empty_start() -> None:
+    world = running(3)
+    world.checkpoint_keys["ckpt:latest"] = "ckpt-9"  # the last periodic checkpoint
+    world.pods.clear()  # a node drain while the operator was away: every worker pod is gone
+    restarted = World(3)
+    restarted.body, restarted.custom.body = world.body, world.body
+    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
+    schedule = world.backend.schedule
+    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted.reconcile()
+    backend = restarted.backend
+    assert backend.started == [] and backend.log == ["assumed"]  # not started empty ...
+    assert len(restarted.migrator.recovered) == 1  # ... restored by the recovery's rollback to the checkpoint
+    assert restarted.pods == {"node-0", "node-1", "node-2"} and world.status["phase"] == "Running"
+    assert "Recovered" in restarted.reasons()
+
+
+def test_a_suspend_over_a_lost_state_stops_nothing_and_stalls_on_state_lost() -> None:
+    world = running(3)
+    world.keys.clear()
+    world.patch_spec(suspend=True)
+    world.run_for(30.0)
+    assert world.pods == {"node-0", "node-1", "node-2"} and world.checkpoints[-1].taken == []
+    assert world.condition("Stalled")["reason"] == "StateLost" and "SuspendBackoff" not in world.reasons()

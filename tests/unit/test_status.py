@@ -19,6 +19,7 @@ def test_running_with_every_node_ready_is_available_stable_not_degraded() -> Non
         "Available": ("True", "AllNodesReady"),
         "Progressing": ("False", "Stable"),
         "Degraded": ("False", "AsExpected"),
+        "Ready": ("True", "AsExpected"),
     }
 
 
@@ -69,7 +70,9 @@ def test_last_transition_time_changes_only_with_the_status() -> None:
     assert {c["lastTransitionTime"] for c in same} == {"T1"} and {c["observedGeneration"] for c in same} == {2}
     changed = merge_conditions(same, desired_conditions(StatusFacts(3, 3, started=True, scaling=True)), "T3", 3)
     times = {c["type"]: c["lastTransitionTime"] for c in changed}
-    assert times == {"Available": "T1", "Progressing": "T3", "Degraded": "T1"}
+    assert times == {"Available": "T1", "Progressing": "T3", "Degraded": "T1", "Ready": "T3", "Reconciling": "T3"}
+    again = merge_conditions(changed, desired_conditions(StatusFacts(3, 3, started=True, scaling=True)), "T4", 3)
+    assert {c["type"]: c["lastTransitionTime"] for c in again} == times  # the same status: the same times
 
 
 def test_worker_pod_is_owned_labelled_hardened_and_reads_redis_from_the_secret() -> None:
@@ -110,5 +113,7 @@ def test_a_condition_message_longer_than_the_crd_allows_is_cut_with_a_marker() -
     assert cut.endswith(TRUNCATED) and cut.startswith("spec.vertices[0].name: éé")
     assert len(cut.encode("utf-8")) <= CONDITION_MESSAGE_MAX_BYTES  # bytes, so characters too
     assert len(cut.encode("utf-8")) > CONDITION_MESSAGE_MAX_BYTES - 4  # cut at the limit, not far below
-    [available, _, degraded] = desired_conditions(StatusFacts(desired_nodes=1, ready_nodes=0, invalid_spec=long))
-    assert available["message"] == degraded["message"] == cut
+    [available, _, degraded, ready, stalled] = desired_conditions(
+        StatusFacts(desired_nodes=1, ready_nodes=0, invalid_spec=long)
+    )
+    assert available["message"] == degraded["message"] == ready["message"] == stalled["message"] == cut

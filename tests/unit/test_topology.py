@@ -278,3 +278,16 @@ def test_sink_delivery_is_checked() -> None:
     wrong = manifest([src("s"), {"name": "z", "sink": {"type": "null", "delivery": "exactly-once"}}], [edge("s", "z")])
     with pytest.raises(TopologyError, match="only a redis-stream sink has a delivery mode"):
         parse_manifest(wrong)
+
+
+def test_spec_suspend_is_a_boolean_off_by_default() -> None:
+    document = manifest([src("s", 1), sink("z", 1)], [edge("s", "z")])
+    assert parse_manifest(document).suspend is False
+    document["spec"]["suspend"] = True
+    assert parse_manifest(document).suspend is True
+    document["spec"]["suspend"] = None  # a merge patch's null: not suspended
+    assert parse_manifest(document).suspend is False
+    document["spec"]["suspend"] = "yes"
+    with pytest.raises(TopologyError) as info:
+        parse_manifest(document)
+    assert info.value.problems == ["spec.suspend: 'yes' is not true/false; set true to suspend, false to resume"]

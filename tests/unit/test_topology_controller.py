@@ -16,7 +16,17 @@ from elastream.core.migration import MigrationReport
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate
 from elastream.core.topology import parse_manifest
-from fakes import DictStatus, FakeBackend, FakeClock, FakeMigrator, ListEvents, ListFeed, ListRequests, SimulatedMetrics
+from fakes import (
+    DictStatus,
+    FakeBackend,
+    FakeCheckpoints,
+    FakeClock,
+    FakeMigrator,
+    ListEvents,
+    ListFeed,
+    ListRequests,
+    SimulatedMetrics,
+)
 from helpers import edge, manifest, sink, src, work
 
 
@@ -365,3 +375,50 @@ def test_background_work_is_ticked_by_the_controller() -> None:
     controller.tick()
     controller.tick()
     assert log.count("checkpoints ticked") == 2
+
+
+# ------------------------------------------------------------------------------------ suspend and resume
+
+
+def test_suspend_stops_the_periodic_work_and_the_workers_after_the_checkpoint_and_ticks_do_nothing() -> None:
+    log: list[str] = []
+    _, backend, migrator, events, *_, controller = setup(background=[Task("checkpoints", log)])
+    checkpoints = FakeCheckpoints(backend)
+    controller.checkpoints = checkpoints
+    controller.start()
+    result = controller.suspend()
+    assert (result.done, result.checkpoint_id) == (True, "ckpt-1")
+    assert backend.log == ["checkpoint ckpt-1", "workers stopped"]
+    assert log == ["checkpoints started", "checkpoints stopped"]
+    assert controller.suspend() == result and checkpoints.taken == ["ckpt-1"]  # idempotent
+    backend.dead = {"node-0": "gone"}
+    controller.tick()
+    assert migrator.recovered == [] and log[-1] == "checkpoints stopped"  # suspended: no recovery, no round
+    backend.dead = {}
+    report = controller.resume()
+    assert report is not None and report.restored_from == "ckpt-7"
+    assert set(migrator.recovered[0]) == set(backend.current_schedule().nodes)
+    assert log[-1] == "checkpoints started" and not controller.suspended
+    assert [r for r, *_ in events.events][-2:] == ["Suspended", "Resumed"]
+
+
+@pytest.mark.parametrize("failure", ["redis", "round"])
+def test_a_suspend_whose_checkpoint_fails_stops_nothing(failure: str) -> None:
+    _, backend, *_, controller = setup()
+    checkpoints = FakeCheckpoints(backend)
+    controller.checkpoints = checkpoints
+    controller.start()
+    if failure == "redis":
+
+        def take():
+            raise redis.ConnectionError("Connection refused")
+
+        checkpoints.take = take  # type: ignore[method-assign]
+    else:
+        checkpoints.failure = "checkpoint ckpt-1 timed out"
+    result = controller.suspend()
+    assert not result.done and result.reason
+    assert "workers stopped" not in backend.log and not controller.suspended
+    assert backend.running_nodes() == set(backend.current_schedule().nodes)
+    if failure == "redis":
+        assert controller.store_error  # the usual RedisUnavailable

@@ -3,8 +3,9 @@
 `CheckpointDriver.take()` runs one round of aligned barriers (the pure `CheckpointRound` decides): it claims
 the topology like a migration does (so checkpoints and migrations never overlap), tells every source to
 checkpoint, waits for every executor's ack, then makes the round the latest checkpoint in Redis and deletes
-the one before. A round that times out or loses a worker is abandoned: the executors are told to stop
-aligning, its keys go, and the previous checkpoint stays the latest. `Checkpointer` runs `take()` every
+the one before (a suspend takes one the same way, on demand, before it stops the workers). A round that
+times out or loses a worker is abandoned: the executors are told to stop aligning, its keys go, and the
+previous checkpoint stays the latest. `Checkpointer` runs `take()` every
 `spec.scaling.checkpointIntervalSeconds` on a thread of the controller process.
 """
 
@@ -54,6 +55,16 @@ class CheckpointDriver:
     def __post_init__(self) -> None:
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
         self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity)
+
+    def latest(self) -> str | None:
+        """The id of the latest completed checkpoint (None: none completed yet); raises `redis.RedisError`."""
+        latest = self.store.latest_checkpoint()
+        return str(latest["id"]) if latest else None
+
+    def discard_uncommitted(self) -> int:
+        """Drop what the exactly-once sinks staged and no checkpoint committed (a start from the sources'
+        beginning replays it: the next checkpoint must not commit it as a leftover). Returns the keys dropped."""
+        return self.store.discard_transactions()
 
     def take(self) -> CheckpointResult:
         """One checkpoint round; never raises for a failed round (the result says why)."""

@@ -7,6 +7,13 @@ stabilization measured on later ticks), and on every `tick` checks the workers (
 migration rolls the topology back to the last checkpoint), takes a pending request and refreshes the live
 rates. `close` stops what it started, in reverse order, also after a failure.
 
+`suspend` takes one last complete checkpoint (the periodic aligned-barrier round, exactly-once sinks' output
+committed with it) and only then stops the periodic work and the workers; `resume` starts them again from
+that checkpoint by the same restore that rolls a topology back when its workers died (`migrator.recover`:
+the `restart` protocol in place, every executor initialised from the checkpoint, the sources replaying
+from its positions). `start_suspended` is a suspended topology's start (a new controller, e.g. after an
+operator restart): it starts no worker, or adopts the ones still running so they can be suspended.
+
 Everything it touches is a port (`core.ports`): the backend (local processes, Kubernetes pods), the metric
 source (Spark analysis), the migrator (`control.migration`), where requests come from and where status goes
 (Redis keys in local mode, the custom resource on Kubernetes), the event sink and the clock. So the same code
@@ -20,15 +27,17 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
+from elastream.control.checkpoints import CheckpointResult
 from elastream.control.monitor import LiveRates
 from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.scaling import PrintEvents, ScalingRecord
 from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
 from elastream.core.metrics import MetricSnapshot
+from elastream.core.migration import MigrationReport
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (
@@ -55,6 +64,27 @@ log = logging.getLogger("elastream.control")
 
 #: intervals after a schedule change whose samples the analysis skips (the switch and the first catch-up)
 SETTLE_INTERVALS = 2
+
+
+class Checkpoints(Protocol):
+    """Checkpoints on demand (`control.checkpoints.CheckpointDriver`): a suspend's last one, and the id of the
+    latest completed one (what a resume restores)."""
+
+    def take(self) -> CheckpointResult: ...
+
+    def latest(self) -> str | None: ...
+
+    def discard_uncommitted(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class SuspendResult:
+    """What one attempt to suspend did: `done` (the workers are stopped) with the checkpoint the topology
+    resumes from (None: it never completed one, it resumes from the sources' beginning), or why not."""
+
+    done: bool
+    checkpoint_id: str | None = None
+    reason: str = ""
 
 
 @dataclass
@@ -87,6 +117,8 @@ class TopologyController:
     epochs: StateEpochs | None = None
     #: the epoch this topology's state must have (kept outside Redis: the resource's status); None: new
     expected_epoch: str | None = None
+    #: takes a checkpoint on demand (a suspend's last one); None: suspending keeps the latest periodic one
+    checkpoints: Checkpoints | None = None
 
     #: recovery retries back off from this many seconds, doubling, up to `recovery_backoff_cap_s`
     recovery_backoff_s: float = 2.0
@@ -109,17 +141,33 @@ class TopologyController:
         #: the epoch of the state this controller runs on, and why it is lost ("" while it is not)
         self.epoch: str | None = self.expected_epoch
         self.state_lost = ""
+        #: the workers are stopped by `suspend` (or were never started by `start_suspended`)
+        self.suspended = False
+        #: the checkpoint a suspended topology resumes from (None: from the sources' beginning)
+        self.resume_point: str | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self, schedule: Schedule | None = None) -> None:
         """Run the topology: a migration an earlier controller left past COMMIT is finished (its target
         schedule starts and is initialised from the state in Redis), one before COMMIT is aborted; then the
-        periodic work starts."""
+        periodic work starts. Adopting a running `schedule` (an operator restart) none of whose workers is
+        left restores the latest checkpoint, as a recovery would: started empty, its sources would begin
+        again and exactly-once sinks would see their events twice."""
         self._check_epoch(starting=True)
         if self.archiver is not None:
             self.archiver.start()
         target = self.migrator.interrupted_target()
+        if target is None and schedule is not None and self._every_worker_gone_since_a_checkpoint():
+            self.backend.assume(schedule)
+            report = self._restore("every worker was gone when the controller started")
+            if report is not None:
+                self.events.emit(
+                    EventReason.RECOVERED,
+                    f"every worker was gone when the controller started: rolled back to checkpoint "
+                    f"{report.restored_from}, {report.replayed} events replayed",
+                )
+            return
         self.backend.start(target or schedule or initial_schedule(self.topology))
         self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
         self._since = self.clock.now()
@@ -127,6 +175,129 @@ class TopologyController:
         for task in self.background:
             task.start()
             self._started.append(task)
+
+    # ------------------------------------------------------------------------------------ suspend and resume
+
+    def start_suspended(self, schedule: Schedule | None = None) -> bool:
+        """Take over a topology whose spec says suspended without starting a worker: the schedule it ran (or
+        will run) is assumed, its latest checkpoint is the resume point. Workers of it that still run (an
+        operator restarted in the middle of a suspend) are adopted instead, so `suspend` can checkpoint
+        and stop them: returns False then, True when it is suspended. Raises `StateLost` as `start` does."""
+        self._check_epoch(starting=True)
+        target = self.migrator.interrupted_target() or schedule or initial_schedule(self.topology)
+        if self.backend.running_nodes():
+            self.start(target)
+            return False
+        self.backend.assume(target)
+        self.resume_point = self.checkpoints.latest() if self.checkpoints is not None else None
+        self.suspended = True
+        return True
+
+    def suspend(self) -> SuspendResult:
+        """Take the last checkpoint, then stop the periodic work and every worker; the state stays in Redis.
+        Idempotent. A checkpoint that cannot be taken (a worker not answering, Redis away, a migration
+        holding the topology) stops nothing: the result says why and the caller retries. With workers
+        already dead no checkpoint can complete: the latest one is the resume point (what came after it is
+        replayed from it on resume, as a recovery would), and the rest are stopped."""
+        if self.suspended:
+            return SuspendResult(True, self.resume_point)
+        try:
+            if not self._check_epoch():
+                return SuspendResult(False, reason=self.state_lost)
+            if self.migrator.unfinished() is not None:
+                self._resume()  # a migration nobody drives: finished or rolled back before the checkpoint
+            if self.backend.failed_nodes():
+                checkpoint = self.checkpoints.latest() if self.checkpoints is not None else None
+            elif self.checkpoints is not None:
+                result = self.checkpoints.take()
+                if result.outcome != "completed":
+                    return SuspendResult(False, reason=f"the last checkpoint was not taken: {result.reason}")
+                checkpoint = result.checkpoint_id
+            else:
+                checkpoint = None
+        except redis.RedisError as exc:
+            self.note_store(f"{type(exc).__name__}: {exc}")
+            return SuspendResult(False, reason=f"Redis: {exc}")
+        except BackendError as exc:
+            return SuspendResult(False, reason=str(exc))
+        # nothing may take a checkpoint or move an executor between the last checkpoint and the stop
+        while self._started:
+            _stop_quietly(self._started.pop())
+        self.backend.stop_workers()
+        self.suspended, self.resume_point = True, checkpoint
+        self.events.emit(
+            EventReason.SUSPENDED,
+            "workers stopped, state kept; "
+            + (
+                f"resumes from checkpoint {checkpoint}"
+                if checkpoint
+                else "no checkpoint was ever completed: resumes from the sources' beginning"
+            ),
+        )
+        return SuspendResult(True, checkpoint)
+
+    def check_state(self) -> bool:
+        """Whether Redis still holds this topology's state (its epoch), for a suspended topology's passes: a
+        Redis emptied while suspended is StateLost then, not only at the resume. Redis away: nothing that
+        runs needs it now, so that is not an error here (the resume notes it)."""
+        try:
+            return self._check_epoch()
+        except redis.RedisError:
+            return True
+
+    def resume(self) -> MigrationReport | None:
+        """Start the workers of a suspended topology from its latest checkpoint, by the restore a recovery
+        uses (`migrator.recover`: every executor initialised from the checkpoint's state, sources replaying
+        from its positions, exactly-once sinks' output staged after it discarded). Without any checkpoint
+        the topology never completed one (its epoch, checked first, proves Redis still holds its state), so
+        it starts from the sources' beginning. Returns the restore's report (None without a checkpoint);
+        raises `StateLost`, `BackendError` or `redis.RedisError` (nothing changes: the caller retries)."""
+        if not self.suspended:
+            return None
+        self._check_epoch(starting=True)
+        report = self._restore("resuming after a suspend")
+        self.suspended, self.resume_point = False, None
+        self.events.emit(
+            EventReason.RESUMED,
+            f"resumed from checkpoint {report.restored_from}: {report.replayed} events replayed"
+            if report is not None
+            else "resumed from the sources' beginning (no checkpoint was ever completed)",
+        )
+        return report
+
+    def _every_worker_gone_since_a_checkpoint(self) -> bool:
+        return (
+            self.checkpoints is not None and not self.backend.running_nodes() and self.checkpoints.latest() is not None
+        )
+
+    def _restore(self, why: str) -> MigrationReport | None:
+        """Start every worker of the assumed schedule from the latest checkpoint by the recovery's restore
+        (`migrator.recover`), or from the sources' beginning when there is none; then the periodic work.
+        Workers that already run it (an earlier attempt's restore, finished by `_resume`) are left alone."""
+        report: MigrationReport | None = None
+        if self.migrator.unfinished() is not None:
+            self._resume()  # an earlier attempt's restore left (Redis went away): finished from its record
+        schedule = self.backend.current_schedule()
+        if not (set(schedule.nodes) <= self.backend.running_nodes() and not self.backend.failed_nodes()):
+            latest = self.checkpoints.latest() if self.checkpoints is not None else None
+            if latest is None:
+                if self.checkpoints is not None:
+                    # staged before and never committed: replayed from the beginning now, so the first
+                    # checkpoint must not commit it as a leftover of an abandoned round
+                    self.checkpoints.discard_uncommitted()
+                self.backend.start(schedule)
+            else:
+                report = self.migrator.recover({node: why for node in schedule.nodes})
+                if report is None or report.outcome != Outcome.SUCCEEDED:
+                    raise BackendError(
+                        f"the restore from checkpoint {latest} failed: {report.reason if report else 'no report'}"
+                    )
+        self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+        self._since = self.clock.now()
+        for task in self.background:
+            task.start()
+            self._started.append(task)
+        return report
 
     def _check_epoch(self, starting: bool = False) -> bool:
         """Whether the state store still holds this topology's state (its epoch). Starting without an expected
@@ -208,6 +379,8 @@ class TopologyController:
         return record
 
     def _tick(self) -> ScalingRecord | None:
+        if self.suspended:
+            return None  # no worker runs: nothing to recover, scale or checkpoint until `resume`
         if not self._check_epoch():
             return None  # no recovery, scaling or checkpoint may write over (or restart from) an empty store
         if self.migrator.unfinished() is not None:
@@ -552,11 +725,8 @@ def local_controller(
     events = events or PrintEvents()
     client = cluster.client
     driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)  # type: ignore[arg-type]
-    checkpointer = Checkpointer(
-        CheckpointDriver(topology, cluster, client, identity=driver.identity),
-        float(topology.scaling.checkpoint_interval_s),
-        own_thread=False,
-    )
+    checkpoints = CheckpointDriver(topology, cluster, client, identity=driver.identity)
+    checkpointer = Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)
     archiver = (
         MetricArchiver(archive_client or client, topology, archive, analyzer, every_s=archive_every_s)
         if archive
@@ -574,6 +744,7 @@ def local_controller(
         status=RedisStatus(client, topology),
         events=events,
         background=[checkpointer],
+        checkpoints=checkpoints,
         archiver=archiver,
         interval_s=cluster.interval_s,
         epochs=RedisEpoch(client, topology.redis_prefix),

@@ -4,7 +4,9 @@
 calls it on a bounded thread pool, when woken by a change of the resource or every `tick_s`): it compares
 what the resource asks for (its spec, read afresh each pass: the one place the desired state lives) with what
 runs (the backend's schedule) and acts until they agree — start or adopt the worker pods, recover dead
-workers, take due checkpoints, let the autoscaler decide, migrate to the spec's node count and degrees. A
+workers, take due checkpoints, let the autoscaler decide, migrate to the spec's node count and degrees, or,
+while `spec.suspend` is true, take a last checkpoint and stop the workers (and start them again from it when
+it is false: no scaling, autoscaling or recovery meanwhile; a changed `spec.nodes` applies on resume). A
 burst of patches settles (`settle_s`) before anything moves, so it migrates once, to the last value; a
 scaling or start that fails leaves the old schedule running and is retried with backoff while it is still
 wanted (a new value is tried at once).
@@ -76,6 +78,8 @@ PAUSE_SECONDS = Histogram(
     "sources held during a migration (PREPARE sent to sources resumed)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
 )
+#: seconds between passes of a suspended topology (nothing runs; a change of the resource wakes it at once)
+SUSPENDED_TICK_S = 30.0
 RECOVERIES = Counter("elastream_recoveries", "rollbacks after a worker died, by outcome", ["outcome"])
 
 
@@ -308,8 +312,18 @@ class ManagedTopology:
             except Exception as exc:  # Redis or the API server away: the last count stands
                 log.debug("ready nodes of %s not read: %s", self.key, exc)
         running = len(schedule.nodes) if schedule is not None else 0
+        if self.facts.suspended:  # no worker runs (the scale subresource reads 0 replicas, as when scaled to 0)
+            schedule, running, ready = None, 0, 0
         # what must be ready is what runs: a failed scaling leaves the old schedule Running, not Degraded
         self.set(ready_nodes=ready, desired_nodes=running if schedule is not None else self.facts.desired_nodes)
+        attempt = self.attempt  # failures in a row of what is retried: enough of them and the topology is Stalled
+        target = attempt.target if attempt is not None else None
+        failures = attempt.failures if attempt is not None else 0
+        self.set(
+            start_failures=failures if target in ("start", "resume") else 0,
+            suspend_failures=failures if target == "suspend" else 0,
+            scaling_failures=failures if target not in (None, "start", "resume", "suspend") else 0,
+        )
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.conditions = merge_conditions(self.conditions, desired_conditions(self.facts), now, self.generation)
         status: dict[str, Any] = {
@@ -480,7 +494,16 @@ class ManagedTopologies:
                 return delay
         controller = managed.controller
         assert controller is not None
-        self._check_redis_user(managed)
+        if wanted.suspend:
+            return self._suspend(managed, now)
+        if managed.attempt is not None and managed.attempt.target == "suspend":
+            managed.attempt = None  # the suspend is no longer asked for: nothing was stopped, nothing to retry
+        managed.set(suspending="")
+        self._check_redis_user(managed)  # before a resume too: the workers that start must find their user
+        if controller.suspended:
+            delay = self._resume(managed, now)
+            if delay is not None:
+                return delay
         self._apply_settings(managed, wanted)
         before = controller.last_recovery
         self.report_pending(managed, _look(managed.backend.pending_nodes, {}))
@@ -513,7 +536,13 @@ class ManagedTopologies:
         self.analyzer.start_warm_up(topology)
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over
-            controller.start((self.running_schedule or self._registry_schedule)(topology))
+            schedule = (self.running_schedule or self._registry_schedule)(topology)
+            if topology.suspend:
+                # no worker starts; those of an interrupted suspend are adopted, and the pass suspends them
+                if controller.start_suspended(schedule):
+                    managed.set(suspended=True, suspended_at=controller.resume_point or "")
+            else:
+                controller.start(schedule)
         except StateLost as exc:
             with contextlib.suppress(Exception):
                 controller.close(stop_workers=False)  # the workers run on, in memory, until the user decides
@@ -521,23 +550,7 @@ class ManagedTopologies:
             managed.write()
             return self.tick_s
         except (BackendError, redis.RedisError, AclRefused) as exc:
-            failures = attempt.failures + 1 if attempt is not None and attempt.target == "start" else 1
-            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
-            managed.attempt = Attempt("start", failures, now + delay, str(exc))
-            if isinstance(exc, redis.RedisError):
-                managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
-            elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
-                managed.set(not_owned=str(exc))
-            elif isinstance(exc, AclRefused):  # no worker starts without its user: the fix is the operator's
-                managed.set(redis_user_refused=str(exc))
-            else:
-                managed.set(backend_error=str(exc))
-            if isinstance(exc, NotOwned):
-                managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
-            elif isinstance(exc, AclRefused):
-                managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
-            else:
-                managed.events.emit(EventReason.START_FAILED, f"{exc}; retrying in {delay:.0f} s", warning=True)
+            delay = self._start_failed(managed, "start", exc, now)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
                 controller.close()
             managed.write()
@@ -548,6 +561,126 @@ class ManagedTopologies:
             managed.applied_parallelism = spec_parallelism(topology)
         managed.set(
             started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="", redis_user_refused=""
+        )
+        return None
+
+    def _start_failed(self, managed: ManagedTopology, target: str, exc: Exception, now: float) -> float:
+        """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
+        Returns the seconds until the next try."""
+        attempt = managed.attempt
+        failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
+        delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
+        managed.attempt = Attempt(target, failures, now + delay, str(exc))
+        if isinstance(exc, redis.RedisError):
+            managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
+        elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
+            managed.set(not_owned=str(exc))
+        elif isinstance(exc, AclRefused):  # no worker starts without its user: the fix is the operator's
+            managed.set(redis_user_refused=str(exc))
+        else:
+            managed.set(backend_error=str(exc))
+        if isinstance(exc, NotOwned):
+            managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
+        elif isinstance(exc, AclRefused):
+            managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
+        else:
+            what = "resuming" if target == "resume" else "starting"
+            managed.events.emit(EventReason.START_FAILED, f"{what}: {exc}; retrying in {delay:.0f} s", warning=True)
+        return delay
+
+    def _suspend(self, managed: ManagedTopology, now: float) -> float:
+        """`spec.suspend` is true: take the last checkpoint and stop the workers (`TopologyController.suspend`),
+        or, once done, keep the status saying Suspended. Nothing else of the pass runs: no recovery, no
+        scaling, no autoscaler (a changed spec.nodes is kept in the spec and applies on resume). A
+        checkpoint that fails stops nothing; it is retried with backoff, Reconciling (Suspending) saying
+        why, Stalled (SuspendFailed) after `STALL_AFTER_FAILURES` in a row. The pass waits for nothing else:
+        a scaling runs within a pass, so none is in flight here; one a dead controller left is finished or
+        rolled back by the suspend first."""
+        controller = managed.controller
+        assert controller is not None
+        if controller.suspended:
+            controller.check_state()
+            managed.set(
+                suspended=True,
+                suspended_at=controller.resume_point or "",
+                suspending="",
+                state_lost=controller.state_lost,
+            )
+            managed.write()
+            return SUSPENDED_TICK_S
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "suspend" and now < attempt.due:
+            managed.write()
+            return attempt.due - now
+        if not managed.facts.suspending:
+            managed.set(suspending="taking the last checkpoint before stopping the workers")
+            managed.write()
+        result = controller.suspend()
+        self._note_store(managed)
+        managed.set(state_lost=controller.state_lost)
+        if not result.done and controller.state_lost:
+            # no checkpoint can be written over a lost state, and stopping would lose what the workers hold:
+            # the workers run on, Stalled (StateLost) says what the user must decide
+            managed.set(suspending="the topology's state in Redis is lost: nothing is stopped")
+            managed.write()
+            return self.tick_s
+        if not result.done:
+            failures = attempt.failures + 1 if attempt is not None and attempt.target == "suspend" else 1
+            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
+            managed.attempt = Attempt("suspend", failures, self.clock() + delay, result.reason)
+            managed.set(suspending=f"{result.reason}; the workers run on, retrying in {delay:.0f} s")
+            managed.events.emit(
+                EventReason.SUSPEND_BACKOFF,
+                f"suspend: {result.reason}; nothing was stopped, retrying in {delay:.0f} s",
+                warning=True,
+            )
+            managed.write()
+            return delay
+        managed.attempt = None
+        managed.set(
+            suspended=True,
+            suspended_at=result.checkpoint_id or "",
+            suspending="",
+            scaling_failed="",
+            worker_lost="",
+            recovering=False,
+            pending="",
+        )
+        managed.write()
+        return SUSPENDED_TICK_S
+
+    def _resume(self, managed: ManagedTopology, now: float) -> float | None:
+        """`spec.suspend` is false again: start the workers from the suspend's checkpoint
+        (`TopologyController.resume`); None when they run, else the seconds until the next try (a failed
+        resume backs off as a failed start does; Redis away is RedisUnavailable, a lost state StateLost)."""
+        controller = managed.controller
+        assert controller is not None
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "resume" and now < attempt.due:
+            return attempt.due - now
+        # not Suspended any more: Resuming until the workers run (a failed try stays so, saying why)
+        managed.set(suspended=False, suspended_at="", resuming=True)
+        managed.write()
+        try:
+            controller.resume()
+        except StateLost as exc:
+            managed.set(state_lost=str(exc))
+            managed.write()
+            return self.tick_s
+        except (BackendError, redis.RedisError, AclRefused) as exc:
+            delay = self._start_failed(managed, "resume", exc, now)
+            managed.write()
+            return delay
+        managed.attempt = None
+        # the scaling asked while suspended (spec.nodes, degrees) is converged to at once, with no settling
+        managed.spec_changed_at = min(managed.spec_changed_at, now - self.settle_s)
+        managed.set(
+            resuming=False,
+            backend_error="",
+            redis_unavailable="",
+            state_lost="",
+            not_owned="",
+            redis_user_refused="",
         )
         return None
 
@@ -737,6 +870,7 @@ class ManagedTopologies:
             user_keeper=self.user_keeper,
         )
         migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
+        checkpoints = CheckpointDriver(topology, backend, client, identity=migrator.identity)
         controller = TopologyController(
             topology=topology,
             backend=backend,
@@ -746,13 +880,8 @@ class ManagedTopologies:
             requests=NoRequests(),
             status=managed,
             events=managed.events,
-            background=[
-                Checkpointer(
-                    CheckpointDriver(topology, backend, client, identity=migrator.identity),
-                    float(topology.scaling.checkpoint_interval_s),
-                    own_thread=False,
-                )
-            ],
+            background=[Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)],
+            checkpoints=checkpoints,
             interval_s=self.interval_s,
             on_nodes_changed=lambda nodes: self._autoscaled(managed, nodes),
             epochs=RedisEpoch(client, topology.redis_prefix),

@@ -164,7 +164,16 @@ class Backend(Protocol):
         ...
 
     def stop_workers(self) -> None:
-        """Stop every worker (the `restart` protocol, shutdown)."""
+        """Stop every worker (the `restart` protocol, shutdown, suspend)."""
+        ...
+
+    def running_nodes(self) -> set[str]:
+        """Nodes that have a live worker (a pod that runs or is being started)."""
+        ...
+
+    def assume(self, schedule: Schedule) -> None:
+        """Take `schedule` as the one the workers run without starting any (a suspended topology: its workers
+        are stopped; the restore that resumes it starts them)."""
         ...
 
 

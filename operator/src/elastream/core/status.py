@@ -1,6 +1,25 @@
 """The StreamTopology's status from what the controller knows: phase and the Available / Progressing / Degraded
 conditions, with constant reasons (kubebuilder's convention), pure so the rules are unit-tested.
 
+Beside them, the conditions GitOps tools read (kstatus, sigs.k8s.io/cli-utils, as Flux and Argo CD use it):
+
+- `Ready` (always present, normal-true): True only when running as specified (Available, not Progressing, not
+  Degraded); False otherwise, with the reason and message of what is wrong.
+- `Reconciling` (abnormal-true, present only while True): the operator is still working towards the spec
+  (starting, scaling, recovering, waiting for Redis or for pods, retrying a failed scaling). kstatus: InProgress.
+- `Stalled` (abnormal-true, present only while True): the operator cannot get on without a change by the user
+  (InvalidSpec, ObjectNotOwned, RedisUserRefused, StateLost, a scaling or start that failed
+  `STALL_AFTER_FAILURES` times in a row). kstatus: Failed.
+
+Whenever Ready is False exactly one of Reconciling and Stalled is True, and never both: kstatus (upstream)
+takes a custom resource with neither as Current, and takes whichever of the two it meets first in the list.
+The one exception is a topology suspended as its spec asks (`spec.suspend: true`, phase `Suspended`): Ready is
+False (reason Suspended: nothing runs) with neither, so kstatus reads it as Current, as it reads a Deployment
+scaled to zero or a suspended CronJob; while the suspend still waits for its last checkpoint, Reconciling
+says so (reason Suspending).
+That one of them is absent rather than False follows fluxcd/pkg's condition checks (only one of Reconciling
+and Stalled present at a time; neither True while Ready is True).
+
 A condition keeps its `lastTransitionTime` while its status stays the same, as metav1.Condition requires.
 """
 
@@ -14,6 +33,9 @@ from typing import Any
 AVAILABLE = "Available"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
 
 # reasons (CamelCase, constant: alerts and scripts match on them)
 ALL_NODES_READY = "AllNodesReady"
@@ -32,6 +54,11 @@ STATE_LOST = "StateLost"
 OBJECT_NOT_OWNED = "ObjectNotOwned"
 REDIS_USER_REFUSED = "RedisUserRefused"
 AS_EXPECTED = "AsExpected"
+START_FAILED = "StartFailed"
+SUSPENDED = "Suspended"
+SUSPENDING = "Suspending"
+RESUMING = "Resuming"
+SUSPEND_FAILED = "SuspendFailed"
 
 
 class EventReason(enum.StrEnum):
@@ -61,19 +88,26 @@ class EventReason(enum.StrEnum):
     STATE_LOST = STATE_LOST
     STATE_RESTORED = "StateRestored"
     STATE_RESET = "StateReset"
-    START_FAILED = "StartFailed"
+    START_FAILED = START_FAILED
     INVALID_SPEC = INVALID_SPEC
     OBJECT_NOT_OWNED = OBJECT_NOT_OWNED
     REDIS_USER_REFUSED = REDIS_USER_REFUSED
     SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
     AUTOSCALER_DECIDED = "AutoscalerDecided"
     AUTOSCALER_RECOMMENDS = "AutoscalerRecommends"
+    SUSPENDED = SUSPENDED
+    SUSPEND_BACKOFF = "SuspendBackoff"
+    RESUMED = "Resumed"
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
 REDIS_GRACE_S = 60.0
 
-PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed")
+#: a scaling to the same target (or the start) that failed this many times in a row is Stalled: retried on with
+#: backoff, but the user is the one who can change it (kstatus then says Failed, and Flux stops waiting)
+STALL_AFTER_FAILURES = 3
+
+PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed", "Suspended")
 
 
 @dataclass(frozen=True)
@@ -104,16 +138,32 @@ class StatusFacts:
     not_owned: str = ""
     #: Redis refuses the ACL commands that give the topology its own Redis user: what it said, and the fix
     redis_user_refused: str = ""
+    #: failures in a row of the scaling to the same target (`scaling_failed` has the last one's reason)
+    scaling_failures: int = 0
+    #: failures in a row of the start (retried with backoff; the error is in `backend_error`)
+    start_failures: int = 0
+    #: `spec.suspend` is done: the last checkpoint taken, no worker runs (`suspended_at` names the checkpoint
+    #: the topology resumes from; "" when it never completed one and resumes from the sources' beginning)
+    suspended: bool = False
+    suspended_at: str = ""
+    #: `spec.suspend` asked and not done yet: what it waits for (the last checkpoint, a failed one retried)
+    suspending: str = ""
+    #: failures in a row of the suspend's last checkpoint (the workers run on meanwhile)
+    suspend_failures: int = 0
+    #: the workers are starting again from the checkpoint of a suspend
+    resuming: bool = False
 
 
 def phase(facts: StatusFacts) -> str:
     if facts.invalid_spec:
         return "Failed"
+    if facts.suspended and stalled(facts) is None:
+        return "Suspended"
     if facts.scaling:
         return "Scaling"
     if facts.state_lost or facts.not_owned or facts.redis_user_refused:
         return "Degraded"
-    if not facts.started:
+    if not facts.started or facts.resuming:
         return "Pending"
     if (
         facts.state_lost
@@ -148,7 +198,105 @@ def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, 
 
 
 def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
-    """The three conditions (type, status, reason, message) for `facts`."""
+    """The conditions (type, status, reason, message) for `facts`: Available, Progressing, Degraded, Ready, and
+    Reconciling or Stalled when one of them is True (see the module's doc)."""
+    if facts.suspended and stalled(facts) is None:
+        return _suspended_conditions(facts)
+    available, progressing, degraded = _workload_conditions(facts)
+    return [available, progressing, degraded, *_gitops_conditions(facts, available, progressing, degraded)]
+
+
+def _suspended_conditions(facts: StatusFacts) -> list[dict[str, str]]:
+    """A topology suspended as asked: nothing runs and nothing is wrong. Ready False without Reconciling or
+    Stalled, which kstatus reads as Current (the desired state, `suspend: true`, is reached)."""
+    point = (
+        f"resumes from checkpoint {facts.suspended_at}"
+        if facts.suspended_at
+        else "no checkpoint was ever completed: resumes from the sources' beginning"
+    )
+    message = f"suspended by spec.suspend: no worker runs, the state is kept in Redis; {point}"
+    return [
+        _condition(AVAILABLE, False, SUSPENDED, message),
+        _condition(PROGRESSING, False, SUSPENDED, "suspended: nothing to do until spec.suspend is false"),
+        _condition(DEGRADED, False, SUSPENDED, message),
+        _condition(READY, False, SUSPENDED, message),
+    ]
+
+
+def stalled(facts: StatusFacts) -> tuple[str, str] | None:
+    """(reason, message) when the operator cannot get on without a change by the user, else None."""
+    if facts.invalid_spec:
+        return INVALID_SPEC, facts.invalid_spec
+    if facts.not_owned:
+        return OBJECT_NOT_OWNED, facts.not_owned
+    if facts.redis_user_refused:
+        return REDIS_USER_REFUSED, facts.redis_user_refused
+    if facts.state_lost:
+        return STATE_LOST, facts.state_lost
+    if facts.scaling_failed and not facts.scaling and facts.scaling_failures >= STALL_AFTER_FAILURES:
+        return (
+            SCALING_FAILED,
+            f"scaling failed {facts.scaling_failures} times in a row, the old schedule runs on (retried with "
+            f"backoff; change spec.nodes to try another value): {facts.scaling_failed}",
+        )
+    if facts.suspending and facts.suspend_failures >= STALL_AFTER_FAILURES:
+        return (
+            SUSPEND_FAILED,
+            f"the last checkpoint before suspending failed {facts.suspend_failures} times in a row; the workers "
+            f"run on, nothing was stopped (retried with backoff; set spec.suspend: false to give up): "
+            f"{facts.suspending}",
+        )
+    if (
+        not facts.started
+        and facts.backend_error
+        and not facts.redis_unavailable  # Redis away is waited for (Reconciling), not the user's to fix
+        and facts.start_failures >= STALL_AFTER_FAILURES
+    ):
+        return (
+            START_FAILED,
+            f"starting failed {facts.start_failures} times in a row (retried with backoff): {facts.backend_error}",
+        )
+    return None
+
+
+def _gitops_conditions(
+    facts: StatusFacts, available: Mapping[str, str], progressing: Mapping[str, str], degraded: Mapping[str, str]
+) -> list[dict[str, str]]:
+    """Ready, and Reconciling or Stalled (present only when True), from the three workload conditions."""
+    stall = stalled(facts)
+    if stall is not None:
+        reason, message = stall
+        return [_condition(READY, False, reason, message), _condition(STALLED, True, reason, message)]
+    if available["status"] == "True" and progressing["status"] == "False" and degraded["status"] == "False":
+        return [_condition(READY, True, AS_EXPECTED, f"running as specified: {available['message']}")]
+    # not ready: what is wrong (Degraded first), and what the operator is doing about it (Progressing first)
+    wrong = next(c for c in (degraded, available, progressing) if _abnormal(c))
+    doing: Mapping[str, str] = next(c for c in (progressing, degraded, available) if _abnormal(c))
+    if not facts.started and facts.start_failures and facts.backend_error and not facts.redis_unavailable:
+        doing = {
+            "reason": START_FAILED,
+            "message": f"retrying the start with backoff ({facts.start_failures} failure(s) so far): "
+            f"{facts.backend_error}",
+        }
+    elif facts.scaling_failed and not facts.scaling and doing is degraded and degraded["reason"] == SCALING_FAILED:
+        doing = {
+            "reason": SCALING_FAILED,
+            "message": f"retrying a failed scaling with backoff ({facts.scaling_failures} failure(s) so far): "
+            f"{facts.scaling_failed}",
+        }
+    return [
+        _condition(READY, False, wrong["reason"], wrong["message"]),
+        _condition(RECONCILING, True, doing["reason"], doing["message"]),
+    ]
+
+
+def _abnormal(condition: Mapping[str, str]) -> bool:
+    """Available is normal when True, Progressing and Degraded when False."""
+    return condition["status"] == ("False" if condition["type"] == AVAILABLE else "True")
+
+
+def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Available, Progressing and Degraded for `facts`."""
     if facts.invalid_spec:
         available = _condition(AVAILABLE, False, INVALID_SPEC, facts.invalid_spec)
     elif facts.started and facts.ready_nodes >= facts.desired_nodes and not facts.worker_lost:
@@ -170,6 +318,12 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         progressing = _condition(PROGRESSING, True, SCALING, "a migration is moving executors")
     elif facts.redis_unavailable:
         progressing = _condition(PROGRESSING, True, REDIS_UNAVAILABLE, f"waiting for Redis: {facts.redis_unavailable}")
+    elif facts.suspending:
+        progressing = _condition(PROGRESSING, True, SUSPENDING, f"suspending: {facts.suspending}")
+    elif facts.resuming:
+        progressing = _condition(
+            PROGRESSING, True, RESUMING, "resuming: starting the workers from the checkpoint of the suspend"
+        )
     elif facts.recovering:
         progressing = _condition(PROGRESSING, True, RECOVERING, "rolling back to the last checkpoint")
     elif not facts.started and not facts.invalid_spec:
@@ -199,7 +353,7 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         degraded = _condition(DEGRADED, True, SCALING_FAILED, facts.scaling_failed)
     else:
         degraded = _condition(DEGRADED, False, AS_EXPECTED, "running as specified")
-    return [available, progressing, degraded]
+    return available, progressing, degraded
 
 
 def merge_conditions(

@@ -234,6 +234,8 @@ class Topology:
     #: CPU cores one node may use (the worker pod's CPU limit); None means unlimited
     node_cpu: float | None = None
     spec: Mapping[str, Any] = field(default_factory=dict)
+    #: `spec.suspend`: checkpoint and stop the workers, keeping the state; false resumes from that checkpoint
+    suspend: bool = False
 
     @cached_property
     def sources(self) -> tuple[str, ...]:
@@ -517,6 +519,11 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
     streams, unresolved = _parse_streams(spec.get("streams"), entries, nameless, problems, sizes)
     scaling = _parse_scaling(spec.get("scaling"), problems)
     node_cpu = _parse_node_cpu(spec.get("resources"), problems)
+    suspend = spec.get("suspend", False)
+    if suspend is None:  # `suspend: null` (or removed by a merge patch) means not suspended
+        suspend = False
+    if not isinstance(suspend, bool):
+        problems.append(f"spec.suspend: {shown(suspend)} is not true/false; set true to suspend, false to resume")
 
     graph: nx.DiGraph = nx.DiGraph()
     for vertex_name in entries:
@@ -561,6 +568,7 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
         scaling=scaling,
         node_cpu=node_cpu,
         spec=dict(spec),
+        suspend=suspend is True,
     )
 
 

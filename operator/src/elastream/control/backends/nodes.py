@@ -104,6 +104,15 @@ class NodeBackend:
                 self.spawn(node)
         self.wait_ready(schedule.nodes)
 
+    def assume(self, schedule: Schedule) -> None:
+        """Take `schedule` as the running one with no worker started (a suspended topology, e.g. after an
+        operator restart): its version is the registry's when Redis still holds it as the running one, so
+        the restore that resumes it stages the next version of the other parity."""
+        found = self.registry.schedule()
+        if found is not None and found[1] == schedule:
+            self.version = found[0]
+        self.schedule = schedule
+
     def prepare(self, schedule: Schedule) -> None:
         self.discard_prepared()
         self.preflight()
