@@ -4,7 +4,7 @@
 --   Stalled=True (a change by the user is needed)          -> Degraded
 --   Degraded=True (workers lost, Redis away past 60 s ...)  -> Degraded
 --   Ready=True (Available, not Progressing, not Degraded)   -> Healthy
---   Ready=False, reason Suspended (spec.suspend: true)      -> Suspended (Argo CD's own health status for it)
+--   Ready=True, reason Suspended (spec.suspend: true)       -> Suspended (Argo CD's own health status for it)
 --   anything else (Reconciling=True, no status yet)         -> Progressing
 -- Lua 5.1 as Argo CD runs it (gopher-lua): no goto, no integer division, no bit operators.
 local hs = {}
@@ -62,14 +62,14 @@ if degraded ~= nil and degraded.status == "True" then
 end
 
 local ready = find(conditions, "Ready")
-if ready ~= nil and ready.status == "True" then
-  hs.status = "Healthy"
-  hs.message = said(ready, "Running as specified")
-  return hs
-end
 if ready ~= nil and ready.reason == "Suspended" then
   hs.status = "Suspended"
   hs.message = said(ready, "Suspended by spec.suspend")
+  return hs
+end
+if ready ~= nil and ready.status == "True" then
+  hs.status = "Healthy"
+  hs.message = said(ready, "Running as specified")
   return hs
 end
 

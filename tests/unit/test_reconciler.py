@@ -820,7 +820,7 @@ def test_suspend_takes_a_checkpoint_then_stops_the_workers_and_says_suspended() 
         "Available": ("False", "Suspended"),
         "Progressing": ("False", "Suspended"),
         "Degraded": ("False", "Suspended"),
-        "Ready": ("False", "Suspended"),
+        "Ready": ("True", "Suspended"),
     }  # no Reconciling, no Stalled: kstatus reads it as Current
     assert "ckpt-1" in world.condition("Ready")["message"]
     assert world.reasons().count("Suspended") == 1

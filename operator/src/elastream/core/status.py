@@ -13,10 +13,11 @@ Beside them, the conditions GitOps tools read (kstatus, sigs.k8s.io/cli-utils, a
 
 Whenever Ready is False exactly one of Reconciling and Stalled is True, and never both: kstatus (upstream)
 takes a custom resource with neither as Current, and takes whichever of the two it meets first in the list.
-The one exception is a topology suspended as its spec asks (`spec.suspend: true`, phase `Suspended`): Ready is
-False (reason Suspended: nothing runs) with neither, so kstatus reads it as Current, as it reads a Deployment
-scaled to zero or a suspended CronJob; while the suspend still waits for its last checkpoint, Reconciling
-says so (reason Suspending).
+A topology suspended as its spec asks (`spec.suspend: true`, phase `Suspended`) is Ready True with reason
+Suspended: the spec is reached, and kstatus (which reads Ready False as InProgress) reports it Current, as it
+reports a Deployment scaled to zero or a suspended CronJob; Argo CD's check reads the reason and shows its own
+Suspended health. While the suspend still waits for its last checkpoint, Reconciling says so (reason
+Suspending).
 That one of them is absent rather than False follows fluxcd/pkg's condition checks (only one of Reconciling
 and Stalled present at a time; neither True while Ready is True).
 
@@ -207,8 +208,8 @@ def desired_conditions(facts: StatusFacts) -> list[dict[str, str]]:
 
 
 def _suspended_conditions(facts: StatusFacts) -> list[dict[str, str]]:
-    """A topology suspended as asked: nothing runs and nothing is wrong. Ready False without Reconciling or
-    Stalled, which kstatus reads as Current (the desired state, `suspend: true`, is reached)."""
+    """A topology suspended as asked: nothing runs and nothing is wrong. Ready True (the desired state,
+    `suspend: true`, is reached: kstatus Current) with reason Suspended, Available False (no worker serves)."""
     point = (
         f"resumes from checkpoint {facts.suspended_at}"
         if facts.suspended_at
@@ -219,7 +220,7 @@ def _suspended_conditions(facts: StatusFacts) -> list[dict[str, str]]:
         _condition(AVAILABLE, False, SUSPENDED, message),
         _condition(PROGRESSING, False, SUSPENDED, "suspended: nothing to do until spec.suspend is false"),
         _condition(DEGRADED, False, SUSPENDED, message),
-        _condition(READY, False, SUSPENDED, message),
+        _condition(READY, True, SUSPENDED, message),
     ]
 
 
