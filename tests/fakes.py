@@ -75,8 +75,9 @@ class FakeMigrator:
     recovered: list[dict[str, str]] = field(default_factory=list)
     #: a migration nobody drives (left by Redis going away), until resumed
     left: str | None = None
-    #: recover raises this many times before it succeeds
+    #: recover raises this many times before it succeeds, with this message
     recover_failures: int = 0
+    recover_error: str = "pod t-node-1 not created: Forbidden: exceeded quota: pods"
     #: set when the topology is deleted (a migration in flight stops waiting)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -120,7 +121,7 @@ class FakeMigrator:
         self.recovered.append(failed)
         if self.recover_failures:
             self.recover_failures -= 1
-            raise BackendError("pod t-node-1 not created: Forbidden: exceeded quota: pods")
+            raise BackendError(self.recover_error)
         self.backend.dead = {}
         if self.backend.schedule is not None:  # the restore starts the workers that are not there
             self.backend.workers.update(self.backend.schedule.nodes)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from elastream.cli import main
-from elastream.core import rates, topology
+from elastream.core import rates, status, topology
 from elastream.resources import crd_text, json_schema, merge_problems, openapi_schema, schema_problems
 from tests_paths import EXAMPLES, REPO
 
@@ -285,7 +285,7 @@ def test_enums_are_the_parsers(schema: dict[str, Any]) -> None:
         "spec.scaling.migration": topology.MIGRATIONS,
         "spec.scaling.auto.policy": topology.AUTOSCALE_POLICIES,
         "spec.scaling.auto.combine": topology.AUTOSCALE_COMBINES,
-        "status.phase": ("Pending", "Running", "Scaling", "Degraded", "Failed", "Suspended"),
+        "status.phase": status.PHASES,
         "status.conditions[].status": ("True", "False", "Unknown"),
     }
 

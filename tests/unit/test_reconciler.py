@@ -110,6 +110,10 @@ class World:
         self.pods: set[str] = set()
         #: checkpoints in "Redis" (outlive an operator too)
         self.checkpoint_keys: dict[str, str] = {}
+        #: the spec the pods run (the topology's ConfigMap: outlives an operator too); None: no ConfigMap
+        self.running_doc: dict[str, Any] | None = None
+        #: images whose pods never start (their restore fails, as a pod stuck in ErrImagePull times out)
+        self.broken_images: set[str] = set()
         self.topologies = ManagedTopologies(
             redis_client=None,  # type: ignore[arg-type]
             redis_url="redis://unused",
@@ -118,6 +122,7 @@ class World:
             analyzer=Analyzer(),
             build=self.build,
             running_schedule=lambda topology: None,
+            running_spec=lambda topology, metadata: self.running_doc,
             clock=self.clock.now,
         )
 
@@ -126,7 +131,11 @@ class World:
         backend.keys = self.keys  # type: ignore[attr-defined]
         backend.workers = self.pods
         migrator = FakeMigrator(backend)
+        if topology.spec.get("image") in self.broken_images:
+            migrator.recover_failures = 1_000_000
+            migrator.recover_error = f"nodes node-0 not ready after 180 s (image {topology.spec['image']})"
         checkpoints = FakeCheckpoints(backend, self.checkpoint_keys)
+        self.running_doc = {"spec": copy.deepcopy(dict(topology.spec))}  # what the backend's ConfigMap says
         self.backends.append(backend)
         self.migrators.append(migrator)
         self.checkpoints.append(checkpoints)

@@ -193,12 +193,13 @@ class TopologyController:
         self.suspended = True
         return True
 
-    def suspend(self) -> SuspendResult:
+    def suspend(self, announce: bool = True) -> SuspendResult:
         """Take the last checkpoint, then stop the periodic work and every worker; the state stays in Redis.
         Idempotent. A checkpoint that cannot be taken (a worker not answering, Redis away, a migration
         holding the topology) stops nothing: the result says why and the caller retries. With workers
         already dead no checkpoint can complete: the latest one is the resume point (what came after it is
-        replayed from it on resume, as a recovery would), and the rest are stopped."""
+        replayed from it on resume, as a recovery would), and the rest are stopped. `announce=False`: no
+        Suspended event (an upgrade says what it does itself)."""
         if self.suspended:
             return SuspendResult(True, self.resume_point)
         try:
@@ -225,6 +226,8 @@ class TopologyController:
             _stop_quietly(self._started.pop())
         self.backend.stop_workers()
         self.suspended, self.resume_point = True, checkpoint
+        if not announce:
+            return SuspendResult(True, checkpoint)
         self.events.emit(
             EventReason.SUSPENDED,
             "workers stopped, state kept; "
@@ -254,15 +257,22 @@ class TopologyController:
         raises `StateLost`, `BackendError` or `redis.RedisError` (nothing changes: the caller retries)."""
         if not self.suspended:
             return None
-        self._check_epoch(starting=True)
-        report = self._restore("resuming after a suspend")
-        self.suspended, self.resume_point = False, None
+        report = self.restart_from_checkpoint("resuming after a suspend")
         self.events.emit(
             EventReason.RESUMED,
             f"resumed from checkpoint {report.restored_from}: {report.replayed} events replayed"
             if report is not None
             else "resumed from the sources' beginning (no checkpoint was ever completed)",
         )
+        return report
+
+    def restart_from_checkpoint(self, why: str) -> MigrationReport | None:
+        """`resume` without its event: the workers of a topology taken over stopped (`start_suspended`) start
+        from its latest checkpoint, `why` in the restore's record (an upgrade's new pods, a rollback's old
+        ones). Raises as `resume` does."""
+        self._check_epoch(starting=True)
+        report = self._restore(why)
+        self.suspended, self.resume_point = False, None
         return report
 
     def _every_worker_gone_since_a_checkpoint(self) -> bool:

@@ -33,7 +33,12 @@ from typing import Any, cast
 import redis
 from prometheus_client import Counter, Histogram
 
-from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, selector_for
+from elastream.control.backends.kubernetes import (
+    KubernetesBackend,
+    WorkerPodSettings,
+    running_spec_of,
+    selector_for,
+)
 from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
@@ -47,6 +52,7 @@ from elastream.core.status import (
     desired_conditions,
     merge_conditions,
     phase,
+    stalled,
 )
 from elastream.core.topology import (
     API_VERSION,
@@ -56,6 +62,7 @@ from elastream.core.topology import (
     parse_manifest,
     topology_prefix,
 )
+from elastream.core.upgrade import SpecChange, spec_change
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
@@ -78,6 +85,9 @@ PAUSE_SECONDS = Histogram(
     "sources held during a migration (PREPARE sent to sources resumed)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
 )
+#: `status.lastUpgrade.outcome`
+UPGRADE_SUCCEEDED = "Upgraded"
+UPGRADE_ROLLED_BACK = "RolledBack"
 #: seconds between passes of a suspended topology (nothing runs; a change of the resource wakes it at once)
 SUSPENDED_TICK_S = 30.0
 RECOVERIES = Counter("elastream_recoveries", "rollbacks after a worker died, by outcome", ["outcome"])
@@ -262,8 +272,13 @@ class ManagedTopology:
     expect_generation: int = 0
     #: the scaling or start that failed, retried with backoff while it is still wanted
     attempt: Attempt | None = None
-    #: the generation whose unappliable changes were reported (once per generation)
-    ignored_reported: int = 0
+    #: the last generation fully applied, or judged unappliable (status.observedGeneration: GitOps tools wait
+    #: for it); it lags while a scaling or an upgrade of a newer one is in flight
+    observed_generation: int = 0
+    #: the generation whose upgrade was rolled back: not tried again until the spec changes
+    rolled_back_generation: int = 0
+    #: the generation whose refused change was reported (once per generation)
+    refused_reported: int = 0
     invalid_reported: str = ""
     #: extra status fields (lastScaling, lastRecovery, autoscaler) as the controller published them
     published: dict[str, Any] = field(default_factory=dict)
@@ -325,12 +340,14 @@ class ManagedTopology:
             scaling_failures=failures if target not in (None, "start", "resume", "suspend") else 0,
         )
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.conditions = merge_conditions(self.conditions, desired_conditions(self.facts), now, self.generation)
+        self.conditions = merge_conditions(
+            self.conditions, desired_conditions(self.facts), now, self.observed_generation
+        )
         status: dict[str, Any] = {
             "phase": phase(self.facts),
             "nodes": running,
             "readyNodes": ready,
-            "observedGeneration": self.generation,
+            "observedGeneration": self.observed_generation,
             "conditions": self.conditions,
         }
         if controller is not None:
@@ -410,6 +427,8 @@ class ManagedTopologies:
     build: Callable[[ManagedTopologies, Topology, Mapping[str, Any], ManagedTopology], TopologyController] | None = None
     #: the schedule the workers of a topology run, from Redis (after an operator restart: adopted)
     running_schedule: Callable[[Topology], Schedule | None] | None = None
+    #: the spec the pods of a topology run (its ConfigMap's), None when there are none (tests replace it)
+    running_spec: Callable[[Topology, Mapping[str, Any]], Mapping[str, Any] | None] | None = None
     clock: Callable[[], float] = time.monotonic
     topologies: dict[str, ManagedTopology] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -437,6 +456,13 @@ class ManagedTopologies:
                 applied = (body.get("status") or {}).get("appliedParallelism")
                 if isinstance(applied, Mapping):
                     managed.applied_parallelism = {str(v): int(k) for v, k in applied.items()}
+                observed = (body.get("status") or {}).get("observedGeneration")
+                managed.observed_generation = observed if isinstance(observed, int) else 0
+                upgrade = (body.get("status") or {}).get("lastUpgrade")
+                if isinstance(upgrade, Mapping):  # a rolled-back generation is not tried again after a restart
+                    managed.published["lastUpgrade"] = dict(upgrade)
+                    if upgrade.get("outcome") == UPGRADE_ROLLED_BACK and isinstance(upgrade.get("generation"), int):
+                        managed.rolled_back_generation = upgrade["generation"]
                 self.topologies[key] = managed
         return managed
 
@@ -480,6 +506,7 @@ class ManagedTopologies:
             if managed.invalid_reported != message:
                 managed.invalid_reported = message
                 managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
+            managed.observed_generation = managed.generation  # judged: only a new spec moves it on
             managed.write()
             return 30.0  # nothing to do until the spec changes (which wakes the loop)
         if spec != managed.spec:
@@ -489,13 +516,17 @@ class ManagedTopologies:
         if (metadata.get("annotations") or {}).get(RESTART_FROM_SCRATCH) == "true":
             self._restart_from_scratch(managed)
         if managed.controller is None:
-            delay = self._start(managed, body, wanted, now)
+            delay = self._start(managed, body, self._running_topology(wanted, metadata), now)
             if delay is not None:
                 return delay
         controller = managed.controller
         assert controller is not None
         if wanted.suspend:
-            return self._suspend(managed, now)
+            delay = self._suspend(managed, now)
+            if managed.facts.suspended:  # suspended as asked: the rest of the spec applies on resume
+                managed.observed_generation = managed.generation
+                managed.write()
+            return delay
         if managed.attempt is not None and managed.attempt.target == "suspend":
             managed.attempt = None  # the suspend is no longer asked for: nothing was stopped, nothing to retry
         managed.set(suspending="")
@@ -504,6 +535,11 @@ class ManagedTopologies:
             delay = self._resume(managed, now)
             if delay is not None:
                 return delay
+        delay = self._apply_spec(managed, body, wanted, now)
+        if delay is not None:
+            return delay
+        controller = managed.controller
+        assert controller is not None
         self._apply_settings(managed, wanted)
         before = controller.last_recovery
         self.report_pending(managed, _look(managed.backend.pending_nodes, {}))
@@ -519,7 +555,15 @@ class ManagedTopologies:
             RECOVERIES.labels(str(recovery.get("outcome"))).inc()
         if not _look(managed.backend.failed_nodes, failed):
             managed.set(worker_lost="", recovering=False)
+        converged = False
         delay = self._converge(managed, wanted, now)
+        if managed.generation >= managed.expect_generation and not controller.state_lost:
+            converged = wanted.nodes == len(controller.backend.current_schedule().nodes) and (
+                wanted.scaling.auto.enabled or spec_parallelism(wanted) == managed.applied_parallelism
+            )
+        if converged or stalled(managed.facts) is not None:
+            # applied, or only the user can move it on: either way this generation is what the status is about
+            managed.observed_generation = managed.generation
         managed.write()
         return min(self.tick_s, delay)
 
@@ -733,24 +777,15 @@ class ManagedTopologies:
 
     def _apply_settings(self, managed: ManagedTopology, wanted: Topology) -> None:
         """What of a changed spec applies without moving executors: `scaling.auto` (the autoscaler's switch,
-        bounds and thresholds), now. Changes that cannot apply to a running topology are reported once per
-        generation."""
+        bounds and thresholds), now, and the vertices' degrees into the running model (`_converge` migrates
+        to them). The rest is `_apply_spec`'s."""
         controller = managed.controller
         assert controller is not None
         running = controller.topology
-        ignored = [
-            f"spec.{name}"
-            for name in ("slotsPerNode", "streams", "resources", "image")
-            if running.spec.get(name) != wanted.spec.get(name)
-        ]
         scaling = dataclasses.replace(running.scaling, auto=wanted.scaling.auto)
-        if scaling != wanted.scaling:
-            ignored.append("spec.scaling (other than auto)")
         same_shape = [_without_parallelism(v) for v in running.spec.get("vertices") or []] == [
             _without_parallelism(v) for v in wanted.spec.get("vertices") or []
         ]
-        if not same_shape:
-            ignored.append("spec.vertices (other than parallelism)")
         if scaling != running.scaling or (same_shape and running.vertices != wanted.vertices):
             controller.topology = dataclasses.replace(
                 running,
@@ -760,14 +795,247 @@ class ManagedTopologies:
                 else {**running.spec, "scaling": wanted.spec.get("scaling")},
                 vertices=wanted.vertices if same_shape else running.vertices,
             )
-        if ignored and managed.ignored_reported != managed.generation:
-            managed.ignored_reported = managed.generation
+
+    # ---------------------------------------------------------------------------------- stateful upgrades
+
+    def _running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> Topology:
+        """What the topology's pods run, when the operator takes a topology over: the spec its ConfigMap holds
+        (written with every start, upgrade and schedule), so a spec changed while no operator ran is applied
+        by the upgrade path rather than assumed. The wanted one when there is none (a new topology) or it
+        cannot be read or parsed (then the start says what is wrong)."""
+        read = self.running_spec or self._configmap_spec
+        try:
+            document = read(wanted, metadata)
+        except Exception as exc:  # the API server away: the start itself will wait and say so
+            log.debug("running spec of %s/%s not read: %s", wanted.namespace, wanted.name, exc)
+            return wanted
+        if document is None:
+            return wanted
+        try:
+            running = parse_manifest(
+                {**document, "metadata": {"name": wanted.name, "namespace": wanted.namespace}}, bounded=True
+            )
+        except TopologyError as exc:
+            log.warning(
+                "%s/%s: the spec its pods run does not parse (%s); taking the wanted one",
+                wanted.namespace,
+                wanted.name,
+                exc,
+            )
+            return wanted
+        return dataclasses.replace(running, suspend=wanted.suspend)
+
+    def _configmap_spec(self, wanted: Topology, metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return running_spec_of(self.core_api, wanted, {"name": metadata["name"], "uid": metadata.get("uid", "")})
+
+    def _apply_spec(
+        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, now: float
+    ) -> float | None:
+        """The changes of the spec that do not apply in place (`core.upgrade`): scaling settings rebuild the
+        operator's side of the topology (its pods run on); the rest is a stateful upgrade. A change no
+        checkpoint can carry is refused (Stalled, UpgradeRefused). Returns the seconds until the next pass
+        when this one must end here, None to go on."""
+        controller = managed.controller
+        assert controller is not None
+        change = spec_change(controller.topology, wanted)
+        managed.set(upgrade_refused="; ".join(change.refused))
+        if change.refused:
+            if managed.refused_reported != managed.generation:
+                managed.refused_reported = managed.generation
+                managed.events.emit(
+                    EventReason.UPGRADE_REFUSED,
+                    f"generation {managed.generation} not applied, the previous spec runs on: "
+                    + "; ".join(change.refused),
+                    warning=True,
+                )
+            return None
+        if not change.needs_restart:
+            managed.rolled_back_generation = 0
+            managed.set(upgrade_failed="")
+            return self._rebuild(managed, body, wanted, change, now) if change.controller else None
+        if managed.rolled_back_generation == managed.generation:
+            last = managed.published.get("lastUpgrade") or {}
+            managed.set(upgrade_failed=str(last.get("reason") or f"generation {managed.generation} was rolled back"))
+            return None
+        if controller.store_error or controller.state_lost:
+            return None  # nothing can be checkpointed: the upgrade waits (RedisUnavailable / StateLost say why)
+        settle = managed.spec_changed_at + self.settle_s - now
+        if settle > 0:
+            return settle
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "upgrade" and now < attempt.due:
+            return attempt.due - now
+        return self._upgrade(managed, body, wanted, change, now)
+
+    def _rebuild(
+        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
+    ) -> float | None:
+        """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
+        is built again with them and adopts the running pods, as after an operator restart."""
+        settle = managed.spec_changed_at + self.settle_s - now
+        if settle > 0:
+            return settle
+        old = managed.controller
+        assert old is not None
+        managed.state_epoch = old.epoch or managed.state_epoch
+        old.close(stop_workers=False)
+        managed.controller = None
+        delay = self._start(managed, body, wanted, now)
+        if delay is None:
             managed.events.emit(
-                EventReason.SPEC_CHANGE_IGNORED,
-                f"{', '.join(ignored)} changed: only spec.nodes, spec.scaling.auto and vertices' parallelism apply "
-                "to a running topology (delete and re-create the topology to apply the rest)",
+                EventReason.UPGRADED,
+                f"generation {managed.generation}: {', '.join(change.controller)} applied; the pods run on",
+            )
+        return delay
+
+    def _upgrade(
+        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
+    ) -> float | None:
+        """A stateful upgrade: a checkpoint of the running workers (`TopologyController.suspend`), the old pods
+        stopped, a controller of the wanted spec whose pods start from that checkpoint (the recovery's restore:
+        kept vertices' key groups carry their state, exactly-once sinks' output staged after it discarded).
+        A checkpoint that fails stops nothing and is retried with backoff. New pods that do not start within
+        the worker start timeout are stopped and the previous spec's pods start again from the same checkpoint
+        (`_roll_back`). Returns None when the pass may go on with the new controller."""
+        old = managed.controller
+        assert old is not None
+        generation = managed.generation
+        started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if not managed.facts.upgrading:
+            managed.events.emit(
+                EventReason.UPGRADE_STARTED,
+                f"generation {generation}: {change.describe()}: a checkpoint, then the old pods stop and new ones "
+                "start from it",
+            )
+        managed.set(upgrading=f"generation {generation}: taking a checkpoint of the running workers")
+        managed.write()
+        result = old.suspend(announce=False)
+        self._note_store(managed)
+        if not result.done:
+            attempt = managed.attempt
+            failures = attempt.failures + 1 if attempt is not None and attempt.target == "upgrade" else 1
+            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
+            managed.attempt = Attempt("upgrade", failures, self.clock() + delay, result.reason)
+            managed.set(
+                upgrading=f"generation {generation}: {result.reason}; the old pods run on, retrying in {delay:.0f} s"
+            )
+            managed.events.emit(
+                EventReason.UPGRADE_BACKOFF,
+                f"generation {generation}: {result.reason}; nothing was stopped, retrying in {delay:.0f} s",
                 warning=True,
             )
+            managed.write()
+            return delay
+        managed.attempt = None
+        checkpoint = result.checkpoint_id
+        managed.state_epoch = old.epoch or managed.state_epoch
+        with contextlib.suppress(Exception):
+            old.close(stop_workers=False)  # its workers are stopped: only the metric archive's last pass is left
+        for vertex in change.removed:
+            managed.events.emit(
+                EventReason.STATE_DROPPED,
+                f"vertex {vertex} is not in generation {generation}: its state in checkpoint {checkpoint} is dropped",
+                warning=True,
+            )
+        managed.set(
+            upgrading=f"generation {generation}: starting the new pods from checkpoint {checkpoint or '(none)'}"
+        )
+        managed.write()
+        try:
+            controller, report = self._restart_as(managed, body, wanted, f"upgrading to generation {generation}")
+        except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
+            return self._roll_back(managed, body, old.topology, change, str(exc), checkpoint, started_at)
+        managed.controller = controller
+        managed.applied_parallelism = spec_parallelism(wanted)
+        replayed = report.replayed if report is not None else 0
+        managed.set(upgrading="", upgrade_failed="", started=True, backend_error="", scaling_failed="")
+        managed.published["lastUpgrade"] = {
+            "generation": generation,
+            "outcome": UPGRADE_SUCCEEDED,
+            "changes": change.describe(),
+            "checkpoint": checkpoint or "",
+            "replayed": replayed,
+            "startedAt": started_at,
+            "finishedAt": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        managed.events.emit(
+            EventReason.UPGRADED,
+            f"generation {generation} runs: started from checkpoint {checkpoint or '(none: the sources beginning)'}, "
+            f"{replayed} events replayed",
+        )
+        managed.write()
+        return None
+
+    def _restart_as(
+        self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, why: str
+    ) -> tuple[TopologyController, Any]:
+        """A controller of `topology` whose pods start from the latest checkpoint (none runs now). On failure its
+        pods are stopped and the error raised."""
+        build = self.build or ManagedTopologies._build
+        controller = build(self, topology, body["metadata"], managed)
+        self.analyzer.start_warm_up(topology)
+        try:
+            controller.start_suspended(None)
+            report = controller.restart_from_checkpoint(why)
+        except Exception:
+            with contextlib.suppress(Exception):
+                controller.close()
+            raise
+        return controller, report
+
+    def _roll_back(
+        self,
+        managed: ManagedTopology,
+        body: Mapping[str, Any],
+        previous: Topology,
+        change: SpecChange,
+        reason: str,
+        checkpoint: str | None,
+        started_at: str,
+    ) -> float:
+        """The upgrade's new pods did not start: the previous spec's pods start again from the upgrade's
+        checkpoint (nothing ran after it). The generation is Stalled (UpgradeFailed) and not tried again until
+        the spec changes. When even that restore fails, a suspended controller of the previous spec is kept:
+        the resume path retries it with backoff."""
+        generation = managed.generation
+        managed.events.emit(
+            EventReason.UPGRADE_FAILED,
+            f"generation {generation}'s pods did not start: {reason}; rolling back to the previous spec",
+            warning=True,
+        )
+        message = (
+            f"the upgrade to generation {generation} ({change.describe()}) was rolled back: its pods did not "
+            f"start ({reason}); the previous spec runs from checkpoint {checkpoint or '(none)'}. Fix the spec: a "
+            "new generation is applied at once"
+        )
+        managed.rolled_back_generation = generation
+        managed.published["lastUpgrade"] = {
+            "generation": generation,
+            "outcome": UPGRADE_ROLLED_BACK,
+            "changes": change.describe(),
+            "checkpoint": checkpoint or "",
+            "reason": message,
+            "startedAt": started_at,
+            "finishedAt": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        try:
+            controller, _ = self._restart_as(managed, body, previous, "rolling back a failed upgrade")
+        except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
+            build = self.build or ManagedTopologies._build
+            controller = build(self, previous, body["metadata"], managed)
+            with contextlib.suppress(Exception):
+                controller.start_suspended(None)
+            controller.suspended = True  # the next pass's resume starts it, with backoff
+            managed.controller = controller
+            delay = self._start_failed(managed, "resume", exc, self.clock())
+            managed.set(upgrading="", upgrade_failed=message, resuming=True)
+            managed.write()
+            return delay
+        managed.controller = controller
+        managed.set(upgrading="", upgrade_failed=message, backend_error="", started=True)
+        managed.events.emit(EventReason.UPGRADE_ROLLED_BACK, message, warning=True)
+        managed.write()
+        return self.tick_s
 
     def _converge(self, managed: ManagedTopology, wanted: Topology, now: float) -> float:
         """Move what runs towards the spec: its node count, and its vertices' degrees when the spec's changed.

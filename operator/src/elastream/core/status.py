@@ -6,10 +6,11 @@ Beside them, the conditions GitOps tools read (kstatus, sigs.k8s.io/cli-utils, a
 - `Ready` (always present, normal-true): True only when running as specified (Available, not Progressing, not
   Degraded); False otherwise, with the reason and message of what is wrong.
 - `Reconciling` (abnormal-true, present only while True): the operator is still working towards the spec
-  (starting, scaling, recovering, waiting for Redis or for pods, retrying a failed scaling). kstatus: InProgress.
+  (starting, scaling, upgrading, recovering, waiting for Redis or for pods, retrying a failed scaling). kstatus:
+  InProgress.
 - `Stalled` (abnormal-true, present only while True): the operator cannot get on without a change by the user
-  (InvalidSpec, ObjectNotOwned, RedisUserRefused, StateLost, a scaling or start that failed
-  `STALL_AFTER_FAILURES` times in a row). kstatus: Failed.
+  (InvalidSpec, ObjectNotOwned, RedisUserRefused, StateLost, UpgradeFailed (rolled back), UpgradeRefused, a
+  scaling or start that failed `STALL_AFTER_FAILURES` times in a row). kstatus: Failed.
 
 Whenever Ready is False exactly one of Reconciling and Stalled is True, and never both: kstatus (upstream)
 takes a custom resource with neither as Current, and takes whichever of the two it meets first in the list.
@@ -60,6 +61,9 @@ SUSPENDED = "Suspended"
 SUSPENDING = "Suspending"
 RESUMING = "Resuming"
 SUSPEND_FAILED = "SuspendFailed"
+UPGRADING = "Upgrading"
+UPGRADE_FAILED = "UpgradeFailed"
+UPGRADE_REFUSED = "UpgradeRefused"
 
 
 class EventReason(enum.StrEnum):
@@ -99,6 +103,13 @@ class EventReason(enum.StrEnum):
     SUSPENDED = SUSPENDED
     SUSPEND_BACKOFF = "SuspendBackoff"
     RESUMED = "Resumed"
+    UPGRADE_STARTED = "UpgradeStarted"
+    UPGRADED = "Upgraded"
+    UPGRADE_BACKOFF = "UpgradeBackoff"
+    UPGRADE_FAILED = UPGRADE_FAILED
+    UPGRADE_REFUSED = UPGRADE_REFUSED
+    UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
+    STATE_DROPPED = "StateDropped"
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
@@ -108,7 +119,7 @@ REDIS_GRACE_S = 60.0
 #: backoff, but the user is the one who can change it (kstatus then says Failed, and Flux stops waiting)
 STALL_AFTER_FAILURES = 3
 
-PHASES = ("Pending", "Running", "Scaling", "Degraded", "Failed", "Suspended")
+PHASES = ("Pending", "Running", "Scaling", "Upgrading", "Degraded", "Failed", "Suspended")
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,13 @@ class StatusFacts:
     suspend_failures: int = 0
     #: the workers are starting again from the checkpoint of a suspend
     resuming: bool = False
+    #: a stateful upgrade is in flight (checkpoint, old pods stopped, new ones starting from it): what it does
+    upgrading: str = ""
+    #: the last upgrade's new pods did not become ready: it was rolled back to the previous spec (why); the
+    #: generation is not tried again until the spec changes
+    upgrade_failed: str = ""
+    #: the spec asks for a change no checkpoint can carry (a kept stateful vertex's key groups): the field, the fix
+    upgrade_refused: str = ""
 
 
 def phase(facts: StatusFacts) -> str:
@@ -162,7 +180,9 @@ def phase(facts: StatusFacts) -> str:
         return "Suspended"
     if facts.scaling:
         return "Scaling"
-    if facts.state_lost or facts.not_owned or facts.redis_user_refused:
+    if facts.upgrading:
+        return "Upgrading"
+    if facts.state_lost or facts.not_owned or facts.redis_user_refused or facts.upgrade_failed or facts.upgrade_refused:
         return "Degraded"
     if not facts.started or facts.resuming:
         return "Pending"
@@ -234,6 +254,10 @@ def stalled(facts: StatusFacts) -> tuple[str, str] | None:
         return REDIS_USER_REFUSED, facts.redis_user_refused
     if facts.state_lost:
         return STATE_LOST, facts.state_lost
+    if facts.upgrade_refused and not facts.upgrading:
+        return UPGRADE_REFUSED, facts.upgrade_refused
+    if facts.upgrade_failed and not facts.upgrading:
+        return UPGRADE_FAILED, facts.upgrade_failed
     if facts.scaling_failed and not facts.scaling and facts.scaling_failures >= STALL_AFTER_FAILURES:
         return (
             SCALING_FAILED,
@@ -317,6 +341,8 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
         )
     if facts.scaling:
         progressing = _condition(PROGRESSING, True, SCALING, "a migration is moving executors")
+    elif facts.upgrading:
+        progressing = _condition(PROGRESSING, True, UPGRADING, f"upgrading: {facts.upgrading}")
     elif facts.redis_unavailable:
         progressing = _condition(PROGRESSING, True, REDIS_UNAVAILABLE, f"waiting for Redis: {facts.redis_unavailable}")
     elif facts.suspending:
@@ -339,6 +365,10 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
         degraded = _condition(DEGRADED, True, OBJECT_NOT_OWNED, facts.not_owned)
     elif facts.redis_user_refused:
         degraded = _condition(DEGRADED, True, REDIS_USER_REFUSED, facts.redis_user_refused)
+    elif facts.upgrade_refused and not facts.upgrading:
+        degraded = _condition(DEGRADED, True, UPGRADE_REFUSED, facts.upgrade_refused)
+    elif facts.upgrade_failed and not facts.upgrading:
+        degraded = _condition(DEGRADED, True, UPGRADE_FAILED, facts.upgrade_failed)
     elif facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S:
         degraded = _condition(
             DEGRADED,

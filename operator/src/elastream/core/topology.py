@@ -365,19 +365,29 @@ def read_manifest_document(path: str) -> Mapping[str, Any]:
         )
     try:
         text = data.decode("utf-8")
-        documents = [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
     except UnicodeDecodeError as exc:
         raise TopologyError(
             [f"{path}: byte {exc.start} is not UTF-8 ({exc.reason}); save the manifest as UTF-8"]
         ) from None
+    return manifest_document_from_text(text, path)
+
+
+def manifest_document_from_text(text: str, where: str) -> Mapping[str, Any]:
+    """The one StreamTopology document of YAML `text` (from `where`, named in the errors), within the same
+    bounds as `read_manifest_document`."""
+    path = where
+    if len(text.encode("utf-8")) > MAX_MANIFEST_BYTES:
+        raise TopologyError([f"{path}: is larger than {MAX_MANIFEST_BYTES // 1024} KiB; a manifest must be smaller"])
+    try:
+        documents = [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
     except _TooDeep as exc:
         raise TopologyError(
             [f"{path}: line {exc.line} is nested deeper than {MAX_DEPTH} levels; a manifest is never that deep"]
         ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise TopologyError([f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+        line_at = f" line {mark.line + 1}" if mark is not None else ""
+        raise TopologyError([f"{path}:{line_at} is not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
     except (ValueError, OverflowError) as exc:  # a value YAML cannot construct (a 5000-digit integer, 2024-13-01)
         reason = str(exc).split(";")[0].split(":")[0]
         raise TopologyError([f"{path}: holds a value YAML cannot construct ({reason}); fix or quote it"]) from None

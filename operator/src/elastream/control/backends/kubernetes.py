@@ -47,7 +47,7 @@ from elastream.control.backends.nodes import NodeBackend
 from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import Schedule
-from elastream.core.topology import API_VERSION, KIND, Topology
+from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
 from elastream.runtime.security import (
     AUTH_ENV,
     CLIENT_KEY_ENV,
@@ -369,6 +369,31 @@ def data_plane_env(topology: Topology, settings: WorkerPodSettings) -> list[dict
             for env, key in ((SERVER_KEY_ENV, SECRET_SERVER_KEY), (CLIENT_KEY_ENV, SECRET_CLIENT_KEY))
         ),
     ]
+
+
+def running_spec_of(core: Any, topology: Topology, owner: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The spec the topology's pods run: the `topology.yaml` of its ConfigMap (written by every start, upgrade
+    and migration), None when there is no ConfigMap of the topology's (a new topology) or it holds no
+    readable document. Read within the manifest bounds: the ConfigMap lives in the tenant's namespace."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        found = core.read_namespaced_config_map(config_map_name(topology), topology.namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if not is_owned_by(found, owner):
+        return None  # not this topology's (ObjectNotOwned is the start's to say)
+    text = (_field(found, "data", "data") or {}).get("topology.yaml")
+    if not isinstance(text, str):
+        return None
+    try:
+        document = manifest_document_from_text(text, f"ConfigMap {config_map_name(topology)}")
+    except TopologyError as exc:
+        log.warning("%s", exc)
+        return None
+    return document
 
 
 def manifest_document(topology: Topology) -> dict[str, Any]:
