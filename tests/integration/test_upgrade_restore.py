@@ -21,7 +21,7 @@ from elastream.control.controller import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
 from elastream.core.upgrade import spec_change
-from harness import write_manifest, with_audit
+from harness import with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
