@@ -112,6 +112,29 @@ CASES: dict[str, Case] = {
     "suspended-state-lost": Case(
         StatusFacts(0, 0, started=True, suspended=True, state_lost="epoch e-1 missing"), "Failed", "Degraded"
     ),
+    # a stateful upgrade in flight: generation 2 is not applied yet (observedGeneration lags)
+    "upgrading": Case(
+        StatusFacts(3, 0, started=True, upgrading="generation 2: starting the new pods from checkpoint ckpt-3"),
+        "InProgress",
+        "Progressing",
+        2,
+        1,
+    ),
+    # its new pods did not start: rolled back, generation 2 judged (observed) and Stalled
+    "upgrade-rolled-back": Case(
+        StatusFacts(3, 3, started=True, upgrade_failed="the upgrade to generation 2 was rolled back"),
+        "Failed",
+        "Degraded",
+        2,
+        2,
+    ),
+    "upgrade-refused": Case(
+        StatusFacts(3, 3, started=True, upgrade_refused="spec.vertices[1].maxParallelism: 128 → 64"),
+        "Failed",
+        "Degraded",
+        2,
+        2,
+    ),
     # the spec changed (generation 2) and the operator has not reported on it yet: whatever the conditions say
     "generation-not-observed": Case(StatusFacts(3, 3, started=True), "InProgress", "Progressing", 2, 1),
     "stalled-generation-not-observed": Case(

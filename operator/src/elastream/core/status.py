@@ -97,7 +97,6 @@ class EventReason(enum.StrEnum):
     INVALID_SPEC = INVALID_SPEC
     OBJECT_NOT_OWNED = OBJECT_NOT_OWNED
     REDIS_USER_REFUSED = REDIS_USER_REFUSED
-    SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
     AUTOSCALER_DECIDED = "AutoscalerDecided"
     AUTOSCALER_RECOMMENDS = "AutoscalerRecommends"
     SUSPENDED = SUSPENDED
