@@ -13,6 +13,7 @@ loudly when it cannot work). Nothing here skips: a missing piece fails the tests
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import secrets
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from .controlplane import ControlPlane, ControlPlaneError
 from .kubelet import DEFAULT_NODES, KubeletStandIn, describe_nodes
@@ -452,3 +454,53 @@ def sleeper(name: str, labels: dict[str, str] | None = None, cpu: str | None = N
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {"terminationGracePeriodSeconds": 1, "containers": [container], **spec},
     }
+
+
+# ---- the chart, installed once for the test_operator* modules ---------------------------------------------------
+RELEASE = "elastream"
+SYSTEM = "elastream-system"
+
+
+@pytest.fixture(scope="session")
+def installed(helm, kubectl, kubelet) -> dict[str, Any]:
+    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) with its defaults and wait for it, once for
+    the modules whose names start with test_operator (they run after test_leader.py, which installs and removes
+    a release of its own: two operators must never serve the same topologies). Two
+    values differ, both for what this tier is, not for elastream: pods share the host's network (one port
+    space: everything listens on its pod IP) and no registry can be reached (the bundled Redis comes from the
+    local base image)."""
+    helm(
+        "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
+        "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
+        "--set", "redis.image=elastream-redis:dev",
+        # a worker pod that cannot be placed fails its scaling after a minute here, not the default three
+        "--set", "operator.workerStartTimeoutSeconds=60",
+        "--wait", "--timeout", "6m",
+    )  # fmt: skip
+    kubectl("get", "pods,svc", "-n", SYSTEM, "-o", "wide")
+    kubectl("wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/component=operator",
+            "-n", SYSTEM, "--timeout=240s")  # fmt: skip
+    secret = kubectl("get", "secret", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.data.password}", quiet=True)
+
+    password = base64.b64decode(secret.stdout).decode()
+    ip = kubectl("get", "svc", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.spec.clusterIP}", quiet=True)
+    # the chart's default: Redis speaks TLS only, with a certificate of the chart's CA for its Service's names; the
+    # test reaches it by ClusterIP, so it checks the chain but not the host name (the operator and workers do both)
+    ca = kubectl(
+        "get", "secret", f"{RELEASE}-redis-tls", "-n", SYSTEM, "-o", "jsonpath={.data.ca\\.crt}", quiet=True
+    )  # fmt: skip
+    ca_pem = base64.b64decode(ca.stdout).decode()
+    client = redis.Redis(
+        host=ip.stdout.strip(), port=6379, password=password, socket_timeout=10,
+        ssl=True, ssl_ca_data=ca_pem, ssl_check_hostname=False,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    return {"redis": client, "host": ip.stdout.strip(), "password": password, "ca": ca_pem}

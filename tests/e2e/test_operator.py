@@ -21,14 +21,12 @@ import pytest
 import redis
 import yaml
 
-from .conftest import sleeper
+from .conftest import RELEASE, SYSTEM, sleeper
 
 pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(REPO, "examples", "demo.yaml")
-RELEASE = "elastream"
-SYSTEM = "elastream-system"
 EVENTS = 9000  # 300 events/s: half a minute of input, long enough to scale twice mid-stream
 
 
@@ -101,49 +99,6 @@ def pods_of(kubectl, namespace: str, name: str, terminating: bool = False) -> li
 def worker_pods(kubectl, namespace: str, name: str) -> list[str]:
     """The names of the topology's worker pods, those being deleted included."""
     return sorted(p["metadata"]["name"] for p in pods_of(kubectl, namespace, name, terminating=True))
-
-
-@pytest.fixture(scope="module")
-def installed(helm, kubectl, kubelet) -> dict[str, Any]:
-    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) with its defaults and wait for it. Two
-    values differ, both for what this tier is, not for elastream: pods share the host's network (one port
-    space: everything listens on its pod IP) and no registry can be reached (the bundled Redis comes from the
-    local base image)."""
-    helm(
-        "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
-        "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
-        "--set", "redis.image=elastream-redis:dev",
-        # a worker pod that cannot be placed fails its scaling after a minute here, not the default three
-        "--set", "operator.workerStartTimeoutSeconds=60",
-        "--wait", "--timeout", "6m",
-    )  # fmt: skip
-    kubectl("get", "pods,svc", "-n", SYSTEM, "-o", "wide")
-    kubectl("wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/component=operator",
-            "-n", SYSTEM, "--timeout=240s")  # fmt: skip
-    secret = kubectl("get", "secret", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.data.password}", quiet=True)
-
-    password = base64.b64decode(secret.stdout).decode()
-    ip = kubectl("get", "svc", f"{RELEASE}-redis", "-n", SYSTEM, "-o", "jsonpath={.spec.clusterIP}", quiet=True)
-    # the chart's default: Redis speaks TLS only, with a certificate of the chart's CA for its Service's names; the
-    # test reaches it by ClusterIP, so it checks the chain but not the host name (the operator and workers do both)
-    ca = kubectl(
-        "get", "secret", f"{RELEASE}-redis-tls", "-n", SYSTEM, "-o", "jsonpath={.data.ca\\.crt}", quiet=True
-    )  # fmt: skip
-    ca_pem = base64.b64decode(ca.stdout).decode()
-    client = redis.Redis(
-        host=ip.stdout.strip(), port=6379, password=password, socket_timeout=10,
-        ssl=True, ssl_ca_data=ca_pem, ssl_check_hostname=False,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.RedisError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-    return {"redis": client, "host": ip.stdout.strip(), "password": password, "ca": ca_pem}
 
 
 def sink_ids(client: redis.Redis, namespace: str, name: str, sink: str) -> Counter[int]:

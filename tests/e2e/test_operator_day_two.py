@@ -1,0 +1,189 @@
+"""Day two on the real API server, with the real kube-scheduler and the chart as installed: an image change
+applied by a stateful upgrade (a checkpoint, the old pods stopped, new ones started from it) with every event
+exactly once; an upgrade whose pods cannot start rolled back, the topology running on exactly once; suspend and
+resume with exactly once and exact keyed counts. kstatus (sigs.k8s.io/cli-utils, what Flux runs; built by
+scripts/kstatus-tool.sh) reads the live resource in each phase: Current when running as specified or
+suspended, InProgress while observedGeneration lags an upgrade, Failed once an upgrade is rolled back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+from .conftest import REPO
+from .test_operator import EVENTS, pods_of, sink_ids, sink_ids_when_complete, topology_manifest, worker_pods
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def kstatus_bin() -> str:
+    done = subprocess.run(
+        ["bash", os.path.join(REPO, "scripts", "kstatus-tool.sh")], capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, f"the kstatus checker did not build:\n{done.stderr[-3000:]}"
+    return os.path.join(done.stdout.strip().splitlines()[-1], "kstatus")
+
+
+def resource(kubectl, namespace: str, name: str) -> dict[str, Any]:
+    return json.loads(kubectl("get", "topo", name, "-n", namespace, "-o", "json", quiet=True).stdout)
+
+
+def kstatus(binary: str, document: dict[str, Any]) -> tuple[str, str]:
+    """(status, message) kstatus computes for the resource as `kubectl get -o json` gave it."""
+    done = subprocess.run([binary], input=json.dumps(document), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    _, computed, message = done.stdout.rstrip("\n").split("\t", 2)
+    return computed, message
+
+
+def watch(kubectl, binary: str, namespace: str, name: str, until, timeout_s: float, what: str) -> dict[str, Any]:
+    """Poll the resource until `until(document)`, recording what kstatus said on the way (in `seen`) and whether
+    observedGeneration lagged the generation at any point."""
+    deadline = time.monotonic() + timeout_s
+    seen: Counter[str] = Counter()
+    lagged = False
+    document: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        document = resource(kubectl, namespace, name)
+        state = document.get("status") or {}
+        lagged |= int(state.get("observedGeneration") or 0) < int(document["metadata"]["generation"])
+        seen[kstatus(binary, document)[0]] += 1
+        if until(document):
+            return {"document": document, "seen": seen, "lagged": lagged}
+        time.sleep(0.3)
+    pytest.fail(f"{what} not reached in {timeout_s:.0f} s; status: {json.dumps(document.get('status'))[:3000]}")
+
+
+def apply_and_wait(kubectl, namespace: str, name: str, tmp_path) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(topology_manifest(name)))
+    kubectl("apply", "-n", namespace, "-f", str(path))
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", namespace, "--timeout=240s")
+
+
+def check_exactly_once_and_counts(client: redis.Redis, namespace: str, name: str) -> None:
+    out_ids = sink_ids_when_complete(client, namespace, name, "out", EVENTS, 300, 5)
+    assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
+        f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
+    )
+    audit = client.xrange(f"elastream:{{{namespace}/{name}}}:sink:audit", "-", "+")
+    counts: dict[str, list[int]] = {}
+    for _, fields in audit:
+        counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
+    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
+    assert sum(len(v) for v in counts.values()) == EVENTS
+
+
+def images_of(kubectl, namespace: str, name: str) -> set[str]:
+    return {p["spec"]["containers"][0]["image"] for p in pods_of(kubectl, namespace, name)}
+
+
+def events_of(kubectl, namespace: str, name: str) -> list[str]:
+    out = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json", quiet=True
+    )  # fmt: skip
+    return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+
+def test_an_image_change_is_applied_through_a_checkpoint_with_every_event_exactly_once(
+    installed, kubectl, e2e_namespace, tmp_path, runtime_mode, kstatus_bin
+):
+    client: redis.Redis = installed["redis"]
+    name = "upgraded"
+    apply_and_wait(kubectl, e2e_namespace, name, tmp_path)
+    assert kstatus(kstatus_bin, resource(kubectl, e2e_namespace, name))[0] == "Current"
+    (image,) = images_of(kubectl, e2e_namespace, name)
+    new_image = image.rsplit(":", 1)[0] + ":e2e-v2"
+    if runtime_mode == "docker":  # a second tag of the worker image: new user code, as far as Kubernetes knows
+        subprocess.run(["docker", "tag", image, new_image], check=True, timeout=60)
+    time.sleep(5)  # a checkpoint or two commit some output first
+
+    patch = json.dumps({"spec": {"image": new_image}})
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", patch)
+    generation = int(resource(kubectl, e2e_namespace, name)["metadata"]["generation"])
+    done = watch(
+        kubectl, kstatus_bin, e2e_namespace, name,
+        lambda d: (d.get("status") or {}).get("lastUpgrade", {}).get("generation") == generation
+        and d["status"].get("observedGeneration") == generation,
+        300, "the upgrade to the new image",
+    )  # fmt: skip
+    state = done["document"]["status"]
+    assert state["lastUpgrade"]["outcome"] == "Upgraded", state["lastUpgrade"]
+    assert state["lastUpgrade"]["checkpoint"].startswith("ckpt-")
+    assert done["lagged"] and done["seen"]["InProgress"] > 0, done["seen"]  # GitOps tools waited for it
+    kubectl("wait", "--for=condition=Ready", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
+    assert kstatus(kstatus_bin, resource(kubectl, e2e_namespace, name))[0] == "Current"
+    assert images_of(kubectl, e2e_namespace, name) == {new_image}
+    reasons = events_of(kubectl, e2e_namespace, name)
+    assert "UpgradeStarted" in reasons and "Upgraded" in reasons and "WorkerLost" not in reasons
+    check_exactly_once_and_counts(client, e2e_namespace, name)
+
+
+def test_an_upgrade_whose_pods_cannot_start_is_rolled_back_and_runs_on_exactly_once(
+    installed, kubectl, e2e_namespace, tmp_path, runtime_mode, kstatus_bin
+):
+    client: redis.Redis = installed["redis"]
+    name = "rollback"
+    apply_and_wait(kubectl, e2e_namespace, name, tmp_path)
+    (image,) = images_of(kubectl, e2e_namespace, name)
+    time.sleep(5)
+    if runtime_mode == "docker":  # no such image here, and nothing is pulled: ErrImageNeverPull
+        broken: dict[str, Any] = {"image": image.rsplit(":", 1)[0] + ":does-not-exist"}
+    else:  # local processes need no image: a pod no node can take never starts either
+        broken = {"resources": {"requests": {"cpu": "64"}, "limits": {"cpu": "64"}}}
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", json.dumps({"spec": broken}))
+    generation = int(resource(kubectl, e2e_namespace, name)["metadata"]["generation"])
+    done = watch(
+        kubectl, kstatus_bin, e2e_namespace, name,
+        lambda d: (d.get("status") or {}).get("lastUpgrade", {}).get("outcome") == "RolledBack",
+        420, "the rollback of the upgrade",
+    )  # fmt: skip
+    assert done["lagged"] and done["seen"]["InProgress"] > 0, done["seen"]
+    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
+    document = resource(kubectl, e2e_namespace, name)
+    state = document["status"]
+    stalled = {c["type"]: c for c in state["conditions"]}["Stalled"]
+    assert stalled["status"] == "True" and stalled["reason"] == "UpgradeFailed", stalled
+    assert state["observedGeneration"] == generation  # judged, so kstatus does not wait forever
+    assert kstatus(kstatus_bin, document)[0] == "Failed"
+    assert images_of(kubectl, e2e_namespace, name) == {image}  # the previous spec's pods
+    assert "UpgradeRolledBack" in events_of(kubectl, e2e_namespace, name)
+    check_exactly_once_and_counts(client, e2e_namespace, name)
+
+
+def test_suspend_then_resume_keeps_every_event_exactly_once_and_keyed_counts_exact(
+    installed, kubectl, e2e_namespace, tmp_path, kstatus_bin
+):
+    client: redis.Redis = installed["redis"]
+    name = "suspended"
+    apply_and_wait(kubectl, e2e_namespace, name, tmp_path)
+    time.sleep(5)
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
+    watch(kubectl, kstatus_bin, e2e_namespace, name,
+          lambda d: (d.get("status") or {}).get("phase") == "Suspended", 180, "Suspended")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while worker_pods(kubectl, e2e_namespace, name) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert worker_pods(kubectl, e2e_namespace, name) == []
+    assert kstatus(kstatus_bin, resource(kubectl, e2e_namespace, name))[0] == "Current"  # suspended as asked
+    frozen = sum(sink_ids(client, e2e_namespace, name, "out").values())
+    assert 0 < frozen < EVENTS
+    time.sleep(5)
+    assert sum(sink_ids(client, e2e_namespace, name, "out").values()) == frozen  # nothing runs
+
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
+    kubectl("wait", "--for=condition=Ready", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    assert len(worker_pods(kubectl, e2e_namespace, name)) == 2
+    reasons = events_of(kubectl, e2e_namespace, name)
+    assert "Suspended" in reasons and "Resumed" in reasons
+    check_exactly_once_and_counts(client, e2e_namespace, name)
