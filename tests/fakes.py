@@ -80,6 +80,8 @@ class FakeMigrator:
     recover_error: str = "pod t-node-1 not created: Forbidden: exceeded quota: pods"
     #: set when the topology is deleted (a migration in flight stops waiting)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: failed restores forgotten (`abandon_restore`)
+    abandoned: int = 0
 
     def report(self, outcome: str, **extra: object) -> MigrationReport:
         return MigrationReport(
@@ -116,6 +118,10 @@ class FakeMigrator:
 
     def unfinished(self) -> str | None:
         return self.left
+
+    def abandon_restore(self) -> str | None:
+        self.abandoned += 1
+        return None
 
     def recover(self, failed: dict[str, str]) -> MigrationReport | None:
         self.recovered.append(failed)

@@ -89,6 +89,7 @@ def test_new_pods_that_do_not_start_are_rolled_back_to_the_previous_spec_and_the
     assert len(world.backends) == 3
     controller = world.topologies.topologies["default/t"].controller
     assert controller is not None and controller.topology.spec.get("image") is None  # the previous spec runs
+    assert world.migrators[1].abandoned == 1  # the failed restore is forgotten: nothing finishes it later
     assert world.migrators[2].recovered == [{n: "rolling back a failed upgrade" for n in sorted(NODES)}]
     assert world.pods == NODES
     status = world.status

@@ -245,6 +245,14 @@ class MigrationDriver:
     def recover(self, failed: dict[str, str]) -> MigrationReport | None:
         return recover_from_failure(self, failed)
 
+    def abandon_restore(self) -> str | None:
+        mid = self.store.current()
+        if mid is None or mid.startswith("ckpt-") or self.store.record(mid).get("protocol") != "restart":
+            return None  # a CCR/DCR migration or a checkpoint round is `resume`'s to finish or abort
+        # nothing of a restore commits before it completes (the exactly-once sinks commit with checkpoints)
+        self.store.delete_migration(mid)
+        return mid
+
     def resume(self) -> MigrationReport | None:
         """Finish (or abort) the migration a previous controller left in Redis; None when there is none."""
         mid = self.store.current()

@@ -979,6 +979,9 @@ class ManagedTopologies:
             report = controller.restart_from_checkpoint(why)
         except Exception:
             with contextlib.suppress(Exception):
+                # first: a rollback must not finish this restore, it starts from the same checkpoint afresh
+                controller.migrator.abandon_restore()
+            with contextlib.suppress(Exception):
                 controller.close()
             raise
         return controller, report

@@ -72,6 +72,12 @@ class Migrator(Protocol):
         """Workers died (node -> why): roll back to the last checkpoint, or restart them empty (None)."""
         ...
 
+    def abandon_restore(self) -> str | None:
+        """Forget a restore from a checkpoint (the restart protocol) that failed and whose workers are being
+        stopped, so nothing finishes it later and the checkpoint it restored from stays the one to start from
+        (a rolled-back upgrade starts the previous spec from it). Its id, or None when there was none."""
+        ...
+
 
 @dataclass(frozen=True)
 class ScaleRequest:
