@@ -99,6 +99,8 @@ class EventReason(enum.StrEnum):
     SUSPENDED = SUSPENDED
     SUSPEND_BACKOFF = "SuspendBackoff"
     RESUMED = "Resumed"
+    DRAINED = "Drained"
+    DRAIN_FAILED = "DrainFailed"
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
