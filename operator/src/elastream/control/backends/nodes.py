@@ -208,7 +208,7 @@ class NodeBackend:
             return
         try:
             self.control(self.schedule or Schedule({}, (), 1)).send_nodes(nodes, {"type": ControlType.STOP})
-        except redis.RedisError as exc:
+        except Exception as exc:  # best effort: the stop goes ahead whatever Redis (or a test's fake) does
             log.debug("STOP not sent to %s: %s", ", ".join(nodes), exc)
 
     def wait_ready(self, nodes: Sequence[str]) -> None:
