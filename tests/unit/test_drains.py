@@ -4,12 +4,12 @@ controller's handling of drain requests (`control.drains`) over the in-memory fa
 from __future__ import annotations
 
 import pytest
+from test_topology_controller import setup
 
 from elastream.core.drain import DrainError, drain_deadline, drain_schedule, refill_schedule
 from elastream.core.ports import DrainRequest
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import EventReason
-from test_topology_controller import setup
 
 
 def schedule_of(placement: dict[str, list[str]], slots: int) -> Schedule:
@@ -80,7 +80,7 @@ class DictDrains:
 
 def started(nodes: int = 3, **options):
     drains = DictDrains()
-    topology, backend, migrator, events, status, requests, controller = setup(nodes, drains=drains, **options)
+    _topology, backend, migrator, events, status, _requests, controller = setup(nodes, drains=drains, **options)
     controller.start()
     backend.workers.update(backend.current_schedule().nodes)
     return drains, backend, migrator, events, status, controller
@@ -108,7 +108,7 @@ def test_a_drain_request_moves_the_executors_off_by_migration_then_refills_witho
 
 
 def test_a_drain_is_taken_before_the_recovery_and_a_departed_node_is_not_lost() -> None:
-    drains, backend, migrator, events, status, controller = started(2)
+    drains, backend, migrator, _events, status, controller = started(2)
     now = controller.clock.now()
     drains.ask("node-0", now, now + 20)
     controller.tick()
@@ -119,7 +119,7 @@ def test_a_drain_is_taken_before_the_recovery_and_a_departed_node_is_not_lost() 
 
 
 def test_requests_for_a_dead_a_departed_or_a_late_worker_are_dropped_for_the_recovery() -> None:
-    drains, backend, migrator, events, status, controller = started(3)
+    drains, backend, migrator, events, _status, controller = started(3)
     now = controller.clock.now()
     backend.dead = {"node-0": "worker pod t-node-0 is gone"}
     drains.ask("node-0", now, now + 20)  # died mid-drain: rolled back
@@ -134,7 +134,7 @@ def test_requests_for_a_dead_a_departed_or_a_late_worker_are_dropped_for_the_rec
 
 
 def test_a_failed_drain_is_tried_again_while_the_worker_waits() -> None:
-    drains, backend, migrator, events, status, controller = started(3)
+    drains, _backend, migrator, events, status, controller = started(3)
     now = controller.clock.now()
     drains.ask("node-2", now, now + 20)
     migrator.outcome = "raise"
@@ -148,7 +148,7 @@ def test_a_failed_drain_is_tried_again_while_the_worker_waits() -> None:
 
 
 def test_one_drain_per_tick_the_oldest_first() -> None:
-    drains, backend, migrator, events, status, controller = started(3)
+    drains, _backend, _migrator, _events, status, controller = started(3)
     now = controller.clock.now()
     drains.ask("node-2", now + 1, now + 20)
     drains.ask("node-0", now, now + 20)
@@ -180,7 +180,7 @@ def test_a_drain_whose_refill_fails_leaves_the_topology_a_node_short() -> None:
 
 
 def test_a_suspended_topology_takes_no_drain() -> None:
-    drains, backend, migrator, events, status, controller = started(2)
+    drains, _backend, migrator, _events, _status, controller = started(2)
     controller.suspended = True
     drains.ask("node-0", controller.clock.now(), controller.clock.now() + 20)
     controller.tick()
@@ -188,7 +188,7 @@ def test_a_suspended_topology_takes_no_drain() -> None:
 
 
 def test_the_initial_schedule_drains_a_full_topology_onto_a_replacement() -> None:
-    drains, backend, migrator, events, status, controller = started(2)
+    drains, backend, migrator, _events, status, controller = started(2)
     full = initial_schedule(controller.topology)
     # every slot taken: the executors of node-1 cannot go to node-0
     packed = Schedule(full.assignment, full.nodes, max(len(full.executors_on(n)) for n in full.nodes))

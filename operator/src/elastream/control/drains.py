@@ -110,7 +110,7 @@ def drain(controller: TopologyController, request: DrainRequest, schedule: Sched
     controller.events.emit(
         EventReason.DRAINED,
         f"node {node} drained by {report.protocol}: {len(record['moves'])} executors moved to {onto}, "
-        f"{report.replayed} events replayed"
+        f"{record['replayed']} events replayed"
         + (f", sources paused {pause:.0f} ms" if pause is not None else "")
         + "; its worker exits",
     )
@@ -145,7 +145,7 @@ def _refill(controller: TopologyController, plan: DrainPlan, nodes: int) -> dict
     controller.events.emit(
         EventReason.DRAINED,
         f"{', '.join(added)} started in place of {plan.node}: {len(moves)} executors moved onto it, "
-        f"{report.replayed} events replayed; {len(target.nodes)} nodes again",
+        f"{refill['replayed']} events replayed; {len(target.nodes)} nodes again",
     )
     return refill
 
@@ -161,9 +161,18 @@ def _migrate(controller: TopologyController, target: Schedule) -> tuple[Migratio
 
 
 def _summary(report: MigrationReport) -> dict[str, Any]:
+    """The migration's numbers for `lastDrain`. `replayed` there means what a recovery's means: events the
+    sources emit a second time (from a checkpoint: `restart` only). CCR's own count of that name is the
+    captured in-flight events its new executors process at INIT, which were never processed before: those
+    are `capturedDelivered`, beside `capturedEvents`."""
     status = report.to_status()
-    keep = ("migration", "pauseMs", "prepareMs", "capturedEvents", "lost", "replayed", "phases")
-    return {"migrationId": report.migration_id} | {k: status[k] for k in keep if status.get(k) is not None}
+    keep = ("migration", "pauseMs", "prepareMs", "capturedEvents", "lost", "phases")
+    summary = {"migrationId": report.migration_id} | {k: status[k] for k in keep if status.get(k) is not None}
+    if report.protocol == "restart":
+        summary["replayed"] = report.replayed
+    else:
+        summary.update(replayed=0, capturedDelivered=report.replayed)
+    return summary
 
 
 def _settled(controller: TopologyController, schedule: Schedule) -> None:
