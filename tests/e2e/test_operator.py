@@ -105,12 +105,17 @@ def worker_pods(kubectl, namespace: str, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def installed(helm, kubectl, kubelet) -> dict[str, Any]:
-    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) with its defaults and wait for it. Two
+    return install_chart(helm, kubectl)
+
+
+def install_chart(helm, kubectl) -> dict[str, Any]:
+    """`helm install` the chart (operator, CRD, RBAC, bundled Redis) with its defaults and wait for it (as an
+    upgrade of the release an earlier module installed, with the same values: nothing restarts). Two
     values differ, both for what this tier is, not for elastream: pods share the host's network (one port
     space: everything listens on its pod IP) and no registry can be reached (the bundled Redis comes from the
     local base image)."""
     helm(
-        "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
+        "upgrade", "--install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
         "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
         "--set", "redis.image=elastream-redis:dev",
         # a worker pod that cannot be placed fails its scaling after a minute here, not the default three
@@ -262,7 +267,8 @@ def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, ku
     kubectl("apply", "-n", e2e_namespace, "-f", str(path))
     kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
     time.sleep(6)
-    kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--wait=false")
+    # killed without notice (a pod deleted with a grace period is drained instead: tests/e2e/test_drains.py)
+    kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--grace-period=0", "--force", "--wait=false")
     out = wait_status(kubectl, e2e_namespace, name, lambda s: (s.get("lastRecovery") or {}).get("outcome"), 120,
                       "a recovery after the deleted pod")  # fmt: skip
     assert out["lastRecovery"]["outcome"] == "succeeded", out["lastRecovery"]
