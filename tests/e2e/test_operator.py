@@ -115,7 +115,8 @@ def install_chart(helm, kubectl) -> dict[str, Any]:
     space: everything listens on its pod IP) and no registry can be reached (the bundled Redis comes from the
     local base image)."""
     helm(
-        "upgrade", "--install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
+        "upgrade", "--install", RELEASE, os.path.join(REPO, "charts", "elastream"),
+        "--namespace", SYSTEM, "--create-namespace",
         "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
         "--set", "redis.image=elastream-redis:dev",
         # a worker pod that cannot be placed fails its scaling after a minute here, not the default three
