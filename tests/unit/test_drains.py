@@ -3,13 +3,22 @@ controller's handling of drain requests (`control.drains`) over the in-memory fa
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
+from test_kubernetes_backend import FakeCore, backend, someone_elses
 from test_topology_controller import setup
 
+from elastream.control.backends.kubernetes import WorkerPodSettings, worker_pod
 from elastream.core.drain import DrainError, drain_deadline, drain_schedule, refill_schedule
-from elastream.core.ports import DrainRequest
+from elastream.core.ports import DrainRequest, NotOwned
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import EventReason
+from elastream.core.topology import parse_manifest
+from elastream.runtime.worker import Worker, WorkerOptions
+from helpers import edge, manifest, sink, src
 
 
 def schedule_of(placement: dict[str, list[str]], slots: int) -> Schedule:
@@ -198,3 +207,143 @@ def test_the_initial_schedule_drains_a_full_topology_onto_a_replacement() -> Non
     (moved,) = migrator.applied
     assert status.fields["lastDrain"][-1]["replacement"] == "node-2" and "refill" not in status.fields["lastDrain"][-1]
     assert moved.executors_on("node-2") == packed.executors_on("node-1")
+
+
+# ------------------------------------------------------------------------------------- the Kubernetes backend
+
+
+class FakePolicy:
+    """An in-memory PolicyV1Api: PodDisruptionBudgets by name."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.patches: list[str] = []
+
+    def read_namespaced_pod_disruption_budget(self, name: str, namespace: str) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        if name not in self.budgets:
+            raise ApiException(status=404)
+        return SimpleNamespace(metadata=FakeCore._metadata(self.budgets[name]))
+
+    def create_namespaced_pod_disruption_budget(self, namespace: str, body: dict[str, Any]) -> None:
+        self.budgets[body["metadata"]["name"]] = body
+
+    def patch_namespaced_pod_disruption_budget(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.budgets[name]["spec"] = body["spec"]
+        self.patches.append(name)
+
+
+def terminating(core: FakeCore, pods: set[str]) -> None:
+    """The pods in `pods` are being deleted (deletionTimestamp set), their containers still running."""
+    listed = core.list_namespaced_pod
+
+    def listing(namespace: str, label_selector: str) -> Any:
+        result = listed(namespace, label_selector)
+        for item in result.items:
+            if item.metadata.name in pods:
+                item.metadata.deletion_timestamp = "2026-11-26T16:00:00Z"
+        return result
+
+    core.list_namespaced_pod = listing  # type: ignore[method-assign]
+
+
+def test_a_pod_being_deleted_is_alive_until_its_worker_stops_then_failed() -> None:
+    kube, core = backend()
+    kube.spawn("node-0")
+    kube.spawn("node-1")
+    terminating(core, {"web-node-1"})
+    kube._pods_at = 0.0
+    # its worker runs through the grace period (a drain moves its executors off): not failed, still running
+    assert kube.failed_nodes() == {} and kube.running_nodes() == {"node-0", "node-1"}
+    assert kube.terminating_nodes() == {"node-1"}
+    core.phase["web-node-1"] = "Failed"  # killed at the end of its grace period, still in the schedule: lost
+    kube._pods_at = 0.0
+    assert list(kube.failed_nodes()) == ["node-1"] and kube.running_nodes() == {"node-0"}
+    del core.pods["web-node-1"]  # gone
+    kube._pods_at = 0.0
+    assert "is gone" in kube.failed_nodes()["node-1"]
+
+
+def test_the_backends_own_stop_sends_stop_first_and_the_pod_s_grace_is_the_setting() -> None:
+    kube, core = backend()
+    sent: list[tuple[list[str], dict[str, Any]]] = []
+    kube.control = lambda schedule: SimpleNamespace(  # type: ignore[method-assign]
+        send_nodes=lambda nodes, message: sent.append((list(nodes), dict(message)))
+    )
+    kube.spawn("node-0")
+    kube.stop_nodes(["node-0"])
+    assert sent == [(["node-0"], {"type": "stop"})] and core.deleted == ["web-node-0"]
+    kube.settings = WorkerPodSettings(termination_grace_s=45)
+    pod = worker_pod(kube.topology, "node-0", kube.owner, kube.settings)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 45
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["ELASTREAM_DRAIN_GRACE_S"] == "45"
+    off = worker_pod(kube.topology, "node-0", kube.owner, WorkerPodSettings(drains=False))
+    assert {e["name"]: e.get("value") for e in off["spec"]["containers"][0]["env"]}["ELASTREAM_DRAIN_GRACE_S"] == "0"
+
+
+def test_each_topology_gets_a_disruption_budget_of_one_worker_kept_as_it_should_be() -> None:
+    kube, _ = backend()
+    policy = FakePolicy()
+    kube.policy = policy
+    kube.preflight()
+    budget = policy.budgets["web-workers"]
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == "u"
+    assert budget["spec"]["maxUnavailable"] == 1
+    pod = worker_pod(kube.topology, "node-0", kube.owner, kube.settings)
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert budget["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "web"
+    budget["spec"] = {"maxUnavailable": 0}
+    kube.preflight()  # a later pass brings it back
+    assert policy.budgets["web-workers"]["spec"]["maxUnavailable"] == 1 and policy.patches == ["web-workers"]
+    theirs = someone_elses("web-workers")
+    policy.budgets["web-workers"] = theirs
+    with pytest.raises(NotOwned, match=r"PodDisruptionBudget default/web-workers exists"):
+        kube.ensure_disruption_budget()
+    kube.settings = WorkerPodSettings(disruption_budget=False)
+    kube.policy = None
+    kube.ensure_disruption_budget()  # off: no client needed
+
+
+# ---------------------------------------------------------------------------------------------- the worker
+
+
+def worker(grace: float) -> Worker:
+    topology = parse_manifest(manifest([src("s", 1), sink("z", 1)], [edge("s", "z")], name="w", nodes=1))
+    return Worker(topology, WorkerOptions(node="node-0", redis_url="redis://127.0.0.1:1/0", drain_grace_s=grace))
+
+
+def test_a_worker_asks_for_a_drain_only_with_a_grace_period_executors_and_no_stop_yet() -> None:
+    w = worker(30.0)
+    try:
+        assert not w.wants_drain()  # nothing runs yet (starting, or a staged node): stop at once
+        w.client = object()  # type: ignore[assignment]
+        w.current = SimpleNamespace()  # type: ignore[assignment]
+        assert w.wants_drain()
+        w.draining = threading.Thread(target=lambda: None)
+        assert not w.wants_drain()  # a second SIGTERM stops at once
+        w.draining = None
+        w.on_node_message({"type": "stop"})  # its backend stops it: the SIGTERM that follows asks for nothing
+        assert w.stop.is_set() and w.stopped_by_backend and not w.wants_drain()
+    finally:
+        w.zmq.term()
+    off = worker(0.0)
+    try:
+        off.client = object()  # type: ignore[assignment]
+        off.current = SimpleNamespace()  # type: ignore[assignment]
+        assert not off.wants_drain()
+    finally:
+        off.zmq.term()
+
+
+def test_a_worker_that_cannot_write_its_drain_request_stops_at_once() -> None:
+    import redis as redis_lib
+
+    w = worker(30.0)
+    try:
+        w.client = redis_lib.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+        w.drain()
+        assert w.stop.is_set()
+    finally:
+        w.zmq.term()
