@@ -48,6 +48,15 @@ def test_a_drain_the_others_cannot_hold_goes_to_one_fresh_node() -> None:
     assert plan.schedule.executors_on("node-0") == old.executors_on("node-0")
 
 
+def test_a_drain_sends_nothing_to_a_node_waiting_for_its_own() -> None:
+    old = schedule_of({"node-0": ["a#0"], "node-1": ["a#1"], "node-2": ["b#0"]}, 3)
+    plan = drain_schedule(old, "node-0", avoid=frozenset({"node-1"}))
+    assert plan.replacement is None and plan.schedule.executors_on("node-2") == ("a#0", "b#0")
+    assert plan.schedule.executors_on("node-1") == ("a#1",)
+    # nowhere else to go: a fresh node
+    assert drain_schedule(old, "node-0", avoid=frozenset({"node-1", "node-2"})).replacement == "node-3"
+
+
 def test_draining_the_only_node_starts_a_replacement_and_an_unknown_node_is_refused() -> None:
     old = schedule_of({"node-0": ["a#0"]}, 4)
     assert drain_schedule(old, "node-0").replacement == "node-1"
@@ -157,14 +166,21 @@ def test_a_failed_drain_is_tried_again_while_the_worker_waits() -> None:
 
 
 def test_one_drain_per_tick_the_oldest_first() -> None:
-    drains, _backend, _migrator, _events, status, controller = started(3)
+    drains, backend, _migrator, _events, status, controller = started(3)
     now = controller.clock.now()
     drains.ask("node-2", now + 1, now + 20)
     drains.ask("node-0", now, now + 20)
     controller.tick()
-    assert status.fields["lastDrain"][-1]["node"] == "node-0" and set(drains.requests) == {"node-2"}
+    first = status.fields["lastDrain"][-1]
+    assert first["node"] == "node-0" and set(drains.requests) == {"node-2"}
+    assert all(m["to"] != "node-2" for m in first["moves"])  # it goes next
+    assert first["refill"]["outcome"] == "deferred"  # node-2's worker has only its grace period
+    assert len(backend.current_schedule().nodes) == 2
     controller.tick()
-    assert status.fields["lastDrain"][-1]["node"] == "node-2" and drains.requests == {}
+    second = status.fields["lastDrain"][-1]
+    assert second["node"] == "node-2" and drains.requests == {}
+    assert second["refill"]["outcome"] == "succeeded" and len(second["refill"]["nodes"]) == 2
+    assert len(backend.current_schedule().nodes) == 3  # the count before both drains
 
 
 def test_a_drain_whose_refill_fails_leaves_the_topology_a_node_short() -> None:

@@ -124,6 +124,8 @@ class TopologyController:
     #: workers told to stop asking for a graceful drain (`control.drains`); None: no drains
     drains: DrainRequests | None = None
     last_drain: dict[str, Any] | None = None
+    #: the node count before the drains in progress (their refill brings it back), None when none is
+    drain_target: int | None = None
 
     #: recovery retries back off from this many seconds, doubling, up to `recovery_backoff_cap_s`
     recovery_backoff_s: float = 2.0

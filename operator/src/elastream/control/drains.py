@@ -7,8 +7,12 @@ the node's executors go to the remaining nodes, or to one fresh node when their 
 migration starts it before anything pauses). The drained worker leaves the schedule at the switch after
 COMMIT and exits by itself, so its going is no loss: no recovery, nothing replayed. When the executors went
 to the remaining nodes, a second migration (`refill_schedule`) starts a fresh node and moves executors back
-onto it, so the topology has its node count again with the same degrees; if that one fails, the topology
+onto it, so the topology has its node count again with the same degrees (after the last of several drains
+waiting at once: the others' workers have only their grace period); if that one fails, the topology
 runs one node short until the next scaling (on Kubernetes, the reconcile loop's convergence to spec.nodes).
+
+Two workers told to stop at once (a PodDisruptionBudget keeps evictions to one, a `kubectl delete` does not)
+are drained one after the other, and the first drain moves nothing onto the second's node.
 
 A request for a node that is not in the schedule (already drained, removed by a scale-in), whose worker is
 already dead, or past its deadline is dropped: a dead or departed worker is the recovery's (rollback to the
@@ -45,6 +49,8 @@ def take_drain(controller: TopologyController) -> dict[str, Any] | None:
         return None
     pending = requests.pending()
     if not pending:
+        # a refill deferred for a drain that never ran (its worker died): the next scaling sets the count
+        controller.drain_target = None
         return None
     schedule = controller.backend.current_schedule()
     failed = controller.backend.failed_nodes()
@@ -69,14 +75,18 @@ def take_drain(controller: TopologyController) -> dict[str, Any] | None:
                 warning=True,
             )
         else:
-            return drain(controller, request, schedule)
+            # the others waiting for their drain receive nothing: their executors would only move twice
+            others = frozenset(n for n in pending if n != node and n in schedule.nodes)
+            return drain(controller, request, schedule, others)
     return None
 
 
-def drain(controller: TopologyController, request: DrainRequest, schedule: Schedule) -> dict[str, Any]:
+def drain(
+    controller: TopologyController, request: DrainRequest, schedule: Schedule, avoid: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     node = request.node
     started = controller.clock.now()
-    plan = drain_schedule(schedule, node)
+    plan = drain_schedule(schedule, node, avoid)
     record: dict[str, Any] = {
         "node": node,
         "requestedAt": request.requested_at,
@@ -116,14 +126,20 @@ def drain(controller: TopologyController, request: DrainRequest, schedule: Sched
     )
     _publish(controller, record)
     if plan.replacement is None:
-        record["refill"] = _refill(controller, plan, len(schedule.nodes))
+        if controller.drain_target is None:
+            controller.drain_target = len(schedule.nodes)
+        if avoid:  # more workers wait for their drain (within their grace period): the refill comes after
+            record["refill"] = {"outcome": "deferred", "reason": f"{', '.join(sorted(avoid))} drained first"}
+        else:
+            record["refill"] = _refill(controller, plan, controller.drain_target)
+            controller.drain_target = None
         _publish(controller, record)
     return record
 
 
 def _refill(controller: TopologyController, plan: DrainPlan, nodes: int) -> dict[str, Any]:
-    """Bring the node count back: a fresh node takes executors from the fullest nodes (degrees unchanged)."""
-    current = plan.schedule
+    """Bring the node count back: fresh nodes take executors from the fullest nodes (degrees unchanged)."""
+    current = controller.backend.current_schedule()
     target = refill_schedule(current, nodes)
     added = [n for n in target.nodes if n not in current.nodes]
     moves = [{"executor": e, "from": n, "to": target.assignment[e]} for e, n in current if target.assignment[e] != n]

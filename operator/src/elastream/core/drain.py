@@ -43,14 +43,14 @@ class DrainPlan:
         return [{"executor": e, "from": self.node, "to": new[e]} for e in old.executors_on(self.node) if e in new]
 
 
-def drain_schedule(schedule: Schedule, node: str) -> DrainPlan:
+def drain_schedule(schedule: Schedule, node: str, avoid: frozenset[str] = frozenset()) -> DrainPlan:
     """Move every executor of `node` off it: onto the remaining nodes (those with the most free slots
-    first, dealt round-robin) when their free slots hold them, else onto one fresh node. Raises
-    `DrainError` when `node` is not in the schedule."""
+    first, dealt round-robin; never those in `avoid`, which are being drained too) when their free slots
+    hold them, else onto one fresh node. Raises `DrainError` when `node` is not in the schedule."""
     if node not in schedule.nodes:
         raise DrainError(f"node {node} is not in the running schedule ({', '.join(schedule.nodes)})")
     moving = schedule.executors_on(node)
-    remaining = [n for n in schedule.nodes if n != node]
+    remaining = [n for n in schedule.nodes if n != node and n not in avoid]
     free = sum(schedule.free_slots(n) for n in remaining)
     if remaining and free >= len(moving):
         receivers = sorted(remaining, key=lambda n: (-schedule.free_slots(n), node_index(n), n))
