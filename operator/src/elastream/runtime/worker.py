@@ -671,9 +671,9 @@ class Worker:
         elif kind == ControlType.SWITCH:
             self.switch(version, message.get("mid") or None)
         elif kind == ControlType.STOP:
-            log.info("node %s: stopped by its backend", self.node)
-            self.stopped_by_backend = True
+            self.stopped_by_backend = True  # before anything else: a SIGTERM may come between any two lines
             self.stop.set()
+            log.info("node %s: stopped by its backend", self.node)
 
     def discard_staged(self) -> None:
         staged, self.staged = self.staged, None
@@ -808,6 +808,9 @@ class Worker:
                     inbox.close()
             self.discard_staged()
         self.log_data_plane(force=True)
+        draining = self.draining
+        if draining is not None:  # it takes back a request the backend's stop made moot (one Redis call)
+            draining.join(timeout=REDIS_SOCKET_TIMEOUT_S)
         if self.authenticator is not None:
             self.authenticator.stop()
         self.zmq.term()
