@@ -217,7 +217,8 @@ def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, ku
     kubectl("apply", "-n", e2e_namespace, "-f", str(path))
     kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
     time.sleep(6)
-    kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--wait=false")
+    # killed without notice (a pod deleted with a grace period is drained instead: tests/e2e/test_operator_drains.py)
+    kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--grace-period=0", "--force", "--wait=false")
     out = wait_status(kubectl, e2e_namespace, name, lambda s: (s.get("lastRecovery") or {}).get("outcome"), 120,
                       "a recovery after the deleted pod")  # fmt: skip
     assert out["lastRecovery"]["outcome"] == "succeeded", out["lastRecovery"]

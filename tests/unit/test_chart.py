@@ -46,6 +46,7 @@ TIMEOUT_ARGS = [
     "--worker-start-timeout", "180",
     "--worker-image-pull-policy", "IfNotPresent",
     "--network-policies", "--metrics-from", json.dumps([PROMETHEUS], separators=(",", ":")),
+    "--worker-grace-period", "30", "--drains", "on", "--disruption-budgets", "on",
     "--redis-topology-users", "on",
 ]  # fmt: skip
 #: leader election with the chart's defaults: the Lease in the release namespace (the kubelet expands the variable)
@@ -103,6 +104,11 @@ SCENARIOS: dict[str, list[str]] = {
         "redis.external.url=rediss://:s3cret@redis.example:6380/0?ssl_ca_certs=/etc/elastream/redis-tls/ca.crt",
         "redis.external.caSecret=corp-ca",
         "redis.external.caSecretKey=root.pem",
+    ],
+    "no-drains": [
+        "worker.drains=false",
+        "worker.podDisruptionBudget=false",
+        "worker.terminationGracePeriodSeconds=12",
     ],
     "worker-images": [
         "worker.image.pullPolicy=Always",
@@ -366,6 +372,10 @@ CODE_CALLS: dict[str, tuple[str, str, str]] = {
     "read_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "get"),
     "create_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "create"),
     "patch_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "patch"),
+    # KubernetesBackend: the topology's PodDisruptionBudget (worker.podDisruptionBudget)
+    "read_namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets", "get"),
+    "create_namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets", "create"),
+    "patch_namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets", "patch"),
     # LeaderElector (the Lease; its own Role in the release namespace)
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
@@ -388,7 +398,7 @@ API_CALL = re.compile(r"(?:create|read|list|patch|replace|delete|delete_collecti
 
 def code_api_calls() -> set[str]:
     """The Kubernetes client methods the operator's code calls or hands on (on objects named api, core, core_api,
-    custom_api or networking: what the operator names its client API objects)."""
+    custom_api, networking or policy: what the operator names its client API objects)."""
     found: set[str] = set()
     root = os.path.join(REPO, "operator", "src", "elastream")
     for folder, _, files in os.walk(root):
@@ -398,7 +408,7 @@ def code_api_calls() -> set[str]:
             with open(os.path.join(folder, name), encoding="utf-8") as handle:
                 source = handle.read()
             # called, or handed on to be called (`self._read("Pod", self.core.read_namespaced_pod, name)`)
-            for match in re.finditer(r"\b(?:api|core|core_api|custom_api|networking)\s*\.\s*(\w+)", source):
+            for match in re.finditer(r"\b(?:api|core|core_api|custom_api|networking|policy)\s*\.\s*(\w+)", source):
                 if API_CALL.fullmatch(match.group(1)):
                     found.add(match.group(1))
     return found
@@ -626,6 +636,31 @@ def test_without_network_policies_there_are_none_nor_their_rule(render: Any) -> 
     rules = rules_of(one(docs, "ClusterRole", FULLNAME))
     assert NETWORK_POLICY_RULE not in rules
     assert rules == {k: v for k, v in {**NAMESPACED_RULES, **CRD_RULES}.items() if k != NETWORK_POLICY_RULE}
+
+
+DISRUPTION_BUDGET_RULE = ("policy", "poddisruptionbudgets")
+
+
+def test_drain_settings_reach_the_worker_pods_and_without_budgets_there_is_no_rule(render: Any, monkeypatch) -> None:
+    """worker.terminationGracePeriodSeconds, worker.drains and worker.podDisruptionBudget, read through the
+    operator's own command line as the rendered Deployment runs it: the worker pods' grace period and the drain
+    grace their workers get, whether the operator keeps budgets, and the RBAC rule for them."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.core.topology import load_manifest
+    from elastream.handlers.main import worker_pod_settings
+
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
+    for scenario, grace, drain_env, budgets in (("default", 30, "30", True), ("no-drains", 12, "0", False)):
+        docs = render(scenario)
+        options = operator_options(build_parser().parse_args(container(docs)["command"][1:] + container(docs)["args"]))
+        assert options.disruption_budgets is budgets
+        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert pod["spec"]["terminationGracePeriodSeconds"] == grace
+        assert env_of(pod["spec"]["containers"][0])["ELASTREAM_DRAIN_GRACE_S"] == drain_env
+        assert (DISRUPTION_BUDGET_RULE in rules_of(one(docs, "ClusterRole", FULLNAME))) is budgets
 
 
 def test_the_operator_accepts_only_the_metrics_scrape(render: Any) -> None:

@@ -140,6 +140,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="seconds between status writes for the rates alone; other changes are written at once (15)",
     )
+    parser.add_argument(
+        "--worker-grace-period",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="worker pods' terminationGracePeriodSeconds: a worker told to stop (eviction, node drain, kubectl "
+        "delete pod) has this long for its executors to be moved off by CCR before it is killed (30)",
+    )
+    parser.add_argument(
+        "--drains",
+        choices=("on", "off"),
+        default="on",
+        help="on SIGTERM, workers ask for a graceful drain (their executors moved off by CCR, nothing replayed); "
+        "off: they stop at once and the topology rolls back to the last checkpoint (on)",
+    )
+    parser.add_argument(
+        "--disruption-budgets",
+        choices=("on", "off"),
+        default="on",
+        help="keep a PodDisruptionBudget <topology>-workers (maxUnavailable 1) per topology, so evictions (kubectl "
+        "drain) take one worker at a time (on; needs policy/poddisruptionbudgets rights)",
+    )
     parser.set_defaults(func=cmd_operator)
 
 
@@ -176,6 +198,8 @@ def operator_options(args: argparse.Namespace) -> Any:
     for pattern in args.allowed_image:
         if not pattern.strip() or any(c.isspace() for c in pattern):
             raise CommandError(f"--allowed-image: {pattern!r}; give an image, a path ending in / or a glob")
+    if not 0 <= args.worker_grace_period <= 3600:
+        raise CommandError(f"--worker-grace-period: {args.worker_grace_period} s; give 0 to 3600 seconds")
     metrics_from = network_peers(args.metrics_from)
     if args.redis_topology_users not in ("on", "off"):  # the environment's value is not checked by argparse
         raise CommandError(f"--redis-topology-users: {args.redis_topology_users!r}; give on or off")
@@ -198,6 +222,9 @@ def operator_options(args: argparse.Namespace) -> Any:
         worker_start_timeout_s=args.worker_start_timeout,
         reconcile_workers=args.reconcile_workers,
         status_every_s=args.status_every,
+        worker_grace_period_s=args.worker_grace_period,
+        drains=args.drains == "on",
+        disruption_budgets=args.disruption_budgets == "on",
     )
 
 

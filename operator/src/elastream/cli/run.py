@@ -26,6 +26,7 @@ from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import MAX_NODES, Topology, load_manifest
 from elastream.runtime.operators import OperatorLoadError, load_class
+from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
 
 
@@ -111,6 +112,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0,
         help="start for this staged schedule version and idle until switched to it (a node a migration adds)",
     )
+    worker.add_argument(
+        "--drain-grace",
+        default=os.environ.get(DRAIN_GRACE_ENV, "0"),
+        help="seconds between SIGTERM and being killed: the first SIGTERM asks the controller to move this "
+        f"node's executors off and waits for it within that (default ${DRAIN_GRACE_ENV}, else 0: no drains)",
+    )
     worker.set_defaults(func=cmd_worker)
 
 
@@ -131,6 +138,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         keys = keys_from_env()
     except DataPlaneConfigError as exc:
         raise CommandError(str(exc)) from None
+    try:
+        drain_grace = float(args.drain_grace)
+    except ValueError:
+        drain_grace = -1.0
+    if not 0.0 <= drain_grace < 86400.0:
+        raise CommandError(
+            f"--drain-grace ({DRAIN_GRACE_ENV}): {args.drain_grace!r} is not a number of seconds; give the pod's "
+            "terminationGracePeriodSeconds, or 0 for no drains"
+        )
     configure_logging(args.node)
     options = WorkerOptions(
         node=args.node,
@@ -145,6 +161,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         schedule_version=args.schedule_version,
         health_port=args.health_port,
         data_plane=keys,
+        drain_grace_s=drain_grace,
     )
     return Worker(topology, options).run()
 

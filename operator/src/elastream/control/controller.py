@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import redis
 
 from elastream.control.checkpoints import CheckpointResult
+from elastream.control.drains import take_drain
 from elastream.control.monitor import LiveRates
 from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.scaling import PrintEvents, ScalingRecord
@@ -45,6 +46,7 @@ from elastream.core.ports import (
     BackendError,
     Background,
     Clock,
+    DrainRequests,
     EventSink,
     MetricSource,
     Migrator,
@@ -119,6 +121,11 @@ class TopologyController:
     expected_epoch: str | None = None
     #: takes a checkpoint on demand (a suspend's last one); None: suspending keeps the latest periodic one
     checkpoints: Checkpoints | None = None
+    #: workers told to stop asking for a graceful drain (`control.drains`); None: no drains
+    drains: DrainRequests | None = None
+    last_drain: dict[str, Any] | None = None
+    #: the node count before the drains in progress (their refill brings it back), None when none is
+    drain_target: int | None = None
 
     #: recovery retries back off from this many seconds, doubling, up to `recovery_backoff_cap_s`
     recovery_backoff_s: float = 2.0
@@ -372,7 +379,8 @@ class TopologyController:
     # ------------------------------------------------------------------------------------------------ tick
 
     def tick(self) -> ScalingRecord | None:
-        """Once per interval: finish a migration nobody drives, recover from dead workers (backing off after a
+        """Once per interval: finish a migration nobody drives, drain a node whose worker asked to be drained
+        (`control.drains`), recover from dead workers (backing off after a
         failed attempt), carry out a pending scale request (returned), take a checkpoint when one is due,
         refresh the live rates and the recovery measurements. Redis away is not an error here: it is noted
         (`store_error`, a RedisUnavailable event) and the next tick tries again."""
@@ -395,6 +403,8 @@ class TopologyController:
             return None  # no recovery, scaling or checkpoint may write over (or restart from) an empty store
         if self.migrator.unfinished() is not None:
             self._resume()
+        # before the recovery: a drained worker that exits is out of the schedule, not lost
+        take_drain(self)
         failed = self.backend.failed_nodes()
         if failed and self.clock.now() >= self.recovery_due:
             self.recover(failed)
@@ -742,6 +752,7 @@ def local_controller(
         if archive
         else None
     )
+    from elastream.store.drains import RedisDrainRequests
     from elastream.store.epoch import RedisEpoch
 
     controller = TopologyController(
@@ -758,6 +769,7 @@ def local_controller(
         archiver=archiver,
         interval_s=cluster.interval_s,
         epochs=RedisEpoch(client, topology.redis_prefix),
+        drains=RedisDrainRequests(client, topology.redis_prefix),
     )
     driver.on_redis = controller.note_store
     return controller

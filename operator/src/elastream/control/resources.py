@@ -64,6 +64,7 @@ from elastream.core.topology import (
 )
 from elastream.core.upgrade import SpecChange, spec_change
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user
+from elastream.store.drains import RedisDrainRequests
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
@@ -404,6 +405,8 @@ class ManagedTopologies:
     allowed_images: tuple[str, ...] = ()
     #: a `kubernetes.client.NetworkingV1Api`, for each topology's NetworkPolicy (`settings.network_policy`)
     networking_api: Any = None
+    #: a `kubernetes.client.PolicyV1Api`, for each topology's PodDisruptionBudget (`settings.disruption_budget`)
+    policy_api: Any = None
     #: give each topology's workers a Redis ACL user of its own (`store.acl`); off: the operator's URL
     topology_users: bool = True
     #: sets those users again within a tick when Redis lost them, for every topology on one thread (None: only
@@ -1137,6 +1140,7 @@ class ManagedTopologies:
             self.settings,
             self.start_timeout_s,
             networking=self.networking_api,
+            policy=self.policy_api,
             topology_users=self.topology_users,
             user_keeper=self.user_keeper,
         )
@@ -1157,6 +1161,7 @@ class ManagedTopologies:
             on_nodes_changed=lambda nodes: self._autoscaled(managed, nodes),
             epochs=RedisEpoch(client, topology.redis_prefix),
             expected_epoch=managed.state_epoch,
+            drains=RedisDrainRequests(client, topology.redis_prefix),
         )
         migrator.on_redis = controller.note_store
         backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)

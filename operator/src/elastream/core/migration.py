@@ -63,6 +63,8 @@ class ControlType(enum.StrEnum):
     SWITCH = "switch"
     #: a node drops a staged version (the migration did not start or was aborted)
     UNSTAGE = "unstage"
+    #: a node's worker stops now: its backend is about to stop it (a SIGTERM that follows is no drain request)
+    STOP = "stop"
 
 
 class Phase(enum.Enum):

@@ -6,6 +6,7 @@
 - `Migrator`: moves a running topology to another schedule (CCR, DCR, restart) and recovers it from failures.
 - `ScaleRequests` / `StatusSink`: where a controller's requests come from and where its status goes (Redis
   keys in local mode, the custom resource on Kubernetes).
+- `DrainRequests`: workers told to stop (SIGTERM) asking for their executors to be moved off (`core.drain`).
 - `SampleFeed`: the raw metric samples (the live view and the recovery measurement read them).
 - `Clock`: time, replaceable in tests.
 - `EventSink`: where decisions and migrations are reported (stdout, Kubernetes events, a list in tests).
@@ -91,6 +92,27 @@ class ScaleRequest:
 class ScaleRequests(Protocol):
     def take(self) -> ScaleRequest | None:
         """The request made since the last call, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    """A worker told to stop asks for its node to be drained before `deadline` (wall-clock seconds), after
+    which it exits anyway."""
+
+    node: str
+    requested_at: float
+    deadline: float
+
+
+@runtime_checkable
+class DrainRequests(Protocol):
+    def pending(self) -> dict[str, DrainRequest]:
+        """The requests not handled yet, by node."""
+        ...
+
+    def done(self, node: str) -> None:
+        """Forget the request of `node` (drained, refused, or stale)."""
         ...
 
 

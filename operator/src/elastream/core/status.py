@@ -109,6 +109,8 @@ class EventReason(enum.StrEnum):
     UPGRADE_REFUSED = UPGRADE_REFUSED
     UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
     STATE_DROPPED = "StateDropped"
+    DRAINED = "Drained"
+    DRAIN_FAILED = "DrainFailed"
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing

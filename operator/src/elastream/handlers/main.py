@@ -77,6 +77,12 @@ class OperatorOptions:
     reconcile_workers: int = 8
     #: seconds between status writes for the rates alone (everything else is written when it changes)
     status_every_s: float = 15.0
+    #: worker pods' terminationGracePeriodSeconds, the time a drain has before the worker is killed
+    worker_grace_period_s: int = 30
+    #: workers ask for a graceful drain on SIGTERM (off: they stop at once, the topology rolls back)
+    drains: bool = True
+    #: keep a PodDisruptionBudget (maxUnavailable 1) per topology
+    disruption_budgets: bool = True
 
 
 def load_kubernetes_config() -> None:
@@ -100,6 +106,9 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
         data_plane_auth=auth_enabled(),
         network_policy=options.network_policies,
         metrics_from=options.metrics_from,
+        termination_grace_s=options.worker_grace_period_s,
+        drains=options.drains,
+        disruption_budget=options.disruption_budgets,
     )
 
 
@@ -213,6 +222,7 @@ def run(options: OperatorOptions) -> int:
         settings=worker_pod_settings(options),
         allowed_images=options.allowed_images,
         networking_api=client.NetworkingV1Api() if options.network_policies else None,
+        policy_api=client.PolicyV1Api() if options.disruption_budgets else None,
         topology_users=options.redis_topology_users,
         user_keeper=UserKeeper(redis_client) if options.redis_topology_users else None,
         interval_s=options.interval_s,

@@ -7,7 +7,17 @@ endpoints (at `--advertise HOST` when it listens on every interface);
 5. wait for the endpoints of every downstream executor and connect; 6. start the executors and
 mark the node ready; 7. once every node of the schedule is ready, start the sources.
 Then, every interval, it publishes one `MetricSample` per executor to `<prefix>metrics` and serves the same
-counters as Prometheus metrics. SIGTERM or SIGINT stops it cleanly.
+counters as Prometheus metrics. SIGINT stops it cleanly, as does SIGTERM without a drain grace period.
+
+Graceful drains (`--drain-grace`, `ELASTREAM_DRAIN_GRACE_S`; on Kubernetes the pod's
+terminationGracePeriodSeconds): the first SIGTERM of a worker that runs executors does not stop it. It
+writes a drain request for its node (`store.drains`) and serves on until the controller's migration moves
+its executors off (the switch after COMMIT takes its node out of the schedule: it stops, exit code 0), for
+at most the grace period less `core.drain.DRAIN_MARGIN_S`; then it stops anyway (a lost worker: the
+controller rolls back to the last checkpoint). Redis away, no executors (a node staged for a migration, one
+still starting), the parent of a local worker gone, a second SIGTERM or a SIGINT: it stops at once. A STOP
+message on its control list (its backend is about to stop it: a suspend, a scale-in, a shutdown) stops it
+at once too, so the SIGTERM that follows asks for nothing.
 
 The data plane is authenticated and encrypted with the topology's CURVE keys (`WorkerOptions.data_plane`,
 from the environment: `elastream.runtime.security`) unless `ELASTREAM_DATA_PLANE_AUTH=off`. What the
@@ -49,6 +59,7 @@ import zmq
 from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
+from elastream.core.drain import drain_deadline
 from elastream.core.metrics import MetricSample
 from elastream.core.migration import ControlType, ExecutorParticipant
 from elastream.core.schedule import Schedule, key_group_ranges
@@ -61,6 +72,7 @@ from elastream.runtime.security import DataPlaneKeys, PeerAuthenticator
 from elastream.runtime.transport import Channel, DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key, pop_control
+from elastream.store.drains import cancel_drain, request_drain
 from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
 from elastream.store.registry import RedisUnavailable, Registry, client_for, connect
 from elastream.store.retry import REDIS, AnyOf, RetryCancelled, backoff, is_redis_outage, retry_redis
@@ -104,6 +116,9 @@ class WorkerOptions:
     health_port: int = 0
     #: the topology's CURVE keys: inboxes accept only its peers, everything is encrypted (None: plain TCP)
     data_plane: DataPlaneKeys | None = None
+    #: seconds between SIGTERM and being killed (a pod's terminationGracePeriodSeconds): the first SIGTERM asks
+    #: for a drain and waits for it within that (0: no drains, SIGTERM stops at once)
+    drain_grace_s: float = 0.0
 
     @property
     def address(self) -> str:
@@ -156,6 +171,10 @@ class Worker:
         #: what failed (an executor, "control", "main loop"), when the worker's own code did: it exits with
         #: EXIT_INTERNAL_ERROR and is not ready
         self.failed: str | None = None
+        #: the thread waiting for this node's drain, once the first SIGTERM asked for one
+        self.draining: threading.Thread | None = None
+        #: a STOP came on the control list: a SIGTERM around it is the backend's, not a drain request
+        self.stopped_by_backend = False
 
     @property
     def threads(self) -> list[ExecutorThread | SourceThread]:
@@ -651,6 +670,10 @@ class Worker:
                     self.stop.set()
         elif kind == ControlType.SWITCH:
             self.switch(version, message.get("mid") or None)
+        elif kind == ControlType.STOP:
+            self.stopped_by_backend = True  # before anything else: a SIGTERM may come between any two lines
+            self.stop.set()
+            log.info("node %s: stopped by its backend", self.node)
 
     def discard_staged(self) -> None:
         staged, self.staged = self.staged, None
@@ -785,17 +808,70 @@ class Worker:
                     inbox.close()
             self.discard_staged()
         self.log_data_plane(force=True)
+        draining = self.draining
+        if draining is not None:  # it takes back a request the backend's stop made moot (one Redis call)
+            draining.join(timeout=REDIS_SOCKET_TIMEOUT_S)
         if self.authenticator is not None:
             self.authenticator.stop()
         self.zmq.term()
         log.info("node %s stopped", self.node)
+
+    # ------------------------------------------------------------------------------------------- drains
+
+    def wants_drain(self) -> bool:
+        """Whether a SIGTERM now asks for a drain rather than stopping: drains on, none asked yet, not
+        stopping, executors running (a staged or starting node has nothing to move), its parent alive."""
+        parent = _watched_parent()
+        return (
+            drain_deadline(self.options.drain_grace_s) > 0
+            and self.draining is None
+            and not self.stop.is_set()
+            and self.current is not None
+            and getattr(self, "client", None) is not None
+            and (parent is None or os.getppid() == parent)
+        )
+
+    def drain(self) -> None:
+        """Ask the controller to move this node's executors off, then wait (bounded) for the switch that takes
+        the node out of the schedule, which stops the worker; stop anyway at the deadline or when the request
+        cannot be written."""
+        wait_s = drain_deadline(self.options.drain_grace_s)
+        now = time.time()
+        try:
+            request_drain(self.client, self.topology.redis_prefix, self.node, now, now + wait_s)
+        except Exception as exc:
+            if not is_redis_outage(exc):
+                log.exception("node %s: the drain request failed", self.node)
+            log.warning("node %s: no drain (Redis: %s); stopping", self.node, exc)
+            self.stop.set()
+            return
+        log.info(
+            "node %s: drain requested; serving until its executors are moved off (at most %.0f s)", self.node, wait_s
+        )
+        if self.stop.wait(wait_s):
+            if self.stopped_by_backend:  # the SIGTERM was its backend's stop, which raced the STOP: no drain
+                with contextlib.suppress(Exception):
+                    cancel_drain(self.client, self.topology.redis_prefix, self.node)
+        else:
+            log.warning(
+                "node %s: not drained within %.0f s; stopping (the controller rolls back to the last checkpoint)",
+                self.node,
+                wait_s,
+            )
+            self.stop.set()
 
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
 
         def on_signal(signum: int, _frame: Any) -> None:
-            log.info("node %s: %s, stopping", self.node, signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if signum == signal.SIGTERM and self.wants_drain():
+                log.info("node %s: %s, asking for a drain (a second SIGTERM stops at once)", self.node, name)
+                self.draining = threading.Thread(target=self.drain, name="drain", daemon=True)
+                self.draining.start()
+                return
+            log.info("node %s: %s, stopping", self.node, name)
             self.stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)

@@ -26,7 +26,13 @@ uid as a precondition); anything else raises `NotOwned` naming the object and th
 Pods labelled like the topology's but not owned by it are no nodes of it.
 
 Pods are never restarted by Kubernetes (restartPolicy Never): a worker that dies is a failure the
-controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint.
+controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint. A pod being deleted
+(evicted, drained, `kubectl delete pod`) whose worker still runs is not failed yet: the worker asks for a
+drain (`control.drains`) and its executors move off within the pod's terminationGracePeriodSeconds
+(`WorkerPodSettings.termination_grace_s`); it is failed once its container stopped or the pod is gone while
+its node is still in the schedule. The operator's own deletions send STOP first (no drain). With
+`disruption_budget`, a PodDisruptionBudget `<topology>-workers` (maxUnavailable 1) lets evictions take one
+worker at a time.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from elastream.runtime.security import (
     generate_keys,
 )
 from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import ca_file_of, with_ca_file
 
 log = logging.getLogger("elastream.kubernetes")
@@ -99,6 +106,13 @@ class WorkerPodSettings:
     #: its own workers only, and their metrics port from `metrics_from` (NetworkPolicyPeers: the scraper)
     network_policy: bool = False
     metrics_from: tuple[Mapping[str, Any], ...] = ()
+    #: the pods' terminationGracePeriodSeconds: a worker told to stop (eviction, node drain, `kubectl delete
+    #: pod`) has this long for its drain (its executors moved off by CCR) before it is killed
+    termination_grace_s: int = 30
+    #: workers ask for a drain on SIGTERM (off: they stop at once and the topology rolls back, as before)
+    drains: bool = True
+    #: keep a PodDisruptionBudget `<topology>-workers` (maxUnavailable 1): evictions take one worker at a time
+    disruption_budget: bool = True
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -198,6 +212,26 @@ def worker_network_policy(topology: Topology, owner: Mapping[str, Any], settings
     }
 
 
+def disruption_budget_name(topology: Topology) -> str:
+    return f"{topology.name}-workers"
+
+
+def worker_disruption_budget(topology: Topology, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The topology's PodDisruptionBudget: evictions (`kubectl drain`, a cluster autoscaler) take at most one of
+    its worker pods at a time, so each drain moves one node's executors while the others run."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": disruption_budget_name(topology),
+            "namespace": topology.namespace,
+            "labels": labels_for(topology),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels_for(topology)}},
+    }
+
+
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
     """An ownerReference to the StreamTopology `owner` (its metadata): deleting it deletes the pods."""
     return {
@@ -274,6 +308,7 @@ def worker_pod(
                 "valueFrom": {"secretKeyRef": {"name": secret_name(topology), "key": "url"}},
             },
             {"name": "ELASTREAM_LOG_LEVEL", "value": settings.log_level},
+            {"name": DRAIN_GRACE_ENV, "value": str(settings.termination_grace_s if settings.drains else 0)},
             *data_plane_env(topology, settings),
         ],
         "ports": [
@@ -303,7 +338,8 @@ def worker_pod(
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # workers talk to Redis and to each other, never to the API
-        "terminationGracePeriodSeconds": 15,
+        # the worker's drain (its executors moved off by CCR) must fit in it: the worker reads it from its env
+        "terminationGracePeriodSeconds": settings.termination_grace_s,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": WORKER_UID,
@@ -421,6 +457,7 @@ class KubernetesBackend(NodeBackend):
         networking: Any = None,
         topology_users: bool = True,
         user_keeper: UserKeeper | None = None,
+        policy: Any = None,
     ) -> None:
         super().__init__(topology, client, start_timeout_s)
         #: give the workers a Redis user of the topology's own (else the operator's URL, `redis_url`)
@@ -435,11 +472,14 @@ class KubernetesBackend(NodeBackend):
         self.core = core
         #: a `kubernetes.client.NetworkingV1Api` (needed with `settings.network_policy`)
         self.networking = networking
+        #: a `kubernetes.client.PolicyV1Api` (needed with `settings.disruption_budget`)
+        self.policy = policy
         self.owner = dict(owner)
         self.redis_url = redis_url
         self.settings = settings or WorkerPodSettings()
         self.namespace = topology.namespace
         self._pods: dict[str, Any] = {}
+        self._terminating: set[str] = set()
         self._pods_at = 0.0
         #: nodes whose pods were deleted on purpose (not failures)
         self._released: set[str] = set()
@@ -548,6 +588,24 @@ class KubernetesBackend(NodeBackend):
         except ApiException as exc:
             raise BackendError(f"NetworkPolicy {name}: {exc.reason}: {_api_message(exc)}") from None
 
+    def ensure_disruption_budget(self) -> None:
+        """The topology's PodDisruptionBudget (with `settings.disruption_budget` and a policy client), created or
+        brought back to what it should be; one that is not the topology's raises `NotOwned`."""
+        from kubernetes.client.exceptions import ApiException
+
+        if not self.settings.disruption_budget or self.policy is None:
+            return
+        body = worker_disruption_budget(self.topology, self.owner)
+        name = disruption_budget_name(self.topology)
+        current = self._read("PodDisruptionBudget", self.policy.read_namespaced_pod_disruption_budget, name)
+        try:
+            if current is None:
+                self.policy.create_namespaced_pod_disruption_budget(self.namespace, body)
+            else:
+                self.policy.patch_namespaced_pod_disruption_budget(name, self.namespace, {"spec": body["spec"]})
+        except ApiException as exc:
+            raise BackendError(f"PodDisruptionBudget {name}: {exc.reason}: {_api_message(exc)}") from None
+
     def _read(self, kind: str, read: Any, name: str) -> Any:
         """The object `name` (None when there is none), checked to be this topology's: one that is not raises
         `NotOwned` and is never patched or deleted."""
@@ -565,21 +623,26 @@ class KubernetesBackend(NodeBackend):
 
     def pods(self, fresh: bool = False) -> dict[str, Any]:
         """node -> its pod (a `V1Pod`), listed by the topology's labels and owned by it (a pod someone else
-        labelled alike is no node of it; cached for `POD_CACHE_S`)."""
+        labelled alike is no node of it; cached for `POD_CACHE_S`); a pod being deleted is not in it (its
+        node is in `terminating_nodes` while its worker runs)."""
         now = time.monotonic()
         if fresh or now - self._pods_at > POD_CACHE_S:
             listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
-            self._pods = {
-                (p.metadata.labels or {}).get("elastream.dev/node", ""): p
-                for p in listed.items
-                if p.metadata.deletion_timestamp is None and is_owned_by(p, self.owner)
-            }
+            owned = [p for p in listed.items if is_owned_by(p, self.owner)]
+            self._pods = {_node_of(p): p for p in owned if p.metadata.deletion_timestamp is None}
+            # deleted, but the worker runs on through its grace period (a drain moves its executors off)
+            self._terminating = {
+                _node_of(p)
+                for p in owned
+                if p.metadata.deletion_timestamp is not None and (p.status.phase or "Pending") == "Running"
+            } - set(self._pods)
             self._pods_at = now
         return self._pods
 
     # --------------------------------------------------------------------------------- NodeBackend hooks
     def preflight(self) -> None:
         self.ensure_network_policy()  # before the first pod: no worker is ever reachable from outside
+        self.ensure_disruption_budget()
         self.ensure_config()
         self.ensure_redis_user()  # before the first pod: its URL names the user
 
@@ -587,7 +650,15 @@ class KubernetesBackend(NodeBackend):
         return super().is_transient(exc) or is_api_unavailable(exc)
 
     def running_nodes(self) -> set[str]:
-        return {n for n, p in self.pods(fresh=True).items() if (p.status.phase or "Pending") in ("Pending", "Running")}
+        pods = self.pods(fresh=True)
+        running = {n for n, p in pods.items() if (p.status.phase or "Pending") in ("Pending", "Running")}
+        return running | (self._terminating - self._released)
+
+    def terminating_nodes(self) -> set[str]:
+        """Nodes whose pod is being deleted (evicted, drained, `kubectl delete pod`) and whose worker still runs
+        through its grace period: not failed until it stops (a drain may move its executors off first)."""
+        self.pods()
+        return set(self._terminating)
 
     def spawn(self, node: str, staged_version: int = 0) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -617,6 +688,7 @@ class KubernetesBackend(NodeBackend):
         self._pods_at = 0.0
 
     def stop_nodes(self, nodes: Sequence[str]) -> None:
+        self.tell_stop(list(nodes))  # so the SIGTERM of the deletion asks for no drain
         for node in nodes:
             self._released.add(node)
             self._delete_pod(pod_name(self.topology, node))
@@ -632,7 +704,7 @@ class KubernetesBackend(NodeBackend):
         pods = self.pods()
         wanted = set(self.schedule.nodes) | (set(self.prepared[0].nodes) if self.prepared else set())
         failed = {}
-        for node in sorted(wanted - self._released):
+        for node in sorted(wanted - self._released - self._terminating):
             pod = pods.get(node)
             if pod is None:
                 failed[node] = f"worker pod {pod_name(self.topology, node)} is gone (deleted or evicted)"
@@ -691,6 +763,7 @@ class KubernetesBackend(NodeBackend):
             self.endpoints = self.registry.endpoints(found[0])
             log.info("adopted the worker pods of %s (schedule version %d)", self.topology.name, found[0])
             self.ensure_network_policy()
+            self.ensure_disruption_budget()
             self.ensure_config()
             self.ensure_redis_user()
             return
@@ -738,6 +811,10 @@ class KubernetesBackend(NodeBackend):
 STUCK_WAITING = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}
 )
+
+
+def _node_of(pod: Any) -> str:
+    return str((pod.metadata.labels or {}).get("elastream.dev/node", ""))
 
 
 def _waiting_reason(pod: Any) -> str:

@@ -20,6 +20,10 @@ them to its workers in their environment (never on the command line, never logge
 of this run talk to each other; `ELASTREAM_DATA_PLANE_AUTH=off` (in the environment or `extra_env`) turns
 authentication and encryption off.
 
+Graceful drains: a worker that gets SIGTERM from anyone but this backend (which sends STOP on its control
+list first) asks the controller to move its executors off and exits once they are (`control.drains`),
+within `drain_grace_s`.
+
 Workers run in their own session (a Ctrl-C in the terminal reaches only the controller, which stops them in
 order), but they never outlive it: each asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG,
 when spawned from the main thread) and also watches its parent pid (`ELASTREAM_PARENT_PID`).
@@ -51,6 +55,7 @@ from elastream.core.topology import Topology
 from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
 from elastream.runtime.security import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import connect, redacted
 
 log = logging.getLogger("elastream.local")
@@ -109,6 +114,7 @@ class LocalCluster(NodeBackend):
         extra_env: dict[str, str] | None = None,
         health_port: int = 0,
         topology_user: bool = True,
+        drain_grace_s: float = 30.0,
     ) -> None:
         # this run's data-plane keys, checked before anything connects (None: authentication off)
         try:
@@ -134,6 +140,9 @@ class LocalCluster(NodeBackend):
         #: serve /healthz and /ready on this port of every node's address (0: off)
         self.health_port = health_port
         self.extra_env = dict(extra_env or {})
+        #: a worker's grace period after SIGTERM (not from this backend: `stop_nodes` sends STOP first): it
+        #: asks for a drain and waits for it within that (0: no drains)
+        self.drain_grace_s = drain_grace_s
         self.workers: dict[str, WorkerProcess] = {}
         #: workers of removed nodes, exiting after their switch (reaped by `check_alive`)
         self.retiring: list[WorkerProcess] = []
@@ -250,6 +259,7 @@ class LocalCluster(NodeBackend):
             "PYTHONUNBUFFERED": "1",
             "ELASTREAM_REDIS_URL": self.worker_redis_url,
             "ELASTREAM_PARENT_PID": str(os.getpid()),
+            DRAIN_GRACE_ENV: f"{self.drain_grace_s:g}",
             **(self.data_plane.env() if self.data_plane is not None else {AUTH_ENV: "off"}),
         }
         # PR_SET_PDEATHSIG fires when the spawning *thread* exits: only the main thread lives as long as we do
@@ -272,6 +282,7 @@ class LocalCluster(NodeBackend):
         worker.process.wait(10)
 
     def _stop(self, workers: Sequence[WorkerProcess], timeout_s: float = 10.0) -> None:
+        self.tell_stop([w.node for w in workers if w.process.poll() is None])  # so SIGTERM asks for no drain
         for worker in workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)

@@ -201,6 +201,16 @@ class NodeBackend:
     def control(self, schedule: Schedule) -> ControlChannel:
         return ControlChannel(self.client, self.topology.redis_prefix, schedule)
 
+    def tell_stop(self, nodes: Sequence[str]) -> None:
+        """Before the backend stops these workers: a STOP on their control lists, so the SIGTERM that follows
+        is not taken for a drain request (best effort: with Redis away a worker cannot drain either)."""
+        if not nodes:
+            return
+        try:
+            self.control(self.schedule or Schedule({}, (), 1)).send_nodes(nodes, {"type": ControlType.STOP})
+        except Exception as exc:  # best effort: the stop goes ahead whatever Redis (or a test's fake) does
+            log.debug("STOP not sent to %s: %s", ", ".join(nodes), exc)
+
     def wait_ready(self, nodes: Sequence[str]) -> None:
         version = self.version
         self._wait_for(nodes, lambda: self.registry.ready_nodes(version), "ready")
