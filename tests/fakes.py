@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from elastream.control.checkpoints import CheckpointResult
 from elastream.core.metrics import MetricSample, MetricSnapshot
@@ -27,6 +28,18 @@ class FakeBackend:
         #: how often the topology's Redis user was checked, and what checking it raises (an `AclRefused`)
         self.redis_user_checks = 0
         self.redis_user_error: Exception | None = None
+        #: the topology's ConfigMap (share it between operator lifetimes, as `workers`), and what writing the
+        #: record of an upgrade raises
+        self.configmap: dict[str, Any] = {}
+        self.configmap_error: Exception | None = None
+
+    def record_upgrade(self, previous: Any) -> None:
+        if self.configmap_error is not None:
+            raise self.configmap_error
+        if previous is None:
+            self.configmap.pop("previous", None)
+        else:
+            self.configmap["previous"] = {"spec": dict(previous.spec)}
 
     def ensure_redis_user(self) -> None:
         self.redis_user_checks += 1

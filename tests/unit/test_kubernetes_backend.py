@@ -4,12 +4,19 @@ start waits), and where a worker pod's listeners bind."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from elastream.control.backends.kubernetes import KubernetesBackend, WorkerPodSettings, owner_reference, worker_pod
+from elastream.control.backends.kubernetes import (
+    KubernetesBackend,
+    WorkerPodSettings,
+    owner_reference,
+    running_spec_of,
+    worker_pod,
+)
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
@@ -50,11 +57,18 @@ class FakeCore:
 
     def read_namespaced_config_map(self, name: str, namespace: str) -> Any:
         self._missing(self.config_maps, name)
-        return SimpleNamespace(metadata=self._metadata(self.config_maps[name]))
+        stored = self.config_maps[name]
+        return SimpleNamespace(metadata=self._metadata(stored), data=dict(stored.get("data") or {}))
 
     def patch_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        """A strategic merge patch of `data`: keys not in the patch stay, a null removes one."""
         self._missing(self.config_maps, name)
-        self.config_maps[name]["data"] = body["data"]
+        data = self.config_maps[name].setdefault("data", {})
+        for key, value in body["data"].items():
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
 
     def create_namespaced_config_map(self, namespace: str, body: dict[str, Any]) -> None:
         self.config_maps[body["metadata"]["name"]] = body
@@ -382,9 +396,10 @@ def test_a_config_map_or_secret_the_topology_does_not_own_is_never_patched(owner
 def test_a_config_map_and_secret_the_topology_owns_are_patched() -> None:
     kube, core = backend()
     kube.ensure_config()
-    kube.schedule = None
-    kube.ensure_config()  # a later pass: read, found ours, patched
-    assert "schedule.json" not in core.config_maps["web-topology"]["data"]
+    stored = core.config_maps["web-topology"]
+    kube.topology = dataclasses.replace(kube.topology, spec={**kube.topology.spec, "image": "web:2"})
+    kube.ensure_config()  # a later pass: read, found ours, patched (not made again)
+    assert core.config_maps["web-topology"] is stored and "image: web:2" in stored["data"]["topology.yaml"]
 
 
 def test_a_pod_in_the_way_of_a_new_worker_is_deleted_only_if_it_is_the_topologys() -> None:
@@ -651,3 +666,34 @@ def test_a_suspended_schedule_is_assumed_without_a_pod_and_the_restore_starts_ev
     assert set(kube.failed_nodes()) == set(schedule.nodes)  # what the restore starts: every node
     kube.apply(schedule, "r1")  # the restore's apply: a pod per node, the next version of the other parity
     assert set(core.pods) == {f"web-{n}" for n in schedule.nodes} and kube.version == 5
+
+
+def test_the_running_spec_and_an_upgrade_in_flight_are_read_back_from_the_topologys_own_config_map() -> None:
+    kube, core = backend()
+    owner = {"name": "web", "uid": "u"}
+    assert running_spec_of(core, kube.topology, owner) == (None, None)  # a new topology
+    kube.ensure_config()
+    running, previous = running_spec_of(core, kube.topology, owner)
+    assert running is not None and running["spec"]["nodes"] == 2 and previous is None
+    older = parse_manifest(manifest([src("s", 1), sink("z", 1)], [edge("s", "z")], name="web", nodes=1))
+    kube.record_upgrade(older)
+    kube.ensure_config()  # a later write of the ConfigMap keeps the record
+    running, previous = running_spec_of(core, kube.topology, owner)
+    assert previous is not None and previous["spec"]["nodes"] == 1
+    kube.record_upgrade(None)
+    assert running_spec_of(core, kube.topology, owner)[1] is None
+    # another topology's ConfigMap of that name (another uid) is not read
+    assert running_spec_of(core, kube.topology, {"name": "web", "uid": "someone-else"}) == (None, None)
+
+
+def test_a_hostile_spec_in_the_config_map_is_not_expanded(caplog: pytest.LogCaptureFixture) -> None:
+    kube, core = backend()
+    kube.ensure_config()
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8)
+    )
+    core.config_maps["web-topology"]["data"]["topology.yaml"] = "kind: StreamTopology\n" + bomb
+    assert running_spec_of(core, kube.topology, {"name": "web", "uid": "u"}) == (None, None)
+    assert "100000 values" in caplog.text  # refused by the manifest bounds, never expanded

@@ -112,6 +112,8 @@ class World:
         self.checkpoint_keys: dict[str, str] = {}
         #: the spec the pods run (the topology's ConfigMap: outlives an operator too); None: no ConfigMap
         self.running_doc: dict[str, Any] | None = None
+        #: the rest of that ConfigMap (the record of an upgrade in flight)
+        self.configmap: dict[str, Any] = {}
         #: images whose pods never start (their restore fails, as a pod stuck in ErrImagePull times out)
         self.broken_images: set[str] = set()
         self.topologies = ManagedTopologies(
@@ -122,7 +124,7 @@ class World:
             analyzer=Analyzer(),
             build=self.build,
             running_schedule=lambda topology: None,
-            running_spec=lambda topology, metadata: self.running_doc,
+            running_spec=lambda topology, metadata: (self.running_doc, self.configmap.get("previous")),
             clock=self.clock.now,
         )
 
@@ -130,6 +132,7 @@ class World:
         backend = FakeBackend()
         backend.keys = self.keys  # type: ignore[attr-defined]
         backend.workers = self.pods
+        backend.configmap = self.configmap
         migrator = FakeMigrator(backend)
         if topology.spec.get("image") in self.broken_images:
             migrator.recover_failures = 1_000_000

@@ -9,6 +9,8 @@ from typing import Any
 
 from test_reconciler import World, gitops_conditions, running
 
+from elastream.core.ports import BackendError
+
 NODES = {"node-0", "node-1", "node-2"}
 
 
@@ -206,3 +208,79 @@ def test_an_upgrade_asked_while_suspended_applies_on_resume_from_the_suspends_ch
     controller = world.topologies.topologies["default/t"].controller
     assert controller is not None and controller.topology.spec["image"] == "elastream-worker:2"
     assert world.status["phase"] == "Running" and world.pods == NODES
+
+
+def restarted_operator(world: World) -> World:
+    """A new operator over the same resource, pods, Redis and ConfigMap (the old one is gone)."""
+    again = World(3)
+    again.body, again.custom.body = world.body, world.body
+    again.pods, again.keys, again.checkpoint_keys = world.pods, world.keys, world.checkpoint_keys
+    again.running_doc, again.configmap = world.running_doc, world.configmap
+    again.broken_images = world.broken_images
+    again.topologies.custom_api = world.custom
+    return again
+
+
+def test_the_upgrade_is_recorded_in_the_configmap_before_anything_stops_and_cleared_after() -> None:
+    world = running(3)
+    world.patch_spec(image="elastream-worker:2")
+    world.run_for(5.0)
+    assert world.configmap == {}  # done: no upgrade in flight
+    world.backends[-1].configmap_error = BackendError("ConfigMap t-topology: Service Unavailable")
+    world.patch_spec(image="elastream-worker:3")
+    world.run_for(3.0)
+    # the record could not be written: nothing stopped, retried with backoff
+    assert len(world.backends) == 2 and "workers stopped" not in world.backend.log
+    assert world.reasons().count("UpgradeBackoff") == 1 and world.status["phase"] == "Upgrading"
+    world.backends[-1].configmap_error = None
+    world.run_for(30.0)
+    assert len(world.backends) == 3 and world.status["observedGeneration"] == 3 and world.configmap == {}
+
+
+def test_an_operator_restarted_in_the_middle_of_an_upgrade_stops_its_pods_and_upgrades_again() -> None:
+    world = running(3)
+    previous = {"spec": copy.deepcopy(world.body["spec"])}
+    world.patch_spec(image="elastream-worker:2")
+    # the old operator died after recording the upgrade and starting the new pods, before they ran
+    world.configmap["previous"] = previous
+    world.running_doc = {"spec": copy.deepcopy(world.body["spec"])}
+    world.checkpoint_keys["ckpt:latest"] = "ckpt-5"
+    restarted = restarted_operator(world)
+    restarted.run_for(5.0)
+    first = restarted.backends[0]
+    assert first.log[0] == "workers stopped"  # whatever the interrupted upgrade had started
+    assert "UpgradeStarted" in restarted.reasons() and "ckpt-5" in next(
+        e["message"] for e in restarted.core.events if e["reason"] == "UpgradeStarted"
+    )
+    controller = restarted.topologies.topologies["default/t"].controller
+    assert controller is not None and controller.topology.spec["image"] == "elastream-worker:2"
+    assert restarted.migrators[0].recovered == []  # the previous spec was not restored first: one restore
+    assert restarted.migrator.recovered == [{n: "upgrading to generation 2" for n in sorted(NODES)}]
+    assert restarted.status["phase"] == "Running" and restarted.configmap == {}
+
+
+def test_an_interrupted_upgrade_whose_pods_cannot_start_is_rolled_back_after_an_operator_restart() -> None:
+    world = running(3)
+    previous = {"spec": copy.deepcopy(world.body["spec"])}
+    world.broken_images.add("elastream-worker:broken")
+    world.patch_spec(image="elastream-worker:broken")
+    world.configmap["previous"] = previous
+    world.running_doc = {"spec": copy.deepcopy(world.body["spec"])}  # the new pods, stuck
+    world.checkpoint_keys["ckpt:latest"] = "ckpt-5"
+    restarted = restarted_operator(world)
+    restarted.run_for(5.0)
+    controller = restarted.topologies.topologies["default/t"].controller
+    assert controller is not None and controller.topology.spec.get("image") is None  # the previous spec
+    assert restarted.pods == NODES and restarted.status["observedGeneration"] == 2
+    assert gitops_conditions(restarted) == {"Ready": ("False", "UpgradeFailed"), "Stalled": ("True", "UpgradeFailed")}
+
+
+def test_an_upgrade_asked_while_suspended_restores_once_into_the_new_spec() -> None:
+    world = running(3)
+    world.patch_spec(suspend=True)
+    world.run_for(1.0)
+    world.patch_spec(image="elastream-worker:2", suspend=False)
+    world.run_for(10.0)
+    assert world.migrators[0].recovered == []  # not resumed into the old spec first
+    assert world.migrator.recovered == [{n: "upgrading to generation 3" for n in sorted(NODES)}]
+    assert world.status["phase"] == "Running" and world.status["observedGeneration"] == 3

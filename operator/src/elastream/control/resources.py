@@ -39,7 +39,7 @@ from elastream.control.backends.kubernetes import (
     running_spec_of,
     selector_for,
 )
-from elastream.control.controller import TopologyController
+from elastream.control.controller import SuspendResult, TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
 from elastream.core.images import image_allowed, image_refusal
@@ -431,7 +431,9 @@ class ManagedTopologies:
     #: the schedule the workers of a topology run, from Redis (after an operator restart: adopted)
     running_schedule: Callable[[Topology], Schedule | None] | None = None
     #: the spec the pods of a topology run (its ConfigMap's), None when there are none (tests replace it)
-    running_spec: Callable[[Topology, Mapping[str, Any]], Mapping[str, Any] | None] | None = None
+    running_spec: (
+        Callable[[Topology, Mapping[str, Any]], tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]] | None
+    ) = None
     clock: Callable[[], float] = time.monotonic
     topologies: dict[str, ManagedTopology] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -519,7 +521,11 @@ class ManagedTopologies:
         if (metadata.get("annotations") or {}).get(RESTART_FROM_SCRATCH) == "true":
             self._restart_from_scratch(managed)
         if managed.controller is None:
-            delay = self._start(managed, body, self._running_topology(wanted, metadata), now)
+            running, interrupted = self._running_topology(wanted, metadata)
+            if interrupted is not None:
+                delay = self._take_over_interrupted_upgrade(managed, body, interrupted, now)
+            else:
+                delay = self._start(managed, body, running, now)
             if delay is not None:
                 return delay
         controller = managed.controller
@@ -534,7 +540,7 @@ class ManagedTopologies:
             managed.attempt = None  # the suspend is no longer asked for: nothing was stopped, nothing to retry
         managed.set(suspending="")
         self._check_redis_user(managed)  # before a resume too: the workers that start must find their user
-        if controller.suspended:
+        if controller.suspended and not self._upgrade_due(managed, controller.topology, wanted):
             delay = self._resume(managed, now)
             if delay is not None:
                 return delay
@@ -801,35 +807,76 @@ class ManagedTopologies:
 
     # ---------------------------------------------------------------------------------- stateful upgrades
 
-    def _running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> Topology:
-        """What the topology's pods run, when the operator takes a topology over: the spec its ConfigMap holds
-        (written with every start, upgrade and schedule), so a spec changed while no operator ran is applied
-        by the upgrade path rather than assumed. The wanted one when there is none (a new topology) or it
-        cannot be read or parsed (then the start says what is wrong)."""
+    def _running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> tuple[Topology, Topology | None]:
+        """When the operator takes a topology over: (what its pods run, the spec of an upgrade in flight started
+        from, or None), from its ConfigMap (written with every start, upgrade and schedule), so a spec changed
+        while no operator ran is applied by the upgrade path rather than assumed, and an interrupted upgrade
+        can still go back. The wanted one when there is none (a new topology) or it cannot be read or parsed
+        (then the start says what is wrong)."""
         read = self.running_spec or self._configmap_spec
         try:
-            document = read(wanted, metadata)
+            running_doc, previous_doc = read(wanted, metadata)
         except Exception as exc:  # the API server away: the start itself will wait and say so
             log.debug("running spec of %s/%s not read: %s", wanted.namespace, wanted.name, exc)
-            return wanted
-        if document is None:
-            return wanted
-        try:
-            running = parse_manifest(
-                {**document, "metadata": {"name": wanted.name, "namespace": wanted.namespace}}, bounded=True
-            )
-        except TopologyError as exc:
-            log.warning(
-                "%s/%s: the spec its pods run does not parse (%s); taking the wanted one",
-                wanted.namespace,
-                wanted.name,
-                exc,
-            )
-            return wanted
-        return dataclasses.replace(running, suspend=wanted.suspend)
+            return wanted, None
 
-    def _configmap_spec(self, wanted: Topology, metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        def parsed(document: Mapping[str, Any] | None) -> Topology | None:
+            if document is None:
+                return None
+            try:
+                found = parse_manifest(
+                    {**document, "metadata": {"name": wanted.name, "namespace": wanted.namespace}}, bounded=True
+                )
+            except TopologyError as exc:
+                log.warning("%s/%s: a spec in its ConfigMap does not parse (%s)", wanted.namespace, wanted.name, exc)
+                return None
+            return dataclasses.replace(found, suspend=wanted.suspend)
+
+        return parsed(running_doc) or wanted, parsed(previous_doc)
+
+    def _configmap_spec(
+        self, wanted: Topology, metadata: Mapping[str, Any]
+    ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
         return running_spec_of(self.core_api, wanted, {"name": metadata["name"], "uid": metadata.get("uid", "")})
+
+    def _upgrade_due(self, managed: ManagedTopology, running: Topology, wanted: Topology) -> bool:
+        """Whether the wanted spec is a stateful upgrade of `running` still to be tried."""
+        change = spec_change(running, wanted)
+        return change.needs_restart and not change.refused and managed.rolled_back_generation != managed.generation
+
+    def _take_over_interrupted_upgrade(
+        self, managed: ManagedTopology, body: Mapping[str, Any], previous: Topology, now: float
+    ) -> float | None:
+        """The ConfigMap says an upgrade from `previous` was in flight when the last operator stopped: its pods
+        (new ones starting, or the previous spec's not stopped yet) are stopped, and a controller of the
+        previous spec is taken over stopped, at the latest checkpoint. The pass then upgrades again from that
+        checkpoint (rolling back to `previous` if that fails), or resumes `previous` if the spec went back."""
+        build = self.build or ManagedTopologies._build
+        controller = build(self, previous, body["metadata"], managed)
+        try:
+            controller.backend.stop_workers()
+            controller.start_suspended(None)
+        except StateLost as exc:
+            managed.set(state_lost=str(exc))
+            managed.write()
+            return self.tick_s
+        except (BackendError, redis.RedisError, AclRefused) as exc:
+            with contextlib.suppress(Exception):
+                controller.close(stop_workers=False)
+            delay = self._start_failed(managed, "start", exc, now)
+            managed.write()
+            return delay
+        controller.suspended = True  # whatever ran was stopped: the restore starts it
+        managed.controller = controller
+        managed.attempt = None
+        managed.set(started=True, backend_error="", redis_unavailable="")
+        managed.events.emit(
+            EventReason.UPGRADE_STARTED,
+            "an upgrade was in flight when the operator restarted: its pods were stopped, it starts again from "
+            f"checkpoint {controller.resume_point or '(none)'}",
+            warning=True,
+        )
+        return None
 
     def _apply_spec(
         self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, now: float
@@ -912,7 +959,12 @@ class ManagedTopologies:
             )
         managed.set(upgrading=f"generation {generation}: taking a checkpoint of the running workers")
         managed.write()
-        result = old.suspend(announce=False)
+        try:
+            old.backend.record_upgrade(old.topology)  # type: ignore[attr-defined]
+        except BackendError as exc:
+            result = SuspendResult(False, reason=f"the upgrade could not be recorded: {exc}")
+        else:
+            result = old.suspend(announce=False)
         self._note_store(managed)
         if not result.done:
             attempt = managed.attempt
@@ -951,7 +1003,8 @@ class ManagedTopologies:
         managed.controller = controller
         managed.applied_parallelism = spec_parallelism(wanted)
         replayed = report.replayed if report is not None else 0
-        managed.set(upgrading="", upgrade_failed="", started=True, backend_error="", scaling_failed="")
+        self._upgrade_done(controller)
+        managed.set(upgrading="", upgrade_failed="", started=True, backend_error="", scaling_failed="", suspended=False)
         managed.published["lastUpgrade"] = {
             "generation": generation,
             "outcome": UPGRADE_SUCCEEDED,
@@ -968,6 +1021,15 @@ class ManagedTopologies:
         )
         managed.write()
         return None
+
+    @staticmethod
+    def _upgrade_done(controller: TopologyController) -> None:
+        """The ConfigMap's record of the upgrade goes (its pods run); a failure only leaves it for the next
+        operator to find, which then restarts the upgrade from the latest checkpoint: logged, not raised."""
+        try:
+            controller.backend.record_upgrade(None)  # type: ignore[attr-defined]
+        except BackendError as exc:
+            log.warning("the record of a finished upgrade was not removed: %s", exc)
 
     def _restart_as(
         self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, why: str
@@ -1038,7 +1100,8 @@ class ManagedTopologies:
             managed.write()
             return delay
         managed.controller = controller
-        managed.set(upgrading="", upgrade_failed=message, backend_error="", started=True)
+        self._upgrade_done(controller)
+        managed.set(upgrading="", upgrade_failed=message, backend_error="", started=True, suspended=False)
         managed.events.emit(EventReason.UPGRADE_ROLLED_BACK, message, warning=True)
         managed.write()
         return self.tick_s

@@ -80,6 +80,8 @@ WORKER_UID = 10001
 #: the CA of Redis' TLS certificate in the topology's ConfigMap, and where worker pods find it (the ConfigMap
 #: is mounted at /etc/elastream): the operator copies the file its own URL names (`ssl_ca_certs`)
 REDIS_CA_KEY = "redis-ca.crt"
+#: the ConfigMap's record of an upgrade in flight: the spec it upgrades from (absent when none is)
+PREVIOUS_SPEC_KEY = "previous-topology.yaml"
 WORKER_REDIS_CA_PATH = f"/etc/elastream/{REDIS_CA_KEY}"
 #: a CA bundle larger than this is refused (a ConfigMap holds at most 1 MiB)
 MAX_REDIS_CA_BYTES = 256 * 1024
@@ -407,29 +409,36 @@ def data_plane_env(topology: Topology, settings: WorkerPodSettings) -> list[dict
     ]
 
 
-def running_spec_of(core: Any, topology: Topology, owner: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The spec the topology's pods run: the `topology.yaml` of its ConfigMap (written by every start, upgrade
-    and migration), None when there is no ConfigMap of the topology's (a new topology) or it holds no
-    readable document. Read within the manifest bounds: the ConfigMap lives in the tenant's namespace."""
+def running_spec_of(
+    core: Any, topology: Topology, owner: Mapping[str, Any]
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """(the spec the topology's pods run, the spec an upgrade in flight upgrades from): the `topology.yaml` and
+    `previous-topology.yaml` of its ConfigMap (written by every start, upgrade and migration). None for what
+    is not there: no ConfigMap of the topology's (a new topology), no upgrade in flight, a document that does
+    not read. Read within the manifest bounds: the ConfigMap lives in the tenant's namespace."""
     from kubernetes.client.exceptions import ApiException
 
     try:
         found = core.read_namespaced_config_map(config_map_name(topology), topology.namespace)
     except ApiException as exc:
         if exc.status == 404:
-            return None
+            return None, None
         raise
     if not is_owned_by(found, owner):
-        return None  # not this topology's (ObjectNotOwned is the start's to say)
-    text = (_field(found, "data", "data") or {}).get("topology.yaml")
-    if not isinstance(text, str):
-        return None
-    try:
-        document = manifest_document_from_text(text, f"ConfigMap {config_map_name(topology)}")
-    except TopologyError as exc:
-        log.warning("%s", exc)
-        return None
-    return document
+        return None, None  # not this topology's (ObjectNotOwned is the start's to say)
+    data = _field(found, "data", "data") or {}
+
+    def document(key: str) -> Mapping[str, Any] | None:
+        text = data.get(key)
+        if not isinstance(text, str):
+            return None
+        try:
+            return manifest_document_from_text(text, f"ConfigMap {config_map_name(topology)} {key}")
+        except TopologyError as exc:
+            log.warning("%s", exc)
+            return None
+
+    return document("topology.yaml"), document(PREVIOUS_SPEC_KEY)
 
 
 def manifest_document(topology: Topology) -> dict[str, Any]:
@@ -541,6 +550,23 @@ class KubernetesBackend(NodeBackend):
             self.core.patch_namespaced_secret(name, self.namespace, {"stringData": string_data})
         except ApiException as exc:
             raise BackendError(f"Secret {name}: {exc.reason}") from None
+
+    def record_upgrade(self, previous: Topology | None) -> None:
+        """Keep (or, with None, drop) the spec an upgrade starts from in the ConfigMap, before the old pods stop:
+        an operator restarted in the middle of the upgrade knows what to go back to. Raises `BackendError`."""
+        from kubernetes.client.exceptions import ApiException
+
+        value = yaml.safe_dump(manifest_document(previous), sort_keys=False) if previous is not None else None
+        try:
+            self.core.patch_namespaced_config_map(
+                config_map_name(self.topology), self.namespace, {"data": {PREVIOUS_SPEC_KEY: value}}
+            )
+        except ApiException as exc:
+            if exc.status == 404 and previous is None:
+                return
+            raise BackendError(f"ConfigMap {config_map_name(self.topology)}: {exc.reason}") from None
+        except Exception as exc:
+            raise BackendError(f"ConfigMap {config_map_name(self.topology)}: {exc}") from None
 
     def ensure_redis_user(self) -> None:
         """The topology's Redis user as it must be, on every node (one ACL GETUSER each when it is): before the
