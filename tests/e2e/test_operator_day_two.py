@@ -3,7 +3,8 @@ applied by a stateful upgrade (a checkpoint, the old pods stopped, new ones star
 exactly once; an upgrade whose pods cannot start rolled back, the topology running on exactly once; suspend and
 resume with exactly once and exact keyed counts. kstatus (sigs.k8s.io/cli-utils, what Flux runs; built by
 scripts/kstatus-tool.sh) reads the live resource in each phase: Current when running as specified or
-suspended, InProgress while observedGeneration lags an upgrade, Failed once an upgrade is rolled back.
+suspended, InProgress while observedGeneration lags an upgrade, Failed once an upgrade is rolled back or on
+an invalid spec (which, fixed in place, starts).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def kstatus_bin() -> str:
+    """The kstatus checker, built (once, cached by version) by scripts/kstatus-tool.sh."""
     done = subprocess.run(
         ["bash", os.path.join(REPO, "scripts", "kstatus-tool.sh")], capture_output=True, text=True, timeout=1800
     )
@@ -187,3 +189,28 @@ def test_suspend_then_resume_keeps_every_event_exactly_once_and_keyed_counts_exa
     reasons = events_of(kubectl, e2e_namespace, name)
     assert "Suspended" in reasons and "Resumed" in reasons
     check_exactly_once_and_counts(client, e2e_namespace, name)
+
+
+def test_an_invalid_spec_is_failed_for_kstatus_and_fixed_in_place_it_starts(
+    installed, kubectl, e2e_namespace, tmp_path, kstatus_bin
+):
+    """A spec the API server accepts and the operator cannot run (more executors than slots) is Stalled with
+    InvalidSpec, observedGeneration on it (kstatus: Failed); fixing it in place starts the topology, with no
+    operator restart."""
+    name = "fixed"
+    manifest = topology_manifest(name)
+    manifest["spec"]["slotsPerNode"] = 1  # 6 executors on 2 nodes of 1 slot
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
+    binary = kstatus_bin
+    done = watch(kubectl, binary, e2e_namespace, name,
+                 lambda d: kstatus(binary, d)[0] == "Failed", 120, "kstatus Failed on the invalid spec")  # fmt: skip
+    state = done["document"]["status"]
+    stalled = {c["type"]: c for c in state["conditions"]}["Stalled"]
+    assert stalled["reason"] == "InvalidSpec" and "spec.slotsPerNode" in stalled["message"], stalled
+    assert worker_pods(kubectl, e2e_namespace, name) == []
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"slotsPerNode":6}}')
+    kubectl("wait", "--for=condition=Ready", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    assert kstatus(binary, resource(kubectl, e2e_namespace, name))[0] == "Current"
+    assert len(worker_pods(kubectl, e2e_namespace, name)) == 2
