@@ -16,8 +16,8 @@ from elastream.control.controller import TopologyController
 from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
-from elastream.core.topology import Topology
-from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, ListFeed, SimulatedMetrics
+from elastream.core.topology import Topology, topology_prefix
+from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -110,6 +110,10 @@ class World:
         self.pods: set[str] = set()
         #: checkpoints in "Redis" (outlive an operator too)
         self.checkpoint_keys: dict[str, str] = {}
+        #: savepoints in "Redis" (`FakeSavepoints`); the topology's checkpoint and epoch keys are its store
+        self.savepoints = FakeSavepoints()
+        self.savepoints.stores[topology_prefix("default", "t")] = self.checkpoint_keys
+        self.savepoints.epochs[topology_prefix("default", "t")] = self.keys
         self.topologies = ManagedTopologies(
             redis_client=None,  # type: ignore[arg-type]
             redis_url="redis://unused",
@@ -119,6 +123,7 @@ class World:
             build=self.build,
             running_schedule=lambda topology: None,
             clock=self.clock.now,
+            savepoint_service=self.savepoints,
         )
 
     def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):

@@ -22,19 +22,28 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import redis
 
 from elastream.control.controller import TopologyController
+from elastream.core.ports import EventSink
 from elastream.core.savepoints import (
+    DELETE_SAVEPOINT_ANNOTATION,
     MAX_SAVEPOINTS,
+    SAVEPOINT_ANNOTATION,
+    SHARE_ANNOTATION,
     SavepointMeta,
     access_problem,
     compatibility_problems,
     name_problem,
+    parse_share_with,
+    status_entries,
 )
 from elastream.core.schedule import initial_schedule
+from elastream.core.status import EventReason
 from elastream.core.topology import Topology, stream_key
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.epoch import RedisEpoch
@@ -167,3 +176,146 @@ def restore_initial_savepoint(client: redis.Redis, topology: Topology) -> Savepo
     )
     log.info("%s/%s seeded from savepoint %s as %s", topology.namespace, topology.name, ref.key, checkpoint_id)
     return meta
+
+
+class Savepoints(Protocol):
+    """Where savepoints are kept (`RedisSavepoints`; the reconciler's unit tests use an in-memory fake)."""
+
+    def take(self, controller: TopologyController, name: str, share_with: Sequence[str]) -> SavepointMeta: ...
+
+    def delete(self, namespace: str, topology: str, name: str) -> bool: ...
+
+    def list(self, namespace: str, topology: str) -> list[SavepointMeta]: ...
+
+    def restore(self, topology: Topology) -> SavepointMeta | None: ...
+
+    def has_checkpoint(self, topology: Topology) -> bool: ...
+
+
+@dataclass
+class RedisSavepoints:
+    """`Savepoints` in Redis, through the operator's connection."""
+
+    client: redis.Redis
+
+    def take(self, controller: TopologyController, name: str, share_with: Sequence[str]) -> SavepointMeta:
+        return take_savepoint(self.client, controller, name, share_with)
+
+    def delete(self, namespace: str, topology: str, name: str) -> bool:
+        return SavepointStore(self.client, namespace, topology).delete(name)
+
+    def list(self, namespace: str, topology: str) -> list[SavepointMeta]:
+        return SavepointStore(self.client, namespace, topology).list()
+
+    def restore(self, topology: Topology) -> SavepointMeta | None:
+        return restore_initial_savepoint(self.client, topology)
+
+    def has_checkpoint(self, topology: Topology) -> bool:
+        """Whether the topology's prefix holds a completed checkpoint (a seeded savepoint's included)."""
+        return CheckpointStore(self.client, topology.redis_prefix).latest_checkpoint() is not None
+
+
+#: a savepoint whose checkpoint keeps failing is given up after this many attempts (the annotation removed)
+MAX_TAKE_ATTEMPTS = 5
+
+
+@dataclass
+class SavepointRequests:
+    """The annotations of one topology that ask for savepoints, carried out by its reconcile passes:
+    `elastream.dev/savepoint=<name>` takes one (a failed checkpoint retried with backoff, given up after
+    `MAX_TAKE_ATTEMPTS`), `elastream.dev/delete-savepoint=<name>` deletes one; each annotation is removed when
+    done or refused (a Warning event says why and what to do). `entries` is `status.savepoints`, read from
+    Redis on the first pass (an operator restart rebuilds it) and after every change."""
+
+    service: Savepoints
+    events: EventSink
+    remove_annotation: Callable[[str], None]
+    retry_s: float = 5.0
+    retry_cap_s: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    entries: list[dict[str, Any]] | None = None
+    #: the take being retried: (name, failures so far, when the next may start)
+    pending: tuple[str, int, float] | None = None
+
+    def reconcile(self, controller: TopologyController, annotations: Mapping[str, str]) -> None:
+        """One pass: delete, then take, as annotated; refresh `entries` when they changed. Never raises for
+        Redis away (the controller notes it; the next pass tries again)."""
+        topology = controller.topology
+        try:
+            if self.entries is None:
+                self.refresh(topology)
+            doomed = annotations.get(DELETE_SAVEPOINT_ANNOTATION)
+            if doomed is not None:
+                self._delete(topology, doomed)
+            wanted = annotations.get(SAVEPOINT_ANNOTATION)
+            if wanted is None:
+                self.pending = None
+            elif not controller.state_lost and not controller.store_error:
+                self._take(controller, wanted, annotations.get(SHARE_ANNOTATION))
+        except redis.RedisError as exc:
+            log.debug("savepoints of %s not handled now: %s", topology.name, exc)
+
+    def refresh(self, topology: Topology) -> None:
+        self.entries = status_entries(self.service.list(topology.namespace, topology.name))
+
+    def _delete(self, topology: Topology, name: str) -> None:
+        if self.service.delete(topology.namespace, topology.name, name):
+            self.events.emit(EventReason.SAVEPOINT_DELETED, f"savepoint {name} deleted")
+        else:
+            self.events.emit(
+                EventReason.SAVEPOINT_REFUSED,
+                f"annotation {DELETE_SAVEPOINT_ANNOTATION}: no savepoint {name!r} of this topology "
+                "(status.savepoints lists them); nothing deleted",
+                warning=True,
+            )
+        self.remove_annotation(DELETE_SAVEPOINT_ANNOTATION)
+        self.refresh(topology)
+
+    def _take(self, controller: TopologyController, name: str, share: str | None) -> None:
+        now = self.clock()
+        pending = self.pending if self.pending is not None and self.pending[0] == name else None
+        if pending is not None and now < pending[2]:
+            return
+        share_with, problem = parse_share_with(share)
+        try:
+            problem = name_problem(name, f"annotation {SAVEPOINT_ANNOTATION}") or problem
+            if problem is not None:
+                raise SavepointError(problem, retry=False)
+            meta = self.service.take(controller, name, share_with)
+        except (SavepointError, redis.RedisError) as exc:
+            retry = isinstance(exc, redis.RedisError) or exc.retry
+            failures = (pending[1] if pending is not None else 0) + 1
+            if retry and failures < MAX_TAKE_ATTEMPTS:
+                delay = float(min(self.retry_cap_s, self.retry_s * 2 ** (failures - 1)))
+                self.pending = (name, failures, now + delay)
+                self.events.emit(
+                    EventReason.SAVEPOINT_BACKOFF,
+                    f"savepoint {name}: attempt {failures} failed ({exc}); retrying in {delay:.0f} s",
+                    warning=True,
+                )
+                return
+            self.pending = None
+            if retry:
+                self.events.emit(
+                    EventReason.SAVEPOINT_FAILED,
+                    f"savepoint {name} not taken after {failures} attempts: {exc}; annotate "
+                    f"{SAVEPOINT_ANNOTATION}={name} again to retry",
+                    warning=True,
+                )
+            else:
+                self.events.emit(
+                    EventReason.SAVEPOINT_REFUSED,
+                    f"annotation {SAVEPOINT_ANNOTATION}={name[:80]}: {exc}",
+                    warning=True,
+                )
+            self.remove_annotation(SAVEPOINT_ANNOTATION)
+            return
+        self.pending = None
+        self.events.emit(
+            EventReason.SAVEPOINT_TAKEN,
+            f"savepoint {name} taken from checkpoint {meta.checkpoint} ({meta.state_bytes} bytes of state"
+            + (f"; shared with {', '.join(meta.shared_with)}" if meta.shared_with else "")
+            + ")",
+        )
+        self.remove_annotation(SAVEPOINT_ANNOTATION)
+        self.refresh(controller.topology)

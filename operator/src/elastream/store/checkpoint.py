@@ -325,11 +325,11 @@ class CheckpointStore:
             if groups:
                 key = f"{m}:state:{vertex}"
                 pipe.delete(key)
-                pipe.hset(key, mapping=dict(groups))
+                pipe.hset(key, mapping=dict[Any, Any](groups))
                 pipe.expire(key, self.ttl_s)
         pipe.delete(f"{m}:position")
         if positions:
-            pipe.hset(f"{m}:position", mapping=dict(positions))
+            pipe.hset(f"{m}:position", mapping=dict[Any, Any](positions))
             pipe.expire(f"{m}:position", self.ttl_s)
         pipe.execute()
 

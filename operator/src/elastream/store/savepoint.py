@@ -49,7 +49,7 @@ class SavepointStore:
         return f"{self.prefix}{name}"
 
     def names(self) -> list[str]:
-        return sorted(text(n) for n in self.client.smembers(self.index_key))  # type: ignore[union-attr]
+        return sorted(text(n) for n in self.client.smembers(self.index_key))
 
     def meta(self, name: str) -> SavepointMeta | None:
         """The savepoint's meta; None if there is no complete savepoint of that name."""
