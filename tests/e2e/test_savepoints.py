@@ -10,6 +10,7 @@ its keys when deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
@@ -27,10 +28,9 @@ from .test_operator import (
     worker_pods,
 )
 
-try:  # the chart installed once per module here; once per session when conftest provides the fixture
+# the chart installed once per module here; once per session where conftest provides the fixture
+with contextlib.suppress(ImportError):
     from .test_operator import installed  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
 
 pytestmark = pytest.mark.e2e
 
