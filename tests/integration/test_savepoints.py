@@ -132,3 +132,12 @@ def test_a_new_topology_started_from_a_savepoint_continues_the_keyed_counts_exac
                 # and the new topology really continued counts: its first count of a key is past 1
                 continued = Counter(int(e["value"]) > 1 for e in now)
                 assert continued[True] > 0
+
+    # ---- the CLI lists and deletes a savepoint of a topology that is gone
+    from elastream.cli import main
+
+    assert main(["savepoint", "list", "--topology", "sp-first", "--redis", redis_url, "--json"]) == 0
+    assert main(["savepoint", "delete", "mid-stream", "--topology", "sp-first", "--redis", redis_url]) == 0
+    assert SavepointStore(client, "default", "sp-first").list() == []
+    assert list(client.scan_iter(match="elastream:savepoint:{default/sp-first}:*")) == []  # nothing left behind
+    assert main(["savepoint", "delete", "mid-stream", "--topology", "sp-first", "--redis", redis_url]) == 1

@@ -311,3 +311,16 @@ def world_schedule(topology: Any) -> Any:
     from elastream.core.schedule import initial_schedule
 
     return initial_schedule(topology)
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+def test_the_cli_refuses_a_bad_name_or_no_redis_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from elastream.cli import main
+
+    assert main(["savepoint", "list", "--topology", "Bad_Name", "--redis", "redis://x:1/0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --topology: 'Bad_Name' is not a DNS-1123 label") and "Traceback" not in err
+    assert main(["savepoint", "delete", "sp", "--topology", "t", "--redis", ""]) == 1
+    assert "--redis: no Redis URL" in capsys.readouterr().err
