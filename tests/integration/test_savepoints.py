@@ -141,3 +141,25 @@ def test_a_new_topology_started_from_a_savepoint_continues_the_keyed_counts_exac
     assert SavepointStore(client, "default", "sp-first").list() == []
     assert list(client.scan_iter(match="elastream:savepoint:{default/sp-first}:*")) == []  # nothing left behind
     assert main(["savepoint", "delete", "mid-stream", "--topology", "sp-first", "--redis", redis_url]) == 1
+
+
+def test_a_copy_cut_short_is_never_listed_and_the_next_take_of_its_name_replaces_it(redis_url) -> None:
+    import redis
+
+    from elastream.core.savepoints import SavepointMeta
+
+    client = redis.Redis.from_url(redis_url)
+    store = SavepointStore(client, "cut", "short")
+    # what a copy interrupted before its meta leaves: state and positions, no meta, no index entry
+    client.hset("elastream:savepoint:{cut/short}:sp:state:count", mapping={"3": b"stale"})
+    client.hset("elastream:savepoint:{cut/short}:sp:position", mapping={"src#0": b"old"})
+    assert store.list() == [] and store.load("sp") is None
+    meta = SavepointMeta("sp", "cut", "short", "ckpt-9", "2026-01-01T00:00:00Z", {"count": 4, "src": 4})
+    store.save(meta, {"count": {"1": b"one"}}, {"src#0": b"new"})
+    loaded = store.load("sp")
+    assert loaded is not None
+    assert loaded == (meta, {"count": {"1": b"one"}}, {"src#0": b"new"})  # nothing of the stale copy
+    assert [m.name for m in store.list()] == ["sp"]
+    assert client.ttl("elastream:savepoint:{cut/short}:sp:state:count") == -1  # retained: no TTL
+    assert store.delete("sp") and store.list() == []
+    assert list(client.scan_iter(match="elastream:savepoint:{cut/short}:*")) == []
