@@ -324,3 +324,37 @@ def test_the_cli_refuses_a_bad_name_or_no_redis_in_one_line(capsys: pytest.Captu
     assert err.startswith("error: --topology: 'Bad_Name' is not a DNS-1123 label") and "Traceback" not in err
     assert main(["savepoint", "delete", "sp", "--topology", "t", "--redis", ""]) == 1
     assert "--redis: no Redis URL" in capsys.readouterr().err
+
+
+def test_a_restore_of_a_topology_never_started_makes_its_configmap_secret_and_user_before_its_pods() -> None:
+    # a new topology from a savepoint (or one re-created over retained state): the restore's apply is the
+    # first thing that starts its workers, and they need their ConfigMap, Secret and Redis user first
+    from types import SimpleNamespace
+
+    from test_kubernetes_backend import VersionRegistry, backend
+
+    from elastream.core.schedule import initial_schedule
+
+    kube, core = backend()
+    schedule = initial_schedule(kube.topology)
+    class Empty(VersionRegistry):
+        def schedule(self) -> None:
+            return None  # a topology never started: nothing in Redis
+
+    kube.registry = Empty()  # type: ignore[assignment]
+    kube.control = lambda s: SimpleNamespace(send_nodes=lambda nodes, message: None)  # type: ignore[method-assign]
+    seen_at_first_pod: list[bool] = []
+    spawn = kube.spawn
+
+    def spawned(node: str, staged_version: int = 0) -> None:
+        if not seen_at_first_pod:
+            seen_at_first_pod.append("web-topology" in core.config_maps and "web-redis" in core.secrets)
+        spawn(node, staged_version)
+
+    kube.spawn = spawned  # type: ignore[method-assign]
+    kube.assume(schedule)
+    assert core.config_maps == {} and core.secrets == {}
+    kube.apply(schedule, "r1")
+    assert seen_at_first_pod == [True]
+    assert "elastream.default.web" in kube.client.users  # type: ignore[attr-defined]
+    assert set(core.pods) == {f"web-{n}" for n in schedule.nodes}
