@@ -337,6 +337,7 @@ def test_a_restore_of_a_topology_never_started_makes_its_configmap_secret_and_us
 
     kube, core = backend()
     schedule = initial_schedule(kube.topology)
+
     class Empty(VersionRegistry):
         def schedule(self) -> None:
             return None  # a topology never started: nothing in Redis
