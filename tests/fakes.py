@@ -244,3 +244,75 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.t += seconds
+
+
+class FakeSavepoints:
+    """`control.savepoints.Savepoints` in memory (the test's "Redis", shared by operators of one test): a take
+    copies the controller's on-demand checkpoint (failing while its checkpoints fail), a restore seeds a
+    topology's fake checkpoint store (`stores`: prefix -> the `FakeCheckpoints` store of that topology)."""
+
+    def __init__(self) -> None:
+        from elastream.core.savepoints import SavepointMeta
+
+        self.kept: dict[tuple[str, str, str], SavepointMeta] = {}
+        #: topology prefix -> its checkpoint keys (what `restore` seeds and `has_checkpoint` reads), its epoch keys
+        self.stores: dict[str, dict[str, str]] = {}
+        self.epochs: dict[str, dict[str, str]] = {}
+        self.restored: list[str] = []
+
+    def take(self, controller: Any, name: str, share_with: Any) -> Any:
+        from elastream.control.savepoints import SavepointError
+        from elastream.core.savepoints import SavepointMeta
+
+        topology = controller.topology
+        if (topology.namespace, topology.name, name) in self.kept:
+            raise SavepointError(f"savepoint {name} exists already", retry=False)
+        checkpoint = controller.resume_point if controller.suspended else None
+        if checkpoint is None:
+            result = controller.checkpoints.take()
+            if result.outcome != "completed":
+                raise SavepointError(f"the checkpoint was not taken: {result.reason}", retry=True)
+            checkpoint = result.checkpoint_id
+        meta = SavepointMeta(
+            name,
+            topology.namespace,
+            topology.name,
+            checkpoint,
+            f"2026-01-01T00:00:{len(self.kept):02d}Z",
+            {v: topology.vertices[v].max_parallelism for v in topology.order},
+            tuple(share_with),
+        )
+        self.kept[(topology.namespace, topology.name, name)] = meta
+        return meta
+
+    def delete(self, namespace: str, topology: str, name: str) -> bool:
+        return self.kept.pop((namespace, topology, name), None) is not None
+
+    def list(self, namespace: str, topology: str) -> list[Any]:
+        return [m for (ns, t, _), m in sorted(self.kept.items()) if (ns, t) == (namespace, topology)]
+
+    def restore(self, topology: Any) -> Any:
+        from elastream.control.savepoints import SavepointError
+        from elastream.core.savepoints import access_problem, compatibility_problems
+
+        ref = topology.initial_savepoint
+        store = self.stores.setdefault(topology.redis_prefix, {})
+        if ref is None or self.epochs.get(topology.redis_prefix, {}).get("epoch"):
+            return None
+        meta = self.kept.get((ref.namespace, ref.topology, ref.name))
+        if meta is None:
+            raise SavepointError(f"spec.initialSavepoint: no savepoint {ref.name}", retry=True)
+        refused = access_problem(meta, topology.namespace)
+        problems = (
+            [refused]
+            if refused
+            else compatibility_problems(meta, {v: topology.vertices[v].max_parallelism for v in topology.order})
+        )
+        if problems:
+            raise SavepointError("; ".join(problems), retry=False)
+        store["ckpt:latest"] = f"ckpt-from-{ref.name}"
+        self.restored.append(ref.key)
+        return meta
+
+    def has_checkpoint(self, topology: Any) -> bool:
+        return bool(self.stores.get(topology.redis_prefix, {}).get("ckpt:latest"))

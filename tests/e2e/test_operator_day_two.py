@@ -21,7 +21,16 @@ import redis
 import yaml
 
 from .conftest import REPO
-from .test_operator import EVENTS, pods_of, sink_ids, sink_ids_when_complete, topology_manifest, worker_pods
+from .test_operator import (
+    EVENTS,
+    apply_topology,
+    event_reasons,
+    pods_of,
+    sink_ids,
+    sink_ids_when_complete,
+    topology_manifest,
+    worker_pods,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -66,13 +75,6 @@ def watch(kubectl, binary: str, namespace: str, name: str, until, timeout_s: flo
     pytest.fail(f"{what} not reached in {timeout_s:.0f} s; status: {json.dumps(document.get('status'))[:3000]}")
 
 
-def apply_and_wait(kubectl, namespace: str, name: str, tmp_path) -> None:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(topology_manifest(name)))
-    kubectl("apply", "-n", namespace, "-f", str(path))
-    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", namespace, "--timeout=240s")
-
-
 def check_exactly_once_and_counts(client: redis.Redis, namespace: str, name: str) -> None:
     out_ids = sink_ids_when_complete(client, namespace, name, "out", EVENTS, 300, 5)
     assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
@@ -90,19 +92,12 @@ def images_of(kubectl, namespace: str, name: str) -> set[str]:
     return {p["spec"]["containers"][0]["image"] for p in pods_of(kubectl, namespace, name)}
 
 
-def events_of(kubectl, namespace: str, name: str) -> list[str]:
-    out = kubectl(
-        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json", quiet=True
-    )  # fmt: skip
-    return [e["reason"] for e in json.loads(out.stdout)["items"]]
-
-
 def test_an_image_change_is_applied_through_a_checkpoint_with_every_event_exactly_once(
     installed, kubectl, e2e_namespace, tmp_path, runtime_mode, kstatus_bin
 ):
     client: redis.Redis = installed["redis"]
     name = "upgraded"
-    apply_and_wait(kubectl, e2e_namespace, name, tmp_path)
+    apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest(name))
     assert kstatus(kstatus_bin, resource(kubectl, e2e_namespace, name))[0] == "Current"
     (image,) = images_of(kubectl, e2e_namespace, name)
     new_image = image.rsplit(":", 1)[0] + ":e2e-v2"
@@ -126,7 +121,7 @@ def test_an_image_change_is_applied_through_a_checkpoint_with_every_event_exactl
     kubectl("wait", "--for=condition=Ready", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
     assert kstatus(kstatus_bin, resource(kubectl, e2e_namespace, name))[0] == "Current"
     assert images_of(kubectl, e2e_namespace, name) == {new_image}
-    reasons = events_of(kubectl, e2e_namespace, name)
+    reasons = event_reasons(kubectl, e2e_namespace, name)
     assert "UpgradeStarted" in reasons and "Upgraded" in reasons and "WorkerLost" not in reasons
     check_exactly_once_and_counts(client, e2e_namespace, name)
 
@@ -136,7 +131,7 @@ def test_an_upgrade_whose_pods_cannot_start_is_rolled_back_and_runs_on_exactly_o
 ):
     client: redis.Redis = installed["redis"]
     name = "rollback"
-    apply_and_wait(kubectl, e2e_namespace, name, tmp_path)
+    apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest(name))
     (image,) = images_of(kubectl, e2e_namespace, name)
     time.sleep(5)
     if runtime_mode == "docker":  # no such image here, and nothing is pulled: ErrImageNeverPull
@@ -159,7 +154,7 @@ def test_an_upgrade_whose_pods_cannot_start_is_rolled_back_and_runs_on_exactly_o
     assert state["observedGeneration"] == generation  # judged, so kstatus does not wait forever
     assert kstatus(kstatus_bin, document)[0] == "Failed"
     assert images_of(kubectl, e2e_namespace, name) == {image}  # the previous spec's pods
-    assert "UpgradeRolledBack" in events_of(kubectl, e2e_namespace, name)
+    assert "UpgradeRolledBack" in event_reasons(kubectl, e2e_namespace, name)
     check_exactly_once_and_counts(client, e2e_namespace, name)
 
 
@@ -168,7 +163,7 @@ def test_suspend_then_resume_keeps_every_event_exactly_once_and_keyed_counts_exa
 ):
     client: redis.Redis = installed["redis"]
     name = "suspended"
-    apply_and_wait(kubectl, e2e_namespace, name, tmp_path)
+    apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest(name))
     time.sleep(5)
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
     watch(kubectl, kstatus_bin, e2e_namespace, name,
@@ -186,7 +181,7 @@ def test_suspend_then_resume_keeps_every_event_exactly_once_and_keyed_counts_exa
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
     kubectl("wait", "--for=condition=Ready", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
     assert len(worker_pods(kubectl, e2e_namespace, name)) == 2
-    reasons = events_of(kubectl, e2e_namespace, name)
+    reasons = event_reasons(kubectl, e2e_namespace, name)
     assert "Suspended" in reasons and "Resumed" in reasons
     check_exactly_once_and_counts(client, e2e_namespace, name)
 

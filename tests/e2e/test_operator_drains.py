@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 import redis
@@ -19,6 +18,7 @@ import yaml
 
 from .test_operator import (
     EVENTS,
+    event_reasons,
     pods_of,
     sink_ids_when_complete,
     status,
@@ -27,17 +27,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def events_of(kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    out = kubectl(
-        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json", quiet=True
-    )  # fmt: skip
-    return json.loads(out.stdout)["items"]
-
-
-def reasons(kubectl, namespace: str, name: str) -> list[str]:
-    return [e["reason"] for e in events_of(kubectl, namespace, name)]
 
 
 def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
@@ -77,7 +66,7 @@ def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
     assert "lastRecovery" not in out
     pods = sorted(p["metadata"]["name"] for p in pods_of(kubectl, e2e_namespace, name, terminating=True))
     assert f"{name}-node-1" not in pods and len(pods) == 3, pods
-    seen = reasons(kubectl, e2e_namespace, name)
+    seen = event_reasons(kubectl, e2e_namespace, name)
     assert "Drained" in seen and "WorkerLost" not in seen and "Recovered" not in seen, Counter(seen)
 
     # killed without notice: a lost worker, rolled back to the last checkpoint
@@ -87,7 +76,7 @@ def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
     recovery = out["lastRecovery"]
     assert recovery["outcome"] == "succeeded" and recovery["nodes"] == ["node-0"], recovery
     assert recovery.get("restoredFrom"), recovery
-    assert "WorkerLost" in reasons(kubectl, e2e_namespace, name)
+    assert "WorkerLost" in event_reasons(kubectl, e2e_namespace, name)
     kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=180s")
 
     out_ids = sink_ids_when_complete(client, e2e_namespace, name, "out", EVENTS, 300, 5)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from elastream.cli import main
-from elastream.core import rates, status, topology
+from elastream.core import rates, savepoints, status, topology
 from elastream.resources import crd_text, json_schema, merge_problems, openapi_schema, schema_problems
 from tests_paths import EXAMPLES, REPO
 
@@ -239,6 +239,7 @@ def test_defaults_are_the_parsers(schema: dict[str, Any]) -> None:
     assert found == {
         "spec.slotsPerNode": topology.DEFAULT_SLOTS_PER_NODE,
         "spec.suspend": False,
+        "spec.deletionPolicy": savepoints.DEFAULT_DELETION_POLICY,
         "spec.spreadOverNodes": False,
         "spec.vertices[].parallelism": 1,
         "spec.vertices[].maxParallelism": topology.DEFAULT_MAX_PARALLELISM,
@@ -285,6 +286,7 @@ def test_enums_are_the_parsers(schema: dict[str, Any]) -> None:
         "spec.scaling.migration": topology.MIGRATIONS,
         "spec.scaling.auto.policy": topology.AUTOSCALE_POLICIES,
         "spec.scaling.auto.combine": topology.AUTOSCALE_COMBINES,
+        "spec.deletionPolicy": savepoints.DELETION_POLICIES,
         "status.phase": status.PHASES,
         "status.conditions[].status": ("True", "False", "Unknown"),
     }

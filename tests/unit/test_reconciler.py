@@ -16,8 +16,8 @@ from elastream.control.controller import TopologyController
 from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
-from elastream.core.topology import Topology
-from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, ListFeed, SimulatedMetrics
+from elastream.core.topology import Topology, topology_prefix
+from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -116,6 +116,10 @@ class World:
         self.configmap: dict[str, Any] = {}
         #: images whose pods never start (their restore fails, as a pod stuck in ErrImagePull times out)
         self.broken_images: set[str] = set()
+        #: savepoints in "Redis" (`FakeSavepoints`); the topology's checkpoint and epoch keys are its store
+        self.savepoints = FakeSavepoints()
+        self.savepoints.stores[topology_prefix("default", "t")] = self.checkpoint_keys
+        self.savepoints.epochs[topology_prefix("default", "t")] = self.keys
         self.topologies = ManagedTopologies(
             redis_client=None,  # type: ignore[arg-type]
             redis_url="redis://unused",
@@ -126,6 +130,7 @@ class World:
             running_schedule=lambda topology: None,
             running_spec=lambda topology, metadata: (self.running_doc, self.configmap.get("previous")),
             clock=self.clock.now,
+            savepoint_service=self.savepoints,
         )
 
     def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):

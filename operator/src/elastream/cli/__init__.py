@@ -23,7 +23,13 @@ from typing import Any
 
 from elastream import __version__
 
-COMMAND_MODULES = ("elastream.cli.offline", "elastream.cli.run", "elastream.cli.analyze", "elastream.cli.operator")
+COMMAND_MODULES = (
+    "elastream.cli.offline",
+    "elastream.cli.run",
+    "elastream.cli.analyze",
+    "elastream.cli.operator",
+    "elastream.cli.savepoint",
+)
 
 
 class CommandError(Exception):

@@ -9,7 +9,8 @@ while `spec.suspend` is true, take a last checkpoint and stop the workers (and s
 it is false: no scaling, autoscaling or recovery meanwhile; a changed `spec.nodes` applies on resume). A
 burst of patches settles (`settle_s`) before anything moves, so it migrates once, to the last value; a
 scaling or start that fails leaves the old schedule running and is retried with backoff while it is still
-wanted (a new value is tried at once).
+wanted (a new value is tried at once). The savepoint annotations, `spec.initialSavepoint` and
+`spec.deletionPolicy` are carried out through `control.savepoints` (`_savepoints`, `_start_point`, `remove`).
 
 The status has one writer per topology (`control.status_writer`): one merge patch per change, the rates at
 most every `volatile_every_s`. What it shows is computed by `core.status` from the `StatusFacts` kept here
@@ -40,12 +41,14 @@ from elastream.control.backends.kubernetes import (
     selector_for,
 )
 from elastream.control.controller import SuspendResult, TopologyController
+from elastream.control.savepoints import RedisSavepoints, SavepointError, SavepointRequests, Savepoints
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
 from elastream.core.images import image_allowed, image_refusal
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError, NotOwned, ScaleRequest, StateLost
-from elastream.core.schedule import Schedule
+from elastream.core.savepoints import SavepointMeta
+from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import (
     EventReason,
     StatusFacts,
@@ -285,6 +288,8 @@ class ManagedTopology:
     published: dict[str, Any] = field(default_factory=dict)
     #: the epoch of the topology's state in Redis (`store.epoch`), kept in the status: outside Redis
     state_epoch: str | None = None
+    #: the savepoint annotations and `status.savepoints` (`control.savepoints`), made by the first pass
+    savepoints: SavepointRequests | None = None
 
     @property
     def topology(self) -> Topology:
@@ -428,6 +433,8 @@ class ManagedTopologies:
     delete_wait_s: float = 60.0
     #: builds the controller of a topology (tests replace it with one over in-memory fakes)
     build: Callable[[ManagedTopologies, Topology, Mapping[str, Any], ManagedTopology], TopologyController] | None = None
+    #: where savepoints are kept (None: in Redis, through `redis_client`)
+    savepoint_service: Savepoints | None = None
     #: the schedule the workers of a topology run, from Redis (after an operator restart: adopted)
     running_schedule: Callable[[Topology], Schedule | None] | None = None
     #: the spec the pods of a topology run (its ConfigMap's), None when there are none (tests replace it)
@@ -530,6 +537,7 @@ class ManagedTopologies:
                 return delay
         controller = managed.controller
         assert controller is not None
+        self._savepoints(managed, metadata)
         if wanted.suspend:
             delay = self._suspend(managed, now)
             if managed.facts.suspended:  # suspended as asked: the rest of the spec applies on resume
@@ -590,6 +598,7 @@ class ManagedTopologies:
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over
             schedule = (self.running_schedule or self._registry_schedule)(topology)
+            schedule, restored = self._start_point(managed, controller, schedule)
             if topology.suspend:
                 # no worker starts; those of an interrupted suspend are adopted, and the pass suspends them
                 if controller.start_suspended(schedule):
@@ -602,6 +611,20 @@ class ManagedTopologies:
             managed.set(state_lost=str(exc))
             managed.write()
             return self.tick_s
+        except SavepointError as exc:
+            with contextlib.suppress(Exception):
+                controller.close()
+            if exc.retry:  # not there (yet): retried with backoff, StartFailed saying what is missing
+                delay = self._start_failed(managed, "start", exc, now)
+                managed.write()
+                return delay
+            message = str(exc)  # the user's to fix: InvalidSpec naming spec.initialSavepoint
+            managed.set(invalid_spec=message)
+            if managed.invalid_reported != message:
+                managed.invalid_reported = message
+                managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
+            managed.write()
+            return 30.0
         except (BackendError, redis.RedisError, AclRefused) as exc:
             delay = self._start_failed(managed, "start", exc, now)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
@@ -610,12 +633,48 @@ class ManagedTopologies:
             return delay
         managed.controller = controller
         managed.attempt = None
+        if restored is not None:
+            managed.events.emit(
+                EventReason.RESTORED_FROM_SAVEPOINT,
+                f"started from savepoint {restored.name} of {restored.namespace}/{restored.topology} "
+                f"(checkpoint {restored.checkpoint}, taken {restored.taken_at})",
+            )
         if managed.applied_parallelism is None:
             managed.applied_parallelism = spec_parallelism(topology)
         managed.set(
             started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="", redis_user_refused=""
         )
         return None
+
+    def _start_point(
+        self, managed: ManagedTopology, controller: TopologyController, schedule: Schedule | None
+    ) -> tuple[Schedule | None, SavepointMeta | None]:
+        """Where a topology the controller does not run yet starts: with no state of its own, from its
+        `spec.initialSavepoint` (seeded as its latest checkpoint: the start restores from it); a new resource
+        over the state an earlier one of its name retained continues from that (said in an event). Returns
+        the schedule to start (one whose workers are gone restores the latest checkpoint) and the savepoint
+        used; raises `SavepointError` or `redis.RedisError`."""
+        topology = controller.topology
+        if managed.state_epoch is None and topology.initial_savepoint is None:
+            found = controller.epochs.read() if controller.epochs is not None else None
+            # the first try only: a failed start of this resource leaves an epoch of its own
+            if found is not None and schedule is not None and managed.attempt is None:
+                managed.events.emit(
+                    EventReason.RETAINED_STATE_ADOPTED,
+                    f"Redis holds the state of an earlier topology named {topology.name} (epoch {found}, kept by "
+                    "deletionPolicy Retain): this one continues from it; to start empty, delete this topology with "
+                    "deletionPolicy Delete and create it again",
+                    warning=True,
+                )
+            return schedule, None
+        if topology.initial_savepoint is None or schedule is not None:
+            return schedule, None
+        service = self.savepoints()
+        used = service.restore(topology)
+        if used is None and not service.has_checkpoint(topology):
+            return None, None  # state of its own and no checkpoint yet: an ordinary start
+        # seeded now, or by a start that stopped before its workers registered: restored from it
+        return initial_schedule(topology), used
 
     def _start_failed(self, managed: ManagedTopology, target: str, exc: Exception, now: float) -> float:
         """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
@@ -1230,6 +1289,27 @@ class ManagedTopologies:
         backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)
         return controller
 
+    def savepoints(self) -> Savepoints:
+        return self.savepoint_service or RedisSavepoints(self.redis_client)
+
+    def _savepoints(self, managed: ManagedTopology, metadata: Mapping[str, Any]) -> None:
+        """Carry out the savepoint annotations (`control.savepoints.SavepointRequests`) and keep
+        `status.savepoints` (once there is one) as Redis lists them."""
+        if managed.savepoints is None:
+            managed.savepoints = SavepointRequests(
+                self.savepoints(),
+                managed.events,
+                managed.resource.remove_annotation,
+                retry_s=self.retry_s,
+                retry_cap_s=self.retry_cap_s,
+                clock=self.clock,
+            )
+        assert managed.controller is not None
+        managed.savepoints.reconcile(managed.controller, metadata.get("annotations") or {})
+        entries = managed.savepoints.entries
+        if entries is not None and (entries or "savepoints" in managed.published):
+            managed.published["savepoints"] = entries
+
     def _autoscaled(self, managed: ManagedTopology, nodes: int) -> None:
         """The autoscaler moved the topology: write its node count to spec.nodes, and remember the generation
         that write made (until the watch shows it, the resource seen still asks for the old count)."""
@@ -1248,9 +1328,11 @@ class ManagedTopologies:
         if write and changed:
             managed.write()
 
-    def remove(self, namespace: str, name: str) -> None:
+    def remove(self, namespace: str, name: str, retain: bool = False) -> None:
         """The resource is being deleted: stop a migration in flight (bounded), the controller and its pods,
-        delete its Redis keys. Always returns (the finalizer must go): what could not be done is logged."""
+        delete its Redis keys (not with `retain`: `spec.deletionPolicy: Retain` keeps its state and streams;
+        its savepoints are kept either way, they are not under its prefix). Always returns (the finalizer
+        must go): what could not be done is logged."""
         with self._lock:
             managed = self.topologies.pop(self.key(namespace, name), None)
         prefix = topology_prefix(namespace, name)
@@ -1279,11 +1361,17 @@ class ManagedTopologies:
                     # first: it also disconnects what is left of the workers' connections, which could still
                     # write after the keys are gone
                     delete_topology_user(self.redis_client, namespace, name)
-                delete_keys(self.redis_client, prefix)
+                if retain:
+                    log.info(
+                        "%s/%s deleted with deletionPolicy Retain: its keys stay under %s", namespace, name, prefix
+                    )
+                else:
+                    delete_keys(self.redis_client, prefix)
                 return
             except AclRefused as exc:
                 log.warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
-                delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
+                if not retain:
+                    delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
                 return
             except redis.RedisError as exc:
                 if self.clock() > deadline:

@@ -111,6 +111,13 @@ class EventReason(enum.StrEnum):
     STATE_DROPPED = "StateDropped"
     DRAINED = "Drained"
     DRAIN_FAILED = "DrainFailed"
+    SAVEPOINT_TAKEN = "SavepointTaken"
+    SAVEPOINT_REFUSED = "SavepointRefused"
+    SAVEPOINT_BACKOFF = "SavepointBackoff"
+    SAVEPOINT_FAILED = "SavepointFailed"
+    SAVEPOINT_DELETED = "SavepointDeleted"
+    RESTORED_FROM_SAVEPOINT = "RestoredFromSavepoint"
+    RETAINED_STATE_ADOPTED = "RetainedStateAdopted"
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing

@@ -17,8 +17,15 @@ from typing import Any, Literal, cast
 import networkx as nx
 import yaml
 
-# the rate bounds live with the rate profiles (which this module imports); every bound is a name here too
 from elastream.core.rates import MAX_RATE, MAX_STEP_SECONDS, MAX_STEPS, is_finite_number, rate_config_problems, shown
+
+# the rate bounds live with the rate profiles (which this module imports); every bound is a name here too
+from elastream.core.savepoints import (
+    DEFAULT_DELETION_POLICY,
+    SavepointRef,
+    parse_deletion_policy,
+    parse_initial_savepoint,
+)
 
 API_VERSION = "elastream.dev/v1alpha1"
 KIND = "StreamTopology"
@@ -236,6 +243,10 @@ class Topology:
     spec: Mapping[str, Any] = field(default_factory=dict)
     #: `spec.suspend`: checkpoint and stop the workers, keeping the state; false resumes from that checkpoint
     suspend: bool = False
+    #: `spec.initialSavepoint`: the savepoint a topology with no state of its own starts from
+    initial_savepoint: SavepointRef | None = None
+    #: `spec.deletionPolicy`: Delete (the working state and streams go with the resource) or Retain
+    deletion_policy: str = DEFAULT_DELETION_POLICY
 
     @cached_property
     def sources(self) -> tuple[str, ...]:
@@ -534,6 +545,8 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
         suspend = False
     if not isinstance(suspend, bool):
         problems.append(f"spec.suspend: {shown(suspend)} is not true/false; set true to suspend, false to resume")
+    initial_savepoint = parse_initial_savepoint(spec.get("initialSavepoint"), namespace, name, problems)
+    deletion_policy = parse_deletion_policy(spec.get("deletionPolicy"), problems)
 
     graph: nx.DiGraph = nx.DiGraph()
     for vertex_name in entries:
@@ -579,6 +592,8 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
         node_cpu=node_cpu,
         spec=dict(spec),
         suspend=suspend is True,
+        initial_savepoint=initial_savepoint,
+        deletion_policy=deletion_policy,
     )
 
 

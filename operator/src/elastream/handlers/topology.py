@@ -67,7 +67,8 @@ async def changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def stop(body: kopf.Body, **_: Any) -> None:
-    topologies().remove(body["metadata"].get("namespace", "default"), body["metadata"]["name"])
+    retain = (body.get("spec") or {}).get("deletionPolicy") == "Retain"
+    topologies().remove(body["metadata"].get("namespace", "default"), body["metadata"]["name"], retain=retain)
 
 
 @kopf.on.startup()

@@ -294,6 +294,45 @@ class CheckpointStore:
     def clear_source_positions(self) -> None:
         self.client.delete(f"{self.prefix}positions")
 
+    # ---- export and import (savepoints) -------------------------------------------------------------------
+    def export_checkpoint(
+        self, checkpoint_id: str, vertices: Iterable[str]
+    ) -> tuple[dict[str, dict[str, bytes]], dict[str, bytes]]:
+        """A completed checkpoint's state ({vertex: {key group: bytes}}, vertices without state left out) and
+        its sources' positions ({executor: bytes}), read in one pipelined round trip."""
+        m = self._m(checkpoint_id)
+        names = list(vertices)
+        pipe = self.client.pipeline(transaction=False)
+        for vertex in names:
+            pipe.hgetall(f"{m}:state:{vertex}")
+        pipe.hgetall(f"{m}:position")
+        results = pipe.execute()
+        state = {
+            vertex: {text(k): as_bytes(v) for k, v in raw.items()}
+            for vertex, raw in zip(names, results[:-1], strict=True)
+            if raw
+        }
+        return state, {text(k): as_bytes(v) for k, v in results[-1].items()}
+
+    def import_checkpoint(
+        self, checkpoint_id: str, state: Mapping[str, Mapping[str, bytes]], positions: Mapping[str, bytes]
+    ) -> None:
+        """Write a checkpoint's state and positions as `checkpoint_id` (what `export_checkpoint` read, e.g. of a
+        savepoint), in one transaction; `complete_checkpoint` then makes it the latest."""
+        m = self._m(checkpoint_id)
+        pipe = self.client.pipeline(transaction=True)
+        for vertex, groups in state.items():
+            if groups:
+                key = f"{m}:state:{vertex}"
+                pipe.delete(key)
+                pipe.hset(key, mapping=dict[Any, Any](groups))
+                pipe.expire(key, self.ttl_s)
+        pipe.delete(f"{m}:position")
+        if positions:
+            pipe.hset(f"{m}:position", mapping=dict[Any, Any](positions))
+            pipe.expire(f"{m}:position", self.ttl_s)
+        pipe.execute()
+
     # ---- acks -------------------------------------------------------------------------------------------
     def ack(self, migration_id: str, phase: str, executor: str, info: Mapping[str, Any] | None = None) -> None:
         key = f"{self._m(migration_id)}:acks:{phase}"

@@ -172,6 +172,11 @@ class NodeBackend:
             sorted(alive), {"type": ControlType.SWITCH, "version": version, "mid": migration_id}
         )
         self.version, self.schedule = version, schedule
+        if any(node not in alive for node in schedule.nodes):
+            # what a worker needs before it starts (on Kubernetes its ConfigMap, Secret and Redis user): a
+            # restore that starts every worker of a topology it never started (a new topology from a
+            # savepoint, one re-created over retained state) finds none of it
+            self.preflight()
         for node in schedule.nodes:
             if node not in alive:  # dead or never started: a new worker reads the schedule just activated
                 self.spawn(node)
