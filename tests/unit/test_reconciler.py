@@ -116,6 +116,8 @@ class World:
         self.configmap: dict[str, Any] = {}
         #: images whose pods never start (their restore fails, as a pod stuck in ErrImagePull times out)
         self.broken_images: set[str] = set()
+        #: the spec.image of every controller built, in order ("" for none)
+        self.built_images: list[str] = []
         #: savepoints in "Redis" (`FakeSavepoints`); the topology's checkpoint and epoch keys are its store
         self.savepoints = FakeSavepoints()
         self.savepoints.stores[topology_prefix("default", "t")] = self.checkpoint_keys
@@ -134,6 +136,7 @@ class World:
         )
 
     def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):
+        self.built_images.append(str(topology.spec.get("image") or ""))
         backend = FakeBackend()
         backend.keys = self.keys  # type: ignore[attr-defined]
         backend.workers = self.pods

@@ -284,3 +284,16 @@ def test_an_upgrade_asked_while_suspended_restores_once_into_the_new_spec() -> N
     assert world.migrators[0].recovered == []  # not resumed into the old spec first
     assert world.migrator.recovered == [{n: "upgrading to generation 3" for n in sorted(NODES)}]
     assert world.status["phase"] == "Running" and world.status["observedGeneration"] == 3
+
+
+def test_a_configmap_edited_to_an_image_outside_the_allow_list_brings_no_pod_of_it() -> None:
+    """The ConfigMap lives in the tenant's namespace: an operator taking the topology over never starts (nor
+    rolls back to) an image the allow list refuses, whatever the ConfigMap says ran."""
+    world = running(3)
+    world.running_doc = {"spec": {**copy.deepcopy(world.body["spec"]), "image": "evil/miner:1"}}
+    world.configmap["previous"] = {"spec": {**copy.deepcopy(world.body["spec"]), "image": "evil/miner:1"}}
+    restarted = restarted_operator(world)
+    restarted.topologies.allowed_images = ("elastream-worker",)
+    restarted.run_for(5.0)
+    assert restarted.built_images and "evil/miner:1" not in restarted.built_images
+    assert restarted.status["phase"] == "Running"

@@ -889,6 +889,15 @@ class ManagedTopologies:
             except TopologyError as exc:
                 log.warning("%s/%s: a spec in its ConfigMap does not parse (%s)", wanted.namespace, wanted.name, exc)
                 return None
+            image = str(found.spec.get("image") or "")
+            if image and not image_allowed(image, self.allowed_images):
+                # the ConfigMap is in the tenant's namespace: it must not bring in what the spec may not
+                log.warning(
+                    "%s/%s: a spec in its ConfigMap names an image outside the allowed ones; ignored",
+                    wanted.namespace,
+                    wanted.name,
+                )
+                return None
             return dataclasses.replace(found, suspend=wanted.suspend)
 
         return parsed(running_doc) or wanted, parsed(previous_doc)
