@@ -23,7 +23,7 @@ from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import local_controller, status_key
 from elastream.core.topology import load_manifest
-from elastream.store.drains import drains_key
+from elastream.store.drains import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +87,19 @@ def test_a_sigterm_drains_by_ccr_and_a_kill_rolls_back_exactly_once(tmp_path, re
     client = redis.Redis.from_url(redis_url)
     assert client.hlen(drains_key(topology.redis_prefix)) == 0
     client.close()
+
+
+def test_drain_requests_read_back_and_a_flood_of_them_is_dropped_not_walked(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    prefix = "elastream:{default/flood}:"
+    requests = RedisDrainRequests(client, prefix)
+    request_drain(client, prefix, "node-1", 100.0, 130.0)
+    client.hset(drains_key(prefix), "node-2", b"not json")
+    pending = requests.pending()
+    assert (pending["node-1"].requested_at, pending["node-1"].deadline) == (100.0, 130.0)
+    assert pending["node-2"].deadline == 0.0  # unreadable: handled as one past its deadline
+    requests.done("node-1")
+    assert set(requests.pending()) == {"node-2"}
+    # the workers run the author's code and can write here: more requests than nodes is no drain
+    client.hset(drains_key(prefix), mapping={f"n{i}": "{}" for i in range(MAX_PENDING + 1)})
+    assert requests.pending() == {} and not client.exists(drains_key(prefix))

@@ -10,14 +10,20 @@ stale (`done`). Being in Redis, a request outlives an operator restart: the next
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
 import redis
 
 from elastream.core.ports import DrainRequest
+from elastream.core.topology import MAX_NODES
+
+log = logging.getLogger("elastream.drains")
 
 #: a worker's grace period (seconds between SIGTERM and being killed) in its environment; 0 or unset: no drains
 DRAIN_GRACE_ENV = "ELASTREAM_DRAIN_GRACE_S"
+#: more pending requests than this is no drain (a topology has at most MAX_NODES nodes): the hash is dropped
+MAX_PENDING = MAX_NODES
 #: the hash lives at most this long untouched (a request nobody took: every worker's deadline is far shorter)
 DRAINS_TTL_S = 3600
 
@@ -49,7 +55,14 @@ class RedisDrainRequests:
 
     def pending(self) -> dict[str, DrainRequest]:
         found: dict[str, DrainRequest] = {}
-        for raw_node, raw in self.client.hgetall(drains_key(self.prefix)).items():
+        key = drains_key(self.prefix)
+        if int(self.client.hlen(key)) > MAX_PENDING:
+            # workers run the topology author's code and write here: a flood must not stall the operator's
+            # pass (shared by every topology); no real topology has that many nodes asking at once
+            self.client.delete(key)
+            log.warning("%s: more than %d drain requests, all dropped (not a real drain)", key, MAX_PENDING)
+            return found
+        for raw_node, raw in self.client.hgetall(key).items():
             node = raw_node.decode() if isinstance(raw_node, bytes) else str(raw_node)
             try:
                 data = json.loads(raw)
