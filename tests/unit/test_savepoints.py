@@ -1,7 +1,7 @@
 """Savepoints and the deletion policy: the pure rules (`core.savepoints`, the parser) and the reconcile loop's
 handling of the annotations and of `spec.initialSavepoint` over fakes (`FakeSavepoints`, `test_reconciler`'s
 World). Real Redis and real workers: tests/integration/test_savepoint_workers.py; a real API server:
-tests/e2e/test_savepoints.py."""
+tests/e2e/test_operator_savepoints.py."""
 
 from __future__ import annotations
 
