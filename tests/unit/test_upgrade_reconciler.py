@@ -297,3 +297,28 @@ def test_a_configmap_edited_to_an_image_outside_the_allow_list_brings_no_pod_of_
     restarted.run_for(5.0)
     assert restarted.built_images and "evil/miner:1" not in restarted.built_images
     assert restarted.status["phase"] == "Running"
+
+
+def test_an_upgrade_waiting_for_redis_leaves_observed_generation_behind() -> None:
+    import redis
+
+    from fakes import ListFeed
+
+    world = running(3)
+    controller = world.topologies.topologies["default/t"].controller
+    assert controller is not None
+
+    class Away(ListFeed):
+        def read_since(self, since_ts=None):
+            raise redis.ConnectionError("Connection refused")
+
+    feed, controller.feed = controller.feed, Away()
+    world.run_for(5.0)  # the passes see Redis away
+    assert world.condition("Progressing")["reason"] == "RedisUnavailable"
+    world.patch_spec(image="elastream-worker:2")
+    world.run_for(10.0)
+    assert len(world.backends) == 1 and world.pods == NODES  # nothing can be checkpointed: it waits
+    assert world.status["observedGeneration"] == 1  # not applied: GitOps tools keep waiting
+    controller.feed = feed
+    world.run_for(10.0)
+    assert len(world.backends) == 2 and world.status["observedGeneration"] == 2

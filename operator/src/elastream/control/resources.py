@@ -574,7 +574,12 @@ class ManagedTopologies:
             managed.set(worker_lost="", recovering=False)
         converged = False
         delay = self._converge(managed, wanted, now)
-        if managed.generation >= managed.expect_generation and not controller.state_lost:
+        change = spec_change(controller.topology, wanted)
+        if (
+            managed.generation >= managed.expect_generation
+            and not controller.state_lost
+            and not (change.needs_restart or change.controller)  # an upgrade still to come (Redis away, settling)
+        ):
             converged = wanted.nodes == len(controller.backend.current_schedule().nodes) and (
                 wanted.scaling.auto.enabled or spec_parallelism(wanted) == managed.applied_parallelism
             )
