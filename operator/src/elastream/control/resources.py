@@ -681,13 +681,19 @@ class ManagedTopologies:
         # seeded now, or by a start that stopped before its workers registered: restored from it
         return initial_schedule(topology), used
 
-    def _start_failed(self, managed: ManagedTopology, target: str, exc: Exception, now: float) -> float:
-        """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
-        Returns the seconds until the next try."""
+    def _back_off(self, managed: ManagedTopology, target: Any, reason: str, now: float) -> tuple[int, float]:
+        """Another failure to reach `target` (a start, resume, suspend, upgrade or scaling): counted on from the
+        attempt at the same target, else from 1, and due again after the backoff. Returns (failures, delay)."""
         attempt = managed.attempt
         failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
         delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
-        managed.attempt = Attempt(target, failures, now + delay, str(exc))
+        managed.attempt = Attempt(target, failures, now + delay, reason)
+        return failures, delay
+
+    def _start_failed(self, managed: ManagedTopology, target: str, exc: Exception, now: float) -> float:
+        """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
+        Returns the seconds until the next try."""
+        _, delay = self._back_off(managed, target, str(exc), now)
         if isinstance(exc, redis.RedisError):
             managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
         elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
@@ -742,9 +748,7 @@ class ManagedTopologies:
             managed.write()
             return self.tick_s
         if not result.done:
-            failures = attempt.failures + 1 if attempt is not None and attempt.target == "suspend" else 1
-            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
-            managed.attempt = Attempt("suspend", failures, self.clock() + delay, result.reason)
+            _, delay = self._back_off(managed, "suspend", result.reason, self.clock())
             managed.set(suspending=f"{result.reason}; the workers run on, retrying in {delay:.0f} s")
             managed.events.emit(
                 EventReason.SUSPEND_BACKOFF,
@@ -1040,10 +1044,7 @@ class ManagedTopologies:
             result = old.suspend(announce=False)
         self._note_store(managed)
         if not result.done:
-            attempt = managed.attempt
-            failures = attempt.failures + 1 if attempt is not None and attempt.target == "upgrade" else 1
-            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
-            managed.attempt = Attempt("upgrade", failures, self.clock() + delay, result.reason)
+            _, delay = self._back_off(managed, "upgrade", result.reason, self.clock())
             managed.set(
                 upgrading=f"generation {generation}: {result.reason}; the old pods run on, retrying in {delay:.0f} s"
             )
@@ -1205,9 +1206,7 @@ class ManagedTopologies:
         trigger = "spec" if parallelism is not None and wanted.nodes == len(schedule.nodes) else "request"
         record = self.scale(managed, wanted.nodes, parallelism, trigger)
         if record.outcome == Outcome.FAILED:
-            failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
-            delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
-            managed.attempt = Attempt(target, failures, self.clock() + delay, record.reason)
+            failures, delay = self._back_off(managed, target, record.reason, self.clock())
             managed.events.emit(
                 EventReason.SCALING_BACKOFF,
                 f"scaling to {wanted.nodes} nodes failed {failures} time(s); the old schedule runs on; "
