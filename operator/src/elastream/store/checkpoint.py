@@ -71,6 +71,26 @@ def open_transactions_key(prefix: str) -> str:
     return f"{prefix}txn:open"
 
 
+def read_state_and_positions(
+    client: redis.Redis, base: str, vertices: Iterable[str]
+) -> tuple[dict[str, dict[str, bytes]], dict[str, bytes]]:
+    """The state ({vertex: {key group: bytes}}, vertices without state left out) and the sources' positions
+    ({executor: bytes}) kept under `base` (`base:state:<vertex>`, `base:position`: a checkpoint's or a
+    savepoint's layout), read in one pipelined round trip."""
+    names = list(vertices)
+    pipe = client.pipeline(transaction=False)
+    for vertex in names:
+        pipe.hgetall(f"{base}:state:{vertex}")
+    pipe.hgetall(f"{base}:position")
+    results = pipe.execute()
+    state = {
+        vertex: {text(k): as_bytes(v) for k, v in raw.items()}
+        for vertex, raw in zip(names, results[:-1], strict=True)
+        if raw
+    }
+    return state, {text(k): as_bytes(v) for k, v in results[-1].items()}
+
+
 @dataclass(frozen=True)
 class ExecutorCheckpoint:
     """What one executor persists at COMMIT."""
@@ -300,19 +320,7 @@ class CheckpointStore:
     ) -> tuple[dict[str, dict[str, bytes]], dict[str, bytes]]:
         """A completed checkpoint's state ({vertex: {key group: bytes}}, vertices without state left out) and
         its sources' positions ({executor: bytes}), read in one pipelined round trip."""
-        m = self._m(checkpoint_id)
-        names = list(vertices)
-        pipe = self.client.pipeline(transaction=False)
-        for vertex in names:
-            pipe.hgetall(f"{m}:state:{vertex}")
-        pipe.hgetall(f"{m}:position")
-        results = pipe.execute()
-        state = {
-            vertex: {text(k): as_bytes(v) for k, v in raw.items()}
-            for vertex, raw in zip(names, results[:-1], strict=True)
-            if raw
-        }
-        return state, {text(k): as_bytes(v) for k, v in results[-1].items()}
+        return read_state_and_positions(self.client, self._m(checkpoint_id), vertices)
 
     def import_checkpoint(
         self, checkpoint_id: str, state: Mapping[str, Mapping[str, bytes]], positions: Mapping[str, bytes]

@@ -25,7 +25,8 @@ import redis
 
 from elastream.core.savepoints import SavepointMeta
 from elastream.core.topology import glob_escape
-from elastream.store.codec import as_bytes, text
+from elastream.store.checkpoint import read_state_and_positions
+from elastream.store.codec import text
 
 log = logging.getLogger("elastream.savepoint")
 
@@ -89,19 +90,8 @@ class SavepointStore:
         meta = self.meta(name)
         if meta is None:
             return None
-        s = self._s(name)
-        vertices = sorted(meta.vertices)
-        pipe = self.client.pipeline(transaction=False)
-        for vertex in vertices:
-            pipe.hgetall(f"{s}:state:{vertex}")
-        pipe.hgetall(f"{s}:position")
-        results = pipe.execute()
-        state = {
-            vertex: {text(k): as_bytes(v) for k, v in raw.items()}
-            for vertex, raw in zip(vertices, results[:-1], strict=True)
-            if raw
-        }
-        return meta, state, {text(k): as_bytes(v) for k, v in results[-1].items()}
+        state, positions = read_state_and_positions(self.client, self._s(name), sorted(meta.vertices))
+        return meta, state, positions
 
     def delete(self, name: str) -> bool:
         """Remove a savepoint (unlisted first, so it is never seen half deleted); False if there was none."""
