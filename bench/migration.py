@@ -191,8 +191,8 @@ def store_rows(url: str, volumes: list[int]) -> list[dict[str, Any]]:
     the runtime's) and a new one loads them back; median of 5 rounds each."""
     import statistics
 
-    from elastream.runtime.participant import pack
     from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
+    from elastream.store.codec import pack
 
     client = client_for(url)
     store = CheckpointStore(client, "elastream:{bench/store}:")
@@ -389,7 +389,7 @@ def spread_rows(url: str, volumes: list[int], rounds: int = 5) -> list[dict[str,
     (SET). Loaded back the same way. Median of `rounds`; the same events as `store_rows`."""
     import statistics
 
-    from elastream.runtime.participant import pack
+    from elastream.store.codec import pack
 
     client = client_for(url)
     rows = []

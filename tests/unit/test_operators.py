@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from elastream.core.schedule import key_group_ranges
-from elastream.runtime.operators import SAME, Context, Count, Filter, RateProfile, Synthetic, Window, Work
+from elastream.runtime.operators import SAME, Context
+from elastream.runtime.operators.builtin import Count, Filter, Window, Work
+from elastream.runtime.operators.sources import RateProfile, Synthetic
 
 
 def run(operator: object, events: list[tuple[int, object, object, float]], config: dict | None = None) -> list:
@@ -190,7 +192,7 @@ class _FlakyRedis:
 
 
 def test_redis_stream_source_backs_off_on_connection_errors_instead_of_dying(caplog) -> None:
-    from elastream.runtime.operators import RedisStreamSource
+    from elastream.runtime.operators.sources import RedisStreamSource
 
     client = _FlakyRedis()
     source = RedisStreamSource(lambda: client, "p:")
@@ -252,7 +254,7 @@ class _FakeStream:
 
 
 def stream_source(stream: _FakeStream, index: int, parallelism: int, max_parallelism: int = 8) -> Any:
-    from elastream.runtime.operators import RedisStreamSource
+    from elastream.runtime.operators.sources import RedisStreamSource
 
     source = RedisStreamSource(lambda: stream, "p:")
     lanes = key_group_ranges(max_parallelism, parallelism)[index]
@@ -273,7 +275,7 @@ def read_some(source: Any, into: list[int], entries: int | None = None, budget: 
 
 def merged(sources: list[Any]) -> dict:
     """The migration's merge, through msgpack like the checkpoint store (tuples, int keys)."""
-    from elastream.runtime.participant import pack, unpack
+    from elastream.store.codec import pack, unpack
 
     out: dict = {}
     for source in sources:

@@ -314,10 +314,10 @@ def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pyte
     # must not log "reachable again" while the control-list reader still fails (it did, twice a second)
     from types import SimpleNamespace
 
-    from elastream.runtime import worker
+    from elastream.runtime import worker_metrics
 
     outage = RedisOutage(logging.getLogger("test.redis"))
-    monkeypatch.setattr(worker, "REDIS", outage)
+    monkeypatch.setattr(worker_metrics, "REDIS", outage)
     outage.failed("node node-3: cannot read its control list", redis.ConnectionError("refused"))
     written: list[object] = []
     node = SimpleNamespace(
@@ -327,10 +327,10 @@ def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pyte
         metrics=SimpleNamespace(publish=lambda samples: len(list(samples))),
         store=SimpleNamespace(publish_positions=written.append),
     )
-    worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
+    worker_metrics.MetricsReporting.publish_metrics(node)  # type: ignore[arg-type]
     assert outage.active and outage.count == 1
     node.samples = lambda: ["a sample"]  # a node with executors reached Redis: the outage is over
-    worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
+    worker_metrics.MetricsReporting.publish_metrics(node)  # type: ignore[arg-type]
     assert not outage.active
 
 

@@ -56,9 +56,9 @@ from elastream.core.ports import Backend, BackendError, Clock, EventSink, System
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
-from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
+from elastream.store.codec import unpack
 from elastream.store.control import ControlChannel
 from elastream.store.retry import backoff
 

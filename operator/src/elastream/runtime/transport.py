@@ -37,7 +37,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from elastream.runtime.security import PEER_USER_ID, DataPlaneKeys, secure_client, secure_server
+from elastream.runtime.security import PEER_USER_ID, secure_client, secure_server
+from elastream.worker_inputs.keys import DataPlaneKeys
 
 DATA = 0
 CONTROL = 1

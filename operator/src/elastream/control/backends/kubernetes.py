@@ -54,7 +54,10 @@ from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import Schedule
 from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
-from elastream.runtime.security import (
+from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.drains import DRAIN_GRACE_ENV
+from elastream.store.registry import ca_file_of, with_ca_file
+from elastream.worker_inputs.keys import (
     AUTH_ENV,
     CLIENT_KEY_ENV,
     SECRET_CLIENT_KEY,
@@ -62,9 +65,6 @@ from elastream.runtime.security import (
     SERVER_KEY_ENV,
     generate_keys,
 )
-from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
-from elastream.store.drains import DRAIN_GRACE_ENV
-from elastream.store.registry import ca_file_of, with_ca_file
 
 log = logging.getLogger("elastream.kubernetes")
 
