@@ -58,7 +58,9 @@ def test_count_counts_per_key_and_its_state_is_per_key_group() -> None:
     assert restored.counts() == {f"k{i}": 10 for i in range(5)}
 
 
-def test_window_emits_count_and_sum_per_key_when_it_closes() -> None:
+def test_window_emits_count_and_sum_per_key_when_it_closes(monkeypatch) -> None:
+    wall = [1000.01]  # inside a window, not on its edge
+    monkeypatch.setattr(Window, "wall_clock", staticmethod(lambda: wall[0]))
     operator = Window()
     out: list = []
     operator.open(Context("v", 0, 1, 8, {"sizeMs": 50}))
@@ -68,7 +70,7 @@ def test_window_emits_count_and_sum_per_key_when_it_closes() -> None:
 
     for i in range(6):
         feed((i, "a" if i % 2 else "b", 10, 0.0))
-    time.sleep(0.12)
+    wall[0] += 0.12  # past the end of the 50 ms window
     feed((99, "a", 1, 0.0))  # opens the next window, flushing the first
     assert sorted(out) == [("a", (3, 30), 5), ("b", (3, 30), 4)]
 
@@ -129,7 +131,9 @@ def test_count_honours_its_key_field_like_the_fields_grouping() -> None:
     assert operator.counts() == {"u0": 3, "u1": 3, "u2": 3, "plain": 1}
 
 
-def test_window_closes_on_the_idle_timer_without_a_later_event() -> None:
+def test_window_closes_on_the_idle_timer_without_a_later_event(monkeypatch) -> None:
+    wall = [1000.01]  # inside a window, not on its edge
+    monkeypatch.setattr(Window, "wall_clock", staticmethod(lambda: wall[0]))
     operator = Window()
     out: list = []
     operator.open(Context("v", 0, 1, 8, {"sizeMs": 50}))
@@ -141,7 +145,7 @@ def test_window_closes_on_the_idle_timer_without_a_later_event() -> None:
         operator.process((i, "k", 5, 0.0), emit)
     operator.timer(emit)
     assert out == []  # the window is still open
-    time.sleep(0.12)
+    wall[0] += 0.12
     operator.timer(emit)  # what an idle executor calls every ~20 ms
     assert out == [("k", (4, 20), 3)]
     operator.timer(emit)

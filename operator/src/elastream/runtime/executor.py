@@ -111,7 +111,7 @@ class ExecutorLoop(threading.Thread):
         router: Router,
         stop: threading.Event,
         migration: Migration,
-        on_failure: FailureHandler | None,
+        on_failure: FailureHandler | None = None,
     ) -> None:
         super().__init__(name=executor, daemon=True)
         self.executor = executor
@@ -125,6 +125,8 @@ class ExecutorLoop(threading.Thread):
         self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.counters = Counters()
         self.failure: BaseException | None = None
+        #: a source's pause (set: it emits nothing; until every node is ready, and during a migration)
+        self.paused = threading.Event()
         _bind_errors(operator, self.counters, context, executor)
 
 
@@ -461,21 +463,10 @@ class SourceThread(ExecutorLoop):
     those instead, at the metric sample's own time: what it was offered since it took its lanes over, and
     what it owes (a backlog inherited from a migration, what back-pressure holds) as its queue."""
 
-    def __init__(
-        self,
-        executor: str,
-        operator: Any,
-        context: Context,
-        router: Router,
-        stop: threading.Event,
-        migration: Migration,
-        on_failure: FailureHandler | None = None,
-    ) -> None:
-        super().__init__(executor, operator, context, router, stop, migration, on_failure)
-        self.paused = threading.Event()
-        self.now = 0.0
-        #: the operator is open (`offered_at` may ask it)
-        self.opened = False
+    #: the time of the events being emitted (their `ts`), and whether the operator is open (`offered_at` may
+    #: ask it then)
+    now = 0.0
+    opened = False
 
     def offered_at(self, now: float) -> tuple[int, int]:
         """`received` and `queue_len` for a metric sample taken at `now`. A source that can tell what it was

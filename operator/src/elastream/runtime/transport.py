@@ -366,17 +366,7 @@ class Channel:
             self._take_acks()
             if self.in_flight == 0 or self.in_flight + n <= self.window:
                 break
-            if time.monotonic() - last_log >= BLOCKED_LOG_S:
-                last_log = time.monotonic()
-                log.warning(
-                    "blocked on channel %s -> %s (%s) for %.0f s: %d events in flight, window %d",
-                    self.sender,
-                    self.receiver,
-                    self.endpoint,
-                    time.perf_counter() - start,
-                    self.in_flight,
-                    self.window,
-                )
+            last_log = self._log_blocked(start, last_log, "%d events in flight, window %d", self.in_flight, self.window)
         return time.perf_counter() - start
 
     def _on_monitor_event(self) -> None:
@@ -404,16 +394,24 @@ class Channel:
                     break
                 except zmq.Again:
                     continue
-            if time.monotonic() - last_log >= BLOCKED_LOG_S:
-                last_log = time.monotonic()
-                log.warning(
-                    "blocked on channel %s -> %s (%s) for %.0f s: the peer takes no frames",
-                    self.sender,
-                    self.receiver,
-                    self.endpoint,
-                    time.perf_counter() - start,
-                )
+            last_log = self._log_blocked(start, last_log, "the peer takes no frames")
         return time.perf_counter() - start
+
+    def _log_blocked(self, start: float, last_log: float, why: str, *args: Any) -> float:
+        """Log that this channel has been blocked since `start` (perf_counter), at most every `BLOCKED_LOG_S`
+        after `last_log` (monotonic); returns when it last logged."""
+        now = time.monotonic()
+        if now - last_log < BLOCKED_LOG_S:
+            return last_log
+        log.warning(
+            "blocked on channel %s -> %s (%s) for %.0f s: " + why,
+            self.sender,
+            self.receiver,
+            self.endpoint,
+            time.perf_counter() - start,
+            *args,
+        )
+        return now
 
     def close(self, linger_ms: int = 2000) -> None:
         with contextlib.suppress(zmq.ZMQError):

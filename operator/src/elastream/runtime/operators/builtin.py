@@ -91,6 +91,9 @@ class Window:
     """`builtin: window` — tumbling keyed aggregate over `sizeMs` of processing time: when a window closes it
     emits, per key, ``[count, sum]`` of the numeric values it saw (the event carries the window's last id)."""
 
+    #: the processing-time clock windows close on (replaceable in tests, as `Synthetic.wall_clock`)
+    wall_clock = staticmethod(time.time)
+
     def open(self, context: Context) -> None:
         self.context = context
         self.cost = Cost(context.config, context.node_cpu)
@@ -100,7 +103,7 @@ class Window:
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
-        now = time.time()
+        now = self.wall_clock()
         if now >= self.window_end:
             self.flush(emit)
             self.window_end = (now // self.size_s + 1) * self.size_s
@@ -119,7 +122,7 @@ class Window:
         """Called by an idle executor (every ~20 ms): close the window when its time is up, so the last
         window of a burst is emitted without waiting for a later event. Not called on close(): a migration
         stops executors mid-window and the open window moves with the state."""
-        now = time.time()
+        now = self.wall_clock()
         if self.groups and now >= self.window_end:
             self.flush(emit)
             self.window_end = (now // self.size_s + 1) * self.size_s
