@@ -32,7 +32,6 @@ import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,7 +52,7 @@ from elastream.runtime.worker_control import ControlMessages
 from elastream.runtime.worker_drains import Drains, watched_parent
 from elastream.runtime.worker_failures import FailurePath
 from elastream.runtime.worker_metrics import MetricsReporting, WorkerCollector
-from elastream.runtime.worker_state import Generation
+from elastream.runtime.worker_state import Clock, Generation
 from elastream.runtime.worker_state import WorkerOptions as WorkerOptions  # what `elastream worker` builds
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key
@@ -84,8 +83,8 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         last = [0.0]
 
         def on_retry(reason: str, delay: float) -> None:
-            if time.monotonic() - last[0] >= 2.0:
-                last[0] = time.monotonic()
+            if self.clock.monotonic() - last[0] >= 2.0:
+                last[0] = self.clock.monotonic()
                 log.warning("%s: %s; retrying in %.1f s", what, reason, delay)
 
         return on_retry
@@ -113,7 +112,7 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         """Call `probe()` until it returns something truthy, logging every 5 s what is awaited. The pause
         between probes starts at `poll_s` and grows by half each time up to `max_poll_s`, so a long wait
         (a peer that never comes) does not hammer Redis while a short one stays quick."""
-        last_log = time.monotonic()
+        last_log = self.clock.monotonic()
         stop = stop or self.stop
         delays = backoff(poll_s, 1.5, max_poll_s)
         while not stop.is_set() and not self.stop.is_set():
@@ -122,10 +121,10 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
                 result = probe()
             if result:
                 return result
-            if time.monotonic() - last_log >= 5.0:
-                last_log = time.monotonic()
+            if self.clock.monotonic() - last_log >= 5.0:
+                last_log = self.clock.monotonic()
                 log.warning("waiting for %s%s", _described(what), " (Redis is away)" if REDIS.active else "")
-            stop.wait(next(delays))
+            self.clock.wait(stop, next(delays))
         return None
 
     def redis_call(self, what: str, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
@@ -263,7 +262,7 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
             "host": self.options.address,
             "metricsPort": self.options.metrics_port,
             "version": version,
-            "startedAt": time.time(),
+            "startedAt": self.clock.time(),
         }
         self.redis_call("register itself", lambda: self.registry.register_worker(self.node, info), generation.stop)
         if self.failed is not None:  # an executor died already: never say ready
@@ -282,7 +281,7 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         """Stop a generation's threads and close its sockets. In a migration they are checkpointed (state and
         captured events committed) and idle; a source's final position is published for `restart`'s count."""
         generation.stop.set()
-        _join(generation.threads, 5.0)
+        _join(generation.threads, 5.0, self.clock)
         positions = self.source_positions(generation)
         with contextlib.suppress(RetryCancelled):  # only a stopping worker gives up on them
             self.redis_call("publish source positions", lambda: self.store.publish_positions(positions))
@@ -381,18 +380,19 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         every worker: the analysis's window ends at a sample's time, and a worker sampling at another phase
         would have its last part of the window not yet counted (a dip read as a falling trend)."""
         interval = self.options.interval_s
-        next_publish = next_grid_time(time.time(), interval)
+        clock = self.clock
+        next_publish = next_grid_time(clock.time(), interval)
         parent = watched_parent()
         while not self.stop.is_set():
-            delay = next_publish - time.time()
+            delay = next_publish - clock.time()
             if delay > interval:  # the wall clock went back: the grid from here, not a wait as long
-                next_publish = next_grid_time(time.time(), interval)
+                next_publish = next_grid_time(clock.time(), interval)
                 continue
             if delay > 0.0:
-                self.stop.wait(delay)
+                clock.wait(self.stop, delay)
                 continue
             # a late wake-up (a busy machine, the clock went forward) skips the slots it missed
-            next_publish = max(next_publish + interval, next_grid_time(time.time(), interval))
+            next_publish = max(next_publish + interval, next_grid_time(clock.time(), interval))
             self.publish_metrics()
             self.log_data_plane()
             if parent is not None and os.getppid() != parent:
@@ -424,7 +424,7 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
             current, self.current = self.current, None
             if current is not None:
                 current.stop.set()
-                _join(current.threads, 5.0)
+                _join(current.threads, 5.0, self.clock)
                 with contextlib.suppress(Exception):  # best effort on the way out
                     self.metrics.publish(self.samples(current))
                     self.store.publish_positions(self.source_positions(current))
@@ -443,12 +443,12 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         log.info("node %s stopped", self.node)
 
 
-def _join(threads: Iterable[threading.Thread], timeout_s: float) -> None:
+def _join(threads: Iterable[threading.Thread], timeout_s: float, clock: Clock) -> None:
     """Join `threads` within `timeout_s` in all (a thread stuck past it is a daemon: it dies with the process)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     for thread in threads:
         if thread.is_alive():
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            thread.join(timeout=max(0.0, deadline - clock.monotonic()))
 
 
 def _described(what: str | Callable[[], str]) -> str:

@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 from elastream.core.drain import drain_deadline
@@ -49,7 +48,7 @@ class Drains(WorkerState):
         the node out of the schedule, which stops the worker; stop anyway at the deadline or when the request
         cannot be written."""
         wait_s = drain_deadline(self.options.drain_grace_s)
-        now = time.time()
+        now = self.clock.time()
         try:
             request_drain(self.client, self.topology.redis_prefix, self.node, now, now + wait_s)
         except Exception as exc:
@@ -61,7 +60,7 @@ class Drains(WorkerState):
         log.info(
             "node %s: drain requested; serving until its executors are moved off (at most %.0f s)", self.node, wait_s
         )
-        if self.stop.wait(wait_s):
+        if self.clock.wait(self.stop, wait_s):
             if self.stopped_by_backend:  # the SIGTERM was its backend's stop, which raced the STOP: no drain
                 with contextlib.suppress(Exception):
                     cancel_drain(self.client, self.topology.redis_prefix, self.node)

@@ -10,7 +10,6 @@ Redis is away is skipped (the counters are cumulative: the next one carries it).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,7 +45,7 @@ class MetricsReporting(WorkerState):
     def log_data_plane(self, force: bool = False) -> None:
         """Log what the data plane dropped and refused since the worker started, when it grew since the last
         line, at most every `DATA_PLANE_LOG_S` (never a frame's content or a peer's key)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not force and now < self._data_plane_log_at:
             return
         dropped, refused = self.data_plane.snapshot()
@@ -73,7 +72,7 @@ class MetricsReporting(WorkerState):
         return positions
 
     def samples(self, generation: Generation | None = None) -> Iterable[MetricSample]:
-        now = time.time()
+        now = self.clock.time()
         threads = self.threads if generation is None else generation.threads
         for thread in threads:
             c: Counters = thread.counters

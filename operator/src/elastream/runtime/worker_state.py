@@ -5,9 +5,10 @@ methods one part calls on another are declared here, so each part is type-checke
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 import zmq
@@ -22,6 +23,7 @@ from elastream.runtime.transport import Channel, DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import Registry
+from elastream.store.retry import StopSignal
 from elastream.worker_inputs.keys import DataPlaneKeys
 
 
@@ -77,6 +79,31 @@ class Generation:
         return {thread.executor: thread for thread in self.threads}
 
 
+class Clock(Protocol):
+    """The worker's time: the wall clock (metric samples and their grid, drain requests), a monotonic clock
+    (every deadline and the pacing of log lines) and a wait that a stop ends (every pause). Replaceable in
+    tests: the worker never reads `time` for these itself."""
+
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+    def wait(self, stop: StopSignal, seconds: float) -> bool:
+        """Wait `seconds` or until `stop` is set; True when it is set."""
+        ...
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wait(self, stop: StopSignal, seconds: float) -> bool:
+        return stop.wait(max(0.0, seconds))
+
+
 class WorkerState:
     """What a worker holds, and the methods its parts call on one another (defined by `Worker` and its parts)."""
 
@@ -86,8 +113,9 @@ class WorkerState:
     metrics: MetricStream
     store: CheckpointStore
 
-    def __init__(self, topology: Topology, options: WorkerOptions) -> None:
+    def __init__(self, topology: Topology, options: WorkerOptions, clock: Clock | None = None) -> None:
         self.topology = topology
+        self.clock: Clock = clock or SystemClock()
         self.options = options
         self.node = options.node
         self.stop = threading.Event()
