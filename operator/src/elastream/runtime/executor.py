@@ -129,6 +129,30 @@ class ExecutorLoop(threading.Thread):
         self.paused = threading.Event()
         _bind_errors(operator, self.counters, context, executor)
 
+    #: what the log lines call this thread's executor
+    kind = "executor"
+
+    def run(self) -> None:
+        """Open the operator, run `loop` until stopped, close it. A stop while waiting for Redis is clean; any
+        other exception is a fault of the runtime (`_failed`)."""
+        try:
+            self.operator.open(self.context)
+            self.loop()
+            self.router.flush()
+            self.operator.close()
+        except RetryCancelled:
+            log.info("%s %s stopped while waiting for Redis", self.kind, self.executor)
+        except BaseException as exc:
+            _failed(self, exc)
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+    def crash_if_due(self) -> None:
+        """Test-only: raise `InjectedCrash` once `ELASTREAM_TEST_CRASH` says so (see the module)."""
+        if self.crash_after is not None and self.counters.processed >= self.crash_after:
+            raise InjectedCrash(f"{TEST_CRASH_ENV}: {self.kind} {self.executor} after {self.crash_after} events")
+
 
 class ExecutorThread(ExecutorLoop):
     """Runs a logic or sink operator: takes frames from the inbox, processes their events, routes output."""
@@ -173,24 +197,14 @@ class ExecutorThread(ExecutorLoop):
             )
         )
 
-    def run(self) -> None:
-        try:
-            self.operator.open(self.context)
-            crash_after = self.crash_after
-            while not self.stop.is_set():
-                frame = self._next_frame()
-                if frame is not None:
-                    self.handle(frame)
-                elif self.timer is not None and self._timer_allowed():
-                    self.on_timer()
-                if crash_after is not None and self.counters.processed >= crash_after:
-                    raise InjectedCrash(f"{TEST_CRASH_ENV}: executor {self.executor} after {crash_after} events")
-            self.router.flush()
-            self.operator.close()
-        except RetryCancelled:
-            log.info("executor %s stopped while waiting for Redis", self.executor)
-        except BaseException as exc:
-            _failed(self, exc)
+    def loop(self) -> None:
+        while not self.stop.is_set():
+            frame = self._next_frame()
+            if frame is not None:
+                self.handle(frame)
+            elif self.timer is not None and self._timer_allowed():
+                self.on_timer()
+            self.crash_if_due()
 
     def _timer_allowed(self) -> bool:
         """Timers fire only in normal processing: not during a migration (from PREPARE: what they would emit
@@ -463,6 +477,7 @@ class SourceThread(ExecutorLoop):
     those instead, at the metric sample's own time: what it was offered since it took its lanes over, and
     what it owes (a backlog inherited from a migration, what back-pressure holds) as its queue."""
 
+    kind = "source"
     #: the time of the events being emitted (their `ts`), and whether the operator is open (`offered_at` may
     #: ask it then)
     now = 0.0
@@ -485,50 +500,40 @@ class SourceThread(ExecutorLoop):
         self.counters.emitted += 1
         self.router.route((event_id, key, value, self.now))
 
-    def run(self) -> None:
+    def loop(self) -> None:
         counters = self.counters
-        crash_after = self.crash_after
-        try:
-            self.operator.open(self.context)
-            exhausted = getattr(self.operator, "exhausted", None)
-            backlog = getattr(self.operator, "backlog", None)
-            backlog = backlog if callable(backlog) else None
-            self.opened = True
-            while not self.stop.is_set():
-                while not self.control.empty():
-                    self.on_control(CONTROLLER, self.control.get_nowait())
-                if self.paused.is_set() or (exhausted is not None and exhausted()):
-                    self.stop.wait(0.005)  # not a sleep: a stop is honoured at once
-                    continue
-                start = time.perf_counter()
-                budget = self.router.budget(MAX_BATCH)
-                if budget == 0:  # the channels are (nearly) full: back-pressure reaches the source here
-                    self.router.await_credit(0.01)
-                    counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
-                    continue
-                self.now = time.time()
-                before = counters.emitted
-                due = self.operator.poll(self.now, self.emit_new, budget)
-                self.router.flush()
-                emitted = counters.emitted - before
-                counters.processed += emitted
-                if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
-                    counters.received = max(counters.received, int(due))
-                    counters.queue_len = backlog(self.now)
-                else:
-                    counters.received = max(counters.received, int(due), counters.processed)
-                    counters.queue_len = counters.received - counters.processed
+        exhausted = getattr(self.operator, "exhausted", None)
+        backlog = getattr(self.operator, "backlog", None)
+        backlog = backlog if callable(backlog) else None
+        self.opened = True
+        while not self.stop.is_set():
+            while not self.control.empty():
+                self.on_control(CONTROLLER, self.control.get_nowait())
+            if self.paused.is_set() or (exhausted is not None and exhausted()):
+                self.stop.wait(0.005)  # not a sleep: a stop is honoured at once
+                continue
+            start = time.perf_counter()
+            budget = self.router.budget(MAX_BATCH)
+            if budget == 0:  # the channels are (nearly) full: back-pressure reaches the source here
+                self.router.await_credit(0.01)
                 counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
-                if crash_after is not None and counters.processed >= crash_after:
-                    raise InjectedCrash(f"{TEST_CRASH_ENV}: source {self.executor} after {crash_after} events")
-                if emitted == 0:
-                    self.stop.wait(0.002)
+                continue
+            self.now = time.time()
+            before = counters.emitted
+            due = self.operator.poll(self.now, self.emit_new, budget)
             self.router.flush()
-            self.operator.close()
-        except RetryCancelled:
-            log.info("source %s stopped while waiting for Redis", self.executor)
-        except BaseException as exc:
-            _failed(self, exc)
+            emitted = counters.emitted - before
+            counters.processed += emitted
+            if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
+                counters.received = max(counters.received, int(due))
+                counters.queue_len = backlog(self.now)
+            else:
+                counters.received = max(counters.received, int(due), counters.processed)
+                counters.queue_len = counters.received - counters.processed
+            counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
+            self.crash_if_due()
+            if emitted == 0:
+                self.stop.wait(0.002)
 
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration = self.migration
