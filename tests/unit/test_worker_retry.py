@@ -137,6 +137,20 @@ def test_retry_uses_the_one_backoff_by_default() -> None:
     assert [next(reference) for _ in range(3)] == [0.1, 0.2, 0.4]
 
 
+def test_a_loop_that_goes_on_between_attempts_backs_off_and_starts_over_after_a_success() -> None:
+    from elastream.store.retry import RetryLater, backoff
+
+    retry = RetryLater(lambda: backoff(0.1, 2.0, 1.0))
+    assert retry.due(0.0)
+    retry.failed(10.0)
+    assert not retry.due(10.05) and retry.due(10.1)
+    retry.failed(10.1)
+    assert not retry.due(10.25) and retry.due(10.35)  # the second delay is twice the first
+    retry.succeeded()
+    retry.failed(20.0)
+    assert not retry.due(20.05) and retry.due(20.1)  # from the first delay again
+
+
 def test_any_of_is_set_when_either_event_is() -> None:
     a, b = threading.Event(), threading.Event()
     either = AnyOf(a, b)

@@ -69,6 +69,26 @@ def is_redis_outage(exc: BaseException) -> bool:
     return False
 
 
+class RetryLater:
+    """The backoff of a loop that must go on between attempts (a source takes the controller's messages
+    between its polls, so it cannot wait in a retry): `due(now)` says whether to try again, `failed(now)`
+    puts the next try one delay of `delays()` later, `succeeded()` starts the delays over."""
+
+    def __init__(self, delays: Callable[[], Iterator[float]] = backoff) -> None:
+        self._fresh = delays
+        self._delays = delays()
+        self.retry_at = float("-inf")
+
+    def due(self, now: float) -> bool:
+        return now >= self.retry_at
+
+    def failed(self, now: float) -> None:
+        self.retry_at = now + next(self._delays)
+
+    def succeeded(self) -> None:
+        self._delays = self._fresh()
+
+
 class StopSignal(Protocol):
     """What ends a wait: a `threading.Event`, or `AnyOf` several."""
 

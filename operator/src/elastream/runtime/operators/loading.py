@@ -12,6 +12,7 @@ from elastream.runtime.operators.api import Context, Emit, Event
 from elastream.runtime.operators.builtin import LOGIC_BUILTINS
 from elastream.runtime.operators.sinks import LogSink, NullSink, RedisStreamSink
 from elastream.runtime.operators.sources import RedisStreamSource, Synthetic
+from elastream.store.retry import RetryLater, backoff
 from elastream.worker_inputs.user_code import load_class
 
 
@@ -97,22 +98,21 @@ class UserSource(_UserCode):
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
-        self.retry_at = 0.0
-        self.backoff_s = 0.0
+        #: while `poll` keeps failing: when to poll again (50 ms doubling to 1 s)
+        self.retry = RetryLater(lambda: backoff(0.05, 2.0, 1.0))
         self.due = 0
         for hook in ("position", "seek", "exhausted"):
             if callable(getattr(inner, hook, None)):
                 setattr(self, hook, getattr(inner, hook))
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        if now < self.retry_at:
+        if not self.retry.due(now):
             return self.due
         try:
             self.due = int(self.inner.poll(now, emit_new, budget) or 0)
         except Exception as exc:
             self.report("poll()", exc)
-            self.backoff_s = min(1.0, max(0.05, 2 * self.backoff_s))
-            self.retry_at = now + self.backoff_s
+            self.retry.failed(now)
         else:
-            self.backoff_s = 0.0
+            self.retry.succeeded()
         return self.due

@@ -18,7 +18,7 @@ from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.cpu import Cost
 from elastream.runtime.operators.streams import RedisStreamEnd
 from elastream.store.codec import text
-from elastream.store.retry import RedisAttempt, backoff, retry_redis
+from elastream.store.retry import RedisAttempt, RetryLater, retry_redis
 from elastream.worker_inputs.rate_files import read_rate_file
 
 
@@ -210,11 +210,11 @@ class RedisStreamSource(RedisStreamEnd):
         #: after seeking a foreign position: (its stride S, per foreign lane the ordinal below which the
         #: entries of the lane (n ≡ lane mod S) were emitted, the largest of these)
         self.foreign: tuple[int, dict[int, int], int] | None = None
-        self.retry_at = 0.0
-        self.delays = backoff()
+        #: while Redis is away: when to read again (0.2 s doubling to 5 s)
+        self.retry = RetryLater()
 
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
-        if now < self.retry_at:
+        if not self.retry.due(now):
             return self.offered
         entries: list[Any] = []
         with RedisAttempt(f"source {self.name}: cannot read stream {self.stream}") as attempt:
@@ -222,9 +222,9 @@ class RedisStreamSource(RedisStreamEnd):
         if attempt.failure is not None:
             # Redis is away (restarting): nothing is lost, the position stays; try again with backoff (the
             # source thread goes on meanwhile: it takes the controller's messages between polls)
-            self.retry_at = now + next(self.delays)
+            self.retry.failed(now)
             return self.offered
-        self.delays = backoff()
+        self.retry.succeeded()
         for _, items in entries:
             for entry_id, fields in items:
                 self.last_id = text(entry_id)
