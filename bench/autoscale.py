@@ -5,9 +5,10 @@ and an advertising topology with a selective filter under a 3-step and a 5-step 
 compares AUTOSCALE with Storm keeping ConfMin (minimal degrees) or ConfExpt (expert degrees that handle the
 peak without waste); it reports equivalent performance with ~37.5 % fewer resources than ConfExpt.
 
-Here every run is `elastream.core.autoscale_sim`: a deterministic time-stepped fluid simulation (1 s
-steps) that hands each evaluation's metric snapshot to the production `core.autoscaler.recommend` (which
-runs `core.autoscale` or `core.rules`) and applies its decisions through `core.planner.make_plan`, with CCR's
+Here every run is `elastream.sim.autoscaling`: a deterministic time-stepped fluid simulation (1 s
+steps) that hands each evaluation's metric snapshot to the production
+`core.autoscaling.decision.recommend` (which runs `core.autoscaling.autoscale_policy` or
+`core.autoscaling.rules_policy`) and applies its decisions through `core.planner.make_plan`, with CCR's
 measured migration delays. No worker process runs. Four policies per topology × profile (static-min,
 static-expert, autoscale, rules; the adaptive ones start from ConfMin, as in the paper's Fig. 9a/10/12a),
 plus AUTOSCALE started from ConfExpt (the paper's Fig. 9b, where its 37.5 % comes from).
@@ -36,10 +37,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from elastream.core import autoscale_sim as sim
 from elastream.core.rates import PRESETS
 from elastream.core.simulate import SimulationModel
 from elastream.core.topology import Topology, parse_manifest
+from elastream.sim import autoscaling as sim
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "docs", "benchmarks")
@@ -382,10 +383,11 @@ def write_report(out: str, cases: list[Case], took: float) -> None:
     lines = [
         "# Autoscaling benchmark: AUTOSCALE and the rules policy on AUTOSCALE's streams",
         "",
-        "**What this is.** Every number below comes from `elastream.core.autoscale_sim`, a deterministic "
+        "**What this is.** Every number below comes from `elastream.sim.autoscaling`, a deterministic "
         "time-stepped *fluid simulator* of a running topology, driving the *production policy code*: each "
-        "evaluation's metric snapshot goes to `core.autoscaler.recommend` (which runs `core.autoscale` or "
-        "`core.rules`), and its scale-outs and scale-ins are applied through `core.planner.make_plan`, as the "
+        "evaluation's metric snapshot goes to `core.autoscaling.decision.recommend` (which runs "
+        "`core.autoscaling.autoscale_policy` or `core.autoscaling.rules_policy`), and its scale-outs and "
+        "scale-ins are applied through `core.planner.make_plan`, as the "
         "controller does. No worker process, Redis stream or network is involved: costs, queues, CPU shares "
         "and the migration's phases are modelled, so this measures the policies' decisions, not the runtime. "
         "The same streams on worker processes, each run beside the simulator's prediction for it, are in "
@@ -632,7 +634,7 @@ def findings(cases: list[Case]) -> list[str]:
                     f"{moved(first, case.built)}, the next scale-out {gap:.0f} s later)"
                 )
     lines += [
-        "1. **A scale-out is not held for the catch-up; a scale-in is.** `core.autoscaler.recommend` holds a "
+        "1. **A scale-out is not held for the catch-up; a scale-in is.** `core.autoscaling.decision.recommend` holds a "
         "scale-in until the last change settled (catch-up and stabilization measured, or the controller's 60 s "
         "recovery timeout) and a whole window has passed after that, but a scale-out only until a complete window "
         "starts after the change finished. An earlier version held both: a scale-out too small to catch up then "
@@ -657,10 +659,10 @@ def findings(cases: list[Case]) -> list[str]:
         ],
         "",
         "   On the 5-step stream a step reaches a 20 s window's mean late; AUTOSCALE answers it by projecting a "
-        "rising input to the end of the stabilization interval (`core.autoscale`, where no correction can come "
-        "sooner), the rules policy by one executor per warm-up, by design: most of its late events on the 5-step "
-        "stream. maxParallelism 8 (Table III) is exactly the linear peak's need, so a backlog built at the peak "
-        "drains only when the rate falls.",
+        "rising input to the end of the stabilization interval (`core.autoscaling.autoscale_policy`, where no "
+        "correction can come sooner), the rules policy by one executor per warm-up, by design: most of its "
+        "late events on the 5-step stream. maxParallelism 8 (Table III) is exactly the linear peak's need, so a "
+        "backlog built at the peak drains only when the rate falls.",
         "",
     ]
     # 2. eq. 11 sizes a scale-in to GAL ~ 1
@@ -676,7 +678,8 @@ def findings(cases: list[Case]) -> list[str]:
         "2. **A scale-in is sized for θmax.** Eq. 11's ⌈deg × GAL⌉ sizes a low vertex to run at up to 100 % of its "
         "capacity, in the 'high' band, where the next evaluation with a positive input trend (the fluctuation "
         "gives one in 60 % of the windows) adds an executor back (Table I): an earlier version did 7 → 1 → 2 within "
-        "32 s on the advertising 5-step stream. `core.autoscale.new_degree` now shrinks a low vertex to "
+        "32 s on the advertising 5-step stream. `core.autoscaling.autoscale_policy.new_degree` now shrinks a low "
+        "vertex to "
         "⌈deg × GAL / θmax⌉, in the 'medium' band (eq. 11 stands for scale-outs). Scale-ins undone by a "
         "scale-out without the input rising (window means within 10 %) in this run: "
         + ("; ".join(undone) if undone else "none")
@@ -698,7 +701,8 @@ def findings(cases: list[Case]) -> list[str]:
         "need or below: on the linear topology the sink went 3→2 (busy 0.9 > th_cc 0.8), rule 1 added it back "
         "and the node came back, 11 times in 600 s at a noisy 20 events/s; on the advertising topology both "
         "processors went below their need and congested (70 % of the events late on the 3-step stream). "
-        "`core.rules` now removes a node only if the remaining nodes stay under th_high and every vertex keeps "
+        "`core.autoscaling.rules_policy` now removes a node only if the remaining nodes stay under th_high and "
+        "every vertex keeps "
         "⌈busy × k / th_cc⌉ executors. Scale-ins undone without the input rising in this run: "
         + ("; ".join(flaps) if flaps else "none")
         + ".",

@@ -1,6 +1,6 @@
 """Autoscaling on worker processes: AUTOSCALE's 3-step and 5-step streams run by `elastream run`, not simulated.
 
-bench/autoscale.py compares the policies in `elastream.core.autoscale_sim`, a fluid simulator. This benchmark
+bench/autoscale.py compares the policies in `elastream.sim.autoscaling`, a fluid simulator. This benchmark
 runs the same `linear` topology (bench/autoscale.py's `linear`: spout -> intermediate, work 2 ms -> sink
 80 ms; high rate 90 events/s; 4 slots and 4 emulated cores per node; maxParallelism 8) on real worker
 processes: `python -m elastream run <manifest> --redis <url> --engine python --interval 1` as a subprocess
@@ -90,9 +90,9 @@ import yaml  # noqa: E402
 
 import autoscale as paper  # noqa: E402  (bench/autoscale.py: the topology, its constants, Agg backend)
 from elastream.control.backends.local import EmbeddedRedis  # noqa: E402
-from elastream.core import autoscale_sim as sim  # noqa: E402
 from elastream.core.rates import RateProfile  # noqa: E402
 from elastream.core.topology import API_VERSION, KIND, Topology, load_manifest, parse_manifest  # noqa: E402
+from elastream.sim import autoscaling as sim  # noqa: E402
 from elastream.store.registry import Registry  # noqa: E402
 
 OUT = paper.OUT
@@ -863,7 +863,7 @@ def write_md(path: str, streams: Sequence[Stream], meta: dict[str, Any]) -> None
         "`elastream run` (the Python analysis engine, 1 s metric interval) with its worker nodes as local "
         "processes and an embedded Redis; the sink writes every event to a Redis stream "
         "(`redis-stream`, at-least-once, 80 ms per event as above) and the source is finite, so every event can "
-        "be counted and timed. Beside each run, `core.autoscale_sim`'s prediction for the same manifest.",
+        "be counted and timed. Beside each run, `sim.autoscaling`'s prediction for the same manifest.",
         "",
         "Reproduce: `make bench-autoscale` (`.venv/bin/python bench/autoscale_processes.py`, about 25 min). "
         f"This run: `{meta['command']}` on {meta['date']}, {meta['took_min']:.1f} min wall, on {m['cpu']} "

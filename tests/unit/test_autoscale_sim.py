@@ -1,4 +1,4 @@
-"""The time-stepped fluid simulator driving the real autoscaler (`elastream.core.autoscale_sim`).
+"""The time-stepped fluid simulator driving the real autoscaler (`elastream.sim.autoscaling`).
 
 Simulated time only: nothing sleeps, nothing is timed. The scenarios use AUTOSCALE's linear topology
 (Table III: an intermediate bolt at 2 ms, a sink at 80 ms, i.e. 12.5 events/s per sink executor).
@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from elastream.core import autoscale_sim as sim
 from elastream.core.topology import Topology, parse_manifest
+from elastream.sim import autoscaling as sim
 
 STABILIZATION_S = 30.0
 WINDOW = 20

@@ -21,7 +21,7 @@ give threshold values; this module takes the busy threads of all executors over 
 it, and the defaults th_cc 0.8, th_high 0.75, th_low 0.25 and th_e = slotsPerNode (a node never holds more
 executors than it has slots). Who gets a new node's slots, and which node goes, is the planner's: Stela's
 ETP fills the slots, ETPSum picks the node. The warm-up window after each change is the autoscaler's
-stabilization interval (`core.autoscaler`), shared with the AUTOSCALE policy.
+stabilization interval (`core.autoscaling.decision`), shared with the AUTOSCALE policy.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A time-stepped fluid simulation of a running topology that drives the production autoscaling code.
 
 `run` advances a topology one metric interval at a time (1 s by default) and, every evaluation period,
-hands the window's `MetricSnapshot` to the same `core.autoscaler.recommend` the controller calls, applies a
+hands the window's `MetricSnapshot` to the same `core.autoscaling.decision.recommend` the controller calls, applies a
 scale-out/scale-in through the same `core.planner.make_plan`, and reports what happened per interval. No
 worker process runs: this is the fluid model of `core.simulate` (per-executor capacity 1000 / costMs,
 executors sharing their node's CPU max-min fairly, shuffle spreading evenly), made time-dependent with
@@ -22,7 +22,7 @@ Per interval (split into segments where a migration pauses the sources or switch
 
 Every `period_s` the snapshot is the analysis's own: the last `window` intervals' totals per vertex
 (processed, emitted, offered, busy seconds, queues, and the trend sums Σ (k - c) × count) go to
-`core.metrics.analysis_from_totals`, where both analysis engines end, so rates, demand-aware input
+`core.window_analysis.analysis_from_totals`, where both analysis engines end, so rates, demand-aware input
 rates, `input_trend`, `busy_fraction`, `true_processing_rate` and `queue_length` are computed by the
 production code from the simulated counts.
 
@@ -56,14 +56,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
-from elastream.core.metrics import MetricSnapshot, WindowTotals, analysis_from_totals, trend_center
+from elastream.core.autoscaling.decision import AutoscalerState, Recommendation, WindowInfo, recommend
+from elastream.core.metrics import MetricSnapshot
 from elastream.core.planner import PlanningError, make_plan
 from elastream.core.planner.parallelism import resize
 from elastream.core.rates import RateProfile
 from elastream.core.schedule import Schedule, fresh_node_names
 from elastream.core.simulate import INF, SimulationModel, VertexModel, fair_shares, input_shares
 from elastream.core.topology import Topology, split_executor_id
+from elastream.core.window_analysis import WindowTotals, analysis_from_totals, trend_center
 
 Policy = Literal["static-min", "static-expert", "autoscale", "rules"]
 POLICIES: tuple[Policy, ...] = ("static-min", "static-expert", "autoscale", "rules")
