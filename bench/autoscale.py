@@ -41,6 +41,7 @@ from elastream.core.rates import PRESETS
 from elastream.core.simulate import SimulationModel
 from elastream.core.topology import Topology, parse_manifest
 from elastream.sim import autoscaling as sim
+from elastream.sim import scenario
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "docs", "benchmarks")
@@ -55,14 +56,14 @@ SLOTS = 4
 #: the paper: "approximately 37.5% less CPU and memory resources" than ConfExpt (linear, 3-step)
 PAPER_SAVING = 0.375
 #: (policy, start, label)
-RUNS: tuple[tuple[sim.Policy, Literal["min", "expert"], str], ...] = (
+RUNS: tuple[tuple[scenario.Policy, Literal["min", "expert"], str], ...] = (
     ("static-min", "min", "static-min"),
     ("static-expert", "min", "static-expert"),
     ("autoscale", "min", "autoscale"),
     ("rules", "min", "rules"),
     ("autoscale", "expert", "autoscale from ConfExpt"),
 )
-ADAPTIVE: tuple[sim.Policy, ...] = ("autoscale", "rules")
+ADAPTIVE: tuple[scenario.Policy, ...] = ("autoscale", "rules")
 PLOTTED = ("static-min", "static-expert", "autoscale", "rules")
 COLORS = {"static-min": "tab:red", "static-expert": "tab:gray", "autoscale": "tab:blue", "rules": "tab:orange"}
 
@@ -169,9 +170,9 @@ class Case:
     topology: str
     profile: str
     built: Topology
-    results: dict[str, sim.SimResult]
+    results: dict[str, scenario.SimResult]
     #: policy -> the run with `SHORT_SETTLE_S`
-    short_settle: dict[str, sim.SimResult] = field(default_factory=dict)
+    short_settle: dict[str, scenario.SimResult] = field(default_factory=dict)
 
     @property
     def short(self) -> str:
@@ -194,13 +195,13 @@ def seconds(x: float) -> str:
     return f"{x * 1000:.0f} ms"
 
 
-def changes_cell(result: sim.SimResult) -> str:
+def changes_cell(result: scenario.SimResult) -> str:
     outs = sum(1 for c in result.changes if c.direction == "out")
     ins = sum(1 for c in result.changes if c.direction == "in")
     return f"{len(result.changes)} ({outs} out, {ins} in)" if result.changes else "0"
 
 
-def reversals(result: sim.SimResult) -> list[tuple[sim.Change, sim.Change]]:
+def reversals(result: scenario.SimResult) -> list[tuple[scenario.Change, scenario.Change]]:
     """Consecutive changes where a scale-in was followed by a scale-out (capacity removed, then wanted back)."""
     return [
         (a, b)
@@ -209,13 +210,13 @@ def reversals(result: sim.SimResult) -> list[tuple[sim.Change, sim.Change]]:
     ]
 
 
-def timed_out(result: sim.SimResult) -> list[sim.Change]:
+def timed_out(result: scenario.SimResult) -> list[scenario.Change]:
     """Changes whose catch-up never came back to the input level: settled only by the timeout."""
     timeout = result.settings.settle_timeout_s
     return [c for c in result.changes if c.settled_at is not None and c.settled_at - c.applied_at >= timeout - 1e-6]
 
 
-def next_decision_gap(result: sim.SimResult, change: sim.Change) -> float | None:
+def next_decision_gap(result: scenario.SimResult, change: scenario.Change) -> float | None:
     later = [c for c in result.changes if c.decided_at > change.decided_at]
     return later[0].decided_at - change.decided_at if later else None
 
@@ -230,7 +231,7 @@ def run_all() -> list[Case]:
             log(f"[{len(cases) + 1}/{total}] {name} × {profile}")
             for policy, start, label in RUNS:
                 began = time.perf_counter()
-                result = sim.run(topology, policy, sim.SimSettings(), start=start)
+                result = sim.run(topology, policy, scenario.SimSettings(), start=start)
                 case.results[label] = result
                 log(
                     f"  {label:<24} kept {pct(result.throughput_kept, 2):>9}, late {pct(result.late_fraction):>7}, "
@@ -239,7 +240,7 @@ def run_all() -> list[Case]:
                     f"({time.perf_counter() - began:.1f} s)"
                 )
             for policy in ADAPTIVE:
-                short = sim.run(topology, policy, sim.SimSettings(settle_timeout_s=SHORT_SETTLE_S))
+                short = sim.run(topology, policy, scenario.SimSettings(settle_timeout_s=SHORT_SETTLE_S))
                 case.short_settle[policy] = short
                 log(
                     f"  {policy} with a {SHORT_SETTLE_S:g} s settle timeout: late {pct(short.late_fraction)}, "
@@ -256,7 +257,7 @@ def clairvoyant(case: Case) -> list[int]:
     model = SimulationModel.from_topology(topology)
     reference = case.results["static-expert"]
     dt = reference.settings.interval_s
-    rates = sim.offered_rates(topology)
+    rates = scenario.offered_rates(topology)
     executors: list[int] = []
     for interval in reference.intervals:
         start = interval.end - dt
@@ -298,14 +299,14 @@ def versus_clairvoyant(case: Case, label: str) -> tuple[list[float], float]:
     return above, below
 
 
-def rate_before(result: sim.SimResult, t: float, span: float) -> float:
+def rate_before(result: scenario.SimResult, t: float, span: float) -> float:
     """Mean offered rate over (t - span, t]."""
     dt = result.settings.interval_s
     picked = [i.offered for i in result.intervals if t - span < i.end <= t + 1e-9]
     return sum(picked) / (len(picked) * dt) if picked else 0.0
 
 
-def undone_scale_ins(result: sim.SimResult, span: float) -> list[tuple[sim.Change, sim.Change]]:
+def undone_scale_ins(result: scenario.SimResult, span: float) -> list[tuple[scenario.Change, scenario.Change]]:
     """A scale-in followed by a scale-out although the offered rate did not rise (by more than 10 %)."""
     return [
         (a, b)
@@ -319,7 +320,7 @@ def undone_scale_ins(result: sim.SimResult, span: float) -> list[tuple[sim.Chang
 
 def vertex_table(topology: Topology) -> list[str]:
     model = SimulationModel.from_topology(topology)
-    expert = sim.expert_parallelism(topology, model)
+    expert = scenario.expert_parallelism(topology, model)
     lines = [
         "| vertex | costMs | events/s per executor | selectivity | ConfMin | ConfExpt | max |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -331,8 +332,8 @@ def vertex_table(topology: Topology) -> list[str]:
             f"{expert[v]} | {vertex.max_parallelism} |"
         )
     slots = topology.slots_per_node
-    n_min = sim.nodes_for(topology, sim.min_parallelism(topology))
-    n_exp = sim.nodes_for(topology, expert)
+    n_min = scenario.nodes_for(topology, scenario.min_parallelism(topology))
+    n_exp = scenario.nodes_for(topology, expert)
     lines.append("")
     lines.append(
         f"ConfMin: {len(topology.order)} executors on {n_min} node(s); ConfExpt: {sum(expert.values())} executors "
@@ -357,12 +358,12 @@ def case_table(case: Case) -> list[str]:
     return lines
 
 
-def moved(change: sim.Change, topology: Topology) -> str:
+def moved(change: scenario.Change, topology: Topology) -> str:
     a, b = change.from_parallelism, change.to_parallelism
     return ", ".join(f"{v} {a[v]}→{b[v]}" for v in topology.order if a[v] != b[v]) or "nodes only"
 
 
-def change_log(result: sim.SimResult, topology: Topology) -> str:
+def change_log(result: scenario.SimResult, topology: Topology) -> str:
     parts = []
     for c in result.changes:
         nodes = f"; nodes {c.from_nodes}→{c.to_nodes}" if c.from_nodes != c.to_nodes else ""
@@ -376,7 +377,7 @@ def saving(case: Case, label: str, attr: str) -> float:
 
 
 def write_report(out: str, cases: list[Case], took: float) -> None:
-    settings = sim.SimSettings()
+    settings = scenario.SimSettings()
     delays = settings.delays
     by = {(c.topology, c.short): c for c in cases}
     lin3 = by[("linear", "3-step")]
@@ -615,7 +616,7 @@ def comparison(cases: list[Case]) -> list[str]:
 
 
 def findings(cases: list[Case]) -> list[str]:
-    window_s = WINDOW * sim.SimSettings().interval_s
+    window_s = WINDOW * scenario.SimSettings().interval_s
     lines = ["## What the runs show about the policy code", ""]
     # 1. an under-sized scale-out blinds the autoscaler until the settle timeout
     blind: list[str] = []

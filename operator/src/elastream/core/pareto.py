@@ -255,7 +255,7 @@ def best_configuration(
         added, throughput, result = step
         for v in added:
             parallelism[v] += 1
-    limit = _limit(topology, model, result, parallelism, budget, fixed, offered)
+    limit = _limit(search, _At(parallelism, throughput, result), budget, offered)
     return Configuration(nodes, parallelism, throughput, limit)
 
 
@@ -362,15 +362,9 @@ def _plateau_step(search: _Search, at: _At, room: int) -> _Step | None:
     return None
 
 
-def _limit(
-    topology: Topology,
-    model: SimulationModel,
-    result: SimulationResult,
-    parallelism: Mapping[str, int],
-    budget: int,
-    fixed: Sequence[str],
-    bound: float | None,
-) -> str:
+def _limit(search: _Search, at: _At, budget: int, bound: float | None) -> str:
+    """What stops more throughput at `at` (`Configuration.limit`)."""
+    topology, fixed, (parallelism, _, result) = search.topology, search.fixed, at
     if bound is not None and _reaches(result.throughput, bound):
         return "offered rate"
     saturated = [v for v in topology.order if _utilisation(result, v) >= SATURATED]
@@ -381,7 +375,7 @@ def _limit(
         reasons.append("maxParallelism: " + ", ".join(at_max))
     if pinned:
         reasons.append("fixed parallelism: " + ", ".join(pinned))
-    cpu = model.node_cpu
+    cpu = search.model.node_cpu
     if cpu is not None and any(used >= cpu * SATURATED for used in result.node_cpu_used.values()):
         reasons.append("node CPU")
     return "; ".join(reasons) or f"no executor adds {MIN_GAIN:.0%}"

@@ -19,22 +19,19 @@ from elastream.core.schedule import Schedule, fresh_node_names
 from elastream.core.simulate import SimulationModel, move_off_nodes, new_slot_count, simulate
 from elastream.core.topology import Topology, executor_id
 
+#: the best throughput found and the schedule that reaches it
+_Best = tuple[float, Schedule]
+
 
 class SearchTooLarge(ValueError):
     """An exhaustive search would evaluate more schedules than its limit allows."""
 
 
-def optimal_scale_out(
-    topology: Topology,
-    schedule: Schedule,
-    target_nodes: int,
-    model: SimulationModel | None = None,
-    limit: int = 50_000,
-) -> tuple[float, Schedule]:
+def optimal_scale_out(topology: Topology, schedule: Schedule, target_nodes: int, limit: int = 50_000) -> _Best:
     """The best throughput any choice of new executors on the new nodes can reach, existing executors kept
     in place (the space Stela searches greedily): every multiset of vertices for the new slots, split over
     the (identical, empty) new nodes in every distinct way. Raises `SearchTooLarge` past `limit` schedules."""
-    model = model or SimulationModel.from_topology(topology)
+    model = SimulationModel.from_topology(topology)
     added = target_nodes - len(schedule.nodes)
     if added < 1:
         raise ValueError("optimal_scale_out needs target_nodes above the current node count")
@@ -87,16 +84,10 @@ def _distinct_splits(items: list[str], sizes: list[int]) -> list[tuple[tuple[str
     return sorted(results)
 
 
-def optimal_scale_in(
-    topology: Topology,
-    schedule: Schedule,
-    target_nodes: int,
-    model: SimulationModel | None = None,
-    limit: int = 50_000,
-) -> tuple[float, Schedule]:
+def optimal_scale_in(topology: Topology, schedule: Schedule, target_nodes: int, limit: int = 50_000) -> _Best:
     """The best throughput over every choice of nodes to remove, their executors dealt round-robin onto the
     remaining nodes (the move rule Stela and random removal share), so only the choice of nodes differs."""
-    model = model or SimulationModel.from_topology(topology)
+    model = SimulationModel.from_topology(topology)
     remove = len(schedule.nodes) - target_nodes
     if remove < 1 or target_nodes < 1:
         raise ValueError("optimal_scale_in needs 1 <= target_nodes < current node count")
