@@ -34,7 +34,7 @@ from typing import Any
 
 import zmq
 
-from elastream.core.migration import ControlType, Mode
+from elastream.core.migration_protocol import ControlType, Mode
 from elastream.core.schedule import key_group_of, key_group_owner
 from elastream.core.topology import Stream, Topology
 from elastream.runtime.operators import SAME, Context

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from elastream.core.migration import ExecutorParticipant
+from elastream.core.migration_protocol import ExecutorParticipant
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import split_executor_id
 from elastream.store.checkpoint import ANY, CheckpointStore, ExecutorCheckpoint

@@ -61,7 +61,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 
 from elastream.core.drain import drain_deadline
 from elastream.core.metrics import MetricSample
-from elastream.core.migration import ControlType, ExecutorParticipant
+from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread, Router, SourceThread, build_outputs
