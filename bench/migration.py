@@ -42,8 +42,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer  # noqa: E402
 from elastream.control.migration import MigrationDriver  # noqa: E402
-from elastream.core.migration import rate_timeline, recovery_times  # noqa: E402
 from elastream.core.planner import make_plan  # noqa: E402
+from elastream.core.rate_timeline import rate_timeline, recovery_times  # noqa: E402
 from elastream.core.schedule import initial_schedule  # noqa: E402
 from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
 from elastream.core.topology import Topology, load_manifest  # noqa: E402

@@ -15,7 +15,7 @@ from test_migration_faults import plan_for
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.control.recovery import RecoveryFollowUp
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.runtime.operators.sources import Synthetic
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.codec import unpack

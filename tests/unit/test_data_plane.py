@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from elastream.core.migration import ControlType, ExecutorParticipant
+from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.operators import Context
 from elastream.runtime.participant import Migration

@@ -343,7 +343,7 @@ def test_redis_stream_uneven_old_executors_resume_exactly_once() -> None:
 
 
 def test_redis_stream_positions_are_per_lane_counts_that_replayed_events_reads() -> None:
-    from elastream.core.migration import replayed_events
+    from elastream.core.checkpoint_protocol import replayed_events
 
     stream = _FakeStream(200)
     seen: list[int] = []

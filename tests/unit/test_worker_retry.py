@@ -204,7 +204,7 @@ class FlakyStore:
 
 
 def test_an_executor_retries_its_checkpoint_and_ack_through_an_outage_with_one_token(monkeypatch) -> None:
-    from elastream.core.migration import ExecutorParticipant
+    from elastream.core.migration_protocol import ExecutorParticipant
     from elastream.runtime import participant
     from elastream.runtime.participant import Migration
 

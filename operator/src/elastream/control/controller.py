@@ -36,9 +36,9 @@ from elastream.control.drains import take_drain
 from elastream.control.monitor import LiveRates
 from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.scaling import PrintEvents, ScalingRecord
-from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
+from elastream.core.autoscaling.decision import AutoscalerState, Recommendation, WindowInfo, recommend
 from elastream.core.metrics import MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (
@@ -602,7 +602,7 @@ class TopologyController:
     # ------------------------------------------------------------------------------------------- autoscaling
 
     def autoscale(self) -> ScalingRecord | None:
-        """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaler`),
+        """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaling.decision`),
         publish the evaluation as `autoscaler`, and carry out a scale-out/scale-in (unless `execute: false`,
         which only recommends). Returns the scaling's record when one ran."""
         now = self.clock.now()

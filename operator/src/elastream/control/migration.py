@@ -38,7 +38,8 @@ from typing import Any
 import redis
 
 from elastream.control.checkpoints import abandon_checkpoint
-from elastream.core.migration import (
+from elastream.core.checkpoint_protocol import replayed_events
+from elastream.core.migration_protocol import (
     Ack,
     Action,
     ActionKind,
@@ -48,9 +49,8 @@ from elastream.core.migration import (
     MigrationStalled,
     Phase,
     Timeouts,
-    replayed_events,
 )
-from elastream.core.migration import Protocol as MigrationProtocol
+from elastream.core.migration_protocol import Protocol as MigrationProtocol
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.core.migration import ControlType, Mode
+from elastream.core.migration_protocol import ControlType, Mode
 from elastream.runtime.operators.api import SAME, Context
 from elastream.runtime.participant import Migration
 from elastream.runtime.routing import Router

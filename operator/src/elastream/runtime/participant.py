@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from elastream.core.migration import ExecutorParticipant
+from elastream.core.migration_protocol import ExecutorParticipant
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import split_executor_id
 from elastream.runtime.routing import grouping_key

@@ -18,8 +18,9 @@ Because the topology is a DAG and sinks never block on output, blocking sends ca
 A frame is ``msgpack([kind, sender, payload])``: DATA carries a list of events ``[id, key, value, ts]``,
 CONTROL a dict (PREPARE, COMMIT, ... from the migration protocol). Control frames need no credit.
 
-With the topology's `DataPlaneKeys` (`elastream.runtime.security`) inboxes are CURVE servers and channels
-CURVE clients: only peers holding the topology's keys connect, and everything on the wire is encrypted.
+With the topology's `DataPlaneKeys` (`elastream.worker_inputs.keys`; sockets secured by
+`elastream.runtime.security`) inboxes are CURVE servers and channels CURVE clients: only peers holding the
+topology's keys connect, and everything on the wire is encrypted.
 Whatever arrives is checked before an executor sees it: a frame that does not decode, or is not the shape
 above, or (with keys) comes over a connection no ZAP handler accepted, or names another sender than the
 first frame of its connection did, is dropped and counted in the worker's `DataPlaneStats`, never raised.

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from elastream.core.migration import ControlType, ExecutorParticipant
+from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.core.topology import split_executor_id
 from elastream.runtime.participant import Migration
 from elastream.runtime.worker_state import WorkerState
