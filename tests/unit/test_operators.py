@@ -58,15 +58,26 @@ def test_count_counts_per_key_and_its_state_is_per_key_group() -> None:
     assert restored.counts() == {f"k{i}": 10 for i in range(5)}
 
 
-def test_window_emits_count_and_sum_per_key_when_it_closes(monkeypatch) -> None:
-    wall = [1000.01]  # inside a window, not on its edge
+def stepped_window(monkeypatch) -> tuple[Window, list, list[float], Any]:
+    """A 50 ms `Window` on a wall clock the test steps (it starts inside a window, not on its edge), the list
+    of what it emits as (key, value, event id), the clock, and its emit function."""
+    wall = [1000.01]
     monkeypatch.setattr(Window, "wall_clock", staticmethod(lambda: wall[0]))
     operator = Window()
-    out: list = []
     operator.open(Context("v", 0, 1, 8, {"sizeMs": 50}))
+    out: list = []
+
+    def emit(value: object, key: object = SAME, event_id: object = None, ts: object = None) -> None:
+        out.append((key, value, event_id))
+
+    return operator, out, wall, emit
+
+
+def test_window_emits_count_and_sum_per_key_when_it_closes(monkeypatch) -> None:
+    operator, out, wall, emit = stepped_window(monkeypatch)
 
     def feed(event: tuple) -> None:
-        operator.process(event, lambda value, key=SAME, event_id=None, ts=None: out.append((key, value, event_id)))
+        operator.process(event, emit)
 
     for i in range(6):
         feed((i, "a" if i % 2 else "b", 10, 0.0))
@@ -132,15 +143,7 @@ def test_count_honours_its_key_field_like_the_fields_grouping() -> None:
 
 
 def test_window_closes_on_the_idle_timer_without_a_later_event(monkeypatch) -> None:
-    wall = [1000.01]  # inside a window, not on its edge
-    monkeypatch.setattr(Window, "wall_clock", staticmethod(lambda: wall[0]))
-    operator = Window()
-    out: list = []
-    operator.open(Context("v", 0, 1, 8, {"sizeMs": 50}))
-
-    def emit(value: object, key: object = SAME, event_id: object = None, ts: object = None) -> None:
-        out.append((key, value, event_id))
-
+    operator, out, wall, emit = stepped_window(monkeypatch)
     for i in range(4):
         operator.process((i, "k", 5, 0.0), emit)
     operator.timer(emit)
