@@ -1,0 +1,140 @@
+"""The CRD's CEL rules (`x-kubernetes-validations`), evaluated offline with cel-python (`celpy`).
+
+Each rule is written once, in the CRD; `elastream validate` runs it here as the API server would on
+`kubectl apply`: on the object after the schema's defaults are applied, with `self` bound to the value of the
+schema node the rule sits on. A broken rule is reported on `<node path><fieldPath>` (the API server's field
+path) with the rule's `message`, in the CLI's one-line style ("spec.scaling.auto.maxNodes: autoscaler bounds:
+...").
+
+The rules use only standard CEL: `has()`, the `all()`/`exists()` macros, `size()`, comparisons, arithmetic
+and the ternary operator. None of Kubernetes' CEL extension libraries (lists, regex, URLs, quantities,
+`isSorted`, `format`...) is used, so the standard environment of cel-python evaluates every one; a rule that
+uses one later fails to compile here, and `test_crd.py::test_every_cel_rule_compiles` says so. Transition
+rules (those reading `oldSelf`) need the stored object and are skipped: validate has no old object.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import celpy
+from celpy.adapter import json_to_cel
+
+from elastream.resources.schema import field_path
+
+
+class RuleError(ValueError):
+    """A CEL rule of the CRD does not compile: the CRD is broken, not the manifest."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One `x-kubernetes-validations` entry of the CRD."""
+
+    text: str
+    message: str
+    field_path: str = ""
+
+    @property
+    def transition(self) -> bool:
+        """Whether the rule compares with the stored object (`oldSelf`), which validate does not have."""
+        return "oldSelf" in self.text
+
+
+@functools.cache
+def compiled(text: str) -> celpy.Runner:
+    """The rule's program in cel-python's standard environment; `RuleError` when it does not compile."""
+    environment = celpy.Environment()
+    try:
+        return environment.program(environment.compile(text))
+    except Exception as exc:  # celpy raises CELParseError and, for unknown functions, other errors
+        raise RuleError(f"CEL rule {text!r} does not compile: {str(exc).splitlines()[0]}") from None
+
+
+def rules_of(node: Mapping[str, Any]) -> list[Rule]:
+    """The CEL rules on one schema node."""
+    return [
+        Rule(item["rule"], item.get("message") or f"failed rule: {item['rule']}", item.get("fieldPath", ""))
+        for item in node.get("x-kubernetes-validations", [])
+    ]
+
+
+def all_rules(schema: Mapping[str, Any]) -> list[Rule]:
+    """Every CEL rule anywhere in a schema (the whole tree, whether a manifest reaches the node or not)."""
+    found = rules_of(schema)
+    for sub in _children(schema):
+        found += all_rules(sub)
+    return found
+
+
+def _children(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield from node.get("properties", {}).values()
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), Mapping):
+            yield node[key]
+
+
+def apply_defaults(node: Mapping[str, Any], value: Any) -> Any:
+    """The API server's defaulting: a missing field with a default gets it, then its own fields theirs."""
+    if isinstance(value, dict) and "properties" in node:
+        for name, sub in node["properties"].items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = apply_defaults(sub, value[name])
+    elif isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        return [apply_defaults(node["items"], item) for item in value]
+    return value
+
+
+def _nodes(node: Mapping[str, Any], value: Any, path: tuple[str | int, ...]) -> Iterator[tuple[Any, Any, Any]]:
+    """(schema node, value, field path) for every value of the object that its schema describes."""
+    yield node, value, path
+    if isinstance(value, Mapping):
+        for name, sub in node.get("properties", {}).items():
+            if name in value:
+                yield from _nodes(sub, value[name], (*path, name))
+        extra = node.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            for key, item in value.items():
+                yield from _nodes(extra, item, (*path, str(key)))
+    elif isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        for index, item in enumerate(value):
+            yield from _nodes(node["items"], item, (*path, index))
+
+
+def _holds(rule: Rule, value: Any) -> bool | str:
+    """True when `value` passes the rule, False when it breaks it, the reason when CEL cannot evaluate it."""
+    try:
+        result = compiled(rule.text).evaluate({"self": json_to_cel(value)})
+    except RuleError:
+        raise
+    except Exception as exc:  # an evaluation error (a missing field, a value CEL has no type for)
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(result, Exception):  # celpy returns some errors as values
+        return str(result).splitlines()[0]
+    return bool(result)
+
+
+def cel_problems(document: Any, schema: Mapping[str, Any]) -> list[str]:
+    """The rules `document` breaks, one line each: `<field>: <the rule's message>`. Run it on a document
+    the schema accepts (the API server evaluates rules on values of the declared types)."""
+    problems: list[str] = []
+    defaulted = apply_defaults(schema, copy.deepcopy(document))
+    for node, value, path in _nodes(schema, defaulted, ()):
+        for rule in rules_of(node):
+            if rule.transition:
+                continue
+            where = field_path(path) if path else "manifest"
+            if rule.field_path:
+                where = f"{where}{rule.field_path}" if path else rule.field_path.lstrip(".")
+            holds = _holds(rule, value)
+            if holds is False:
+                problems.append(f"{where}: {rule.message}")
+            elif holds is not True:
+                problems.append(f"{where}: rule {rule.text!r} cannot be evaluated ({holds}); fix the field")
+    return problems
