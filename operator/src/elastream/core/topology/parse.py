@@ -91,26 +91,7 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
     too_big = _shape_problem(document) if bounded else None
     if too_big is not None:
         raise TopologyError([too_big])
-    if document.get("apiVersion") not in (None, API_VERSION):
-        problems.append(f"apiVersion: {shown(document.get('apiVersion'))} is not served; use {API_VERSION}")
-    if document.get("kind") not in (None, KIND):
-        problems.append(f"kind: {shown(document.get('kind'))} is not {KIND}; set kind: {KIND}")
-    metadata = document.get("metadata") or {}
-    name, namespace = "", "default"
-    if not isinstance(metadata, Mapping):
-        problems.append("metadata: is not a mapping; write metadata: {name: my-topology}")
-    else:
-        raw_name, raw_namespace = metadata.get("name", ""), metadata.get("namespace", "default")
-        name = raw_name if isinstance(raw_name, str) else ""
-        namespace = raw_namespace if isinstance(raw_namespace, str) and raw_namespace else "default"
-        if not isinstance(raw_namespace, str) or not _NAME_RE.match(namespace):
-            problems.append(f"metadata.namespace: {shown(raw_namespace)} is not a DNS-1123 label; fix it")
-        if not isinstance(raw_name, str):
-            problems.append(f"metadata.name: {shown(raw_name)} is not a string; use a DNS-1123 label")
-        elif not _NAME_RE.match(name):
-            problems.append(
-                f"metadata.name: {shown(name)} is not a DNS-1123 label; use lower-case letters, digits and '-'"
-            )
+    name, namespace = _parse_header(document, problems)
     spec = document.get("spec")
     if not isinstance(spec, Mapping):
         raise TopologyError([*problems, "spec: is missing; add spec.vertices and spec.streams"])
@@ -129,41 +110,12 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
     streams, unresolved = _parse_streams(spec.get("streams"), entries, nameless, problems, sizes)
     scaling = _parse_scaling(spec.get("scaling"), problems)
     node_cpu = _parse_node_cpu(spec.get("resources"), problems)
-    suspend = spec.get("suspend", False)
-    if suspend is None:  # `suspend: null` (or removed by a merge patch) means not suspended
-        suspend = False
-    if not isinstance(suspend, bool):
-        problems.append(f"spec.suspend: {shown(suspend)} is not true/false; set true to suspend, false to resume")
+    suspend = _parse_suspend(spec.get("suspend", False), problems)
     initial_savepoint = parse_initial_savepoint(spec.get("initialSavepoint"), namespace, name, problems)
     deletion_policy = parse_deletion_policy(spec.get("deletionPolicy"), problems)
 
-    graph: nx.DiGraph = nx.DiGraph()
-    for vertex_name in entries:
-        graph.add_node(vertex_name)
-    for stream in streams:
-        graph.add_edge(stream.src, stream.dst, stream=stream)
-    order: tuple[str, ...] = ()
-    if entries:
-        problems.extend(_structure_problems(graph, entries, unresolved))
-        if nx.is_directed_acyclic_graph(graph):
-            position = {n: i for i, n in enumerate(entries)}
-            order = tuple(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
-    # Executors of the vertices whose parallelism is known: a lower bound when some are not, so a slot
-    # shortage reported here is real.
-    total = sum(e.parallelism for e in entries.values() if e.parallelism is not None)
-    at_least = "at least " if any(e.parallelism is None for e in entries.values()) else ""
-    if total > sizes.executors:
-        problems.append(
-            f"spec.vertices: {at_least}{total} executors in all (the sum of parallelism), more than "
-            f"{sizes.executors}; lower the vertices' parallelism"
-        )
-    elif nodes is not None and slots is not None and entries and total > nodes * slots:
-        need_slots = -(-total // nodes)
-        need_nodes = -(-total // slots)
-        problems.append(
-            f"spec.slotsPerNode: {nodes} nodes × {slots} slots = {nodes * slots} slots for {at_least}{total} "
-            f"executors; raise spec.slotsPerNode to {at_least}{need_slots} or spec.nodes to {at_least}{need_nodes}"
-        )
+    graph, order = _graph(entries, streams, unresolved, problems)
+    problems.extend(_slot_problems(entries, nodes, slots, sizes))
     if problems:
         raise TopologyError(problems)
     assert nodes is not None and slots is not None
@@ -180,10 +132,79 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
         scaling=scaling,
         node_cpu=node_cpu,
         spec=dict(spec),
-        suspend=suspend is True,
+        suspend=suspend,
         initial_savepoint=initial_savepoint,
         deletion_policy=deletion_policy,
     )
+
+
+def _parse_header(document: Mapping[str, Any], problems: list[str]) -> tuple[str, str]:
+    """apiVersion and kind checked; metadata's name and namespace ("" and "default" when they are wrong)."""
+    if document.get("apiVersion") not in (None, API_VERSION):
+        problems.append(f"apiVersion: {shown(document.get('apiVersion'))} is not served; use {API_VERSION}")
+    if document.get("kind") not in (None, KIND):
+        problems.append(f"kind: {shown(document.get('kind'))} is not {KIND}; set kind: {KIND}")
+    metadata = document.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        problems.append("metadata: is not a mapping; write metadata: {name: my-topology}")
+        return "", "default"
+    raw_name, raw_namespace = metadata.get("name", ""), metadata.get("namespace", "default")
+    name = raw_name if isinstance(raw_name, str) else ""
+    namespace = raw_namespace if isinstance(raw_namespace, str) and raw_namespace else "default"
+    if not isinstance(raw_namespace, str) or not _NAME_RE.match(namespace):
+        problems.append(f"metadata.namespace: {shown(raw_namespace)} is not a DNS-1123 label; fix it")
+    if not isinstance(raw_name, str):
+        problems.append(f"metadata.name: {shown(raw_name)} is not a string; use a DNS-1123 label")
+    elif not _NAME_RE.match(name):
+        problems.append(f"metadata.name: {shown(name)} is not a DNS-1123 label; use lower-case letters, digits and '-'")
+    return name, namespace
+
+
+def _parse_suspend(suspend: Any, problems: list[str]) -> bool:
+    if suspend is None:  # `suspend: null` (or removed by a merge patch) means not suspended
+        return False
+    if not isinstance(suspend, bool):
+        problems.append(f"spec.suspend: {shown(suspend)} is not true/false; set true to suspend, false to resume")
+    return suspend is True
+
+
+def _graph(
+    entries: Mapping[str, _Entry], streams: list[Stream], unresolved: _Unresolved, problems: list[str]
+) -> tuple[nx.DiGraph, tuple[str, ...]]:
+    """The vertices and streams as a DiGraph, its structure checked, and its topological order (manifest
+    order among peers; empty when the graph has a cycle)."""
+    graph: nx.DiGraph = nx.DiGraph()
+    for vertex_name in entries:
+        graph.add_node(vertex_name)
+    for stream in streams:
+        graph.add_edge(stream.src, stream.dst, stream=stream)
+    order: tuple[str, ...] = ()
+    if entries:
+        problems.extend(_structure_problems(graph, entries, unresolved))
+        if nx.is_directed_acyclic_graph(graph):
+            position = {n: i for i, n in enumerate(entries)}
+            order = tuple(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
+    return graph, order
+
+
+def _slot_problems(entries: Mapping[str, _Entry], nodes: int | None, slots: int | None, sizes: _Sizes) -> list[str]:
+    """Too many executors in all, or more than the nodes' slots. Counted over the vertices whose parallelism
+    is known: a lower bound when some are not, so a slot shortage reported here is real."""
+    total = sum(e.parallelism for e in entries.values() if e.parallelism is not None)
+    at_least = "at least " if any(e.parallelism is None for e in entries.values()) else ""
+    if total > sizes.executors:
+        return [
+            f"spec.vertices: {at_least}{total} executors in all (the sum of parallelism), more than "
+            f"{sizes.executors}; lower the vertices' parallelism"
+        ]
+    if nodes is None or slots is None or not entries or total <= nodes * slots:
+        return []
+    need_slots = -(-total // nodes)
+    need_nodes = -(-total // slots)
+    return [
+        f"spec.slotsPerNode: {nodes} nodes × {slots} slots = {nodes * slots} slots for {at_least}{total} "
+        f"executors; raise spec.slotsPerNode to {at_least}{need_slots} or spec.nodes to {at_least}{need_nodes}"
+    ]
 
 
 @dataclass(frozen=True)
@@ -342,26 +363,34 @@ class _Unresolved:
     has_out: set[str] = field(default_factory=set)
     has_in: set[str] = field(default_factory=set)
 
+    def everything(self) -> None:
+        """Any edge may be missing (the streams could not be read at all)."""
+        self.into_unknown = self.from_unknown = True
 
-def _parse_streams(
-    raw: Any, entries: Mapping[str, _Entry], nameless: int, problems: list[str], sizes: _Sizes
-) -> tuple[list[Stream], _Unresolved]:
-    """Streams as edges (a bad grouping or missing key still makes one) and the ends that named no vertex.
-    While some vertex entries have no name, names no vertex has are taken to be theirs and not reported
-    again, as long as there are no more distinct such names than nameless entries."""
-    unresolved = _Unresolved()
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list) or len(raw) > sizes.streams:
-        if isinstance(raw, list):
-            problems.append(f"spec.streams: {len(raw)} streams, more than {sizes.streams}; split the topology")
+    def note(self, src: Any, dst: Any, entries: Mapping[str, _Entry]) -> None:
+        """A stream with an unknown end: its known end keeps the edge it has, the unknown one may be any."""
+        if isinstance(src, str) and src in entries:
+            self.has_out.add(src)
         else:
-            problems.append("spec.streams: is not a list; list the edges as {from, to, grouping}")
-        unresolved.into_unknown = unresolved.from_unknown = True
-        return [], unresolved
-    streams: list[Stream] = []
-    seen: dict[tuple[str, str], int] = {}
-    known = ", ".join(entries) or "none"
+            self.from_unknown = True
+        if isinstance(dst, str) and dst in entries:
+            self.has_in.add(dst)
+        else:
+            self.into_unknown = True
+
+
+@dataclass(frozen=True)
+class _StreamContext:
+    """What every stream of one manifest is checked against."""
+
+    entries: Mapping[str, _Entry]
+    #: the known vertex names, as problem lines list them
+    known: str
+    #: unknown names taken to be those of nameless vertex entries, not reported again
+    quiet: set[str]
+
+
+def _stream_context(raw: list[Any], entries: Mapping[str, _Entry], nameless: int) -> _StreamContext:
     strays = {
         end
         for item in raw
@@ -370,60 +399,97 @@ def _parse_streams(
         if isinstance(end, str) and end not in entries
     }
     quiet = strays if 0 < len(strays) <= nameless else set()
+    return _StreamContext(entries, ", ".join(entries) or "none", quiet)
+
+
+def _parse_streams(
+    raw: Any, entries: Mapping[str, _Entry], nameless: int, problems: list[str], sizes: _Sizes
+) -> tuple[list[Stream], _Unresolved]:
+    """Streams as edges (a bad grouping or missing key still makes one) and the ends that named no vertex.
+    While some vertex entries have no name, names no vertex has are taken to be theirs and not reported
+    again, as long as there are no more distinct such names than nameless entries."""
+    unresolved = _Unresolved()
+    raw = [] if raw is None else raw
+    if not isinstance(raw, list):
+        problems.append("spec.streams: is not a list; list the edges as {from, to, grouping}")
+        unresolved.everything()
+        return [], unresolved
+    if len(raw) > sizes.streams:
+        problems.append(f"spec.streams: {len(raw)} streams, more than {sizes.streams}; split the topology")
+        unresolved.everything()
+        return [], unresolved
+    context = _stream_context(raw, entries, nameless)
+    streams: list[Stream] = []
+    seen: dict[tuple[str, str], int] = {}
     for i, item in enumerate(raw):
-        path = f"spec.streams[{i}]"
-        if not isinstance(item, Mapping):
-            problems.append(f"{path}: is not a mapping; write {{from: a, to: b, grouping: shuffle}}")
-            unresolved.into_unknown = unresolved.from_unknown = True
+        stream = _parse_stream(item, f"spec.streams[{i}]", context, problems, unresolved)
+        if stream is None:
             continue
-        src, dst = item.get("from"), item.get("to")
-        ends_known = True
-        for end, value in (("from", src), ("to", dst)):
-            if not entries:
-                pass  # spec.vertices is missing or empty, which is reported once
-            elif value is None:
-                problems.append(f"{path}.{end}: is missing; set it to one of: {known}")
-            elif not isinstance(value, str) or value not in entries:
-                if not (isinstance(value, str) and value in quiet):
-                    problems.append(f"{path}.{end}: unknown vertex {shown(value)}; use one of: {known}")
-            else:
-                continue
-            ends_known = False
-        grouping = item.get("grouping", "shuffle")
-        if grouping not in GROUPINGS:
-            problems.append(f"{path}.grouping: unknown grouping {shown(grouping)}; use one of: {', '.join(GROUPINGS)}")
-            grouping = "shuffle"  # a placeholder edge: the structure checks still see the stream
-        key = item.get("key")
-        if grouping == "fields" and not (isinstance(key, str) and key):
-            problems.append(f"{path}.key: fields grouping needs a key; set key to the field to partition by")
-        balance = item.get("balance", "load-aware")
-        if balance not in BALANCES:
-            problems.append(f"{path}.balance: unknown balance {shown(balance)}; use one of: {', '.join(BALANCES)}")
-            balance = "load-aware"
-        elif "balance" in item and grouping != "shuffle":
+        if (stream.src, stream.dst) in seen:
+            first = seen[stream.src, stream.dst]
             problems.append(
-                f"{path}.balance: only a shuffle stream is balanced; remove balance or use grouping shuffle"
+                f"spec.streams[{i}]: duplicate stream {stream.src} -> {stream.dst} (also spec.streams[{first}]); "
+                "keep one"
             )
-        if not ends_known:
-            if isinstance(src, str) and src in entries:
-                unresolved.has_out.add(src)
-            else:
-                unresolved.from_unknown = True
-            if isinstance(dst, str) and dst in entries:
-                unresolved.has_in.add(dst)
-            else:
-                unresolved.into_unknown = True
             continue
-        assert isinstance(src, str) and isinstance(dst, str)
-        if src == dst:
-            problems.append(f"{path}: stream from {shown(src)} to itself makes a cycle; remove it")
-            continue
-        if (src, dst) in seen:
-            problems.append(f"{path}: duplicate stream {src} -> {dst} (also spec.streams[{seen[src, dst]}]); keep one")
-            continue
-        seen[src, dst] = i
-        streams.append(Stream(src, dst, cast(Grouping, grouping), key if grouping == "fields" else None, balance))
+        seen[stream.src, stream.dst] = i
+        streams.append(stream)
     return streams, unresolved
+
+
+def _parse_stream(
+    item: Any, path: str, context: _StreamContext, problems: list[str], unresolved: _Unresolved
+) -> Stream | None:
+    """One stream as an edge, or None when it makes none (an unknown end, a self-loop, not a mapping)."""
+    if not isinstance(item, Mapping):
+        problems.append(f"{path}: is not a mapping; write {{from: a, to: b, grouping: shuffle}}")
+        unresolved.everything()
+        return None
+    src, dst = item.get("from"), item.get("to")
+    ends_known = _stream_end(src, f"{path}.from", context, problems)
+    ends_known = _stream_end(dst, f"{path}.to", context, problems) and ends_known
+    grouping, key, balance = _stream_options(item, path, problems)
+    if not ends_known:
+        unresolved.note(src, dst, context.entries)
+        return None
+    assert isinstance(src, str) and isinstance(dst, str)
+    if src == dst:
+        problems.append(f"{path}: stream from {shown(src)} to itself makes a cycle; remove it")
+        return None
+    return Stream(src, dst, grouping, key, balance)
+
+
+def _stream_end(value: Any, path: str, context: _StreamContext, problems: list[str]) -> bool:
+    """Whether a stream end names a vertex; a problem line when it does not (none while spec.vertices is
+    missing or empty, which is reported once, or for a name taken to be a nameless vertex's)."""
+    if isinstance(value, str) and value in context.entries:
+        return True
+    if not context.entries:
+        pass
+    elif value is None:
+        problems.append(f"{path}: is missing; set it to one of: {context.known}")
+    elif not (isinstance(value, str) and value in context.quiet):
+        problems.append(f"{path}: unknown vertex {shown(value)}; use one of: {context.known}")
+    return False
+
+
+def _stream_options(item: Mapping[str, Any], path: str, problems: list[str]) -> tuple[Grouping, str | None, str]:
+    """A stream's grouping, key (fields grouping only) and balance; a bad grouping or balance becomes the
+    default, so the stream still stands as a (placeholder) edge for the structure checks."""
+    grouping = item.get("grouping", "shuffle")
+    if grouping not in GROUPINGS:
+        problems.append(f"{path}.grouping: unknown grouping {shown(grouping)}; use one of: {', '.join(GROUPINGS)}")
+        grouping = "shuffle"
+    key = item.get("key")
+    if grouping == "fields" and not (isinstance(key, str) and key):
+        problems.append(f"{path}.key: fields grouping needs a key; set key to the field to partition by")
+    balance = item.get("balance", "load-aware")
+    if balance not in BALANCES:
+        problems.append(f"{path}.balance: unknown balance {shown(balance)}; use one of: {', '.join(BALANCES)}")
+        balance = "load-aware"
+    elif "balance" in item and grouping != "shuffle":
+        problems.append(f"{path}.balance: only a shuffle stream is balanced; remove balance or use grouping shuffle")
+    return cast(Grouping, grouping), key if grouping == "fields" else None, balance
 
 
 def _structure_problems(graph: nx.DiGraph, entries: Mapping[str, _Entry], unresolved: _Unresolved) -> list[str]:
