@@ -3,7 +3,7 @@ passes and bad manifests fail, CEL rules that compile and catch what they say, d
 with the parser, and `elastream validate` reporting schema and rule problems in one line each.
 
 The schema is checked with `jsonschema` after `elastream.resources.to_json_schema` maps the few OpenAPI
-keywords that differ; the CEL rules (`x-kubernetes-validations`) run in cel-python (`elastream.resources.cel`),
+keywords that differ; the CEL rules (`x-kubernetes-validations`) run in the `cel` library (`elastream.resources.cel`),
 from the CRD's own text: no rule is repeated here. (kube-apiserver 1.34 accepted this CRD, all the examples,
 and rejected each bad case below with the rule's message.)
 """
@@ -339,7 +339,7 @@ def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
     rules = all_rules(schema)
     assert len(rules) == len(crd_rules(schema)) == 7
     for rule in rules:
-        compiled(rule.text)  # raises RuleError naming the rule when cel-python cannot compile it
+        compiled(rule.text)  # raises RuleError naming the rule when the CEL library cannot compile it
         # the message names the rule before the colon: "<rule>: <what is wrong>"
         assert ": " in rule.message and len(rule.message.split(": ")[0]) > 5
 

@@ -1,12 +1,12 @@
 """The StreamTopology contract as `elastream validate` checks it: the CRD (crds/streamtopology.yaml, the one
 copy kept by hand; the package's streamtopology.yaml is a symlink to it), its openAPIV3Schema checked with
-`jsonschema` (`schema`), and its CEL rules evaluated with cel-python (`cel`). A rule is written once, in the
+`jsonschema` (`schema`), and its CEL rules evaluated with the `cel` library (`cel`). A rule is written once, in the
 CRD; nothing here repeats one in Python.
 
 `check_manifest` runs the contract before the parser (`elastream.core.topology.parse_manifest`, which keeps
 what a schema cannot say: the graph, slots, and the checks the operator needs for a well-formed model) and
 merges both into one line per field. It lives outside `core` because `core` stays pure (no jsonschema, no
-celpy; import-linter checks).
+cel; import-linter checks).
 """
 
 from __future__ import annotations
