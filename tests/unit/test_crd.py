@@ -617,3 +617,18 @@ def test_cel_rules_see_the_schemas_defaults(demo: dict[str, Any], schema: dict[s
         "spec.vertices[1].parallelism: parallelism within maxParallelism: parallelism must not exceed maxParallelism "
         "(the vertex's key groups)"
     ]
+
+
+def test_validate_reports_a_broken_rule_beside_a_schema_problem_elsewhere(tmp_path: Any, demo: dict[str, Any]) -> None:
+    # a schema problem in spec.image does not hide the autoscaler rule (its node, spec.scaling.auto, is sound),
+    # while a rule on a node the schema found a problem under is not run (its values are not the declared types)
+    changed = crd_copy(tmp_path, ("self.minNodes <= self.maxNodes", "self.minNodes < self.maxNodes"))
+    document = mutated(demo, lambda s: [s.update(image=5), s["scaling"].update(auto={"minNodes": 3, "maxNodes": 3})])
+    proc = validate(tmp_path, document, "--crd", changed)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: spec.image: 5 is not of type 'string'; fix it",
+        "error: spec.scaling.auto.maxNodes: autoscaler bounds: auto.minNodes must not exceed auto.maxNodes",
+    ]
+    auto_broken = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": "3", "maxNodes": 3}))
+    assert cel_problems(auto_broken, openapi_schema(), ["spec.scaling.auto.minNodes"]) == []

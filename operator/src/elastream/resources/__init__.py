@@ -50,12 +50,13 @@ __all__ = [
 
 
 def contract_problems(document: Any, *, crd_path: str | None = None, version: str = "v1alpha1") -> list[str]:
-    """What the API server would refuse: the schema's problems, then (on a document the schema accepts, as
-    the rules expect values of the declared types) the CEL rules' messages. One line per field."""
+    """What the API server would refuse: the schema's problems, then the CEL rules' messages (a rule is not
+    run on a node the schema already found a problem under). One line per field."""
     problems = schema_problems(document, version, crd_path)
-    if problems:
+    if not isinstance(document, Mapping):
         return problems
-    return cel_problems(document, openapi_schema(version, crd_path))
+    invalid = [problem_field(line) or "manifest" for line in problems]
+    return problems + cel_problems(document, openapi_schema(version, crd_path), invalid)
 
 
 def check_manifest(document: Mapping[str, Any], *, crd_path: str | None = None) -> Topology:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,19 +127,33 @@ def _holds(rule: Rule, value: Any) -> bool | str:
     return result
 
 
-def cel_problems(document: Any, schema: Mapping[str, Any]) -> list[str]:
-    """The rules `document` breaks, one line each: `<field>: <the rule's message>`. Run it on a document
-    the schema accepts (the API server evaluates rules on values of the declared types)."""
+def _within(field: str, node: str) -> bool:
+    return field == node or field.startswith((f"{node}.", f"{node}["))
+
+
+def cel_problems(document: Any, schema: Mapping[str, Any], invalid: Iterable[str] = ()) -> list[str]:
+    """The rules `document` breaks, one line each: `<field>: <the rule's message>`. A rule on a node under
+    which the schema found a problem (`invalid`: the fields it named) is not run: rules expect values of the
+    declared types, and that node's problem is reported already."""
+    invalid = list(invalid)
+    if "manifest" in invalid:  # the document as a whole is wrong: no node's type can be trusted
+        return []
     problems: list[str] = []
-    # what the API server sees: JSON (kubectl sends a YAML date as a string, a number key as a string)
-    defaulted = apply_defaults(schema, json.loads(json.dumps(document, default=str)))
+    try:  # what the API server sees: JSON (kubectl sends a YAML date as a string, a number key as a string)
+        sent = json.loads(json.dumps(document, default=str))
+    except (TypeError, ValueError):  # a key JSON cannot hold (a YAML sequence as a key): not a manifest at all
+        return []
+    defaulted = apply_defaults(schema, sent)
     for node, value, path in _nodes(schema, defaulted, ()):
+        node_path = field_path(path)
+        if any(_within(field, node_path) for field in invalid):
+            continue
         for rule in rules_of(node):
             if rule.transition:
                 continue
-            where = field_path(path) if path else "manifest"
+            where = node_path
             if rule.field_path:
-                where = f"{where}{rule.field_path}" if path else rule.field_path.lstrip(".")
+                where = f"{node_path}{rule.field_path}" if path else rule.field_path.lstrip(".")
             holds = _holds(rule, value)
             if holds is False:
                 problems.append(f"{where}: {rule.message}")
