@@ -231,57 +231,76 @@ def _parse_vertices(raw: Any, problems: list[str], sizes: _Sizes) -> tuple[dict[
     nameless = 0
     for i, item in enumerate(raw):
         path = f"spec.vertices[{i}]"
-        if not isinstance(item, Mapping):
-            problems.append(f"{path}: is not a mapping; write {{name: ..., logic: ...}}")
-            nameless += 1
-            continue
-        name = item.get("name")
-        if name is None:
-            problems.append(f"{path}.name: is missing; give the vertex a name (lower-case letters, digits, '-')")
-            nameless += 1
-            continue
-        if not isinstance(name, str):
-            problems.append(f"{path}.name: {shown(name)} is not a string; use lower-case letters, digits, '-'")
-            nameless += 1
-            continue
-        if name in entries:
-            first = entries[name].index
-            problems.append(
-                f"{path}.name: duplicate vertex {shown(name)} (also spec.vertices[{first}]); "
-                "give every vertex a unique name"
-            )
-            continue
-        before = len(problems)
-        if not _NAME_RE.match(name):
-            problems.append(f"{path}.name: {shown(name)} is not a valid name; use lower-case letters, digits, '-'")
-        kind, config = _vertex_block(item, name, path, problems)
-        max_par = _int_field(
-            item,
-            "maxParallelism",
-            f"{path}.maxParallelism",
-            problems,
-            default=DEFAULT_MAX_PARALLELISM,
-            minimum=1,
-            maximum=sizes.parallelism,
-        )
-        par = _int_field(
-            item, "parallelism", f"{path}.parallelism", problems, default=1, minimum=1, maximum=sizes.parallelism
-        )
-        if par is not None and max_par is not None and par > max_par:
-            problems.append(
-                f"{path}.parallelism: {par} exceeds maxParallelism {max_par}; "
-                f"lower parallelism or raise maxParallelism to ≥ {par}"
-            )
-            par = None
-        stateful = item.get("stateful", False)
-        if not isinstance(stateful, bool):
-            problems.append(f"{path}.stateful: {shown(stateful)} is not true/false; fix it")
-        vertex: Vertex | None = None
-        if len(problems) == before:
-            assert kind is not None and config is not None and par is not None and max_par is not None
-            vertex = Vertex(name, kind, par, max_par, stateful, dict(config))
-        entries[name] = _Entry(i, kind, par, vertex)
+        name, unnamed = _vertex_name(item, path, entries, problems)
+        nameless += unnamed
+        if name is not None:
+            entries[name] = _parse_vertex(item, name, i, problems, sizes)
     return entries, nameless
+
+
+def _vertex_name(item: Any, path: str, entries: Mapping[str, _Entry], problems: list[str]) -> tuple[str | None, bool]:
+    """The entry's name, or None when it has no usable one (then whether it counts as nameless: a duplicate
+    name does not, its streams are the first vertex's)."""
+    if not isinstance(item, Mapping):
+        problems.append(f"{path}: is not a mapping; write {{name: ..., logic: ...}}")
+        return None, True
+    name = item.get("name")
+    if name is None:
+        problems.append(f"{path}.name: is missing; give the vertex a name (lower-case letters, digits, '-')")
+        return None, True
+    if not isinstance(name, str):
+        problems.append(f"{path}.name: {shown(name)} is not a string; use lower-case letters, digits, '-'")
+        return None, True
+    if name in entries:
+        problems.append(
+            f"{path}.name: duplicate vertex {shown(name)} (also spec.vertices[{entries[name].index}]); "
+            "give every vertex a unique name"
+        )
+        return None, False
+    return name, False
+
+
+def _parse_vertex(item: Mapping[str, Any], name: str, index: int, problems: list[str], sizes: _Sizes) -> _Entry:
+    """One named vertex: its `Vertex`, or a placeholder entry when one of its own fields is wrong."""
+    path = f"spec.vertices[{index}]"
+    before = len(problems)
+    if not _NAME_RE.match(name):
+        problems.append(f"{path}.name: {shown(name)} is not a valid name; use lower-case letters, digits, '-'")
+    kind, config = _vertex_block(item, name, path, problems)
+    par, max_par = _parallelism(item, path, problems, sizes)
+    stateful = item.get("stateful", False)
+    if not isinstance(stateful, bool):
+        problems.append(f"{path}.stateful: {shown(stateful)} is not true/false; fix it")
+    vertex: Vertex | None = None
+    if len(problems) == before:
+        assert kind is not None and config is not None and par is not None and max_par is not None
+        vertex = Vertex(name, kind, par, max_par, stateful, dict(config))
+    return _Entry(index, kind, par, vertex)
+
+
+def _parallelism(
+    item: Mapping[str, Any], path: str, problems: list[str], sizes: _Sizes
+) -> tuple[int | None, int | None]:
+    """parallelism and maxParallelism (None when wrong; parallelism too when it exceeds maxParallelism)."""
+    max_par = _int_field(
+        item,
+        "maxParallelism",
+        f"{path}.maxParallelism",
+        problems,
+        default=DEFAULT_MAX_PARALLELISM,
+        minimum=1,
+        maximum=sizes.parallelism,
+    )
+    par = _int_field(
+        item, "parallelism", f"{path}.parallelism", problems, default=1, minimum=1, maximum=sizes.parallelism
+    )
+    if par is not None and max_par is not None and par > max_par:
+        problems.append(
+            f"{path}.parallelism: {par} exceeds maxParallelism {max_par}; "
+            f"lower parallelism or raise maxParallelism to ≥ {par}"
+        )
+        par = None
+    return par, max_par
 
 
 def _vertex_block(
@@ -299,56 +318,73 @@ def _vertex_block(
     if not isinstance(config, Mapping):
         problems.append(f"{path}.{kind}: is not a mapping; write e.g. {{builtin: work, costMs: 1}}")
         return kind, None
+    where = f"{path}.{kind}"
+    _block_code(kind, config, where, problems)
+    _block_numbers(config, where, problems)
+    _block_io(kind, config, where, problems)
+    return kind, config
+
+
+def _block_code(kind: VertexKind, config: Mapping[str, Any], where: str, problems: list[str]) -> None:
+    """What runs the vertex: a built-in (logic.builtin, source/sink.type) or a user class (module)."""
     if kind == "logic" and not ({"builtin", "module"} & set(config)):
-        problems.append(f"{path}.logic: names no code; set logic.builtin or logic.module (module:Class)")
+        problems.append(f"{where}: names no code; set logic.builtin or logic.module (module:Class)")
     if kind in ("source", "sink") and "type" not in config and "module" not in config:
-        problems.append(f"{path}.{kind}: has no type; set {kind}.type (e.g. synthetic, redis-stream)")
+        problems.append(f"{where}: has no type; set {kind}.type (e.g. synthetic, redis-stream)")
     known = {"source": SOURCE_TYPES, "logic": LOGIC_BUILTINS, "sink": SINK_TYPES}[kind]
     name_key = "builtin" if kind == "logic" else "type"
     if name_key in config and config[name_key] not in known:
         problems.append(
-            f"{path}.{kind}.{name_key}: {shown(config[name_key])} is unknown; use one of: {', '.join(known)} "
+            f"{where}.{name_key}: {shown(config[name_key])} is unknown; use one of: {', '.join(known)} "
             f"or {kind}.module: package.module:Class"
         )
     module = config.get("module")
     if module is not None and (not isinstance(module, str) or not re.match(r"^[\w.]+:[\w]+$", module)):
-        problems.append(f"{path}.{kind}.module: {shown(module)} is not 'package.module:Class'; fix it")
+        problems.append(f"{where}.module: {shown(module)} is not 'package.module:Class'; fix it")
+
+
+#: a block's integer settings with their bounds
+_BLOCK_INTS = (
+    ("keys", 1, MAX_KEYS),
+    ("limit", 0, 2**63 - 1),
+    ("idOffset", 0, 2**63 - 1),
+    ("every", 1, 2**31 - 1),
+    ("maxLen", 0, 2**63 - 1),
+)
+
+
+def _block_numbers(config: Mapping[str, Any], where: str, problems: list[str]) -> None:
+    """The block's cost mode and its bounded numbers."""
     if config.get("mode", "sleep") not in COST_MODES:
-        problems.append(f"{path}.{kind}.mode: {shown(config['mode'])} is unknown; use one of: {', '.join(COST_MODES)}")
+        problems.append(f"{where}.mode: {shown(config['mode'])} is unknown; use one of: {', '.join(COST_MODES)}")
     for number_key, maximum in (("costMs", MAX_COST_MS), ("selectivity", MAX_SELECTIVITY), ("rate", MAX_RATE)):
         if number_key in config:
-            _bounded_number(config, number_key, f"{path}.{kind}.{number_key}", problems, 0, maximum)
+            _bounded_number(config, number_key, f"{where}.{number_key}", problems, 0, maximum)
     if "sizeMs" in config:
-        _bounded_number(config, "sizeMs", f"{path}.{kind}.sizeMs", problems, 0, MAX_INTERVAL_SECONDS * 1000, above=True)
-    for int_key, minimum, maximum in (
-        ("keys", 1, MAX_KEYS),
-        ("limit", 0, 2**63 - 1),
-        ("idOffset", 0, 2**63 - 1),
-        ("every", 1, 2**31 - 1),
-        ("maxLen", 0, 2**63 - 1),
-    ):
+        _bounded_number(config, "sizeMs", f"{where}.sizeMs", problems, 0, MAX_INTERVAL_SECONDS * 1000, above=True)
+    for int_key, minimum, maximum in _BLOCK_INTS:
         if int_key in config:
-            _int_field(
-                config, int_key, f"{path}.{kind}.{int_key}", problems, default=None, minimum=minimum, maximum=maximum
-            )
+            _int_field(config, int_key, f"{where}.{int_key}", problems, default=None, minimum=minimum, maximum=maximum)
+
+
+def _block_io(kind: VertexKind, config: Mapping[str, Any], where: str, problems: list[str]) -> None:
+    """A synthetic source's rate profile, a source's or sink's Redis stream and a sink's delivery mode."""
     if kind == "source" and config.get("type") == "synthetic":
-        problems.extend(rate_config_problems(config, f"{path}.source"))
+        problems.extend(rate_config_problems(config, where))
     if kind in ("source", "sink") and "stream" in config:
         stream = config["stream"]
         if not isinstance(stream, str) or not re.fullmatch(STREAM_NAME_PATTERN, stream):
             problems.append(
-                f"{path}.{kind}.stream: {shown(stream)} is not a stream name: {STREAM_NAME_RULE} (e.g. out); "
+                f"{where}.stream: {shown(stream)} is not a stream name: {STREAM_NAME_RULE} (e.g. out); "
                 "its key is under the topology's own prefix"
             )
     if kind == "sink" and "delivery" in config:
         if config.get("type") != "redis-stream":
-            problems.append(f"{path}.sink.delivery: only a redis-stream sink has a delivery mode; remove it")
+            problems.append(f"{where}.delivery: only a redis-stream sink has a delivery mode; remove it")
         elif config["delivery"] not in SINK_DELIVERIES:
             problems.append(
-                f"{path}.sink.delivery: {shown(config['delivery'])} is unknown; "
-                f"use one of: {', '.join(SINK_DELIVERIES)}"
+                f"{where}.delivery: {shown(config['delivery'])} is unknown; use one of: {', '.join(SINK_DELIVERIES)}"
             )
-    return kind, config
 
 
 @dataclass
