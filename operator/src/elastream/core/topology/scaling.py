@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from elastream.core.rates import shown
@@ -70,82 +71,117 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
     )
 
 
+#: where the autoscaler's settings are in a manifest
+_AUTO = "spec.scaling.auto"
+
+
 def _parse_auto(raw: Any, problems: list[str]) -> AutoScalingSpec:
     if raw is None:
         return AutoScalingSpec()
     if not isinstance(raw, Mapping):
-        problems.append("spec.scaling.auto: is not a mapping; write {enabled: true, minNodes: 1, maxNodes: 10}")
+        problems.append(f"{_AUTO}: is not a mapping; write {{enabled: true, minNodes: 1, maxNodes: 10}}")
         return AutoScalingSpec()
-    path = "spec.scaling.auto"
     default = AutoScalingSpec()
-    min_nodes = _int_field(raw, "minNodes", f"{path}.minNodes", problems, default=1, minimum=1, maximum=MAX_NODES) or 1
-    max_nodes = (
-        _int_field(raw, "maxNodes", f"{path}.maxNodes", problems, default=20, minimum=1, maximum=MAX_NODES) or 20
+    min_nodes, max_nodes = _node_bounds(raw, problems)
+    policy, combine = _auto_choices(raw, default, problems)
+    stabilization = _stabilization(raw, default, problems)
+    thresholds = _Thresholds.parse(raw.get("thresholds") or {}, default, problems)
+    return AutoScalingSpec(
+        enabled=bool(raw.get("enabled", False)),
+        policy=policy,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        theta_min=thresholds.theta_min,
+        theta_max=thresholds.theta_max,
+        combine=combine,
+        capacity_threshold=thresholds.capacity,
+        executors_per_node=thresholds.per_node,
+        high_threshold=thresholds.high,
+        low_threshold=thresholds.low,
+        stabilization_s=stabilization,
+        execute=bool(raw.get("execute", True)),
     )
-    if max_nodes < min_nodes:
-        problems.append(f"{path}.maxNodes: {max_nodes} is below minNodes {min_nodes}; raise maxNodes")
+
+
+def _node_bounds(raw: Mapping[str, Any], problems: list[str]) -> tuple[int, int]:
+    min_nodes = _int_field(raw, "minNodes", f"{_AUTO}.minNodes", problems, default=1, minimum=1, maximum=MAX_NODES)
+    max_nodes = _int_field(raw, "maxNodes", f"{_AUTO}.maxNodes", problems, default=20, minimum=1, maximum=MAX_NODES)
+    low, high = min_nodes or 1, max_nodes or 20
+    if high < low:
+        problems.append(f"{_AUTO}.maxNodes: {high} is below minNodes {low}; raise maxNodes")
+    return low, high
+
+
+def _auto_choices(raw: Mapping[str, Any], default: AutoScalingSpec, problems: list[str]) -> tuple[str, str]:
+    """policy and combine, and the two flags checked."""
     policy = raw.get("policy", default.policy)
     if policy not in AUTOSCALE_POLICIES:
-        problems.append(f"{path}.policy: {shown(policy)} is unknown; use one of: {', '.join(AUTOSCALE_POLICIES)}")
+        problems.append(f"{_AUTO}.policy: {shown(policy)} is unknown; use one of: {', '.join(AUTOSCALE_POLICIES)}")
     combine = raw.get("combine", default.combine)
     if combine not in AUTOSCALE_COMBINES:
         problems.append(
-            f"{path}.combine: {shown(combine)} is unknown; use max (never short of capacity) or min (fewest resources)"
+            f"{_AUTO}.combine: {shown(combine)} is unknown; use max (never short of capacity) or min (fewest resources)"
         )
     for flag in ("enabled", "execute"):
         if flag in raw and not isinstance(raw[flag], bool):
-            problems.append(f"{path}.{flag}: {shown(raw[flag])} is not a boolean; write true or false")
+            problems.append(f"{_AUTO}.{flag}: {shown(raw[flag])} is not a boolean; write true or false")
+    return str(policy), str(combine)
+
+
+def _stabilization(raw: Mapping[str, Any], default: AutoScalingSpec, problems: list[str]) -> float:
     stabilization = raw.get("stabilizationSeconds", default.stabilization_s)
     if not _number(stabilization) or not 0 <= stabilization <= MAX_INTERVAL_SECONDS:
         problems.append(
-            f"{path}.stabilizationSeconds: {shown(stabilization)} must be a number of seconds in "
+            f"{_AUTO}.stabilizationSeconds: {shown(stabilization)} must be a number of seconds in "
             f"[0, {MAX_INTERVAL_SECONDS}] (e.g. 30)"
         )
-        stabilization = default.stabilization_s
-    thresholds = raw.get("thresholds") or {}
-    if not isinstance(thresholds, Mapping):
-        problems.append(f"{path}.thresholds: is not a mapping; write {{thetaMin: 0.3, thetaMax: 0.8}}")
-        thresholds = {}
+        return default.stabilization_s
+    return float(stabilization)
 
-    def share(key: str, fallback: float) -> float:
-        value = thresholds.get(key, fallback)
-        if not _number(value) or not 0.0 < value <= 1.0:
-            problems.append(f"{path}.thresholds.{key}: {shown(value)} must be a number in (0, 1]")
-            return fallback
-        return float(value)
 
-    theta_min, theta_max = share("thetaMin", default.theta_min), share("thetaMax", default.theta_max)
-    if theta_min >= theta_max:
-        problems.append(f"{path}.thresholds.thetaMin: {theta_min:g} is not below thetaMax {theta_max:g}; lower it")
-    low, high = share("low", default.low_threshold), share("high", default.high_threshold)
-    if low >= high:
-        problems.append(f"{path}.thresholds.low: {low:g} is not below high {high:g}; lower it")
-    per_node = None
-    if "executorsPerNode" in thresholds:
-        per_node = _int_field(
-            thresholds,
-            "executorsPerNode",
-            f"{path}.thresholds.executorsPerNode",
-            problems,
-            default=None,
-            minimum=1,
-            maximum=MAX_SLOTS_PER_NODE,
-        )
-    return AutoScalingSpec(
-        enabled=bool(raw.get("enabled", False)),
-        policy=str(policy),
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        theta_min=theta_min,
-        theta_max=theta_max,
-        combine=str(combine),
-        capacity_threshold=share("capacity", default.capacity_threshold),
-        executors_per_node=per_node,
-        high_threshold=high,
-        low_threshold=low,
-        stabilization_s=float(stabilization),
-        execute=bool(raw.get("execute", True)),
-    )
+@dataclass(frozen=True)
+class _Thresholds:
+    """spec.scaling.auto.thresholds, checked (a wrong share falls back to its default)."""
+
+    theta_min: float
+    theta_max: float
+    low: float
+    high: float
+    per_node: int | None
+    capacity: float
+
+    @staticmethod
+    def parse(raw: Any, default: AutoScalingSpec, problems: list[str]) -> _Thresholds:
+        path = f"{_AUTO}.thresholds"
+        if not isinstance(raw, Mapping):
+            problems.append(f"{path}: is not a mapping; write {{thetaMin: 0.3, thetaMax: 0.8}}")
+            raw = {}
+
+        def share(key: str, fallback: float) -> float:
+            value = raw.get(key, fallback)
+            if not _number(value) or not 0.0 < value <= 1.0:
+                problems.append(f"{path}.{key}: {shown(value)} must be a number in (0, 1]")
+                return fallback
+            return float(value)
+
+        theta_min, theta_max = share("thetaMin", default.theta_min), share("thetaMax", default.theta_max)
+        if theta_min >= theta_max:
+            problems.append(f"{path}.thetaMin: {theta_min:g} is not below thetaMax {theta_max:g}; lower it")
+        low, high = share("low", default.low_threshold), share("high", default.high_threshold)
+        if low >= high:
+            problems.append(f"{path}.low: {low:g} is not below high {high:g}; lower it")
+        per_node = None
+        if "executorsPerNode" in raw:
+            per_node = _int_field(
+                raw,
+                "executorsPerNode",
+                f"{path}.executorsPerNode",
+                problems,
+                default=None,
+                minimum=1,
+                maximum=MAX_SLOTS_PER_NODE,
+            )
+        return _Thresholds(theta_min, theta_max, low, high, per_node, share("capacity", default.capacity_threshold))
 
 
 def parse_cpu(value: Any) -> float:
