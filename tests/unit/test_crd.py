@@ -33,6 +33,7 @@ from elastream.resources import (
     merge_problems,
     openapi_schema,
     schema_problems,
+    to_json_schema,
 )
 from tests_paths import EXAMPLES, REPO
 
@@ -325,6 +326,28 @@ def test_operator_blocks_keep_their_own_keys_and_type_the_known_ones(schema: dic
             "maximum": topology.MAX_COST_MS,
         }
     assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_the_structural_keywords_are_mapped_and_the_rest_kept_as_written() -> None:
+    node = {
+        "type": "object",
+        "x-kubernetes-validations": [{"rule": "true", "message": "m: n"}],
+        "properties": {
+            "q": {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "n": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 5, "exclusiveMaximum": False},
+            "s": {"type": "string", "nullable": True},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"a": {}}},
+        },
+    }
+    mapped = to_json_schema(node)
+    assert mapped["x-kubernetes-validations"] == node["x-kubernetes-validations"]  # ignored by jsonschema
+    assert mapped["additionalProperties"] is False and "additionalProperties" not in mapped["properties"]["free"]
+    assert mapped["properties"]["q"] == {"x-kubernetes-int-or-string": True, "type": ["integer", "string"]}
+    assert mapped["properties"]["n"] == {"type": "number", "exclusiveMinimum": 0, "maximum": 5}
+    assert mapped["properties"]["s"]["type"] == ["string", "null"]
+    validator = jsonschema.Draft202012Validator(mapped)
+    assert validator.is_valid({"q": "2", "n": 5, "s": None, "free": {"b": 1}})
+    assert not validator.is_valid({"n": 0}) and not validator.is_valid({"q": 1.5}) and not validator.is_valid({"x": 1})
 
 
 # ---------------------------------------------------------------------------------------------------------

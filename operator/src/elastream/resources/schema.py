@@ -2,15 +2,16 @@
 CLI's style ("<field>: <what>; <fix>").
 
 `jsonschema` validates JSON Schema, and a CRD's schema is OpenAPI v3 with the Kubernetes structural-schema
-extensions, so `to_json_schema` maps the few keywords that differ (nothing else is rewritten):
+extensions. jsonschema ignores keywords it does not know (`x-kubernetes-*`, `nullable`, `description`), so the
+schema is used as written except for the few keywords whose meaning differs (`to_json_schema`):
 
-- `x-kubernetes-int-or-string: true` becomes a type of integer or string; other `x-kubernetes-*` keys
-  (list types, `x-kubernetes-validations`, which `elastream.resources.cel` evaluates) are dropped;
+- `x-kubernetes-int-or-string: true` becomes a type of integer or string (its `anyOf` of the two types goes);
 - an object that neither sets `x-kubernetes-preserve-unknown-fields` nor has `additionalProperties` rejects
   fields it does not declare (the API server would prune them; `kubectl apply` rejects them);
 - OpenAPI 3.0's boolean `exclusiveMinimum`/`exclusiveMaximum` become JSON Schema's numeric ones, and
   `nullable: true` adds the null type.
 
+The CEL rules (`x-kubernetes-validations`) are `elastream.resources.cel`'s.
 Defaults are not applied here (the API server validates what was sent; `cel` applies them before the rules).
 """
 
@@ -18,37 +19,43 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from elastream.resources.crd import openapi_schema
 
+#: keywords whose value is one subschema, and those whose value is a list of subschemas
+_ONE_SUBSCHEMA = {"items": "[]", "additionalProperties": "{}", "not": ""}
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+
 
 def to_json_schema(node: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """An OpenAPI v3 (structural) schema as a JSON Schema that `jsonschema` validates the same way."""
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key.startswith("x-kubernetes-") or key in ("nullable", "anyOf", "exclusiveMinimum", "exclusiveMaximum"):
-            continue
-        if key == "properties":
-            out[key] = {name: to_json_schema(sub, (*path, name)) for name, sub in value.items()}
-        elif key == "items" and isinstance(value, Mapping):
-            out[key] = to_json_schema(value, (*path, "[]"))
-        elif key == "additionalProperties" and isinstance(value, Mapping):
-            out[key] = to_json_schema(value, (*path, "{}"))
-        elif key in ("allOf", "oneOf"):
-            out[key] = [to_json_schema(sub, path) for sub in value]
-        elif key == "not":
-            out[key] = to_json_schema(value, path)
-        else:
-            out[key] = value
+    """An OpenAPI v3 (structural) schema as a JSON Schema that `jsonschema` validates the same way. Every
+    keyword is kept (jsonschema ignores the ones it does not know: `x-kubernetes-*`, `nullable`); subschemas
+    are mapped too, and `_structural` rewrites the few keywords whose meaning differs."""
+    out = dict(node)
+    if isinstance(node.get("properties"), Mapping):
+        out["properties"] = {name: to_json_schema(sub, (*path, name)) for name, sub in node["properties"].items()}
+    for key, step in _ONE_SUBSCHEMA.items():
+        if isinstance(node.get(key), Mapping):
+            out[key] = to_json_schema(node[key], (*path, step) if step else path)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            out[key] = [to_json_schema(sub, path) for sub in node[key]]
+    _structural(node, out, path)
+    return out
+
+
+def _structural(node: Mapping[str, Any], out: dict[str, Any], path: tuple[str, ...]) -> None:
+    """The Kubernetes/OpenAPI 3.0 keywords JSON Schema reads otherwise (the module docstring lists them)."""
     if node.get("x-kubernetes-int-or-string"):
         out["type"] = ["integer", "string"]
-    elif "anyOf" in node:
-        out["anyOf"] = [to_json_schema(sub, path) for sub in node["anyOf"]]
+        out.pop("anyOf", None)  # it only lists the two types again, and would add a second line per mistake
     for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if node.get(exclusive) is True and bound in out:
-            out[exclusive] = out.pop(bound)
+        if isinstance(node.get(exclusive), bool):
+            del out[exclusive]
+            if node[exclusive] and bound in out:
+                out[exclusive] = out.pop(bound)
     if node.get("nullable") and "type" in out:
         out["type"] = [*([out["type"]] if isinstance(out["type"], str) else out["type"]), "null"]
     closed = (
@@ -60,7 +67,6 @@ def to_json_schema(node: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[
     )
     if closed:
         out["additionalProperties"] = False
-    return out
 
 
 @functools.cache
@@ -89,49 +95,38 @@ def _bound(value: Any) -> str:
 _PRIORITY = {"type": 0, "required": 1, "additionalProperties": 1, "enum": 2}
 
 
+#: the line for a keyword whose problem is about the value itself: (value, the keyword's value) -> text
+_VALUE_LINES: dict[str, Callable[[Any, Any], str]] = {
+    "enum": lambda value, options: f"{value!r} is unknown; use one of: {', '.join(str(o) for o in options)}",
+    "minimum": lambda value, bound: f"{value!r} is below {_bound(bound)}; set it to at least {_bound(bound)}",
+    "exclusiveMinimum": lambda value, bound: f"{value!r} is not above {_bound(bound)}; fix it",
+    "maximum": lambda value, bound: f"{value!r} is above {_bound(bound)}; set it to at most {_bound(bound)}",
+    "exclusiveMaximum": lambda value, bound: f"{value!r} is not below {_bound(bound)}; fix it",
+    "minItems": lambda value, bound: f"has {len(value)} items; give at least {bound}",
+    "maxItems": lambda value, bound: f"has {len(value)} items; the CRD allows at most {bound}",
+    "maxLength": lambda value, bound: f"is {len(value)} characters long; shorten it to at most {bound}",
+    "minLength": lambda value, bound: f"{value!r} is too short; give at least {bound} characters",
+    "pattern": lambda value, pattern: f"{value!r} does not match {pattern}; fix it",
+}
+
+
 def _lines(error: Any) -> list[tuple[str, str]]:
     """(field path, line) for one jsonschema error."""
     parts = list(error.absolute_path)
     path = field_path(parts)
     value = error.instance
-    schema = error.schema if isinstance(error.schema, Mapping) else {}
     kind = error.validator
     if kind == "required":
         missing = [p for p in error.validator_value if p not in value and error.message.startswith(repr(p))][:1]
         return [(field_path([*parts, p]), f"{field_path([*parts, p])}: is missing; add it") for p in missing]
     if kind == "additionalProperties":
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
         known = sorted(schema.get("properties", {}))
-        lines = []
-        for key in value:
-            if key not in known:
-                where = field_path([*parts, str(key)])
-                lines.append(
-                    (where, f"{where}: unknown field; remove it or fix its name (known here: {', '.join(known)})")
-                )
-        return lines
-    if kind == "enum":
-        options = ", ".join(str(o) for o in error.validator_value)
-        return [(path, f"{path}: {value!r} is unknown; use one of: {options}")]
-    if kind == "minimum":
-        bound = _bound(error.validator_value)
-        return [(path, f"{path}: {value!r} is below {bound}; set it to at least {bound}")]
-    if kind == "exclusiveMinimum":
-        return [(path, f"{path}: {value!r} is not above {_bound(error.validator_value)}; fix it")]
-    if kind == "maximum":
-        bound = _bound(error.validator_value)
-        return [(path, f"{path}: {value!r} is above {bound}; set it to at most {bound}")]
-    if kind == "exclusiveMaximum":
-        return [(path, f"{path}: {value!r} is not below {_bound(error.validator_value)}; fix it")]
-    if kind == "minItems":
-        return [(path, f"{path}: has {len(value)} items; give at least {error.validator_value}")]
-    if kind == "maxItems":
-        return [(path, f"{path}: has {len(value)} items; the CRD allows at most {error.validator_value}")]
-    if kind == "maxLength":
-        return [(path, f"{path}: is {len(value)} characters long; shorten it to at most {error.validator_value}")]
-    if kind == "minLength":
-        return [(path, f"{path}: {value!r} is too short; give at least {error.validator_value} characters")]
-    if kind == "pattern":
-        return [(path, f"{path}: {value!r} does not match {error.validator_value}; fix it")]
+        unknown = [field_path([*parts, str(key)]) for key in value if key not in known]
+        hint = f"remove it or fix its name (known here: {', '.join(known)})"
+        return [(where, f"{where}: unknown field; {hint}") for where in unknown]
+    if kind in _VALUE_LINES:
+        return [(path, f"{path}: {_VALUE_LINES[kind](value, error.validator_value)}")]
     return [(path, f"{path}: {error.message}; fix it")]
 
 
