@@ -32,6 +32,7 @@ from elastream.resources import (
     json_schema,
     merge_problems,
     openapi_schema,
+    parse_checked,
     schema_problems,
     to_json_schema,
 )
@@ -363,8 +364,10 @@ def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
     assert len(rules) == len(crd_rules(schema)) == 7
     for rule in rules:
         compiled(rule.text)  # raises RuleError naming the rule when the CEL library cannot compile it
-        # the message names the rule before the colon: "<rule>: <what is wrong>"
-        assert ": " in rule.message and len(rule.message.split(": ")[0]) > 5
+        if rule.message_expression:
+            compiled(rule.message_expression)
+        # the message says what is wrong, then the fix: "<what>: <why or fix>" or "<what>; <fix>"
+        assert (": " in rule.message or "; " in rule.message) and len(rule.message) > 20
 
 
 def cel_violations(document: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
@@ -482,19 +485,24 @@ def test_the_parser_rejects_what_the_schema_rejects_on_the_same_field(demo: dict
         (lambda s: s["streams"][0].update(to="ghost"), "spec.streams: streams reference vertices: every stream's to"),
         (
             lambda s: s["vertices"][1].update(parallelism=17),
-            "spec.vertices[1].parallelism: parallelism within maxParallelism",
+            "spec.vertices[1].parallelism: 17 exceeds maxParallelism 16; lower parallelism or raise maxParallelism "
+            "to ≥ 17",
         ),
         (
             lambda s: s["vertices"][1].pop("maxParallelism") and s["vertices"][1].update(parallelism=129),
-            "spec.vertices[1].parallelism: parallelism within maxParallelism",
+            "spec.vertices[1].parallelism: 129 exceeds maxParallelism 128; lower parallelism or raise maxParallelism "
+            "to ≥ 129",
         ),
         (lambda s: s["streams"][2].pop("key"), "spec.streams[2].key: fields grouping needs a key"),
         (lambda s: s["streams"][2].update(balance="round-robin"), "spec.streams[2].balance: only a shuffle stream"),
         (
             lambda s: s["scaling"].update(auto={"minNodes": 5, "maxNodes": 3}),
-            "spec.scaling.auto.maxNodes: autoscaler bounds",
+            "spec.scaling.auto.maxNodes: 3 is below minNodes 5; raise maxNodes",
         ),
-        (lambda s: s["scaling"].update(auto={"minNodes": 21}), "spec.scaling.auto.maxNodes: autoscaler bounds"),
+        (
+            lambda s: s["scaling"].update(auto={"minNodes": 21}),
+            "spec.scaling.auto.maxNodes: 20 is below minNodes 21; raise maxNodes",
+        ),
         (lambda s: s["vertices"][1].update(sink={"type": "log"}), "spec.vertices[1]: one block per vertex"),
         (lambda s: s["vertices"][1].pop("logic"), "spec.vertices[1]: one block per vertex"),
     ],
@@ -506,8 +514,12 @@ def test_bad_manifests_break_a_cel_rule(
     assert schema_problems(document) == []  # only the CEL rule catches it
     violations = cel_violations(document, schema)
     assert len(violations) == 1 and violations[0].startswith(expected), violations
-    with pytest.raises(topology.TopologyError):
-        topology.parse_manifest(document)  # and so does the parser
+    # and so does every command reading a manifest (`run`, `plan`...): one line, on that field or, for a rule
+    # about a whole list, on the entry that breaks it (the parser's line, which names the entry and the fix)
+    with pytest.raises(topology.TopologyError) as info:
+        parse_checked(document)
+    field = violations[0].split(": ")[0]
+    assert [line.split(": ")[0] for line in info.value.problems] in ([field], [f"{field}[0].from"], [f"{field}[0].to"])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -589,18 +601,33 @@ def crd_copy(tmp_path: Any, *changes: tuple[str, str]) -> str:
     return str(path)
 
 
+#: the autoscaler rule's messageExpression as the CRD writes it
+BOUNDS_MESSAGE = (
+    "messageExpression: \"string(self.maxNodes) + ' is below minNodes ' + string(self.minNodes) + '; raise maxNodes'\""
+)
+
+
 def test_validate_follows_a_changed_cel_rule_in_the_crd(tmp_path: Any, demo: dict[str, Any]) -> None:
-    # minNodes == maxNodes: the CRD's rule (<=) and the parser accept it; a CRD whose rule says < refuses it,
-    # on the rule's fieldPath with the rule's (changed) message: validate runs the CRD's text, not a twin
+    # minNodes == maxNodes: the CRD's rule (<=) accepts it; a CRD whose rule says < refuses it, on the rule's
+    # fieldPath with the rule's (changed) messageExpression: validate runs the CRD's text, not a twin
     document = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": 3, "maxNodes": 3}))
     assert validate(tmp_path, document).returncode == 0
     changed = crd_copy(
         tmp_path,
         ("self.minNodes <= self.maxNodes", "self.minNodes < self.maxNodes"),
-        ("auto.minNodes must not exceed auto.maxNodes", "auto.minNodes must stay below auto.maxNodes"),
+        ("' is below minNodes '", "' is not above minNodes '"),
     )
     proc = validate(tmp_path, document, "--crd", changed)
     assert proc.returncode == 1, proc.stdout
+    assert proc.stderr.splitlines() == ["error: spec.scaling.auto.maxNodes: 3 is not above minNodes 3; raise maxNodes"]
+    # without a messageExpression the rule's (changed) message is the line
+    changed = crd_copy(
+        tmp_path,
+        ("self.minNodes <= self.maxNodes", "self.minNodes < self.maxNodes"),
+        (BOUNDS_MESSAGE, "reason: FieldValueInvalid"),
+        ("auto.minNodes must not exceed auto.maxNodes", "auto.minNodes must stay below auto.maxNodes"),
+    )
+    proc = validate(tmp_path, document, "--crd", changed)
     assert proc.stderr.splitlines() == [
         "error: spec.scaling.auto.maxNodes: autoscaler bounds: auto.minNodes must stay below auto.maxNodes"
     ]
@@ -637,8 +664,8 @@ def test_cel_rules_see_the_schemas_defaults(demo: dict[str, Any], schema: dict[s
         demo, lambda s: s["vertices"][1].pop("maxParallelism") and s["vertices"][1].update(parallelism=129)
     )
     assert cel_problems(document, schema) == [
-        "spec.vertices[1].parallelism: parallelism within maxParallelism: parallelism must not exceed maxParallelism "
-        "(the vertex's key groups)"
+        "spec.vertices[1].parallelism: 129 exceeds maxParallelism 128; lower parallelism or raise maxParallelism "
+        "to ≥ 129"
     ]
 
 
@@ -651,7 +678,7 @@ def test_validate_reports_a_broken_rule_beside_a_schema_problem_elsewhere(tmp_pa
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [
         "error: spec.image: 5 is not of type 'string'; fix it",
-        "error: spec.scaling.auto.maxNodes: autoscaler bounds: auto.minNodes must not exceed auto.maxNodes",
+        "error: spec.scaling.auto.maxNodes: 3 is below minNodes 3; raise maxNodes",
     ]
     auto_broken = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": "3", "maxNodes": 3}))
     assert cel_problems(auto_broken, openapi_schema(), ["spec.scaling.auto.minNodes"]) == []

@@ -21,7 +21,8 @@ from elastream.core.pareto import KNEE_FRACTION, ParetoError, ParetoPlan, pareto
 from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
-from elastream.core.topology import MAX_NODES, Topology, load_manifest, split_executor_id
+from elastream.core.topology import MAX_NODES, Topology, split_executor_id
+from elastream.resources import load_manifest
 
 #: printed (to stderr) when `plan` has no --metrics
 MODEL_NOTE = (

@@ -27,8 +27,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import cel
-
 from elastream.resources.schema import field_path
 
 
@@ -43,6 +41,8 @@ class Rule:
     text: str
     message: str
     field_path: str = ""
+    #: CEL giving the message from the value (the API server prefers it to `message` when it evaluates)
+    message_expression: str = ""
 
     @property
     def transition(self) -> bool:
@@ -53,6 +53,9 @@ class Rule:
 @functools.cache
 def compiled(text: str) -> Any:
     """The rule's compiled program; `RuleError` when it does not compile."""
+    import cel  # here, not at the top: importing it costs 0.1 s (it loads its command line), and a worker
+    # process imports the CLI modules that import this one without ever running a rule
+
     try:
         return cel.compile(text)
     except ValueError as exc:  # the library's syntax error, with the position on a later line
@@ -66,7 +69,12 @@ def _first_line(exc: BaseException) -> str:
 def rules_of(node: Mapping[str, Any]) -> list[Rule]:
     """The CEL rules on one schema node."""
     return [
-        Rule(item["rule"], item.get("message") or f"failed rule: {item['rule']}", item.get("fieldPath", ""))
+        Rule(
+            item["rule"],
+            item.get("message") or f"failed rule: {item['rule']}",
+            item.get("fieldPath", ""),
+            item.get("messageExpression", ""),
+        )
         for item in node.get("x-kubernetes-validations", [])
     ]
 
@@ -115,6 +123,18 @@ def _nodes(node: Mapping[str, Any], value: Any, path: tuple[str | int, ...]) -> 
             yield from _nodes(node["items"], item, (*path, index))
 
 
+def _message(rule: Rule, value: Any) -> str:
+    """The rule's messageExpression on the value, or its message when it has none or it fails (as the API
+    server does)."""
+    if not rule.message_expression:
+        return rule.message
+    try:
+        message = compiled(rule.message_expression).execute({"self": value})
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        return rule.message
+    return message if isinstance(message, str) and message.strip() else rule.message
+
+
 def _holds(rule: Rule, value: Any) -> bool | str:
     """True when `value` passes the rule, False when it breaks it, the reason when CEL cannot evaluate it."""
     program = compiled(rule.text)
@@ -131,10 +151,13 @@ def _within(field: str, node: str) -> bool:
     return field == node or field.startswith((f"{node}.", f"{node}["))
 
 
-def cel_problems(document: Any, schema: Mapping[str, Any], invalid: Iterable[str] = ()) -> list[str]:
+def cel_problems(
+    document: Any, schema: Mapping[str, Any], invalid: Iterable[str] = (), *, lenient: bool = False
+) -> list[str]:
     """The rules `document` breaks, one line each: `<field>: <the rule's message>`. A rule on a node under
     which the schema found a problem (`invalid`: the fields it named) is not run: rules expect values of the
-    declared types, and that node's problem is reported already."""
+    declared types, and that node's problem is reported already. `lenient` (no schema check ran) skips a rule
+    CEL cannot evaluate on the value (a wrong type, a missing field): the parser names that field itself."""
     invalid = list(invalid)
     if "manifest" in invalid:  # the document as a whole is wrong: no node's type can be trusted
         return []
@@ -156,7 +179,7 @@ def cel_problems(document: Any, schema: Mapping[str, Any], invalid: Iterable[str
                 where = f"{node_path}{rule.field_path}" if path else rule.field_path.lstrip(".")
             holds = _holds(rule, value)
             if holds is False:
-                problems.append(f"{where}: {rule.message}")
-            elif holds is not True:
+                problems.append(f"{where}: {_message(rule, value)}")
+            elif holds is not True and not lenient:
                 problems.append(f"{where}: rule {rule.text!r} cannot be evaluated ({holds}); fix the field")
     return problems

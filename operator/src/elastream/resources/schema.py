@@ -161,8 +161,16 @@ def problem_field(line: str) -> str | None:
     return match.group(1) if match else None
 
 
-def merge_problems(schema: Sequence[str], parser: Sequence[str]) -> list[str]:
-    """Schema problems the parser does not report about the same field, then the parser's own lines (so a
-    field the parser checks keeps the parser's message)."""
-    named = {problem_field(line) for line in parser}
-    return [line for line in schema if problem_field(line) not in named] + list(parser)
+def _covers(field: str, other: str) -> bool:
+    """Whether `other` is `field` or a field inside it ('spec.streams' covers 'spec.streams[4].to')."""
+    return other == field or other.startswith((f"{field}.", f"{field}["))
+
+
+def merge_problems(contract: Sequence[str], parser: Sequence[str]) -> list[str]:
+    """The contract's (schema and CEL) problems the parser does not report about the same field or one inside
+    it, then the parser's own lines: a field the parser checks keeps the parser's message, which names the
+    fix, and a rule about a whole list ("every stream's to names a vertex") gives way to the parser's line
+    naming the one entry that breaks it."""
+    named = [field for field in map(problem_field, parser) if field]
+    kept = [line for line in contract if not any(_covers(problem_field(line) or "", f) for f in named)]
+    return kept + list(parser)

@@ -281,7 +281,9 @@ def _parse_vertex(item: Mapping[str, Any], name: str, index: int, problems: list
 def _parallelism(
     item: Mapping[str, Any], path: str, problems: list[str], sizes: _Sizes
 ) -> tuple[int | None, int | None]:
-    """parallelism and maxParallelism (None when wrong; parallelism too when it exceeds maxParallelism)."""
+    """parallelism and maxParallelism (None when wrong; parallelism too when it exceeds maxParallelism). The
+    CRD's CEL rule says the same, in the same words (its messageExpression): the model needs it too, since the
+    slot count and the key groups read a vertex's parallelism."""
     max_par = _int_field(
         item,
         "maxParallelism",
@@ -520,11 +522,9 @@ def _stream_options(item: Mapping[str, Any], path: str, problems: list[str]) -> 
     if grouping == "fields" and not (isinstance(key, str) and key):
         problems.append(f"{path}.key: fields grouping needs a key; set key to the field to partition by")
     balance = item.get("balance", "load-aware")
-    if balance not in BALANCES:
+    if balance not in BALANCES:  # that only a shuffle stream has one is the CRD's CEL rule
         problems.append(f"{path}.balance: unknown balance {shown(balance)}; use one of: {', '.join(BALANCES)}")
         balance = "load-aware"
-    elif "balance" in item and grouping != "shuffle":
-        problems.append(f"{path}.balance: only a shuffle stream is balanced; remove balance or use grouping shuffle")
     return cast(Grouping, grouping), key if grouping == "fields" else None, balance
 
 

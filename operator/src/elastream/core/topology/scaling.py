@@ -106,10 +106,8 @@ def _parse_auto(raw: Any, problems: list[str]) -> AutoScalingSpec:
 def _node_bounds(raw: Mapping[str, Any], problems: list[str]) -> tuple[int, int]:
     min_nodes = _int_field(raw, "minNodes", f"{_AUTO}.minNodes", problems, default=1, minimum=1, maximum=MAX_NODES)
     max_nodes = _int_field(raw, "maxNodes", f"{_AUTO}.maxNodes", problems, default=20, minimum=1, maximum=MAX_NODES)
-    low, high = min_nodes or 1, max_nodes or 20
-    if high < low:
-        problems.append(f"{_AUTO}.maxNodes: {high} is below minNodes {low}; raise maxNodes")
-    return low, high
+    # that minNodes does not exceed maxNodes is the CRD's CEL rule (elastream.resources runs it before the parser)
+    return min_nodes or 1, max_nodes or 20
 
 
 def _auto_choices(raw: Mapping[str, Any], default: AutoScalingSpec, problems: list[str]) -> tuple[str, str]:
