@@ -682,3 +682,26 @@ def test_validate_reports_a_broken_rule_beside_a_schema_problem_elsewhere(tmp_pa
     ]
     auto_broken = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": "3", "maxNodes": 3}))
     assert cel_problems(auto_broken, openapi_schema(), ["spec.scaling.auto.minNodes"]) == []
+
+
+def test_the_rules_hold_at_the_crds_maxitems() -> None:
+    # 128 vertices and 512 streams: the from/to rules are streams × vertices evaluations; all pass on a valid
+    # DAG, and one stream naming no vertex is one line, on that stream (the parser's words)
+    from elastream.resources import check_manifest
+
+    vertices: list[dict[str, Any]] = [{"name": "v0", "source": {"type": "synthetic", "rate": 10}}]
+    vertices += [{"name": f"v{i}", "logic": {"builtin": "work"}} for i in range(1, 127)]
+    vertices.append({"name": "v127", "sink": {"type": "log"}})
+    pairs = [(i, i + 1) for i in range(127)] + [(i, j) for i in range(126) for j in range(i + 2, 128)]
+    streams = [{"from": f"v{i}", "to": f"v{j}"} for i, j in pairs[:512]]
+    document = {
+        "apiVersion": topology.API_VERSION,
+        "kind": topology.KIND,
+        "metadata": {"name": "big"},
+        "spec": {"nodes": 32, "slotsPerNode": 4, "vertices": vertices, "streams": streams},
+    }
+    assert len(streams) == 512 and len(check_manifest(document).streams) == 512
+    streams[300]["to"] = "ghost"
+    with pytest.raises(topology.TopologyError) as info:
+        check_manifest(document)
+    assert [line.split(": ")[0] for line in info.value.problems] == ["spec.streams[300].to"]
