@@ -21,8 +21,9 @@ from elastream.analysis import Analyzer, SparkUnavailable
 from elastream.analysis.session import spark_error_reason
 from elastream.cli import CommandError
 from elastream.core.metrics import MetricSample
-from elastream.core.topology import Topology, load_manifest, parse_manifest
+from elastream.core.topology import Topology
 from elastream.core.window_analysis import Analysis, check_window_args
+from elastream.resources import load_manifest, parse_checked
 from elastream.store.registry import client_for, redacted
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def resolve_topology(spec: str, url: str | None) -> Topology:
             f"manifest file, or start it there with `elastream run FILE --redis {redacted(url)}` (NAMESPACE/NAME "
             "outside default)"
         )
-    return parse_manifest(document)
+    return parse_checked(document)
 
 
 def _read_redis(url: str, topology: Topology, window: int, interval_s: float) -> list[MetricSample]:

@@ -25,6 +25,7 @@ from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import MAX_NODES, Topology, load_manifest
+from elastream.resources import load_manifest as load_checked
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
 from elastream.worker_inputs.keys import DataPlaneConfigError, keys_from_env
@@ -196,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from elastream.control.controller import local_controller
     from elastream.store.registry import connect, store_manifest
 
-    topology = load_manifest(args.file)
+    topology = load_checked(args.file)
     if args.nodes is not None:
         topology = topology.with_nodes(args.nodes)
     check_operators(topology)
@@ -296,7 +297,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from elastream.control.recovery import measure_recovery
 
     path = args.file or default_demo_manifest()
-    topology = load_manifest(path)
+    topology = load_checked(path)
     check_operators(topology)
     out_nodes = args.out or topology.nodes + 1
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
@@ -402,7 +403,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from elastream.control.controller import scale_request_key, status_key
     from elastream.store.registry import connect
 
-    topology = load_manifest(args.file)
+    topology = load_checked(args.file)
     parallelism = parse_parallelism(topology, args.parallelism)
     if args.nodes is None and not parallelism:
         raise CommandError("--nodes or --parallelism: give at least one (e.g. --nodes 3 or --parallelism parse=4)")
