@@ -10,13 +10,8 @@ from typing import Any
 
 import pytest
 
-from elastream.control.backends.kubernetes import (
-    KubernetesBackend,
-    WorkerPodSettings,
-    owner_reference,
-    running_spec_of,
-    worker_pod,
-)
+from elastream.control.backends.kubernetes import KubernetesBackend
+from elastream.control.backends.worker_objects import WorkerPodSettings, owner_reference, running_spec_of, worker_pod
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from elastream.control.controller import TopologyController
-from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
+from elastream.control.managed import ManagedTopology
+from elastream.control.resource_api import KubernetesEvents
+from elastream.control.resources import ManagedTopologies
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology, topology_prefix
