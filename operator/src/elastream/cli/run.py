@@ -193,7 +193,7 @@ def redis_for(url: str | None) -> Iterator[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from elastream.analysis import Analyzer
-    from elastream.control.controller import local_controller
+    from elastream.control.local_mode import local_controller
     from elastream.store.registry import connect, store_manifest
 
     topology = load_manifest(args.file)
@@ -292,7 +292,7 @@ def default_demo_manifest() -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start, warm up, scale out, scale in, and report measured against predicted throughput."""
     from elastream.analysis import Analyzer
-    from elastream.control.controller import local_controller
+    from elastream.control.local_mode import local_controller
     from elastream.control.recovery import measure_recovery
 
     path = args.file or default_demo_manifest()
@@ -399,7 +399,7 @@ def parse_parallelism(topology: Topology, items: list[str]) -> dict[str, int]:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from elastream.control.controller import scale_request_key, status_key
+    from elastream.control.local_mode import scale_request_key, status_key
     from elastream.store.registry import connect
 
     topology = load_manifest(args.file)
