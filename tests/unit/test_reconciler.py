@@ -75,6 +75,9 @@ class Clock:
     def now(self) -> float:
         return self.t
 
+    def monotonic(self) -> float:
+        return self.t
+
     def sleep(self, seconds: float) -> None:
         self.t += seconds
 
@@ -133,7 +136,7 @@ class World:
             build=self.build,
             running_schedule=lambda topology: None,
             running_spec=lambda topology, metadata: (self.running_doc, self.configmap.get("previous")),
-            clock=self.clock.now,
+            clock=self.clock,
             savepoint_service=self.savepoints,
         )
 
@@ -670,6 +673,44 @@ def test_events_of_the_same_fact_are_posted_once_within_the_repeat_window() -> N
         "pod t-node-4 cannot be scheduled",
     ]
     assert core.events[0]["type"] == "Warning"
+
+
+def test_an_event_suppressed_within_the_repeat_window_is_posted_again_after_it_on_the_loops_clock() -> None:
+    core, clock = FakeCoreApi(), Clock()
+    events = KubernetesEvents(core, resource(), repeat_s=300.0, clock=clock)
+    events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    clock.t += 299
+    events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    clock.t += 2
+    events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    assert len(core.events) == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_delete_while_redis_is_away_gives_up_at_its_bound_on_the_loops_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The keys' deletion retries Redis for 30 s on the loop's clock: a retry that slept with `time.sleep`
+    would hold this test for those 30 s of real time at least."""
+    import redis
+
+    class Away:
+        def scan_iter(self, **_: Any) -> Any:
+            raise redis.ConnectionError("refused")
+
+    clock = Clock()
+    topologies = ManagedTopologies(
+        redis_client=Away(),  # type: ignore[arg-type]
+        redis_url="redis://unused",
+        core_api=FakeCoreApi(),
+        custom_api=None,
+        analyzer=Analyzer(),
+        topology_users=False,
+        clock=clock,
+    )
+    topologies.remove("default", "t")
+    assert clock.t >= 1030.0
+    assert "not deleted (Redis: refused); they stay under" in caplog.text
 
 
 @pytest.mark.parametrize("nodes", [1, 4])

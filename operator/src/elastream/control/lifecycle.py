@@ -150,7 +150,7 @@ class TopologyLifecycle(ReconcilerBase):
     def _not_yet(self, managed: ManagedTopology, target: str, reason: str, event: str, what: str) -> float:
         """A checkpoint before stopping the workers (a suspend's, an upgrade's: `target`) was not taken, so
         nothing was stopped: backed off, said in a Warning `event` beginning with `what`. Returns the delay."""
-        _, delay = self._back_off(managed, target, reason, self.clock())
+        _, delay = self._back_off(managed, target, reason, self.clock.monotonic())
         managed.events.emit(event, f"{what}; nothing was stopped, retrying in {delay:.0f} s", warning=True)
         return delay
 

@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -332,7 +331,7 @@ class _Run:
                     queue.extend(driver.redis_step(partial(self.do, action), f"migration {mid} {action.kind.value}"))
                 if coordinator.phase in (Phase.DONE, Phase.ABORTED):
                     break
-                time.sleep(driver.poll_s)
+                driver.clock.sleep(driver.poll_s)
                 if driver.clock.now() - heartbeat >= 2.0:
                     heartbeat = driver.clock.now()
                     driver.redis_step(driver.owner.renew, f"migration {mid}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from elastream.control.resource_api import (
 )
 from elastream.control.savepoints import RedisSavepoints, SavepointRequests, Savepoints
 from elastream.control.status_writer import StatusWriter
+from elastream.core.ports import Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import (
     EventReason,
@@ -91,7 +91,8 @@ class ReconcilerBase:
     running_spec: (
         Callable[[Topology, Mapping[str, Any]], tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]] | None
     ) = None
-    clock: Callable[[], float] = time.monotonic
+    #: every deadline, backoff, settling and wait of the loop and of the controllers it builds (tests: fake)
+    clock: Clock = field(default_factory=SystemClock)
     topologies: dict[str, ManagedTopology] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,9 +111,13 @@ class ReconcilerBase:
             managed = self.topologies.get(key)
             if managed is None:
                 resource = ResourceApi(self.custom_api, namespace, name)
-                writer = StatusWriter(resource.patch_status, volatile_every_s=self.volatile_every_s, clock=self.clock)
+                writer = StatusWriter(
+                    resource.patch_status, volatile_every_s=self.volatile_every_s, clock=self.clock.monotonic
+                )
                 writer.prime(body.get("status"))
-                managed = ManagedTopology(key, writer, KubernetesEvents(self.core_api, body), resource)
+                managed = ManagedTopology(
+                    key, writer, KubernetesEvents(self.core_api, body, clock=self.clock), resource
+                )
                 managed.conditions = list((body.get("status") or {}).get("conditions") or [])
                 managed.state_epoch = (body.get("status") or {}).get("stateEpoch") or None
                 applied = (body.get("status") or {}).get("appliedParallelism")
@@ -167,9 +172,17 @@ class ReconcilerBase:
             policy=self.policy_api,
             topology_users=self.topology_users,
             user_keeper=self.user_keeper,
+            clock=self.clock,
         )
-        migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, events=managed.events)  # type: ignore[arg-type]
-        checkpoints = CheckpointDriver(topology, backend, client, identity=migrator.identity)
+        migrator = MigrationDriver(
+            topology,
+            backend,
+            client,
+            topology.scaling.migration,  # type: ignore[arg-type]
+            events=managed.events,
+            clock=self.clock,
+        )
+        checkpoints = CheckpointDriver(topology, backend, client, identity=migrator.identity, clock=self.clock)
         controller = TopologyController(
             topology=topology,
             backend=backend,
@@ -179,6 +192,7 @@ class ReconcilerBase:
             requests=NoRequests(),
             status=managed,
             events=managed.events,
+            clock=self.clock,
             background=[Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)],
             checkpoints=checkpoints,
             interval_s=self.interval_s,
@@ -204,7 +218,7 @@ class ReconcilerBase:
                 managed.resource.remove_annotation,
                 retry_s=self.retry_s,
                 retry_cap_s=self.retry_cap_s,
-                clock=self.clock,
+                clock=self.clock.monotonic,
             )
         assert managed.controller is not None
         managed.savepoints.reconcile(managed.controller, metadata.get("annotations") or {})

@@ -7,12 +7,11 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastream.core.ports import ScaleRequest
+from elastream.core.ports import Clock, ScaleRequest, SystemClock
 from elastream.core.topology import (
     API_VERSION,
     Topology,
@@ -107,7 +106,10 @@ class KubernetesEvents:
     """An `EventSink` posting core/v1 Events on the resource (what `kubectl describe` shows). The same fact
     (reason and message) is not posted again within `repeat_s`; it is counted instead."""
 
-    def __init__(self, core_api: Any, body: Mapping[str, Any], repeat_s: float = 300.0) -> None:
+    def __init__(
+        self, core_api: Any, body: Mapping[str, Any], repeat_s: float = 300.0, clock: Clock | None = None
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
         metadata = body["metadata"]
         self.core_api = core_api
         self.namespace = metadata.get("namespace", "default")
@@ -123,7 +125,7 @@ class KubernetesEvents:
         self._lock = threading.Lock()
 
     def emit(self, reason: str, message: str, warning: bool = False) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             if now - self.recent.get((reason, message), -1e9) < self.repeat_s:
                 return

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +104,7 @@ class ManagedTopologies(TopologyUpgrades):
             managed.lock.release()
 
     def _reconcile(self, managed: ManagedTopology, body: Mapping[str, Any]) -> float:
-        now = self.clock()
+        now = self.clock.monotonic()
         metadata = body["metadata"]
         managed.generation = int(metadata.get("generation") or 0)
         spec = dict(body.get("spec") or {})
@@ -237,7 +236,7 @@ class ManagedTopologies(TopologyUpgrades):
         trigger = "spec" if parallelism is not None and wanted.nodes == len(schedule.nodes) else "request"
         record = self.scale(managed, wanted.nodes, parallelism, trigger)
         if record.outcome == Outcome.FAILED:
-            failures, delay = self._back_off(managed, target, record.reason, self.clock())
+            failures, delay = self._back_off(managed, target, record.reason, self.clock.monotonic())
             managed.events.emit(
                 EventReason.SCALING_BACKOFF,
                 f"scaling to {wanted.nodes} nodes failed {failures} time(s); the old schedule runs on; "
@@ -301,7 +300,7 @@ class ManagedTopologies(TopologyUpgrades):
                 if held:
                     managed.lock.release()
             prefix = controller.topology.redis_prefix
-        deadline = self.clock() + 30.0
+        deadline = self.clock.monotonic() + 30.0
         while True:
             try:
                 if self.topology_users:
@@ -321,12 +320,12 @@ class ManagedTopologies(TopologyUpgrades):
                     delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
                 return
             except redis.RedisError as exc:
-                if self.clock() > deadline:
+                if self.clock.monotonic() > deadline:
                     log.warning(
                         "keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix
                     )
                     return
-                time.sleep(1.0)
+                self.clock.sleep(1.0)
 
 
 def _look(read: Callable[[], dict[str, str]], default: dict[str, str]) -> dict[str, str]:

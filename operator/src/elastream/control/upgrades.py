@@ -330,7 +330,7 @@ class TopologyUpgrades(TopologyLifecycle):
                 controller.start_suspended(None)
             controller.suspended = True  # the next pass's resume starts it, with backoff
             managed.controller = controller
-            delay = self._start_failed(managed, "resume", exc, self.clock())
+            delay = self._start_failed(managed, "resume", exc, self.clock.monotonic())
             managed.set(upgrading="", upgrade_failed=message, resuming=True)
             managed.write()
             return delay

@@ -225,6 +225,10 @@ class Clock(Protocol):
         """Seconds since the epoch."""
         ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps: every deadline and every interval measured."""
+        ...
+
     def sleep(self, seconds: float) -> None: ...
 
 
@@ -238,6 +242,9 @@ class EventSink(Protocol):
 class SystemClock:
     def now(self) -> float:
         return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

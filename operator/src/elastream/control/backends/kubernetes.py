@@ -41,7 +41,6 @@ import base64
 import json
 import logging
 import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -75,7 +74,7 @@ from elastream.control.backends.worker_objects import (
     worker_pod,
 )
 from elastream.core.acl import topology_user
-from elastream.core.ports import BackendError, NotOwned
+from elastream.core.ports import BackendError, Clock, NotOwned
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
 from elastream.runtime.security import (
@@ -109,8 +108,9 @@ class KubernetesBackend(NodeBackend):
         topology_users: bool = True,
         user_keeper: UserKeeper | None = None,
         policy: Any = None,
+        clock: Clock | None = None,
     ) -> None:
-        super().__init__(topology, client, start_timeout_s)
+        super().__init__(topology, client, start_timeout_s, clock)
         #: give the workers a Redis user of the topology's own (else the operator's URL, `redis_url`)
         self.topology_users = topology_users
         #: the password of that user, as the topology's Secret holds it (known once `ensure_config` ran)
@@ -307,7 +307,7 @@ class KubernetesBackend(NodeBackend):
         """node -> its pod (a `V1Pod`), listed by the topology's labels and owned by it (a pod someone else
         labelled alike is no node of it; cached for `POD_CACHE_S`); a pod being deleted is not in it (its
         node is in `terminating_nodes` while its worker runs)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if fresh or now - self._pods_at > POD_CACHE_S:
             listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
             owned = [p for p in listed.items if is_owned_by(p, self.owner)]
@@ -349,13 +349,13 @@ class KubernetesBackend(NodeBackend):
             self.topology, node, self.owner, self.settings, staged_version, ca_file_of(self.redis_url) is not None
         )
         name = body["metadata"]["name"]
-        deadline = time.monotonic() + 60.0
+        deadline = self.clock.monotonic() + 60.0
         while True:
             try:
                 self.core.create_namespaced_pod(self.namespace, body)
                 break
             except ApiException as exc:
-                late = time.monotonic() > deadline
+                late = self.clock.monotonic() > deadline
                 if exc.status == 409 and not late:
                     # a dead pod of ours of the same name: make room; anyone else's: NotOwned, untouched
                     self._delete_pod(name, refuse=True)
@@ -363,9 +363,9 @@ class KubernetesBackend(NodeBackend):
                     # a quota, an admission webhook, a forbidden field: the API server's own words say which
                     raise BackendError(f"pod {name} not created: {exc.reason}: {api_message(exc)}") from None
             except Exception as exc:
-                if not is_api_unavailable(exc) or time.monotonic() > deadline:
+                if not is_api_unavailable(exc) or self.clock.monotonic() > deadline:
                     raise BackendError(f"pod {name} not created: {exc}") from None
-            time.sleep(0.5)
+            self.clock.sleep(0.5)
         self._released.discard(node)
         self._pods_at = 0.0
 
@@ -404,8 +404,8 @@ class KubernetesBackend(NodeBackend):
         self._forget_user()  # no worker left to keep the user for (the next start keeps it again)
         # one by one: the operator's RBAC grants `delete` on pods, not `deletecollection`
         self.stop_nodes(sorted(self.pods(fresh=True)))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + timeout_s
+        while self.clock.monotonic() < deadline:
             try:
                 listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector_for(self.topology))
             except ApiException as exc:
@@ -413,7 +413,7 @@ class KubernetesBackend(NodeBackend):
                 return
             if not listed.items:
                 return
-            time.sleep(0.5)
+            self.clock.sleep(0.5)
         log.warning("worker pods of %s still terminating after %.0f s", self.topology.name, timeout_s)
 
     def describe(self, node: str) -> str:
