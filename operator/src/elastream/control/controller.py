@@ -34,6 +34,7 @@ from elastream.control.checkpoints import Checkpoints
 from elastream.control.drains import take_drain
 from elastream.control.monitor import LiveRates
 from elastream.control.recovery import RecoveryFollowUp
+from elastream.control.retrying import backoff_delay
 from elastream.control.scaling import PrintEvents, ScalingRecord, autoscale, planned_message
 from elastream.core.autoscaler import AutoscalerState, Recommendation
 from elastream.core.metrics import MetricSnapshot
@@ -456,7 +457,7 @@ class TopologyController:
 
     def _recovery_failed(self) -> None:
         self.recovery_failures += 1
-        delay = min(self.recovery_backoff_cap_s, self.recovery_backoff_s * 2 ** (self.recovery_failures - 1))
+        delay = backoff_delay(self.recovery_failures, self.recovery_backoff_s, self.recovery_backoff_cap_s)
         self.recovery_due = self.clock.now() + delay
         self.events.emit(
             EventReason.RECOVERY_BACKOFF,

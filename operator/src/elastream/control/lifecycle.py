@@ -16,10 +16,10 @@ from elastream.control.controller import TopologyController
 from elastream.control.managed import (
     Attempt,
     ManagedTopology,
-    backoff_delay,
     spec_parallelism,
 )
 from elastream.control.reconciler_base import ReconcilerBase
+from elastream.control.retrying import backoff_delay
 from elastream.control.savepoints import SavepointError
 from elastream.core.ports import BackendError, NotOwned, StateLost
 from elastream.core.savepoints import SavepointMeta

@@ -1,7 +1,7 @@
 """What the reconcile loop keeps of one StreamTopology between passes (`ManagedTopology`): its controller,
 its one status writer and events, the facts the status is computed from, and the desired state it tried to
-reach and could not (`Attempt`, retried with `backoff_delay`). The desired state itself is never kept: it is
-the resource's spec, read afresh on every pass."""
+reach and could not (`Attempt`, retried after `control.retrying.backoff_delay`). The desired state itself is
+never kept: it is the resource's spec, read afresh on every pass."""
 
 from __future__ import annotations
 
@@ -51,11 +51,6 @@ class Attempt:
     failures: int = 0
     due: float = 0.0
     reason: str = ""
-
-
-def backoff_delay(failures: int, first_s: float, cap_s: float) -> float:
-    """Seconds before retry number `failures` (1, 2, ...): `first_s` doubling up to `cap_s`."""
-    return float(min(cap_s, first_s * 2 ** max(0, failures - 1)))
 
 
 @dataclass

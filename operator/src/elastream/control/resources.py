@@ -42,6 +42,7 @@ from elastream.control.managed import (
 from elastream.control.resource_api import (
     topology_from_resource,
 )
+from elastream.control.retrying import retry_within
 from elastream.control.scaling import ScalingRecord
 from elastream.control.upgrades import TopologyUpgrades
 from elastream.core.images import image_allowed, image_refusal
@@ -57,6 +58,7 @@ from elastream.core.topology import (
 )
 from elastream.core.upgrade import spec_change
 from elastream.store.acl import AclRefused, delete_topology_user
+from elastream.store.retry import backoff
 
 log = logging.getLogger("elastream.operator")
 
@@ -72,6 +74,8 @@ PAUSE_SECONDS = Histogram(
     "sources held during a migration (PREPARE sent to sources resumed)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
 )
+#: how long a delete waits for Redis to delete the topology's user and keys (the finalizer goes either way)
+DELETE_REDIS_WAIT_S = 30.0
 RECOVERIES = Counter("elastream_recoveries", "rollbacks after a worker died, by outcome", ["outcome"])
 
 
@@ -300,32 +304,31 @@ class ManagedTopologies(TopologyUpgrades):
                 if held:
                     managed.lock.release()
             prefix = controller.topology.redis_prefix
-        deadline = self.clock.monotonic() + 30.0
-        while True:
-            try:
-                if self.topology_users:
-                    # first: it also disconnects what is left of the workers' connections, which could still
-                    # write after the keys are gone
-                    delete_topology_user(self.redis_client, namespace, name)
-                if retain:
-                    log.info(
-                        "%s/%s deleted with deletionPolicy Retain: its keys stay under %s", namespace, name, prefix
-                    )
-                else:
-                    delete_keys(self.redis_client, prefix)
-                return
-            except AclRefused as exc:
-                log.warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
-                if not retain:
-                    delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
-                return
-            except redis.RedisError as exc:
-                if self.clock.monotonic() > deadline:
-                    log.warning(
-                        "keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix
-                    )
-                    return
-                self.clock.sleep(1.0)
+
+        def delete() -> None:
+            if self.topology_users:
+                # first: it also disconnects what is left of the workers' connections, which could still
+                # write after the keys are gone
+                delete_topology_user(self.redis_client, namespace, name)
+            if retain:
+                log.info("%s/%s deleted with deletionPolicy Retain: its keys stay under %s", namespace, name, prefix)
+            else:
+                delete_keys(self.redis_client, prefix)
+
+        try:
+            retry_within(
+                delete,
+                transient=lambda exc: isinstance(exc, redis.RedisError),
+                within_s=DELETE_REDIS_WAIT_S,
+                clock=self.clock,
+                delays=backoff(1.0, 1.0, 1.0),
+            )
+        except AclRefused as exc:
+            log.warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
+            if not retain:
+                delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
+        except redis.RedisError as exc:
+            log.warning("keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix)
 
 
 def _look(read: Callable[[], dict[str, str]], default: dict[str, str]) -> dict[str, str]:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import redis
 
 from elastream.control.controller import TopologyController
+from elastream.control.retrying import backoff_delay
 from elastream.core.ports import EventSink
 from elastream.core.savepoints import (
     DELETE_SAVEPOINT_ANNOTATION,
@@ -286,7 +287,7 @@ class SavepointRequests:
             retry = isinstance(exc, redis.RedisError) or exc.retry
             failures = (pending[1] if pending is not None else 0) + 1
             if retry and failures < MAX_TAKE_ATTEMPTS:
-                delay = float(min(self.retry_cap_s, self.retry_s * 2 ** (failures - 1)))
+                delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
                 self.pending = (name, failures, now + delay)
                 self.events.emit(
                     EventReason.SAVEPOINT_BACKOFF,

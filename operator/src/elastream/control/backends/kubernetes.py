@@ -73,6 +73,7 @@ from elastream.control.backends.worker_objects import (
     worker_network_policy,
     worker_pod,
 )
+from elastream.control.retrying import retry_within
 from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, Clock, NotOwned
 from elastream.core.schedule import Schedule
@@ -84,11 +85,14 @@ from elastream.runtime.security import (
 )
 from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
 from elastream.store.registry import ca_file_of, with_ca_file
+from elastream.store.retry import backoff
 
 log = logging.getLogger("elastream.kubernetes")
 
 #: how long a list of the topology's pods is reused (failure checks run every few ms during a migration)
 POD_CACHE_S = 0.5
+#: how long a pod's creation is retried while the API server is away or an old pod of ours holds its name
+CREATE_WAIT_S = 60.0
 
 
 class KubernetesBackend(NodeBackend):
@@ -349,23 +353,28 @@ class KubernetesBackend(NodeBackend):
             self.topology, node, self.owner, self.settings, staged_version, ca_file_of(self.redis_url) is not None
         )
         name = body["metadata"]["name"]
-        deadline = self.clock.monotonic() + 60.0
-        while True:
-            try:
-                self.core.create_namespaced_pod(self.namespace, body)
-                break
-            except ApiException as exc:
-                late = self.clock.monotonic() > deadline
-                if exc.status == 409 and not late:
-                    # a dead pod of ours of the same name: make room; anyone else's: NotOwned, untouched
-                    self._delete_pod(name, refuse=True)
-                elif not is_api_unavailable(exc) or late:
-                    # a quota, an admission webhook, a forbidden field: the API server's own words say which
-                    raise BackendError(f"pod {name} not created: {exc.reason}: {api_message(exc)}") from None
-            except Exception as exc:
-                if not is_api_unavailable(exc) or self.clock.monotonic() > deadline:
-                    raise BackendError(f"pod {name} not created: {exc}") from None
-            self.clock.sleep(0.5)
+
+        def make_room(exc: Exception) -> None:
+            if isinstance(exc, ApiException) and exc.status == 409:
+                # a dead pod of ours of the same name: make room; anyone else's: NotOwned, untouched
+                self._delete_pod(name, refuse=True)
+
+        try:
+            retry_within(
+                lambda: self.core.create_namespaced_pod(self.namespace, body),
+                transient=lambda exc: (isinstance(exc, ApiException) and exc.status == 409) or is_api_unavailable(exc),
+                within_s=CREATE_WAIT_S,
+                clock=self.clock,
+                delays=backoff(0.5, 1.0, 0.5),
+                on_failure=make_room,
+            )
+        except ApiException as exc:
+            # a quota, an admission webhook, a forbidden field: the API server's own words say which
+            raise BackendError(f"pod {name} not created: {exc.reason}: {api_message(exc)}") from None
+        except BackendError:
+            raise  # NotOwned: the pod in the way is someone else's
+        except Exception as exc:
+            raise BackendError(f"pod {name} not created: {exc}") from None
         self._released.discard(node)
         self._pods_at = 0.0
 
