@@ -30,10 +30,10 @@ from typing import Any
 
 import redis
 
+from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import Checkpoints
 from elastream.control.drains import take_drain
 from elastream.control.monitor import LiveRates
-from elastream.control.recovery import RecoveryFollowUp
 from elastream.control.retrying import backoff_delay
 from elastream.control.scaling import PrintEvents, ScalingRecord, autoscale, planned_message
 from elastream.core.autoscaler import AutoscalerState, Recommendation
@@ -93,7 +93,8 @@ class TopologyController:
     #: the metric archive: stopped after the workers, so its last pass archives their last samples
     archiver: Background | None = None
     interval_s: float = 1.0
-    recovery_timeout_s: float = 60.0
+    #: how long after a scaling its catch-up and stabilization are measured (`control.catch_up`)
+    catch_up_timeout_s: float = 60.0
     last_scaling: ScalingRecord | None = None
     last_recovery: dict[str, Any] | None = None
     #: what the autoscaler remembers (last change, whether it settled, votes, capacity history)
@@ -121,8 +122,8 @@ class TopologyController:
 
     def __post_init__(self) -> None:
         self.live = LiveRates(self.topology, stale_s=3 * self.interval_s)
-        self.follow_up = RecoveryFollowUp(
-            self.feed, self.topology, bucket_s=self.interval_s, timeout_s=self.recovery_timeout_s, now=self.clock.now
+        self.follow_up = CatchUpFollowUp(
+            self.feed, self.topology, bucket_s=self.interval_s, timeout_s=self.catch_up_timeout_s, now=self.clock.now
         )
         self._since: float | None = None
         self._started: list[Background] = []
@@ -507,17 +508,17 @@ class TopologyController:
             now = self.clock.now()
             self.metrics.not_before = now + SETTLE_INTERVALS * self.interval_s
             self.autoscaler = self.autoscaler.changed(now, record.direction)
-            self.follow_up.follow(status, record.started_at, self._recovered)
+            self.follow_up.follow(status, record.started_at, self._caught_up)
         self.last_scaling = record
         self.status.publish("lastScaling", status)
         return record
 
-    def _recovered(self, status: dict[str, Any]) -> None:
+    def _caught_up(self, status: dict[str, Any]) -> None:
         self.autoscaler = self.autoscaler.settled(self.clock.now())
         catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
         self.events.emit(
-            EventReason.RECOVERY_MEASURED,
-            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['recovery']})",
+            EventReason.CATCH_UP_MEASURED,
+            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['catchUp']})",
         )
         if self.last_scaling is not None:
             self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)

@@ -229,7 +229,7 @@ class ReconcilerBase:
     def _autoscaled(self, managed: ManagedTopology, nodes: int) -> None:
         """The autoscaler moved the topology: write its node count to spec.nodes, and remember the generation
         that write made (until the watch shows it, the resource seen still asks for the old count)."""
-        generation = managed.resource.set_nodes(nodes)
+        generation = managed.resource.patch_spec_nodes(nodes)
         managed.expect_generation = generation or managed.generation + 1
 
     def report_pending(self, managed: ManagedTopology, pending: Mapping[str, str], write: bool = False) -> None:

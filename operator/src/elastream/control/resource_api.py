@@ -80,7 +80,7 @@ class ResourceApi:
         except Exception as exc:
             log.warning("annotation %s of %s/%s not removed: %s", key, self.namespace, self.name, exc)
 
-    def set_nodes(self, nodes: int) -> int:
+    def patch_spec_nodes(self, nodes: int) -> int:
         """Write an automatic change to `spec.nodes`, as a HorizontalPodAutoscaler writes replicas: the spec
         stays the desired state. Returns the resource's new generation (0 if it could not be written)."""
         from kubernetes.client.exceptions import ApiException

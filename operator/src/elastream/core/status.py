@@ -87,7 +87,7 @@ class EventReason(enum.StrEnum):
     RECOVERED = "Recovered"
     RECOVERY_FAILED = "RecoveryFailed"
     RECOVERY_BACKOFF = "RecoveryBackoff"
-    RECOVERY_MEASURED = "RecoveryMeasured"
+    CATCH_UP_MEASURED = "CatchUpMeasured"
     REDIS_UNAVAILABLE = REDIS_UNAVAILABLE
     REDIS_AVAILABLE = "RedisAvailable"
     STATE_LOST = STATE_LOST
