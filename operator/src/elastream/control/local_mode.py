@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -18,6 +18,10 @@ from elastream.core.ports import (
     ScaleRequest,
 )
 from elastream.core.topology import Topology
+
+if TYPE_CHECKING:
+    from elastream.analysis import Analyzer
+    from elastream.control.backends.local import LocalCluster
 
 log = logging.getLogger("elastream.control")
 
@@ -77,8 +81,8 @@ class RedisStatus:
 
 def local_controller(
     topology: Topology,
-    cluster: Any,
-    analyzer: Any,
+    cluster: LocalCluster,
+    analyzer: Analyzer,
     events: EventSink | None = None,
     archive: str | None = None,
     archive_every_s: float = 10.0,

@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from elastream.analysis import Analyzer
 from elastream.control.backends.kubernetes import KubernetesBackend
 from elastream.control.backends.worker_objects import WorkerPodSettings
 from elastream.control.controller import TopologyController
@@ -28,7 +29,7 @@ from elastream.control.resource_api import (
 )
 from elastream.control.savepoints import RedisSavepoints, SavepointRequests, Savepoints
 from elastream.control.status_writer import StatusWriter
-from elastream.core.ports import Clock, SystemClock
+from elastream.core.ports import Clock, CoreApi, CustomObjectsApi, NetworkingApi, PolicyApi, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import (
     EventReason,
@@ -52,16 +53,17 @@ class ReconcilerBase:
     redis_client: redis.Redis
     #: never in a repr (a log line, a traceback's locals): it may hold a password
     redis_url: str = field(repr=False)
-    core_api: Any
-    custom_api: Any
-    analyzer: Any
+    core_api: CoreApi
+    custom_api: CustomObjectsApi
+    #: the one analysis session (Spark) of every topology: warmed up at a start, analyses each window
+    analyzer: Analyzer
     settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
     #: the worker images a topology's spec.image may name (`core.images`); empty: any
     allowed_images: tuple[str, ...] = ()
     #: a `kubernetes.client.NetworkingV1Api`, for each topology's NetworkPolicy (`settings.network_policy`)
-    networking_api: Any = None
+    networking_api: NetworkingApi | None = None
     #: a `kubernetes.client.PolicyV1Api`, for each topology's PodDisruptionBudget (`settings.disruption_budget`)
-    policy_api: Any = None
+    policy_api: PolicyApi | None = None
     #: give each topology's workers a Redis ACL user of its own (`store.acl`); off: the operator's URL
     topology_users: bool = True
     #: sets those users again within a tick when Redis lost them, for every topology on one thread (None: only

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastream.core.ports import Clock, ScaleRequest, SystemClock
+from elastream.core.ports import Clock, CoreApi, CustomObjectsApi, ScaleRequest, SystemClock
 from elastream.core.topology import (
     API_VERSION,
     Topology,
@@ -42,7 +42,7 @@ class ResourceApi:
     """One StreamTopology through the API: its status subresource (merge patches, the status writer's
     `send`) and `spec.nodes` (the autoscaler's writes)."""
 
-    api: Any  # kubernetes.client.CustomObjectsApi
+    api: CustomObjectsApi
     namespace: str
     name: str
     #: seconds any one request may take (the API server away must not hold a reconcile for long)
@@ -107,7 +107,7 @@ class KubernetesEvents:
     (reason and message) is not posted again within `repeat_s`; it is counted instead."""
 
     def __init__(
-        self, core_api: Any, body: Mapping[str, Any], repeat_s: float = 300.0, clock: Clock | None = None
+        self, core_api: CoreApi, body: Mapping[str, Any], repeat_s: float = 300.0, clock: Clock | None = None
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         metadata = body["metadata"]

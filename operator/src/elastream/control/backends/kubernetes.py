@@ -75,7 +75,7 @@ from elastream.control.backends.worker_objects import (
 )
 from elastream.control.retrying import retry_within
 from elastream.core.acl import topology_user
-from elastream.core.ports import BackendError, Clock, NotOwned
+from elastream.core.ports import BackendError, Clock, CoreApi, NetworkingApi, NotOwned, PolicyApi
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
 from elastream.runtime.security import (
@@ -103,15 +103,15 @@ class KubernetesBackend(NodeBackend):
         self,
         topology: Topology,
         client: redis.Redis,
-        core: Any,
+        core: CoreApi,
         owner: Mapping[str, Any],
         redis_url: str,
         settings: WorkerPodSettings | None = None,
         start_timeout_s: float = 180.0,
-        networking: Any = None,
+        networking: NetworkingApi | None = None,
         topology_users: bool = True,
         user_keeper: UserKeeper | None = None,
-        policy: Any = None,
+        policy: PolicyApi | None = None,
         clock: Clock | None = None,
     ) -> None:
         super().__init__(topology, client, start_timeout_s, clock)
@@ -153,7 +153,7 @@ class KubernetesBackend(NodeBackend):
         if ca_file is not None:  # TLS with a CA of its own: the workers get a copy (public, never a key)
             data[REDIS_CA_KEY] = read_redis_ca(ca_file)
             worker_url = with_ca_file(self.redis_url, WORKER_REDIS_CA_PATH)
-        metadata = {
+        metadata: dict[str, Any] = {
             "name": config_map_name(self.topology),
             "namespace": self.namespace,
             "labels": labels_for(self.topology),

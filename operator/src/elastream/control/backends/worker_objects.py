@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.core.ports import BackendError, NotOwned
+from elastream.core.ports import BackendError, CoreApi, NotOwned
 from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
 from elastream.runtime.security import (
     AUTH_ENV,
@@ -366,7 +366,7 @@ def data_plane_env(topology: Topology, settings: WorkerPodSettings) -> list[dict
 
 
 def running_spec_of(
-    core: Any, topology: Topology, owner: Mapping[str, Any]
+    core: CoreApi, topology: Topology, owner: Mapping[str, Any]
 ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
     """(the spec the topology's pods run, the spec an upgrade in flight upgrades from): the `topology.yaml` and
     `previous-topology.yaml` of its ConfigMap (written by every start, upgrade and migration). None for what
