@@ -206,7 +206,7 @@ class TopologyUpgrades(TopologyLifecycle):
         managed.set(upgrading=f"generation {generation}: taking a checkpoint of the running workers")
         managed.write()
         try:
-            old.backend.record_upgrade(old.topology)  # type: ignore[attr-defined]
+            managed.backend.record_upgrade(old.topology)  # `old` is still the managed controller
         except BackendError as exc:
             result = SuspendResult(False, reason=f"the upgrade could not be recorded: {exc}")
         else:
@@ -240,7 +240,7 @@ class TopologyUpgrades(TopologyLifecycle):
         managed.controller = controller
         managed.applied_parallelism = spec_parallelism(wanted)
         replayed = report.replayed if report is not None else 0
-        self._upgrade_done(controller)
+        self._upgrade_done(managed)
         managed.set(upgrading="", upgrade_failed="", started=True, backend_error="", scaling_failed="", suspended=False)
         managed.published["lastUpgrade"] = {
             "generation": generation,
@@ -260,11 +260,11 @@ class TopologyUpgrades(TopologyLifecycle):
         return None
 
     @staticmethod
-    def _upgrade_done(controller: TopologyController) -> None:
+    def _upgrade_done(managed: ManagedTopology) -> None:
         """The ConfigMap's record of the upgrade goes (its pods run); a failure only leaves it for the next
         operator to find, which then restarts the upgrade from the latest checkpoint: logged, not raised."""
         try:
-            controller.backend.record_upgrade(None)  # type: ignore[attr-defined]
+            managed.backend.record_upgrade(None)
         except BackendError as exc:
             log.warning("the record of a finished upgrade was not removed: %s", exc)
 
@@ -335,7 +335,7 @@ class TopologyUpgrades(TopologyLifecycle):
             managed.write()
             return delay
         managed.controller = controller
-        self._upgrade_done(controller)
+        self._upgrade_done(managed)
         managed.set(upgrading="", upgrade_failed=message, backend_error="", started=True, suspended=False)
         managed.events.emit(EventReason.UPGRADE_ROLLED_BACK, message, warning=True)
         managed.write()
