@@ -11,13 +11,12 @@ recovery from a dead worker (`status.lastRecovery`): this is the catch-up after 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from elastream.core.migration import rate_timeline, recovery_times
-from elastream.core.ports import SampleFeed
+from elastream.core.ports import SampleFeed, SystemClock
 from elastream.core.topology import Topology
 
 
@@ -40,7 +39,7 @@ class CatchUpFollowUp:
     topology: Topology
     bucket_s: float = 1.0
     timeout_s: float = 60.0
-    now: Callable[[], float] = time.time
+    now: Callable[[], float] = field(default=SystemClock().now)
     #: (status record, migrated at, on_done) of the scalings still being followed
     pending: list[tuple[dict[str, Any], float, Callable[[dict[str, Any]], None]]] = field(default_factory=list)
 

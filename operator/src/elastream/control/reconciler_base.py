@@ -208,7 +208,7 @@ class ReconcilerBase:
         return controller
 
     def savepoints(self) -> Savepoints:
-        return self.savepoint_service or RedisSavepoints(self.redis_client)
+        return self.savepoint_service or RedisSavepoints(self.redis_client, self.clock)
 
     def _savepoints(self, managed: ManagedTopology, metadata: Mapping[str, Any]) -> None:
         """Carry out the savepoint annotations (`control.savepoints.SavepointRequests`) and keep
