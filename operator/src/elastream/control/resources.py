@@ -13,10 +13,16 @@ wanted (a new value is tried at once). The savepoint annotations, `spec.initialS
 `spec.deletionPolicy` are carried out through `control.savepoints` (`_savepoints`, `_start_point`, `remove`).
 
 The status has one writer per topology (`control.status_writer`): one merge patch per change, the rates at
-most every `volatile_every_s`. What it shows is computed by `core.status` from the `StatusFacts` kept here
-(started, scaling, recovering, Redis away, the last failure). One shared analysis session (one Spark
-session for every topology), one Redis connection. Prometheus metrics of the operator: scalings and
-recoveries by outcome and their durations.
+most every `volatile_every_s`. What it shows is computed by `core.status` from the `StatusFacts` each
+`ManagedTopology` keeps (started, scaling, recovering, Redis away, the last failure). One shared analysis
+session (one Spark session for every topology), one Redis connection. Prometheus metrics of the operator:
+scalings and recoveries by outcome and their durations.
+
+One concern per module, each layer building on the one before: `control.resource_api` (the resource through
+the API and its events), `control.managed` (what the loop keeps per topology), `control.reconciler_base`
+(settings, wiring, savepoint annotations), `control.lifecycle` (start, suspend, resume, restart from scratch),
+`control.upgrades` (stateful upgrades and their rollback), and this module: the pass itself (reconcile,
+converge, scale) and the delete.
 """
 
 from __future__ import annotations
