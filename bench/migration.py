@@ -42,8 +42,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer  # noqa: E402
 from elastream.control.migration import MigrationDriver  # noqa: E402
-from elastream.core.migration import rate_timeline, recovery_times  # noqa: E402
 from elastream.core.planner import make_plan  # noqa: E402
+from elastream.core.rate_timeline import rate_timeline, recovery_times  # noqa: E402
 from elastream.core.schedule import initial_schedule  # noqa: E402
 from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
 from elastream.core.topology import Topology, load_manifest  # noqa: E402
@@ -191,8 +191,8 @@ def store_rows(url: str, volumes: list[int]) -> list[dict[str, Any]]:
     the runtime's) and a new one loads them back; median of 5 rounds each."""
     import statistics
 
-    from elastream.runtime.participant import pack
     from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
+    from elastream.store.codec import pack
 
     client = client_for(url)
     store = CheckpointStore(client, "elastream:{bench/store}:")
@@ -389,7 +389,7 @@ def spread_rows(url: str, volumes: list[int], rounds: int = 5) -> list[dict[str,
     (SET). Loaded back the same way. Median of `rounds`; the same events as `store_rows`."""
     import statistics
 
-    from elastream.runtime.participant import pack
+    from elastream.store.codec import pack
 
     client = client_for(url)
     rows = []

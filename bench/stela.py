@@ -51,12 +51,13 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer  # noqa: E402
 from elastream.control.migration import MigrationDriver  # noqa: E402
-from elastream.core.metrics import MetricSample, analyze_samples  # noqa: E402
-from elastream.core.migration import convergence_time, time_at_zero  # noqa: E402
+from elastream.core.metrics import MetricSample  # noqa: E402
 from elastream.core.planner import make_plan  # noqa: E402
 from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name  # noqa: E402
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation  # noqa: E402
 from elastream.core.topology import Topology, load_manifest  # noqa: E402
+from elastream.core.window_analysis import analyze_samples  # noqa: E402
+from elastream.sim.throughput_measures import convergence_time, time_at_zero  # noqa: E402
 from elastream.store.metric_stream import MetricStream  # noqa: E402
 from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle  # noqa: E402
 
@@ -206,7 +207,7 @@ def counted_timeline(
 ) -> list[tuple[float, float]]:
     """The vertices' processing rate per `step` from `start` to `end` (seconds relative to `at`), from their
     cumulative counts interpolated linearly between samples (per executor incarnation, from zero at its
-    start; held at its last sample after it stops). `core.migration.rate_timeline` adds up sample-to-sample
+    start; held at its last sample after it stops). `core.rate_timeline.rate_timeline` adds up sample-to-sample
     rates per bucket, which at 1 s points jitters by a sample's worth when an executor's samples shift
     phase (they do after every migration): too much for the paper's 5 % convergence criterion."""
     wanted = set(vertices)

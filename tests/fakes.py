@@ -10,7 +10,7 @@ from typing import Any
 
 from elastream.control.checkpoints import CheckpointResult
 from elastream.core.metrics import MetricSample, MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.ports import BackendError, ScaleRequest
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation

@@ -15,10 +15,10 @@ from test_migration_faults import plan_for
 from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
-from elastream.runtime.operators import Synthetic
-from elastream.runtime.participant import unpack
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
+from elastream.runtime.operators.sources import Synthetic
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.codec import unpack
 from elastream.store.metric_stream import MetricStream
 from harness import running, sink_events, sink_key, with_audit, write_manifest
 

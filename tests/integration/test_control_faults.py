@@ -31,7 +31,7 @@ from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController
 from elastream.control.local_mode import local_controller
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.runtime.executor import TEST_CRASH_ENV
 from harness import ticking as ticking_in_background

@@ -23,7 +23,7 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.local_mode import local_controller
 from elastream.control.migration import MigrationDriver
 from elastream.control.scaling import PrintEvents
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.store.checkpoint import CheckpointStore
 from harness import expected_copies, running, sink_events, ticking, with_audit, write_manifest

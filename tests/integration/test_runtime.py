@@ -17,8 +17,8 @@ import redis
 from elastream.control.backends.local import LocalCluster, node_host
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import load_manifest, stream_key, topology_prefix
-from elastream.runtime.security import generate_keys
 from elastream.store.metric_stream import MetricStream
+from elastream.worker_inputs.keys import generate_keys
 from harness import id_counts, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, src, work
 

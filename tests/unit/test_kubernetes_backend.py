@@ -236,7 +236,7 @@ def test_with_topology_users_off_the_secret_holds_the_operators_url_and_redis_is
 
 
 def test_the_secret_holds_data_plane_keys_made_once_and_pods_read_them_from_it() -> None:
-    from elastream.runtime.security import DataPlaneKeys, keys_from_env
+    from elastream.worker_inputs.keys import DataPlaneKeys, keys_from_env
 
     kube, core = backend()
     kube.ensure_config()

@@ -12,7 +12,7 @@ import redis
 
 from elastream.control.controller import TopologyController
 from elastream.core.metrics import MetricSample, MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate
 from elastream.core.topology import parse_manifest
@@ -205,7 +205,7 @@ class WindowedMetrics(SimulatedMetrics):
         return super().snapshot(window)
 
     def analyse(self, window: int):
-        from elastream.core.metrics import Analysis
+        from elastream.core.window_analysis import Analysis
 
         self.analysed += 1
         end = self.clock.t

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 from elastream.analysis import Analyzer, SparkUnavailable
 from elastream.analysis.session import spark_error_reason
 from elastream.cli import CommandError
-from elastream.core.metrics import Analysis, MetricSample, check_window_args
+from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology, load_manifest, parse_manifest
+from elastream.core.window_analysis import Analysis, check_window_args
 from elastream.store.registry import client_for, redacted
 
 if TYPE_CHECKING:

@@ -25,9 +25,10 @@ from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import MAX_NODES, Topology, load_manifest
-from elastream.runtime.operators import OperatorLoadError, load_class
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
+from elastream.worker_inputs.keys import DataPlaneConfigError, keys_from_env
+from elastream.worker_inputs.user_code import OperatorLoadError, load_class
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,7 +123,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from elastream.runtime.security import DataPlaneConfigError, keys_from_env
     from elastream.runtime.worker import ALL_INTERFACES, Worker, WorkerOptions, configure_logging
 
     if not args.redis:

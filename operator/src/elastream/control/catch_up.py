@@ -2,7 +2,7 @@
 
 `measure_catch_up` reads the sinks' output rate from `before_s` before the migration request on and returns
 how long after the request it came back to its level (catch-up) and settled within ±10 % (stabilization),
-by `core.migration.recovery_times`. `CatchUpFollowUp` does that without blocking a control loop: given a
+by `core.rate_timeline.recovery_times`. `CatchUpFollowUp` does that without blocking a control loop: given a
 scaling's status record, each `tick()` measures again until both times are known or `timeout_s` has passed,
 then writes `catchUpMs` / `stabilizationMs` (None: not within the timeout) into the record, `catchUp` saying
 where the measurement is (measuring, measured, not stable within the timeout). Not to be confused with the
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.core.migration import rate_timeline, recovery_times
 from elastream.core.ports import SampleFeed, SystemClock
+from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.topology import Topology
 
 

@@ -20,7 +20,8 @@ from typing import Protocol
 
 import redis
 
-from elastream.core.migration import CheckpointPhase, CheckpointRound, ControlType
+from elastream.core.checkpoint_protocol import CheckpointPhase, CheckpointRound
+from elastream.core.migration_protocol import ControlType
 from elastream.core.ports import Backend, BackendError, Clock, SystemClock
 from elastream.core.topology import Topology, split_executor_id
 from elastream.store.checkpoint import CheckpointStore

@@ -36,9 +36,9 @@ from elastream.control.drains import take_drain
 from elastream.control.monitor import LiveRates
 from elastream.control.retrying import backoff_delay
 from elastream.control.scaling import PrintEvents, ScalingRecord, autoscale, planned_message
-from elastream.core.autoscaler import AutoscalerState, Recommendation
+from elastream.core.autoscaling.decision import AutoscalerState, Recommendation
 from elastream.core.metrics import MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (

@@ -38,7 +38,8 @@ import redis
 
 from elastream.control.checkpoints import abandon_checkpoint
 from elastream.control.retrying import retry_within
-from elastream.core.migration import (
+from elastream.core.checkpoint_protocol import replayed_events
+from elastream.core.migration_protocol import (
     Ack,
     Action,
     ActionKind,
@@ -48,17 +49,16 @@ from elastream.core.migration import (
     MigrationStalled,
     Phase,
     Timeouts,
-    replayed_events,
 )
-from elastream.core.migration import Protocol as MigrationProtocol
+from elastream.core.migration_protocol import Protocol as MigrationProtocol
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
-from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
+from elastream.store.codec import unpack
 from elastream.store.control import ControlChannel
 from elastream.store.retry import backoff
 

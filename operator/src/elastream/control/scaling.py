@@ -3,7 +3,7 @@ its plan, the autoscaler's evaluation that decides one, and the local event repo
 
 `TopologyController.scale_to` (control.controller) fills a `ScalingRecord` step by step: the plan and the
 numbers that justified it, the migration's report, the outcome; `to_status()` gives the status shape.
-`autoscale` is the controller's evaluation once per period (the policy is `core.autoscaler.recommend`).
+`autoscale` is the controller's evaluation once per period (the policy is `core.autoscaling.decision.recommend`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from elastream.core.autoscaler import WindowInfo, recommend
+from elastream.core.autoscaling.decision import WindowInfo, recommend
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan
 from elastream.core.status import EventReason
@@ -101,7 +101,7 @@ def _listed(items: list[str], limit: int = 6) -> str:
 
 
 def autoscale(controller: TopologyController) -> ScalingRecord | None:
-    """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaler`),
+    """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaling.decision`),
     publish the evaluation as `autoscaler`, and carry out a scale-out/scale-in (unless `execute: false`,
     which only recommends). Returns the scaling's record when one ran."""
     now = controller.clock.now()

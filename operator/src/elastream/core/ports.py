@@ -22,9 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.metrics import MetricSample, MetricSnapshot
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule
+from elastream.core.window_analysis import Analysis
 
 
 @runtime_checkable

@@ -78,14 +78,14 @@ from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, Clock, CoreApi, NetworkingApi, NotOwned, PolicyApi
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
-from elastream.runtime.security import (
+from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
+from elastream.store.registry import ca_file_of, with_ca_file
+from elastream.store.retry import backoff
+from elastream.worker_inputs.keys import (
     SECRET_CLIENT_KEY,
     SECRET_SERVER_KEY,
     generate_keys,
 )
-from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
-from elastream.store.registry import ca_file_of, with_ca_file
-from elastream.store.retry import backoff
 
 log = logging.getLogger("elastream.kubernetes")
 

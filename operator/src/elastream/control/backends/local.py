@@ -51,11 +51,12 @@ from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, Clock
 from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
-from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
-from elastream.runtime.security import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import connect, redacted
+from elastream.worker_inputs.keys import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
+from elastream.worker_inputs.rate_files import resolve_rate_file
+from elastream.worker_inputs.user_code import OperatorLoadError
 
 log = logging.getLogger("elastream.local")
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
-from elastream.core.migration import ControlType
+from elastream.core.migration_protocol import ControlType
 from elastream.core.ports import BackendError, Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology

@@ -15,14 +15,14 @@ from typing import Any
 
 from elastream.core.ports import BackendError, CoreApi, NotOwned
 from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
-from elastream.runtime.security import (
+from elastream.store.drains import DRAIN_GRACE_ENV
+from elastream.worker_inputs.keys import (
     AUTH_ENV,
     CLIENT_KEY_ENV,
     SECRET_CLIENT_KEY,
     SECRET_SERVER_KEY,
     SERVER_KEY_ENV,
 )
-from elastream.store.drains import DRAIN_GRACE_ENV
 
 log = logging.getLogger("elastream.kubernetes")
 
