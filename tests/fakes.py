@@ -242,6 +242,9 @@ class FakeClock:
         self.t += 0.5
         return self.t
 
+    def monotonic(self) -> float:
+        return self.now()
+
     def sleep(self, seconds: float) -> None:
         self.t += seconds
 

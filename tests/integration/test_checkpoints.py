@@ -12,9 +12,9 @@ import pytest
 from test_migration import EVENTS, check_exactly_once, check_nothing_lost, load
 from test_migration_faults import plan_for
 
+from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
-from elastream.control.recovery import RecoveryFollowUp
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.runtime.operators.sources import Synthetic
 from elastream.store.checkpoint import CheckpointStore
@@ -165,18 +165,18 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(new)
         assert report.outcome == "succeeded", report.reason
         feed = MetricStream(cluster.client, topology.redis_prefix)
-        follow = RecoveryFollowUp(feed, topology, bucket_s=0.5, timeout_s=40.0)
+        follow = CatchUpFollowUp(feed, topology, bucket_s=0.5, timeout_s=40.0)
         done: list[dict] = []
         status = report.to_status()
         follow.follow(status, migrated_at, done.append)
-        assert status["recovery"] == "measuring"
+        assert status["catchUp"] == "measuring"
         deadline = time.monotonic() + 60.0
         while not done and time.monotonic() < deadline:
             follow.tick()
             time.sleep(0.5)
         assert done and done[0] is status
         # a steady input well below capacity and a sub-second pause: back and stable within seconds
-        assert status["recovery"] == "measured", status
+        assert status["catchUp"] == "measured", status
         assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"] < 20_000.0
 
 

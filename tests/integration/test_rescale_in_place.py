@@ -20,7 +20,7 @@ from test_migration_faults import plan_for
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import local_controller
+from elastream.control.local_mode import local_controller
 from elastream.control.migration import MigrationDriver
 from elastream.control.scaling import PrintEvents
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator

@@ -17,7 +17,7 @@ from test_migration import load
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import local_controller
+from elastream.control.local_mode import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
 from elastream.core.upgrade import spec_change

@@ -194,7 +194,7 @@ def redis_for(url: str | None) -> Iterator[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from elastream.analysis import Analyzer
-    from elastream.control.controller import local_controller
+    from elastream.control.local_mode import local_controller
     from elastream.store.registry import connect, store_manifest
 
     topology = load_checked(args.file)
@@ -293,8 +293,8 @@ def default_demo_manifest() -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start, warm up, scale out, scale in, and report measured against predicted throughput."""
     from elastream.analysis import Analyzer
-    from elastream.control.controller import local_controller
-    from elastream.control.recovery import measure_recovery
+    from elastream.control.catch_up import measure_catch_up
+    from elastream.control.local_mode import local_controller
 
     path = args.file or default_demo_manifest()
     topology = load_checked(path)
@@ -339,7 +339,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     if record.outcome == Outcome.FAILED:
                         raise CommandError(record.reason or "scaling failed")
                     seen = watch(controller, args.phase)
-                    catch_up, stable = measure_recovery(controller.feed, topology, record.started_at)
+                    catch_up, stable = measure_catch_up(controller.feed, topology, record.started_at)
                     print(
                         f"  recovery after the {label}: catch-up {_seconds(catch_up)}, "
                         f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",
@@ -400,7 +400,7 @@ def parse_parallelism(topology: Topology, items: list[str]) -> dict[str, int]:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from elastream.control.controller import scale_request_key, status_key
+    from elastream.control.local_mode import scale_request_key, status_key
     from elastream.store.registry import connect
 
     topology = load_checked(args.file)
@@ -435,7 +435,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raw = client.get(status_key(topology, "lastScaling"))
         if raw is not None:
             status = json.loads(raw)
-            if status.get("recovery") == "measuring":  # migrated; the run measures catch-up and stabilization
+            if status.get("catchUp") == "measuring":  # migrated; the run measures catch-up and stabilization
                 if not announced:
                     print(f"{status.get('outcome')}; measuring catch-up and stabilization", flush=True)
                     announced = True

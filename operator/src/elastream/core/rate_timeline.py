@@ -2,7 +2,7 @@
 
 `rate_timeline` turns metric samples into input and output rates per bucket (the curves of the CCR paper's
 Fig. 7); `recovery_times` reads the catch-up and stabilization times off the output curve, as the paper
-measures them (`control.recovery` reports them after each rescale, bench/migration.py per run).
+measures them (`control.catch_up` reports them after each rescale, bench/migration.py per run).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import kopf
 
-from elastream.control.backends.kubernetes import WorkerPodSettings
+from elastream.control.backends.worker_objects import WorkerPodSettings
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers

@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +48,7 @@ import redis
 
 from elastream.control.backends.nodes import NodeBackend
 from elastream.core.acl import topology_user
-from elastream.core.ports import BackendError
+from elastream.core.ports import BackendError, Clock
 from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
@@ -116,13 +115,14 @@ class LocalCluster(NodeBackend):
         health_port: int = 0,
         topology_user: bool = True,
         drain_grace_s: float = 30.0,
+        clock: Clock | None = None,
     ) -> None:
         # this run's data-plane keys, checked before anything connects (None: authentication off)
         try:
             enabled = auth_enabled({**os.environ, **(extra_env or {})})
         except DataPlaneConfigError as exc:
             raise BackendError(str(exc)) from None
-        super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s)
+        super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s, clock)
         #: in every worker's environment, never on a command line
         self.data_plane: DataPlaneKeys | None = generate_keys() if enabled else None
         self.manifest_path = manifest_path
@@ -287,10 +287,10 @@ class LocalCluster(NodeBackend):
         for worker in workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         for worker in workers:
             try:
-                worker.process.wait(max(0.1, deadline - time.monotonic()))
+                worker.process.wait(max(0.1, deadline - self.clock.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("worker %s did not stop in %.0f s; killing it", worker.node, timeout_s)
                 worker.process.kill()
