@@ -1,6 +1,6 @@
 """Autoscaling benchmark: AUTOSCALE and ARiSto's rules against ConfMin and ConfExpt on AUTOSCALE's streams.
 
-The paper (Kotto Kombi, Lumineau, Lamarre; ../shared/seeds/004_*.txt, section V) runs a linear topology
+The paper (Kotto Kombi, Lumineau, Lamarre; docs/papers.md, section V) runs a linear topology
 and an advertising topology with a selective filter under a 3-step and a 5-step input stream (Fig. 7-8) and
 compares AUTOSCALE with Storm keeping ConfMin (minimal degrees) or ConfExpt (expert degrees that handle the
 peak without waste); it reports equivalent performance with ~37.5 % fewer resources than ConfExpt.
@@ -398,7 +398,7 @@ def write_report(out: str, cases: list[Case], took: float) -> None:
         f"wall on {platform.machine()}, Python {platform.python_version()}, and is deterministic (same numbers "
         "every run).",
         "",
-        "Source: Kotto Kombi, Lumineau, Lamarre, *AUTOSCALE* (../shared/seeds/004_*.txt), section V: the 3-step "
+        "Source: Kotto Kombi, Lumineau, Lamarre, *AUTOSCALE* ([papers.md](../papers.md)), section V: the 3-step "
         "and 5-step streams (Fig. 7-8), the linear topology (Table III) and the advertising topology with a "
         "selective filter (Fig. 11), ConfMin vs ConfExpt.",
         "",

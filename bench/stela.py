@@ -1,4 +1,4 @@
-"""The Stela paper's experiments (Xu, Peng, Gupta, IC2E 2016; ../shared/seeds/000_*), end to end on real
+"""The Stela paper's experiments (Xu, Peng, Gupta, IC2E 2016; docs/papers.md), end to end on real
 worker processes: `make bench-paper`.
 
 1. Scale-out by one node mid-run (the paper's Table I: star 4->5, linear 6->7, diamond 6->7, Page Load 7->8,

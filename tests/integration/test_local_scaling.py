@@ -98,4 +98,4 @@ def test_demo_scales_out_and_in_and_prints_a_summary(tmp_path, redis_url: str) -
     summary = out[out.index("phase       nodes") :].splitlines()
     assert [line.split()[:2] for line in summary[1:4]] == [["start", "4"], ["scale-out", "5"], ["scale-in", "3"]]
     assert all(float(line.split()[2]) > 0 for line in summary[1:4])  # measured throughput in every phase
-    assert "recovery after the scale-out: catch-up" in out
+    assert "after the scale-out: catch-up" in out

@@ -341,7 +341,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     seen = watch(controller, args.phase)
                     catch_up, stable = measure_catch_up(controller.feed, topology, record.started_at)
                     print(
-                        f"  recovery after the {label}: catch-up {_seconds(catch_up)}, "
+                        f"  after the {label}: catch-up {_seconds(catch_up)}, "
                         f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",
                         flush=True,
                     )

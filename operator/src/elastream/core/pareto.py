@@ -1,6 +1,6 @@
 """What-if planning: the throughput/cost Pareto front of configurations (ARiSto's static mechanism).
 
-ARiSto (Gkolemis, Doka, Koziris; ../shared/seeds/001_*.txt, section 3) predicts a topology's throughput for
+ARiSto (Gkolemis, Doka, Koziris; docs/papers.md, section 3) predicts a topology's throughput for
 any configuration from per-component models and searches the configuration space for the near-optimal,
 throughput/cost Pareto-optimal ones. Here the per-component models are the fluid model's per-vertex capacity
 (`SimulationModel`: costMs, or rates measured in a metric snapshot), the throughput calculator is `simulate`,

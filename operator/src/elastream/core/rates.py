@@ -1,7 +1,7 @@
 """Rate profiles of synthetic sources: constant, `steps`, a `csv` of rates, or a named preset.
 
 The presets reproduce the shape of AUTOSCALE's input streams (Kotto Kombi, Lumineau, Lamarre; the paper's
-Fig. 7 and Fig. 8, ../shared/seeds/004_*.txt), scaled to the source's `rate` (the high rate):
+Fig. 7 and Fig. 8, docs/papers.md), scaled to the source's `rate` (the high rate):
 
 - ``autoscale-3-step``: a low constant rate, a progressive increase to the high rate, a long plateau there,
   a marked decrease back to the low rate, which holds: low (25 %) 2 steps, ramp over 2 steps, high 3
