@@ -130,7 +130,7 @@ def is_finite_number(value: Any) -> bool:
 
 def csv_path_problem(csv: str) -> str | None:
     """Why a `csv:` path may not be used, or None: it must stay inside the rate directory (relative, no
-    `..`, no `~`, no NUL), whatever the file system holds; `runtime.operators.resolve_rate_file` also checks
+    `..`, no `~`, no NUL), whatever the file system holds; `worker_inputs.rate_files.resolve_rate_file` also checks
     where its links lead."""
     if "\x00" in csv:
         return "holds a NUL character"

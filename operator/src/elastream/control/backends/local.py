@@ -15,7 +15,7 @@ password of this run before the first worker starts, looked at every second by a
 close. A Redis that refuses ACL commands (a managed service, a user without
 `+acl`) is said in one warning line, and the workers then use the given URL's identity.
 
-The data plane: each cluster generates its topology's CURVE keys (`elastream.runtime.security`) and hands
+The data plane: each cluster generates its topology's CURVE keys (`elastream.worker_inputs.keys`) and hands
 them to its workers in their environment (never on the command line, never logged), so only the workers
 of this run talk to each other; `ELASTREAM_DATA_PLANE_AUTH=off` (in the environment or `extra_env`) turns
 authentication and encryption off.
