@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from elastream.cli import CommandError
+from elastream.cli import CommandError, print_table
 from elastream.core.metrics import MetricSnapshot
 from elastream.core.pareto import KNEE_FRACTION, ParetoError, ParetoPlan, pareto_plan
 from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
@@ -142,12 +142,13 @@ def cmd_etp(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
         return 0
-    print(f"{'vertex':<20} {'input/s':>12} {'processing/s':>13} {'congested':>9} {'ETP':>8}")
-    for name, row in table.vertices.items():
-        print(
-            f"{name:<20} {row.input_rate:>12.1f} {row.processing_rate:>13.1f} "
-            f"{'yes' if row.congested else 'no':>9} {row.etp:>8.1%}"
-        )
+    print_table(
+        [("vertex", "<20"), ("input/s", ">12.1f"), ("processing/s", ">13.1f"), ("congested", ">9"), ("ETP", ">8.1%")],
+        (
+            (name, row.input_rate, row.processing_rate, "yes" if row.congested else "no", row.etp)
+            for name, row in table.vertices.items()
+        ),
+    )
     print(f"throughput (sum of sinks): {table.throughput:.1f} tuples/s")
     priority = table.priority()
     print("scale-out priority: " + (", ".join(priority) if priority else "none congested (a source gets slots)"))
@@ -338,12 +339,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
-    print(f"{'vertex':<20} {'executors':>9} {'input/s':>12} {'processing/s':>13} {'emit/s':>12}")
-    for name, flow in result.vertices.items():
-        print(
-            f"{name:<20} {flow.executors:>9} {flow.input_rate:>12.1f} {flow.processing_rate:>13.1f} "
-            f"{flow.emit_rate:>12.1f}"
-        )
+    print_table(
+        [
+            ("vertex", "<20"),
+            ("executors", ">9"),
+            ("input/s", ">12.1f"),
+            ("processing/s", ">13.1f"),
+            ("emit/s", ">12.1f"),
+        ],
+        (
+            (name, flow.executors, flow.input_rate, flow.processing_rate, flow.emit_rate)
+            for name, flow in result.vertices.items()
+        ),
+    )
     print(f"throughput (sum of sinks): {result.throughput:.1f} tuples/s on {len(schedule.nodes)} nodes")
     return 0
 
