@@ -44,7 +44,9 @@ from elastream.analysis.sources import arrow_schema, read_parquet
 from elastream.core.metrics import Analysis, MetricSample, analyze_samples
 from elastream.core.topology import Topology, parse_manifest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
+
 OUT = os.path.join(REPO, "docs", "benchmarks")
 VERTICES = 10
 BASE_TS = 1_700_000_000.0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,10 +42,16 @@ def write_manifest(directory: str, doc: dict[str, Any]) -> str:
 
 @contextmanager
 def running(
-    path: str, redis_url: str, schedule: Schedule | None = None, **options: Any
+    path: str,
+    redis_url: str,
+    schedule: Schedule | None = None,
+    backend: Callable[..., LocalCluster] = LocalCluster,
+    **options: Any,
 ) -> Iterator[tuple[LocalCluster, Topology]]:
+    """The manifest at `path` on local worker processes (`backend`: a `LocalCluster` or a subclass that
+    injects a fault), closed when the block ends."""
     topology = load_manifest(path)
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, **options)
+    cluster = backend(topology, path, redis_url, interval_s=0.5, **options)
     try:
         cluster.start(schedule or initial_schedule(topology))
         yield cluster, topology

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.paths import REPO
 
 
 def test_bench_paper_smoke_writes_the_report_and_loses_nothing(tmp_path: str) -> None:

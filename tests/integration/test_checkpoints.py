@@ -5,7 +5,6 @@ CCR capture rolls the topology back to the last checkpoint instead of losing wha
 
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest
@@ -15,12 +14,12 @@ from test_migration_faults import plan_for
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.control.recovery import RecoveryFollowUp
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.runtime.operators import Synthetic
 from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from harness import running, sink_events, sink_key, with_audit, write_manifest
+from support.faults import migrate_killing_a_worker_during_capture
 
 pytestmark = pytest.mark.integration
 
@@ -132,21 +131,10 @@ def test_a_worker_killed_during_capture_rolls_back_to_the_last_checkpoint(tmp_pa
     with running(path, redis_url) as (cluster, topology):
         old = cluster.current_schedule()
         new = plan_for(topology, old, topology.nodes + 1)
-        victim = old.node_of("segment-count#0")
-        time.sleep(1.0)
-        taken = CheckpointDriver(topology, cluster, cluster.client).take()
-        assert taken.outcome == "completed", taken.reason
-        time.sleep(0.5)
-
-        def kill_during_capture(action: Action, coordinator: MigrationCoordinator) -> None:
-            if action.kind == ActionKind.START_COMMIT:  # every executor has acked PREPARE and is capturing
-                cluster.workers[victim].process.send_signal(signal.SIGKILL)
-                cluster.workers[victim].process.wait(10)
-
-        driver = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=kill_during_capture)
-        report = driver.migrate(new)
-        assert report.outcome == "aborted"
-        assert f"worker {victim} exited with code -9" in report.reason
+        killed = migrate_killing_a_worker_during_capture(cluster, topology, new, "segment-count#0", checkpoint=True)
+        report, taken = killed.report, killed.checkpoint
+        assert report.outcome == "aborted" and taken is not None
+        assert f"worker {killed.victim} exited with code -9" in report.reason
         assert f"rolled back to checkpoint {taken.checkpoint_id}" in report.reason
         assert cluster.current_schedule() == old
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None

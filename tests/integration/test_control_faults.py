@@ -26,7 +26,6 @@ import pytest
 import redis
 from test_migration import check_exactly_once, load
 
-from conftest import RedisServer
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController, local_controller
@@ -35,6 +34,7 @@ from elastream.core.topology import load_manifest
 from elastream.runtime.executor import TEST_CRASH_ENV
 from harness import ticking as ticking_in_background
 from harness import wait_for_sinks_idle, with_audit, write_manifest
+from support.redis_servers import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,6 @@ exactly once, the attempts are refused or dropped, and the worker counts them (P
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.request
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from elastream.runtime.security import DataPlaneKeys, secure_client
 from elastream.runtime.transport import CONTROL, DATA, encode
 from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, src, work
+from support.ports import worker_port
 
 pytestmark = pytest.mark.integration
 
@@ -131,12 +131,8 @@ def endpoints(cluster: LocalCluster) -> dict[str, str]:
     return cluster.registry.endpoints(cluster.version)
 
 
-def metrics_port(offset: int) -> int:
-    return 21000 + (os.getpid() * 7 + offset) % 3000
-
-
 def test_an_unauthenticated_socket_injects_nothing_and_the_topology_stays_exactly_once(tmp_path, redis_url) -> None:
-    port = metrics_port(1)
+    port = worker_port(2)
     context: zmq.Context[Any] = zmq.Context()
     try:
         with start(tmp_path, redis_url, "plain-attack", port) as (cluster, topology):
@@ -191,7 +187,7 @@ def other_topologys_keys(tmp_path: Any, redis_url: str) -> DataPlaneKeys:
 
 @pytest.mark.parametrize("knows_our_server_key", [False, True])
 def test_a_pod_of_another_topology_is_refused(tmp_path, redis_url, knows_our_server_key: bool) -> None:
-    port = metrics_port(2 + int(knows_our_server_key))
+    port = worker_port(2)
     neighbour = other_topologys_keys(tmp_path, redis_url)
     context: zmq.Context[Any] = zmq.Context()
     try:
@@ -260,7 +256,7 @@ def garbage(sender: str) -> list[list[bytes]]:
 
 
 def test_garbage_from_an_authenticated_peer_is_counted_and_dropped_and_the_executors_live(tmp_path, redis_url) -> None:
-    port = metrics_port(4)
+    port = worker_port(2)
     context: zmq.Context[Any] = zmq.Context()
     try:
         with start(tmp_path, redis_url, "garbage-attack", port) as (cluster, topology):

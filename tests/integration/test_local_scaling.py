@@ -16,7 +16,7 @@ import redis
 from elastream.core.topology import load_manifest
 from harness import start_run, write_manifest
 from helpers import edge, manifest, src, work
-from tests_paths import EXAMPLES
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
 ELASTREAM = (sys.executable, "-m", "elastream")

@@ -31,7 +31,7 @@ from elastream.store.control import ControlChannel, pop_control
 from elastream.store.registry import Registry, client_for, connect
 from harness import expected_copies, id_counts, running, start_run, with_audit, write_manifest
 from helpers import edge, manifest, src, work
-from tests_paths import EXAMPLES
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
 ELASTREAM = (sys.executable, "-m", "elastream")

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest
@@ -27,6 +26,7 @@ from elastream.core.migration import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.store.checkpoint import CheckpointStore
 from harness import expected_copies, running, sink_events, ticking, with_audit, write_manifest
+from support.faults import migrate_killing_a_worker_during_capture
 
 pytestmark = pytest.mark.integration
 
@@ -123,25 +123,14 @@ def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_t
     with running(path, redis_url) as (cluster, topology):
         old = cluster.current_schedule()
         new = plan_for(topology, old, topology.nodes + 1)
-        victim = old.node_of("segment-count#0")
-        time.sleep(1.0)
-        from elastream.control.checkpoints import CheckpointDriver
-
-        taken = CheckpointDriver(topology, cluster, cluster.client).take()
-        assert taken.outcome == "completed", taken.reason
-        time.sleep(0.5)
-
-        def kill_during_capture(action: Action, coordinator: MigrationCoordinator) -> None:
-            if action.kind == ActionKind.START_COMMIT:  # every executor has acked PREPARE and is capturing
-                cluster.workers[victim].process.send_signal(signal.SIGKILL)
-                cluster.workers[victim].process.wait(10)
-
-        driver = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=kill_during_capture)
-        report = driver.migrate(new)
-        assert report.outcome == "aborted"
+        killed = migrate_killing_a_worker_during_capture(cluster, topology, new, "segment-count#0", checkpoint=True)
+        report, taken = killed.report, killed.checkpoint
+        assert report.outcome == "aborted" and taken is not None
         assert f"rolled back to checkpoint {taken.checkpoint_id}" in report.reason
         assert cluster.current_schedule() == old
         # sinks commit with checkpoints: keep taking them until every event is through
+        from elastream.control.checkpoints import CheckpointDriver
+
         checkpoints = CheckpointDriver(topology, cluster, cluster.client)
 
         totals = {sink: sum(copies.values()) for sink, copies in expected_copies(topology, range(EVENTS)).items()}

@@ -21,6 +21,7 @@ from elastream.runtime.security import generate_keys
 from elastream.store.metric_stream import MetricStream
 from harness import id_counts, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, src, work
+from support.ports import worker_port
 
 pytestmark = pytest.mark.integration
 ELASTREAM = (sys.executable, "-m", "elastream")
@@ -147,7 +148,7 @@ def test_metrics_reach_redis_and_prometheus(tmp_path, redis_url: str) -> None:
         nodes=2,
         slotsPerNode=2,
     )
-    port = 19000 + os.getpid() % 1000
+    port = worker_port(2)  # on both nodes' addresses, from the OS
     with running(write_manifest(str(tmp_path), doc), redis_url, metrics_port=port) as (
         cluster,
         topology,
@@ -366,8 +367,8 @@ def test_run_uses_an_embedded_redis_without_a_url(tmp_path) -> None:
 
 def test_a_worker_serves_ready_once_its_executors_run(tmp_path, redis_url: str) -> None:
     """The pod readiness probe: /healthz while the process runs, /ready once its executors are bound."""
-    from conftest import free_port
     from helpers import sink
+    from support.ports import free_port
 
     doc = manifest([src("s", 1, rate=50), sink("z")], [edge("s", "z")], name="probed", nodes=1, slotsPerNode=2)
     path = write_manifest(str(tmp_path), doc)
@@ -386,8 +387,8 @@ def test_a_worker_listening_on_every_interface_is_reached_at_its_advertised_addr
     """What a worker pod runs by default (`--bind 0.0.0.0:7000 --advertise $(POD_IP)`), on a real process:
     inboxes and /ready listen on every interface (localhost included, as `kubectl port-forward` needs), and
     the endpoints registered for peers name the advertised address."""
-    from conftest import free_port
     from elastream.control.backends import local
+    from support.ports import free_port
 
     doc = manifest(
         [src("s", 1, rate=500, limit=300), rsink("out")], [edge("s", "out")], name="anywhere", nodes=1, slotsPerNode=2

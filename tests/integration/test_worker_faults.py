@@ -10,13 +10,13 @@ import time
 import pytest
 import redis
 
-from conftest import RedisServer
 from elastream.control.checkpoints import CheckpointDriver
 from elastream.runtime.executor import TEST_CRASH_ENV
 from elastream.runtime.worker import EXIT_INTERNAL_ERROR
 from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
 from harness import id_counts, running, sink_events, sink_key, write_manifest
 from helpers import edge, manifest, src, work
+from support.redis_servers import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ import yaml
 from elastream.cli import main
 from elastream.core import rates, savepoints, status, topology
 from elastream.resources import crd_text, json_schema, merge_problems, openapi_schema, schema_problems
-from tests_paths import EXAMPLES, REPO
+from support.paths import EXAMPLES, REPO
 
 CRD_PATHS = {
     "crds": os.path.join(REPO, "crds", "streamtopology.yaml"),
