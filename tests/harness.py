@@ -172,3 +172,19 @@ def with_audit(doc: dict[str, Any], limit: int) -> dict[str, Any]:
         spec["streams"].append({"from": name, "to": f"audit-{name}", "grouping": "shuffle"})
     spec["slotsPerNode"] = spec.get("slotsPerNode", 4) + len(audits)
     return doc
+
+
+def exactly_once(
+    doc: dict[str, Any], checkpoint_s: float, rate: float | None = None, nodes: int | None = None
+) -> dict[str, Any]:
+    """`doc` (changed in place and returned) with exactly-once sinks and periodic checkpoints every
+    `checkpoint_s` seconds (0: none), and if given, every source at `rate` events/s and `nodes` nodes."""
+    for vertex in doc["spec"]["vertices"]:
+        if "source" in vertex and rate is not None:
+            vertex["source"]["rate"] = rate
+        if "sink" in vertex:
+            vertex["sink"]["delivery"] = "exactly-once"
+    if nodes is not None:
+        doc["spec"]["nodes"] = nodes
+    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = checkpoint_s
+    return doc

@@ -25,7 +25,7 @@ from elastream.core.topology import parse_manifest
 from elastream.store.metric_stream import MetricStream, metric_stream_key
 from elastream.store.registry import manifest_key, store_manifest, stored_manifest
 from harness import write_manifest
-from helpers import edge, manifest, sink, src, work
+from helpers import edge, in_line, manifest, sink, src, work
 
 pytestmark = pytest.mark.integration
 ELASTREAM = (sys.executable, "-m", "elastream")
@@ -217,13 +217,8 @@ def wait_for_line(path: str, text: str, proc: subprocess.Popen[bytes], limit_s: 
 
 
 def test_run_scales_with_warm_spark_and_its_archive_agrees_with_redis(spark, redis_url, tmp_path, capsys):
-    doc = manifest(
-        [src("src", 2, rate=300), work("w", 2, costMs=0.2), {"name": "out", "sink": {"type": "null"}}],
-        [edge("src", "w"), edge("w", "out")],
-        name="archived-run",
-        nodes=2,
-        slotsPerNode=3,
-    )
+    vertices = [src("src", 2, rate=300), work("w", 2, costMs=0.2), sink("out")]
+    doc = in_line(vertices, name="archived-run", nodes=2, slotsPerNode=3)
     path = write_manifest(str(tmp_path), doc)
     archive = str(tmp_path / "archive")
     out_path = str(tmp_path / "run.out")

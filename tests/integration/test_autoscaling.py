@@ -15,7 +15,7 @@ import redis
 from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
 from harness import start_run, write_manifest
-from helpers import edge, manifest, src, work
+from helpers import edge, keyed_count_pipeline, manifest, src, work
 
 pytestmark = pytest.mark.integration
 ELASTREAM = (sys.executable, "-m", "elastream")
@@ -74,18 +74,7 @@ def test_the_autoscaler_scales_a_congested_vertex_out_on_real_workers(tmp_path, 
 
 
 def test_scale_sets_a_vertex_parallelism_on_a_running_topology(tmp_path, redis_url: str) -> None:
-    doc = manifest(
-        [
-            src("src", 1, rate=300, keys=32),
-            work("w", 1, costMs=1.0),
-            {"name": "count", "parallelism": 2, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
-            {"name": "out", "sink": {"type": "null"}},
-        ],
-        [edge("src", "w"), {"from": "w", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
-        name="reparallelized",
-        nodes=2,
-        slotsPerNode=4,
-    )
+    doc = keyed_count_pipeline("reparallelized", cost_ms=1.0, count_parallelism=2, slots_per_node=4)
     path = write_manifest(str(tmp_path), doc)
     run, log_path = start_run(str(tmp_path), path, redis_url)
     client = redis.Redis.from_url(redis_url)

@@ -15,7 +15,7 @@ import redis
 
 from elastream.core.topology import load_manifest
 from harness import start_run, write_manifest
-from helpers import edge, manifest, src, work
+from helpers import keyed_count_pipeline
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -23,18 +23,7 @@ ELASTREAM = (sys.executable, "-m", "elastream")
 
 
 def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_path, redis_url: str) -> None:
-    doc = manifest(
-        [
-            src("src", 1, rate=300, keys=32),
-            work("w", 1, costMs=2.0),
-            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
-            {"name": "out", "sink": {"type": "null"}},
-        ],
-        [edge("src", "w"), {"from": "w", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
-        name="scaled-by-cli",
-        nodes=2,
-        slotsPerNode=3,
-    )
+    doc = keyed_count_pipeline("scaled-by-cli", cost_ms=2.0, count_parallelism=1, slots_per_node=3)
     path = write_manifest(str(tmp_path), doc)
     run, log_path = start_run(str(tmp_path), path, redis_url, duration_s=120)
     try:

@@ -30,7 +30,7 @@ from elastream.store.cluster import is_cluster
 from elastream.store.control import ControlChannel, pop_control
 from elastream.store.registry import Registry, client_for, connect
 from harness import expected_copies, id_counts, running, start_run, with_audit, write_manifest
-from helpers import edge, manifest, src, work
+from helpers import by_key, count, edge, manifest, src, work
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -178,13 +178,13 @@ def test_elastream_run_scales_out_and_in_exactly_once_on_a_cluster(
         [
             src("src", 1, rate=300, keys=32, limit=events),
             work("w", 1, costMs=1.0),
-            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+            count(),
             {"name": "out", "sink": {"type": "redis-stream"}},
             {"name": "committed", "sink": {"type": "redis-stream"}},
         ],
         [
             edge("src", "w"),
-            {"from": "w", "to": "count", "grouping": "fields", "key": "key"},
+            by_key("w", "count"),
             edge("count", "out"),
             edge("w", "committed"),
         ],
@@ -248,10 +248,10 @@ def tiny(name: str, events: int) -> dict[str, Any]:
     doc = manifest(
         [
             src("src", 1, rate=300, keys=8, limit=events),
-            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+            count(),
             {"name": "out", "sink": {"type": "redis-stream"}},
         ],
-        [{"from": "src", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
+        [by_key("src", "count"), edge("count", "out")],
         name=name,
         nodes=1,
         slotsPerNode=4,

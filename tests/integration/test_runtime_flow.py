@@ -21,7 +21,7 @@ from elastream.core.rates import RateProfile
 from elastream.runtime.transport import INITIAL_WINDOW, MAX_BATCH
 from elastream.store.metric_stream import MetricStream
 from harness import running, sink_events, wait_for_sink, write_manifest
-from helpers import edge, manifest, src, work
+from helpers import edge, in_line, manifest, sink, src, work
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -313,13 +313,7 @@ def test_run_with_an_unreadable_csv_fails_before_starting_in_one_line(tmp_path, 
 
 
 def test_workers_die_with_a_killed_run(tmp_path, redis_url: str) -> None:
-    doc = manifest(
-        [src("src", 2, rate=500), work("w", 2), {"name": "out", "sink": {"type": "null"}}],
-        [edge("src", "w"), edge("w", "out")],
-        name="orphans",
-        nodes=3,
-        slotsPerNode=2,
-    )
+    doc = in_line([src("src", 2, rate=500), work("w", 2), sink("out")], name="orphans", nodes=3, slotsPerNode=2)
     path = write_manifest(str(tmp_path), doc)
     proc = subprocess.Popen(
         [*ELASTREAM, "run", path, "--redis", redis_url], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True

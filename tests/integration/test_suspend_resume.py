@@ -22,7 +22,7 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
-from harness import sink_key, with_audit, write_manifest
+from harness import exactly_once, sink_key, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +36,7 @@ def sink_lengths(cluster: LocalCluster, topology) -> dict[str, int]:
 
 @pytest.mark.timeout(900)
 def test_suspend_and_resume_keep_every_event_exactly_once_and_keyed_counts_exact(tmp_path, redis_url: str) -> None:
-    doc = with_audit(load("ccr-diamond"), EVENTS)
-    for vertex in doc["spec"]["vertices"]:
-        if "source" in vertex:
-            vertex["source"]["rate"] = RATE
-        if "sink" in vertex:
-            vertex["sink"]["delivery"] = "exactly-once"
-    doc["spec"]["nodes"] = 3
-    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = 2
+    doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
     analyzer = Analyzer(engine="python")

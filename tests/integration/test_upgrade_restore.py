@@ -21,7 +21,7 @@ from elastream.control.controller import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
 from elastream.core.upgrade import spec_change
-from harness import with_audit, write_manifest
+from harness import exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +31,7 @@ EVENTS = 5000  # 25 s of the sources: the upgrade lands mid-stream
 
 @pytest.mark.timeout(900)
 def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(tmp_path, redis_url: str) -> None:
-    doc = with_audit(load("ccr-diamond"), EVENTS)
-    for vertex in doc["spec"]["vertices"]:
-        if "source" in vertex:
-            vertex["source"]["rate"] = RATE
-        if "sink" in vertex:
-            vertex["sink"]["delivery"] = "exactly-once"
-    doc["spec"]["nodes"] = 3
-    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = 2
+    doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
     old_dir, new_dir = tmp_path / "old", tmp_path / "new"
     old_dir.mkdir()
     new_dir.mkdir()

@@ -39,8 +39,10 @@ def migrate_killing_a_worker_during_capture(
 ) -> KilledDuringCapture:
     """A CCR migration to `new`, mid-stream, whose worker running `executor` is killed during capture; with
     `checkpoint`, a checkpoint is taken (and must complete) half a second before the migration starts, so
-    that there are events after it for the rollback to replay."""
-    victim = cluster.current_schedule().node_of(executor)
+    that there are events after it for the rollback to replay. The migration must abort, name the killed
+    worker and leave the old schedule running, rolled back to that checkpoint if there is one (else not)."""
+    old = cluster.current_schedule()
+    victim = old.node_of(executor)
     time.sleep(1.0)  # mid-stream
     taken: CheckpointResult | None = None
     if checkpoint:
@@ -50,4 +52,12 @@ def migrate_killing_a_worker_during_capture(
     driver = MigrationDriver(
         topology, cluster, cluster.client, "ccr", before_action=kill_during_capture(cluster, victim)
     )
-    return KilledDuringCapture(victim, taken, driver.migrate(new))
+    report = driver.migrate(new)
+    assert report.outcome == "aborted", report
+    assert f"worker {victim} exited with code -9" in report.reason, report.reason
+    if taken is not None:
+        assert f"rolled back to checkpoint {taken.checkpoint_id}" in report.reason, report.reason
+    else:
+        assert "rolled back" not in report.reason, report.reason
+    assert cluster.current_schedule() == old  # nothing was applied
+    return KilledDuringCapture(victim, taken, report)
