@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +20,21 @@ from elastream.control.backends.local import LocalCluster
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.topology import Topology, load_manifest
 
+#: the CLI as a user runs it, on this interpreter
+ELASTREAM = (sys.executable, "-m", "elastream")
+
+
+def run_scale(
+    path: str, redis_url: str, *args: str, timeout_s: float = 180.0
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """`elastream scale` of the running topology at `path`: its output, and the status record it printed
+    (None if it printed none)."""
+    result = subprocess.run(
+        [*ELASTREAM, "scale", path, "--redis", redis_url, *args], capture_output=True, text=True, timeout=timeout_s
+    )
+    start = result.stdout.find("{")
+    return result, (json.loads(result.stdout[start:]) if start >= 0 else None)
+
 
 def start_run(
     directory: str, path: str, redis_url: str, *extra: str, duration_s: float = 150.0
@@ -25,12 +42,23 @@ def start_run(
     """`elastream run` of the manifest at `path` as a user starts it (Python analysis engine), its output in
     `<directory>/run.log`; returns the process and the log's path."""
     log_path = os.path.join(directory, "run.log")
-    command = [sys.executable, "-m", "elastream", "run", path, "--redis", redis_url, "--engine", "python"]
+    command = [*ELASTREAM, "run", path, "--redis", redis_url, "--engine", "python"]
     with open(log_path, "w", encoding="utf-8") as log:
         run = subprocess.Popen(
             [*command, "--duration", f"{duration_s:g}", *extra], stdout=log, stderr=subprocess.STDOUT, text=True
         )
     return run, log_path
+
+
+def stop_run(run: subprocess.Popen[Any], timeout_s: float = 60.0) -> None:
+    """Stop an `elastream run` as Ctrl-C does and wait (bounded) for it to exit."""
+    run.send_signal(signal.SIGINT)
+    run.wait(timeout_s)
+
+
+def read_log(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
 
 
 def write_manifest(directory: str, doc: dict[str, Any]) -> str:

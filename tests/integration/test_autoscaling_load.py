@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -22,11 +20,10 @@ import redis
 from elastream.core.rates import RateProfile, _jitter
 from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
-from harness import start_run, write_manifest
+from harness import ELASTREAM, read_log, start_run, stop_run, write_manifest
 from helpers import by_key, count, edge, manifest, src, work
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 
 #: seconds of constant load watched after the start (the issue: at least 3 minutes)
 STEADY_S = 190.0
@@ -35,11 +32,6 @@ STEADY_S = 190.0
 def noisy_constant(rate: float, noise: float, seconds: int = 60) -> list[dict[str, float]]:
     """A constant rate with ±`noise` fluctuations changing every second (the rate presets' jitter)."""
     return [{"rate": round(rate * (1.0 + noise * _jitter(i)), 1), "seconds": 1} for i in range(seconds)]
-
-
-def read_log(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
 
 
 @pytest.mark.parametrize("policy", ["autoscale", "rules"])
@@ -90,8 +82,7 @@ def test_a_constant_load_makes_at_most_one_change(tmp_path, redis_url: str, poli
                 changes.append((time.monotonic() - started, json.loads(raw)))
             time.sleep(1.0)
     finally:
-        run.send_signal(signal.SIGINT)
-        run.wait(90)
+        stop_run(run, 90)
     output = read_log(log_path)
     decided = [line for line in output.splitlines() if "AutoscalerDecided" in line]
     # the autoscaler ran all along, on measured numbers, with the policy asked for
@@ -175,8 +166,7 @@ def test_a_steps_source_rescaled_twice_in_its_first_step_still_switches_at_the_s
         for scale in scales:
             scale.kill()
             scale.wait(10)
-        run.send_signal(signal.SIGINT)
-        run.wait(90)
+        stop_run(run, 90)
 
     # What reached the sink is what the steps offered by then (their integral, `due`), in events, once the
     # rescales' catch-up is over: late in the first step and through the second. The tolerance is a second at

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -20,12 +19,11 @@ import pytest
 from elastream.core.rates import RateProfile
 from elastream.runtime.transport import INITIAL_WINDOW, MAX_BATCH
 from elastream.store.metric_stream import MetricStream
-from harness import running, sink_events, wait_for_sink, write_manifest
+from harness import ELASTREAM, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, in_line, manifest, sink, src, work
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 
 
 def test_a_congested_vertex_holds_the_source_back_with_a_bounded_number_of_events_between(
