@@ -17,6 +17,7 @@ import redis
 import yaml
 
 from elastream.control.backends.local import LocalCluster
+from elastream.control.controller import TopologyController, local_controller
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.topology import Topology, load_manifest
 
@@ -85,6 +86,15 @@ def running(
         yield cluster, topology
     finally:
         cluster.close()
+
+
+def controlled(
+    topology: Topology, path: str, redis_url: str, analyzer: Any, events: Any
+) -> tuple[LocalCluster, TopologyController]:
+    """Worker processes for the manifest at `path` and a controller over them, wired as `elastream run` wires
+    them, neither started: enter both (`with cluster, controller:`)."""
+    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
+    return cluster, local_controller(topology, cluster, analyzer, events=events)
 
 
 @contextmanager

@@ -16,12 +16,10 @@ from test_control_faults import Events, check_exactly_once_at_end, ticking
 from test_migration import load
 
 from elastream.analysis import Analyzer
-from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
 from elastream.core.upgrade import spec_change
-from harness import exactly_once, with_audit, write_manifest
+from harness import controlled, exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -50,8 +48,7 @@ def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(
 
     analyzer = Analyzer(engine="python")
     log = Events()
-    cluster = LocalCluster(old, old_path, redis_url, interval_s=0.5)
-    controller = local_controller(old, cluster, analyzer, events=log)
+    cluster, controller = controlled(old, old_path, redis_url, analyzer, log)
     with cluster, controller:
         controller.start()
         ticking(controller, 6.0)  # periodic checkpoints commit some output first
@@ -61,8 +58,7 @@ def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(
         assert "Suspended" not in log.reasons()  # the upgrade says what it does itself
 
     log = Events()
-    cluster = LocalCluster(new, new_path, redis_url, interval_s=0.5)
-    controller = local_controller(new, cluster, analyzer, events=log)
+    cluster, controller = controlled(new, new_path, redis_url, analyzer, log)
     with cluster, controller:
         assert controller.start_suspended(None) is True
         report = controller.restart_from_checkpoint("upgrading to generation 2")
