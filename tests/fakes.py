@@ -316,3 +316,21 @@ class FakeSavepoints:
 
     def has_checkpoint(self, topology: Any) -> bool:
         return bool(self.stores.get(topology.redis_prefix, {}).get("ckpt:latest"))
+
+
+class RedisAwayFeed(ListFeed):
+    """A metric feed whose Redis is away: every read fails as a refused connection does."""
+
+    def read_since(self, since_ts: float | None = None) -> list[MetricSample]:
+        import redis
+
+        raise redis.ConnectionError("Connection refused")
+
+
+def refuse_starts(controller: Any, reason: str = "pod t-node-0 not created: Forbidden: exceeded quota: pods") -> None:
+    """Every `controller.start()` from now on fails as a backend the API server refuses does."""
+
+    def no_start(schedule: Schedule | None = None) -> None:
+        raise BackendError(reason)
+
+    controller.start = no_start

@@ -17,7 +17,16 @@ from elastream.control.resources import KubernetesEvents, ManagedTopologies, Man
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology, topology_prefix
-from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
+from fakes import (
+    FakeBackend,
+    FakeCheckpoints,
+    FakeMigrator,
+    FakeSavepoints,
+    ListFeed,
+    RedisAwayFeed,
+    SimulatedMetrics,
+    refuse_starts,
+)
 from helpers import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -396,13 +405,7 @@ def test_redis_away_shows_in_progressing_then_degrades_past_the_grace_and_recove
     controller = world.topologies.topologies["default/t"].controller
     assert controller is not None
 
-    class Away(ListFeed):
-        def read_since(self, since_ts=None):
-            import redis
-
-            raise redis.ConnectionError("Connection refused")
-
-    feed, controller.feed = controller.feed, Away()
+    feed, controller.feed = controller.feed, RedisAwayFeed()
     world.run_for(10.0)
     assert world.condition("Progressing")["reason"] == "RedisUnavailable"
     assert world.status["phase"] == "Running"
@@ -433,13 +436,7 @@ def test_a_failed_start_backs_off_and_says_so() -> None:
     def broken(owner, topology, metadata, managed):
         controller = world.build(owner, topology, metadata, managed)
         calls.append(1)
-
-        def no_start(schedule=None):
-            from elastream.core.ports import BackendError
-
-            raise BackendError("pod t-node-0 not created: Forbidden: exceeded quota: pods")
-
-        controller.start = no_start  # type: ignore[method-assign]
+        refuse_starts(controller)
         return controller
 
     world.topologies.build = broken
@@ -800,13 +797,7 @@ def test_a_start_failing_again_and_again_stalls() -> None:
 
     def broken(owner, topology, metadata, managed):
         controller = world.build(owner, topology, metadata, managed)
-
-        def no_start(schedule=None):
-            from elastream.core.ports import BackendError
-
-            raise BackendError("pod t-node-0 not created: Forbidden: exceeded quota: pods")
-
-        controller.start = no_start  # type: ignore[method-assign]
+        refuse_starts(controller)
         return controller
 
     world.topologies.build = broken

@@ -300,19 +300,13 @@ def test_a_configmap_edited_to_an_image_outside_the_allow_list_brings_no_pod_of_
 
 
 def test_an_upgrade_waiting_for_redis_leaves_observed_generation_behind() -> None:
-    import redis
-
-    from fakes import ListFeed
+    from fakes import RedisAwayFeed
 
     world = running(3)
     controller = world.topologies.topologies["default/t"].controller
     assert controller is not None
 
-    class Away(ListFeed):
-        def read_since(self, since_ts=None):
-            raise redis.ConnectionError("Connection refused")
-
-    feed, controller.feed = controller.feed, Away()
+    feed, controller.feed = controller.feed, RedisAwayFeed()
     world.run_for(5.0)  # the passes see Redis away
     assert world.condition("Progressing")["reason"] == "RedisUnavailable"
     world.patch_spec(image="elastream-worker:2")
