@@ -13,20 +13,13 @@ from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
 from harness import read_log, run_scale, start_run, stop_run, write_manifest
 from helpers import edge, keyed_count_pipeline, manifest, src, work
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def wait_for(predicate, timeout_s: float, what: str, log_path: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    with open(log_path, encoding="utf-8") as handle:
-        tail = handle.read()[-3000:]
-    raise AssertionError(f"{what} not within {timeout_s:.0f} s; run log:\n{tail}")
+    return wait_until(predicate, timeout_s, what, 0.5, detail=lambda: f"run log:\n{read_log(log_path)[-3000:]}")
 
 
 def test_the_autoscaler_scales_a_congested_vertex_out_on_real_workers(tmp_path, redis_url: str) -> None:

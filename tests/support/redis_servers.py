@@ -11,14 +11,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from support.ports import free_port
+from support.waiting import wait_until
 
 #: what every server here runs with unless told otherwise: nothing written to disk
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
@@ -282,14 +281,3 @@ def _answers(node: Node) -> bool:
         return bool(node.client().ping())
     except (redis.RedisError, OSError):
         return False
-
-
-def wait_until(probe: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:
-    """`probe()` until it is true, for at most `timeout_s`; then RuntimeError naming `what` was awaited."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if probe():
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"waited {timeout_s:g} s for {what}")
-        time.sleep(poll_s)

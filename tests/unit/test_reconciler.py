@@ -235,6 +235,17 @@ def running(nodes: int = 3, **spec: Any) -> World:
     return world
 
 
+def restarted_operator(world: World) -> tuple[World, Any]:
+    """A new operator (a new `World`) over `world`'s resource, Redis keys and pods, which finds the schedule
+    `world` ran (its pods are adopted): an operator restart. Returns it and that schedule."""
+    restarted = World(3)
+    restarted.body, restarted.custom.body = world.body, world.body
+    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
+    schedule = world.backend.schedule
+    restarted.topologies.running_schedule = lambda topology: schedule
+    return restarted, schedule
+
+
 # --------------------------------------------------------------------------------------------- the loop
 
 
@@ -945,11 +956,7 @@ def test_suspending_with_every_worker_gone_records_the_last_checkpoint_as_the_re
 def test_an_operator_restarted_in_the_middle_of_a_suspend_checkpoints_and_stops_the_pods() -> None:
     world = running(3)
     world.patch_spec(suspend=True)  # ... and the operator dies before its next pass
-    restarted = World(3)
-    restarted.body, restarted.custom.body = world.body, world.body
-    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
-    schedule = world.backend.schedule
-    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted, schedule = restarted_operator(world)
     restarted.reconcile()
     backend = restarted.backend
     assert backend.started == [schedule]  # the running pods adopted, not started anew ...
@@ -959,11 +966,7 @@ def test_an_operator_restarted_in_the_middle_of_a_suspend_checkpoints_and_stops_
 
 def test_an_operator_restarted_while_suspended_starts_nothing_and_resumes_from_the_checkpoint() -> None:
     world = suspended(3)
-    restarted = World(3)
-    restarted.body, restarted.custom.body = world.body, world.body
-    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
-    schedule = world.backend.schedule
-    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted, _ = restarted_operator(world)
     restarted.run_for(10.0)
     backend = restarted.backend
     assert backend.started == [] and backend.log == ["assumed"] and restarted.pods == set()
@@ -1032,11 +1035,7 @@ def test_an_operator_restarted_after_every_pod_went_restores_the_checkpoint_not_
     world = running(3)
     world.checkpoint_keys["ckpt:latest"] = "ckpt-9"  # the last periodic checkpoint
     world.pods.clear()  # a node drain while the operator was away: every worker pod is gone
-    restarted = World(3)
-    restarted.body, restarted.custom.body = world.body, world.body
-    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
-    schedule = world.backend.schedule
-    restarted.topologies.running_schedule = lambda topology: schedule
+    restarted, _ = restarted_operator(world)
     restarted.reconcile()
     backend = restarted.backend
     assert backend.started == [] and backend.log == ["assumed"]  # not started empty ...
