@@ -28,7 +28,7 @@ test: setup ## run every test tier: unit, integration (real Redis, local Spark),
 test-unit: setup ## unit tests only (no services)
 	$(VENV)/bin/pytest tests/unit
 
-lint: setup ## ruff, mypy (strict on elastream.core) and import-linter contracts
+lint: setup ## ruff, mypy (strict on core, sim, control, handlers) and import-linter contracts
 	$(VENV)/bin/ruff check operator/src tests bench
 	$(VENV)/bin/ruff format --check operator/src tests bench
 	cd operator && ../$(VENV)/bin/mypy

@@ -1,4 +1,4 @@
-"""Metric analysis benchmark: Spark job vs the pure-Python reference (`core.metrics.analyze_samples`).
+"""Metric analysis benchmark: Spark job vs the pure-Python reference (`core.window_analysis.analyze_samples`).
 
 1. Latency on the controller's usual load, 100 executors × 20 samples: Spark cold start (JVM + session +
    a trivial job), the controller's warm-up (`Analyzer.warm_up`: analyses of a small synthetic window of
@@ -41,8 +41,9 @@ from elastream.analysis import WARM_RUNS, WARM_WINDOW, Analyzer, synthetic_windo
 from elastream.analysis import session as spark_session
 from elastream.analysis.job import analyze_with_spark
 from elastream.analysis.sources import arrow_schema, read_parquet
-from elastream.core.metrics import Analysis, MetricSample, analyze_samples
+from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology, parse_manifest
+from elastream.core.window_analysis import Analysis, analyze_samples
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
 from support.paths import REPO

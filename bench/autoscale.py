@@ -1,13 +1,14 @@
 """Autoscaling benchmark: AUTOSCALE and ARiSto's rules against ConfMin and ConfExpt on AUTOSCALE's streams.
 
-The paper (Kotto Kombi, Lumineau, Lamarre; ../shared/seeds/004_*.txt, section V) runs a linear topology
+The paper (Kotto Kombi, Lumineau, Lamarre; docs/papers.md, section V) runs a linear topology
 and an advertising topology with a selective filter under a 3-step and a 5-step input stream (Fig. 7-8) and
 compares AUTOSCALE with Storm keeping ConfMin (minimal degrees) or ConfExpt (expert degrees that handle the
 peak without waste); it reports equivalent performance with ~37.5 % fewer resources than ConfExpt.
 
-Here every run is `elastream.core.autoscale_sim`: a deterministic time-stepped fluid simulation (1 s
-steps) that hands each evaluation's metric snapshot to the production `core.autoscaler.recommend` (which
-runs `core.autoscale` or `core.rules`) and applies its decisions through `core.planner.make_plan`, with CCR's
+Here every run is `elastream.sim.autoscaling`: a deterministic time-stepped fluid simulation (1 s
+steps) that hands each evaluation's metric snapshot to the production
+`core.autoscaling.decision.recommend` (which runs `core.autoscaling.autoscale_policy` or
+`core.autoscaling.rules_policy`) and applies its decisions through `core.planner.make_plan`, with CCR's
 measured migration delays. No worker process runs. Four policies per topology × profile (static-min,
 static-expert, autoscale, rules; the adaptive ones start from ConfMin, as in the paper's Fig. 9a/10/12a),
 plus AUTOSCALE started from ConfExpt (the paper's Fig. 9b, where its 37.5 % comes from).
@@ -36,10 +37,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from elastream.core import autoscale_sim as sim
 from elastream.core.rates import PRESETS
 from elastream.core.simulate import SimulationModel
 from elastream.core.topology import Topology, parse_manifest
+from elastream.sim import autoscaling as sim
+from elastream.sim import scenario
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
 from support.paths import REPO
@@ -56,14 +58,14 @@ SLOTS = 4
 #: the paper: "approximately 37.5% less CPU and memory resources" than ConfExpt (linear, 3-step)
 PAPER_SAVING = 0.375
 #: (policy, start, label)
-RUNS: tuple[tuple[sim.Policy, Literal["min", "expert"], str], ...] = (
+RUNS: tuple[tuple[scenario.Policy, Literal["min", "expert"], str], ...] = (
     ("static-min", "min", "static-min"),
     ("static-expert", "min", "static-expert"),
     ("autoscale", "min", "autoscale"),
     ("rules", "min", "rules"),
     ("autoscale", "expert", "autoscale from ConfExpt"),
 )
-ADAPTIVE: tuple[sim.Policy, ...] = ("autoscale", "rules")
+ADAPTIVE: tuple[scenario.Policy, ...] = ("autoscale", "rules")
 PLOTTED = ("static-min", "static-expert", "autoscale", "rules")
 COLORS = {"static-min": "tab:red", "static-expert": "tab:gray", "autoscale": "tab:blue", "rules": "tab:orange"}
 
@@ -170,9 +172,9 @@ class Case:
     topology: str
     profile: str
     built: Topology
-    results: dict[str, sim.SimResult]
+    results: dict[str, scenario.SimResult]
     #: policy -> the run with `SHORT_SETTLE_S`
-    short_settle: dict[str, sim.SimResult] = field(default_factory=dict)
+    short_settle: dict[str, scenario.SimResult] = field(default_factory=dict)
 
     @property
     def short(self) -> str:
@@ -195,13 +197,13 @@ def seconds(x: float) -> str:
     return f"{x * 1000:.0f} ms"
 
 
-def changes_cell(result: sim.SimResult) -> str:
+def changes_cell(result: scenario.SimResult) -> str:
     outs = sum(1 for c in result.changes if c.direction == "out")
     ins = sum(1 for c in result.changes if c.direction == "in")
     return f"{len(result.changes)} ({outs} out, {ins} in)" if result.changes else "0"
 
 
-def reversals(result: sim.SimResult) -> list[tuple[sim.Change, sim.Change]]:
+def reversals(result: scenario.SimResult) -> list[tuple[scenario.Change, scenario.Change]]:
     """Consecutive changes where a scale-in was followed by a scale-out (capacity removed, then wanted back)."""
     return [
         (a, b)
@@ -210,13 +212,13 @@ def reversals(result: sim.SimResult) -> list[tuple[sim.Change, sim.Change]]:
     ]
 
 
-def timed_out(result: sim.SimResult) -> list[sim.Change]:
+def timed_out(result: scenario.SimResult) -> list[scenario.Change]:
     """Changes whose catch-up never came back to the input level: settled only by the timeout."""
     timeout = result.settings.settle_timeout_s
     return [c for c in result.changes if c.settled_at is not None and c.settled_at - c.applied_at >= timeout - 1e-6]
 
 
-def next_decision_gap(result: sim.SimResult, change: sim.Change) -> float | None:
+def next_decision_gap(result: scenario.SimResult, change: scenario.Change) -> float | None:
     later = [c for c in result.changes if c.decided_at > change.decided_at]
     return later[0].decided_at - change.decided_at if later else None
 
@@ -231,7 +233,7 @@ def run_all() -> list[Case]:
             log(f"[{len(cases) + 1}/{total}] {name} × {profile}")
             for policy, start, label in RUNS:
                 began = time.perf_counter()
-                result = sim.run(topology, policy, sim.SimSettings(), start=start)
+                result = sim.run(topology, policy, scenario.SimSettings(), start=start)
                 case.results[label] = result
                 log(
                     f"  {label:<24} kept {pct(result.throughput_kept, 2):>9}, late {pct(result.late_fraction):>7}, "
@@ -240,7 +242,7 @@ def run_all() -> list[Case]:
                     f"({time.perf_counter() - began:.1f} s)"
                 )
             for policy in ADAPTIVE:
-                short = sim.run(topology, policy, sim.SimSettings(settle_timeout_s=SHORT_SETTLE_S))
+                short = sim.run(topology, policy, scenario.SimSettings(settle_timeout_s=SHORT_SETTLE_S))
                 case.short_settle[policy] = short
                 log(
                     f"  {policy} with a {SHORT_SETTLE_S:g} s settle timeout: late {pct(short.late_fraction)}, "
@@ -257,7 +259,7 @@ def clairvoyant(case: Case) -> list[int]:
     model = SimulationModel.from_topology(topology)
     reference = case.results["static-expert"]
     dt = reference.settings.interval_s
-    rates = sim.offered_rates(topology)
+    rates = scenario.offered_rates(topology)
     executors: list[int] = []
     for interval in reference.intervals:
         start = interval.end - dt
@@ -299,14 +301,14 @@ def versus_clairvoyant(case: Case, label: str) -> tuple[list[float], float]:
     return above, below
 
 
-def rate_before(result: sim.SimResult, t: float, span: float) -> float:
+def rate_before(result: scenario.SimResult, t: float, span: float) -> float:
     """Mean offered rate over (t - span, t]."""
     dt = result.settings.interval_s
     picked = [i.offered for i in result.intervals if t - span < i.end <= t + 1e-9]
     return sum(picked) / (len(picked) * dt) if picked else 0.0
 
 
-def undone_scale_ins(result: sim.SimResult, span: float) -> list[tuple[sim.Change, sim.Change]]:
+def undone_scale_ins(result: scenario.SimResult, span: float) -> list[tuple[scenario.Change, scenario.Change]]:
     """A scale-in followed by a scale-out although the offered rate did not rise (by more than 10 %)."""
     return [
         (a, b)
@@ -320,7 +322,7 @@ def undone_scale_ins(result: sim.SimResult, span: float) -> list[tuple[sim.Chang
 
 def vertex_table(topology: Topology) -> list[str]:
     model = SimulationModel.from_topology(topology)
-    expert = sim.expert_parallelism(topology, model)
+    expert = scenario.expert_parallelism(topology, model)
     lines = [
         "| vertex | costMs | events/s per executor | selectivity | ConfMin | ConfExpt | max |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -332,8 +334,8 @@ def vertex_table(topology: Topology) -> list[str]:
             f"{expert[v]} | {vertex.max_parallelism} |"
         )
     slots = topology.slots_per_node
-    n_min = sim.nodes_for(topology, sim.min_parallelism(topology))
-    n_exp = sim.nodes_for(topology, expert)
+    n_min = scenario.nodes_for(topology, scenario.min_parallelism(topology))
+    n_exp = scenario.nodes_for(topology, expert)
     lines.append("")
     lines.append(
         f"ConfMin: {len(topology.order)} executors on {n_min} node(s); ConfExpt: {sum(expert.values())} executors "
@@ -358,12 +360,12 @@ def case_table(case: Case) -> list[str]:
     return lines
 
 
-def moved(change: sim.Change, topology: Topology) -> str:
+def moved(change: scenario.Change, topology: Topology) -> str:
     a, b = change.from_parallelism, change.to_parallelism
     return ", ".join(f"{v} {a[v]}→{b[v]}" for v in topology.order if a[v] != b[v]) or "nodes only"
 
 
-def change_log(result: sim.SimResult, topology: Topology) -> str:
+def change_log(result: scenario.SimResult, topology: Topology) -> str:
     parts = []
     for c in result.changes:
         nodes = f"; nodes {c.from_nodes}→{c.to_nodes}" if c.from_nodes != c.to_nodes else ""
@@ -377,17 +379,18 @@ def saving(case: Case, label: str, attr: str) -> float:
 
 
 def write_report(out: str, cases: list[Case], took: float) -> None:
-    settings = sim.SimSettings()
+    settings = scenario.SimSettings()
     delays = settings.delays
     by = {(c.topology, c.short): c for c in cases}
     lin3 = by[("linear", "3-step")]
     lines = [
         "# Autoscaling benchmark: AUTOSCALE and the rules policy on AUTOSCALE's streams",
         "",
-        "**What this is.** Every number below comes from `elastream.core.autoscale_sim`, a deterministic "
+        "**What this is.** Every number below comes from `elastream.sim.autoscaling`, a deterministic "
         "time-stepped *fluid simulator* of a running topology, driving the *production policy code*: each "
-        "evaluation's metric snapshot goes to `core.autoscaler.recommend` (which runs `core.autoscale` or "
-        "`core.rules`), and its scale-outs and scale-ins are applied through `core.planner.make_plan`, as the "
+        "evaluation's metric snapshot goes to `core.autoscaling.decision.recommend` (which runs "
+        "`core.autoscaling.autoscale_policy` or `core.autoscaling.rules_policy`), and its scale-outs and "
+        "scale-ins are applied through `core.planner.make_plan`, as the "
         "controller does. No worker process, Redis stream or network is involved: costs, queues, CPU shares "
         "and the migration's phases are modelled, so this measures the policies' decisions, not the runtime. "
         "The same streams on worker processes, each run beside the simulator's prediction for it, are in "
@@ -397,7 +400,7 @@ def write_report(out: str, cases: list[Case], took: float) -> None:
         f"wall on {platform.machine()}, Python {platform.python_version()}, and is deterministic (same numbers "
         "every run).",
         "",
-        "Source: Kotto Kombi, Lumineau, Lamarre, *AUTOSCALE* (../shared/seeds/004_*.txt), section V: the 3-step "
+        "Source: Kotto Kombi, Lumineau, Lamarre, *AUTOSCALE* ([papers.md](../papers.md)), section V: the 3-step "
         "and 5-step streams (Fig. 7-8), the linear topology (Table III) and the advertising topology with a "
         "selective filter (Fig. 11), ConfMin vs ConfExpt.",
         "",
@@ -615,7 +618,7 @@ def comparison(cases: list[Case]) -> list[str]:
 
 
 def findings(cases: list[Case]) -> list[str]:
-    window_s = WINDOW * sim.SimSettings().interval_s
+    window_s = WINDOW * scenario.SimSettings().interval_s
     lines = ["## What the runs show about the policy code", ""]
     # 1. an under-sized scale-out blinds the autoscaler until the settle timeout
     blind: list[str] = []
@@ -634,7 +637,7 @@ def findings(cases: list[Case]) -> list[str]:
                     f"{moved(first, case.built)}, the next scale-out {gap:.0f} s later)"
                 )
     lines += [
-        "1. **A scale-out is not held for the catch-up; a scale-in is.** `core.autoscaler.recommend` holds a "
+        "1. **A scale-out is not held for the catch-up; a scale-in is.** `core.autoscaling.decision.recommend` holds a "
         "scale-in until the last change settled (catch-up and stabilization measured, or the controller's 60 s "
         "recovery timeout) and a whole window has passed after that, but a scale-out only until a complete window "
         "starts after the change finished. An earlier version held both: a scale-out too small to catch up then "
@@ -659,10 +662,10 @@ def findings(cases: list[Case]) -> list[str]:
         ],
         "",
         "   On the 5-step stream a step reaches a 20 s window's mean late; AUTOSCALE answers it by projecting a "
-        "rising input to the end of the stabilization interval (`core.autoscale`, where no correction can come "
-        "sooner), the rules policy by one executor per warm-up, by design: most of its late events on the 5-step "
-        "stream. maxParallelism 8 (Table III) is exactly the linear peak's need, so a backlog built at the peak "
-        "drains only when the rate falls.",
+        "rising input to the end of the stabilization interval (`core.autoscaling.autoscale_policy`, where no "
+        "correction can come sooner), the rules policy by one executor per warm-up, by design: most of its "
+        "late events on the 5-step stream. maxParallelism 8 (Table III) is exactly the linear peak's need, so a "
+        "backlog built at the peak drains only when the rate falls.",
         "",
     ]
     # 2. eq. 11 sizes a scale-in to GAL ~ 1
@@ -678,7 +681,8 @@ def findings(cases: list[Case]) -> list[str]:
         "2. **A scale-in is sized for θmax.** Eq. 11's ⌈deg × GAL⌉ sizes a low vertex to run at up to 100 % of its "
         "capacity, in the 'high' band, where the next evaluation with a positive input trend (the fluctuation "
         "gives one in 60 % of the windows) adds an executor back (Table I): an earlier version did 7 → 1 → 2 within "
-        "32 s on the advertising 5-step stream. `core.autoscale.new_degree` now shrinks a low vertex to "
+        "32 s on the advertising 5-step stream. `core.autoscaling.autoscale_policy.new_degree` now shrinks a low "
+        "vertex to "
         "⌈deg × GAL / θmax⌉, in the 'medium' band (eq. 11 stands for scale-outs). Scale-ins undone by a "
         "scale-out without the input rising (window means within 10 %) in this run: "
         + ("; ".join(undone) if undone else "none")
@@ -700,7 +704,8 @@ def findings(cases: list[Case]) -> list[str]:
         "need or below: on the linear topology the sink went 3→2 (busy 0.9 > th_cc 0.8), rule 1 added it back "
         "and the node came back, 11 times in 600 s at a noisy 20 events/s; on the advertising topology both "
         "processors went below their need and congested (70 % of the events late on the 3-step stream). "
-        "`core.rules` now removes a node only if the remaining nodes stay under th_high and every vertex keeps "
+        "`core.autoscaling.rules_policy` now removes a node only if the remaining nodes stay under th_high and "
+        "every vertex keeps "
         "⌈busy × k / th_cc⌉ executors. Scale-ins undone without the input rising in this run: "
         + ("; ".join(flaps) if flaps else "none")
         + ".",

@@ -1,13 +1,13 @@
 """Autoscaling on worker processes: AUTOSCALE's 3-step and 5-step streams run by `elastream run`, not simulated.
 
-bench/autoscale.py compares the policies in `elastream.core.autoscale_sim`, a fluid simulator. This benchmark
+bench/autoscale.py compares the policies in `elastream.sim.autoscaling`, a fluid simulator. This benchmark
 runs the same `linear` topology (bench/autoscale.py's `linear`: spout -> intermediate, work 2 ms -> sink
 80 ms; high rate 90 events/s; 4 slots and 4 emulated cores per node; maxParallelism 8) on real worker
 processes: `python -m elastream run <manifest> --redis <url> --engine python --interval 1` as a subprocess
 (as tests/harness.py `start_run` does), against an embedded Redis (`EmbeddedRedis`, as bench/stela.py).
 Four policies per stream, in one run: **static-min** (ConfMin: parallelism 1, fewest nodes, autoscaling off),
 **static-expert** (ConfExpt: per vertex the fewest executors that keep up with the profile's peak,
-`autoscale_sim.expert_parallelism`, fewest nodes; autoscaling off), **autoscale** and **rules**
+`sim.scenario.expert_parallelism`, fewest nodes; autoscaling off), **autoscale** and **rules**
 (`spec.scaling.auto` with that policy, started from ConfMin as in the paper). Beside every run, the
 simulator's prediction for the same `Topology` (the manifest the run used) and policy.
 
@@ -92,9 +92,10 @@ import yaml
 
 import autoscale as paper
 from elastream.control.backends.local import EmbeddedRedis
-from elastream.core import autoscale_sim as sim
 from elastream.core.rates import RateProfile
 from elastream.core.topology import API_VERSION, KIND, Topology, load_manifest, parse_manifest
+from elastream.sim import autoscaling as sim
+from elastream.sim import scenario
 from elastream.store.registry import Registry
 
 OUT = paper.OUT
@@ -109,7 +110,7 @@ INTERVAL_S = 1.0
 STABILIZATION_S = 10.0
 FLUCTUATION = paper.FLUCTUATION
 #: the late bound of the simulator (1 s)
-LATE_S = sim.SimSettings().latency_bound_s
+LATE_S = scenario.SimSettings().latency_bound_s
 #: after the stream's end: stop at the latest this much later, or once the sink was idle for `IDLE_S`
 DRAIN_S = 30.0
 IDLE_S = 4.0
@@ -119,8 +120,8 @@ POLL_S = 1.0
 #: t0 is estimated from the events due in the stream's first seconds (see `measure`)
 EARLY_S = 3.0
 PROGRESS_S = 10.0
-POLICIES: tuple[sim.Policy, ...] = ("static-min", "static-expert", "autoscale", "rules")
-QUICK_POLICIES: tuple[sim.Policy, ...] = ("static-expert", "autoscale")
+POLICIES: tuple[scenario.Policy, ...] = ("static-min", "static-expert", "autoscale", "rules")
+QUICK_POLICIES: tuple[scenario.Policy, ...] = ("static-expert", "autoscale")
 COLORS = paper.COLORS
 #: the paper's mark for an adaptive policy against ConfExpt
 SAVING_MARK = 0.20
@@ -143,7 +144,7 @@ def vertex_block(spec: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return next(v[kind] for v in spec["vertices"] if kind in v)
 
 
-def build_doc(profile: str, policy: sim.Policy, step_s: float, name: str) -> dict[str, Any]:
+def build_doc(profile: str, policy: scenario.Policy, step_s: float, name: str) -> dict[str, Any]:
     """bench/autoscale.py's `linear` manifest with the shortened settings, a finite source and a redis-stream
     sink; static policies: autoscaling off at their configuration; adaptive ones: on, from ConfMin."""
     spec = copy.deepcopy(dict(paper.linear(profile).spec))
@@ -162,13 +163,13 @@ def build_doc(profile: str, policy: sim.Policy, step_s: float, name: str) -> dic
     topology = parse_manifest(doc)
     if policy in ("autoscale", "rules"):
         auto.update(enabled=True, policy=policy)
-        degrees = sim.min_parallelism(topology)
-        nodes = max(int(auto.get("minNodes", 1)), min(int(auto["maxNodes"]), sim.nodes_for(topology, degrees)))
+        degrees = scenario.min_parallelism(topology)
+        nodes = max(int(auto.get("minNodes", 1)), min(int(auto["maxNodes"]), scenario.nodes_for(topology, degrees)))
     else:
         auto["enabled"] = False
         expert = policy == "static-expert"
-        degrees = sim.expert_parallelism(topology) if expert else sim.min_parallelism(topology)
-        nodes = sim.nodes_for(topology, degrees)
+        degrees = scenario.expert_parallelism(topology) if expert else scenario.min_parallelism(topology)
+        nodes = scenario.nodes_for(topology, degrees)
     for vertex in spec["vertices"]:
         vertex["parallelism"] = degrees[vertex["name"]]
     spec["nodes"] = nodes
@@ -569,13 +570,13 @@ def integrate(run: Measured) -> None:
 # ---- the simulator's prediction ----------------------------------------------------------------------------
 
 
-def predict(topology: Topology, policy: sim.Policy) -> sim.SimResult:
-    """`autoscale_sim` on the manifest the run used: its window, stabilization and stream; the controller's
+def predict(topology: Topology, policy: scenario.Policy) -> scenario.SimResult:
+    """`sim.autoscaling` on the manifest the run used: its window, stabilization and stream; the controller's
     evaluation period (two intervals) and recovery timeout (the simulator's defaults)."""
-    return sim.run(topology, policy, sim.SimSettings(interval_s=INTERVAL_S), start="min")
+    return sim.run(topology, policy, scenario.SimSettings(interval_s=INTERVAL_S), start="min")
 
 
-def predicted_dict(result: sim.SimResult) -> dict[str, Any]:
+def predicted_dict(result: scenario.SimResult) -> dict[str, Any]:
     return {
         "executor_seconds": result.executor_seconds,
         "node_seconds": result.node_seconds,
@@ -605,7 +606,7 @@ class Stream:
     profile: str
     step_s: float
     runs: dict[str, Measured] = field(default_factory=dict)
-    predicted: dict[str, sim.SimResult] = field(default_factory=dict)
+    predicted: dict[str, scenario.SimResult] = field(default_factory=dict)
 
     @property
     def short(self) -> str:
@@ -620,7 +621,7 @@ def stream_length(profile: str, step_s: float) -> float:
     return RateProfile({"profile": profile, "rate": 1.0, "stepSeconds": step_s, "fluctuation": 0.0}, 1.0).period
 
 
-def run_all(url: str, directory: str, profiles: Sequence[str], policies: Sequence[sim.Policy], step_s: float):
+def run_all(url: str, directory: str, profiles: Sequence[str], policies: Sequence[scenario.Policy], step_s: float):
     streams: list[Stream] = []
     total = len(profiles) * len(policies)
     done = 0
@@ -770,7 +771,7 @@ def start_share(run: Measured) -> str:
     )
 
 
-def change_line(run: Measured, result: sim.SimResult) -> str:
+def change_line(run: Measured, result: scenario.SimResult) -> str:
     def fmt(at: float, direction: str, a: Mapping[str, int], b: Mapping[str, int], nodes: Sequence[int]) -> str:
         moved = ", ".join(f"{v} {a.get(v, 0)}→{k}" for v, k in b.items() if a.get(v, 0) != k) or "nodes only"
         extra = f"; nodes {nodes[0]}→{nodes[1]}" if nodes[0] != nodes[1] else ""
@@ -807,7 +808,7 @@ def settings_dict(step_s: float, policies: Sequence[str], profiles: Sequence[str
         "paper_step_seconds_in_bench_autoscale": paper.STEP_SECONDS,
         "window_intervals": WINDOW,
         "interval_s": INTERVAL_S,
-        "evaluation_period_s": sim.SimSettings().period_s,
+        "evaluation_period_s": scenario.SimSettings().period_s,
         "stabilization_s": STABILIZATION_S,
         "fluctuation": FLUCTUATION,
         "late_bound_s": LATE_S,
@@ -818,7 +819,7 @@ def settings_dict(step_s: float, policies: Sequence[str], profiles: Sequence[str
     }
 
 
-def run_dict(run: Measured, result: sim.SimResult) -> dict[str, Any]:
+def run_dict(run: Measured, result: scenario.SimResult) -> dict[str, Any]:
     t0 = run.t0 or 0.0
     data = {
         k: v
@@ -865,7 +866,7 @@ def write_md(path: str, streams: Sequence[Stream], meta: dict[str, Any]) -> None
         "`elastream run` (the Python analysis engine, 1 s metric interval) with its worker nodes as local "
         "processes and an embedded Redis; the sink writes every event to a Redis stream "
         "(`redis-stream`, at-least-once, 80 ms per event as above) and the source is finite, so every event can "
-        "be counted and timed. Beside each run, `core.autoscale_sim`'s prediction for the same manifest.",
+        "be counted and timed. Beside each run, `sim.autoscaling`'s prediction for the same manifest.",
         "",
         "Reproduce: `make bench-autoscale` (`.venv/bin/python bench/autoscale_processes.py`, about 25 min). "
         f"This run: `{meta['command']}` on {meta['date']}, {meta['took_min']:.1f} min wall, on {m['cpu']} "

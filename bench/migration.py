@@ -43,8 +43,8 @@ sys.path.insert(0, os.path.join(REPO, "operator", "src"))
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
-from elastream.core.migration import rate_timeline, recovery_times
 from elastream.core.planner import make_plan
+from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, load_manifest
@@ -192,8 +192,8 @@ def store_rows(url: str, volumes: list[int]) -> list[dict[str, Any]]:
     the runtime's) and a new one loads them back; median of 5 rounds each."""
     import statistics
 
-    from elastream.runtime.participant import pack
     from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
+    from elastream.store.codec import pack
 
     client = client_for(url)
     store = CheckpointStore(client, "elastream:{bench/store}:")
@@ -390,7 +390,7 @@ def spread_rows(url: str, volumes: list[int], rounds: int = 5) -> list[dict[str,
     (SET). Loaded back the same way. Median of `rounds`; the same events as `store_rows`."""
     import statistics
 
-    from elastream.runtime.participant import pack
+    from elastream.store.codec import pack
 
     client = client_for(url)
     rows = []

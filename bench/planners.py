@@ -47,16 +47,10 @@ from elastream.core.planner.etp import congested_vertices, etp_map
 from elastream.core.planner.stela import stela_scale_out
 from elastream.core.planner.stela_plus import stela_plus_scale_out
 from elastream.core.schedule import Schedule, initial_schedule
-from elastream.core.simulate import (
-    SearchTooLarge,
-    SimulationModel,
-    optimal_scale_in,
-    optimal_scale_out,
-    simulate,
-    snapshot_from_simulation,
-)
+from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, load_manifest, parse_manifest
-from elastream.core.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
+from elastream.sim.optimum import SearchTooLarge, optimal_scale_in, optimal_scale_out
+from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
 from support.paths import REPO

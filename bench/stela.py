@@ -1,4 +1,4 @@
-"""The Stela paper's experiments (Xu, Peng, Gupta, IC2E 2016; ../shared/seeds/000_*), end to end on real
+"""The Stela paper's experiments (Xu, Peng, Gupta, IC2E 2016; docs/papers.md), end to end on real
 worker processes: `make bench-paper`.
 
 1. Scale-out by one node mid-run (the paper's Table I: star 4->5, linear 6->7, diamond 6->7, Page Load 7->8,
@@ -52,12 +52,13 @@ sys.path.insert(0, os.path.join(REPO, "operator", "src"))
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
-from elastream.core.metrics import MetricSample, analyze_samples
-from elastream.core.migration import convergence_time, time_at_zero
+from elastream.core.metrics import MetricSample
 from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, load_manifest
+from elastream.core.window_analysis import analyze_samples
+from elastream.sim.throughput_measures import convergence_time, time_at_zero
 from elastream.store.metric_stream import MetricStream
 from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle
 
@@ -207,7 +208,7 @@ def counted_timeline(
 ) -> list[tuple[float, float]]:
     """The vertices' processing rate per `step` from `start` to `end` (seconds relative to `at`), from their
     cumulative counts interpolated linearly between samples (per executor incarnation, from zero at its
-    start; held at its last sample after it stops). `core.migration.rate_timeline` adds up sample-to-sample
+    start; held at its last sample after it stops). `core.rate_timeline.rate_timeline` adds up sample-to-sample
     rates per bucket, which at 1 s points jitters by a sample's worth when an executor's samples shift
     phase (they do after every migration): too much for the paper's 5 % convergence criterion."""
     wanted = set(vertices)

@@ -10,7 +10,7 @@ from typing import Any
 
 from elastream.control.checkpoints import CheckpointResult
 from elastream.core.metrics import MetricSample, MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.ports import BackendError, ScaleRequest
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
@@ -242,6 +242,9 @@ class FakeClock:
         self.t += 0.5
         return self.t
 
+    def monotonic(self) -> float:
+        return self.now()
+
     def sleep(self, seconds: float) -> None:
         self.t += seconds
 
@@ -316,21 +319,3 @@ class FakeSavepoints:
 
     def has_checkpoint(self, topology: Any) -> bool:
         return bool(self.stores.get(topology.redis_prefix, {}).get("ckpt:latest"))
-
-
-class RedisAwayFeed(ListFeed):
-    """A metric feed whose Redis is away: every read fails as a refused connection does."""
-
-    def read_since(self, since_ts: float | None = None) -> list[MetricSample]:
-        import redis
-
-        raise redis.ConnectionError("Connection refused")
-
-
-def refuse_starts(controller: Any, reason: str = "pod t-node-0 not created: Forbidden: exceeded quota: pods") -> None:
-    """Every `controller.start()` from now on fails as a backend the API server refuses does."""
-
-    def no_start(schedule: Schedule | None = None) -> None:
-        raise BackendError(reason)
-
-    controller.start = no_start

@@ -17,7 +17,8 @@ import redis
 import yaml
 
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import TopologyController, local_controller
+from elastream.control.controller import TopologyController
+from elastream.control.local_mode import local_controller
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.topology import Topology, load_manifest
 
@@ -168,7 +169,7 @@ def id_counts(events: list[dict[str, str]]) -> Counter[int]:
 def expected_copies(topology: Topology, ids: Iterable[int]) -> dict[str, Counter[int]]:
     """How many copies of each source id every sink must receive: selectivity decisions are a function of the
     id (`_passes`), so the exact multiset a correct run delivers can be computed without running anything."""
-    from elastream.runtime.operators import _passes
+    from elastream.runtime.operators.builtin import _passes
 
     ids = list(ids)
     copies: dict[str, Counter[int]] = {}

@@ -18,8 +18,9 @@ from elastream.analysis import session as spark_session
 from elastream.analysis.sources import read_parquet_local
 from elastream.cli import main
 from elastream.control.metrics import MetricArchiver, StreamMetricSource, archive_cursor_key, local_archive_path
-from elastream.core.metrics import MetricSample, analyze_samples
+from elastream.core.metrics import MetricSample
 from elastream.core.topology import parse_manifest
+from elastream.core.window_analysis import analyze_samples
 from elastream.store.metric_stream import MetricStream, metric_stream_key
 from elastream.store.registry import manifest_key, store_manifest, stored_manifest
 from harness import ELASTREAM, read_log, run_scale, stop_run, write_manifest

@@ -33,8 +33,9 @@ from elastream.analysis.sources import (
     write_parquet_local,
 )
 from elastream.cli import main
-from elastream.core.metrics import Analysis, MetricSample, analyze_samples
+from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology, parse_manifest
+from elastream.core.window_analysis import Analysis, analyze_samples
 from elastream.store.metric_stream import MetricStream
 from helpers import edge, manifest, sink, src, work
 
@@ -492,7 +493,7 @@ FAIL_DURING_ANALYSIS = """
 import json, os, sys, warnings
 from pyspark import SparkContext
 from elastream.analysis import Analyzer, synthetic_window
-from elastream.core.metrics import analyze_samples
+from elastream.core.window_analysis import analyze_samples
 from elastream.core.topology import parse_manifest
 
 doc = json.loads(sys.argv[1])

@@ -11,12 +11,12 @@ import pytest
 from test_migration import EVENTS, check_exactly_once, check_nothing_lost, load
 from test_migration_faults import plan_for
 
+from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
-from elastream.control.recovery import RecoveryFollowUp
-from elastream.runtime.operators import Synthetic
-from elastream.runtime.participant import unpack
+from elastream.runtime.operators.sources import Synthetic
 from elastream.store.checkpoint import CheckpointStore
+from elastream.store.codec import unpack
 from elastream.store.metric_stream import MetricStream
 from harness import running, sink_events, sink_key, with_audit, write_manifest
 from support.faults import migrate_killing_a_worker_during_capture
@@ -148,11 +148,11 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(new)
         assert report.outcome == "succeeded", report.reason
         feed = MetricStream(cluster.client, topology.redis_prefix)
-        follow = RecoveryFollowUp(feed, topology, bucket_s=0.5, timeout_s=40.0)
+        follow = CatchUpFollowUp(feed, topology, bucket_s=0.5, timeout_s=40.0)
         done: list[dict] = []
         status = report.to_status()
         follow.follow(status, migrated_at, done.append)
-        assert status["recovery"] == "measuring"
+        assert status["catchUp"] == "measuring"
         deadline = time.monotonic() + 60.0
         while not done and time.monotonic() < deadline:
             follow.tick()
@@ -160,7 +160,7 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         assert done and done[0] is status
         # a steady input well below capacity and a sub-second pause: "measured" means the output came back and
         # held steady within the follow-up's 40 s bound (no wall-clock threshold of our own on top)
-        assert status["recovery"] == "measured", status
+        assert status["catchUp"] == "measured", status
         assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"], status
 
 

@@ -28,8 +28,9 @@ from test_migration import check_exactly_once, load
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import TopologyController, local_controller
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.control.controller import TopologyController
+from elastream.control.local_mode import local_controller
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.runtime.executor import TEST_CRASH_ENV
 from harness import exactly_once, wait_for_sinks_idle, with_audit, write_manifest

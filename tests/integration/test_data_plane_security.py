@@ -19,10 +19,11 @@ import pytest
 import zmq
 
 from elastream.control.backends.local import LocalCluster, node_host
-from elastream.core.migration import ControlType
+from elastream.core.migration_protocol import ControlType
 from elastream.core.topology import load_manifest
-from elastream.runtime.security import DataPlaneKeys, secure_client
+from elastream.runtime.security import secure_client
 from elastream.runtime.transport import CONTROL, DATA, encode
+from elastream.worker_inputs.keys import DataPlaneKeys
 from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, src, work
 from support.ports import worker_port

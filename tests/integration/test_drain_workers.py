@@ -21,7 +21,7 @@ from test_control_faults import Events, check_exactly_once_at_end, manifest, tic
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import local_controller, status_key
+from elastream.control.local_mode import local_controller, status_key
 from elastream.core.topology import load_manifest
 from elastream.store.drains import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
 

@@ -14,7 +14,7 @@ from test_migration import EVENTS, check_exactly_once, load
 
 from elastream.control.backends.local import LocalCluster, WorkerProcess
 from elastream.control.migration import MigrationDriver
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.planner import make_plan
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation

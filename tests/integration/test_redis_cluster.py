@@ -15,7 +15,7 @@ import redis
 import yaml
 
 from elastream.control.migration import MigrationDriver
-from elastream.core.migration import ActionKind
+from elastream.core.migration_protocol import ActionKind
 from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation

@@ -19,10 +19,10 @@ from test_migration_faults import plan_for
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import local_controller
+from elastream.control.local_mode import local_controller
 from elastream.control.migration import MigrationDriver
 from elastream.control.scaling import PrintEvents
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.store.checkpoint import CheckpointStore
 from harness import exactly_once, expected_copies, running, sink_events, ticking, with_audit, write_manifest

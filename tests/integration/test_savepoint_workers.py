@@ -22,8 +22,8 @@ from test_migration import differences, load
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.controller import local_controller
-from elastream.control.resources import delete_keys
+from elastream.control.lifecycle import delete_keys
+from elastream.control.local_mode import local_controller
 from elastream.control.savepoints import SavepointError, restore_initial_savepoint, take_savepoint
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import load_manifest

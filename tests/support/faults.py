@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from elastream.control.backends.local import LocalCluster
 from elastream.control.checkpoints import CheckpointDriver, CheckpointResult
 from elastream.control.migration import MigrationDriver
-from elastream.core.migration import Action, ActionKind, MigrationCoordinator, MigrationReport
+from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator, MigrationReport
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
 

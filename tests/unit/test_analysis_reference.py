@@ -1,4 +1,4 @@
-"""The Python reference window analysis (`core.metrics.analyze_samples`) on hand-computed cases."""
+"""The Python reference window analysis (`core.window_analysis.analyze_samples`) on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from elastream.core.metrics import MetricSample, MetricSnapshot, analyze_samples
+from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.planner import etp_table
 from elastream.core.topology import parse_manifest
+from elastream.core.window_analysis import analyze_samples
 from helpers import edge, manifest, sink, src, work
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from elastream.core.autoscale import (
+from elastream.core.autoscaling.autoscale_policy import (
     AutoscaleSettings,
     activity_level,
     capacity,

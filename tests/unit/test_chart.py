@@ -555,7 +555,7 @@ def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: An
     with listenOnPodIP (pods sharing the host's network)."""
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.control.backends.worker_objects import worker_pod
     from elastream.core.topology import load_manifest
     from elastream.handlers.main import listen_address, worker_pod_settings
 
@@ -601,7 +601,7 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
     command line as the rendered Deployment runs it: the worker pods it makes, and the images it allows."""
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.control.backends.worker_objects import worker_pod
     from elastream.core.images import image_allowed
     from elastream.core.topology import load_manifest
     from elastream.handlers.main import worker_pod_settings
@@ -647,7 +647,7 @@ def test_drain_settings_reach_the_worker_pods_and_without_budgets_there_is_no_ru
     grace their workers get, whether the operator keeps budgets, and the RBAC rule for them."""
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.backends.kubernetes import worker_pod
+    from elastream.control.backends.worker_objects import worker_pod
     from elastream.core.topology import load_manifest
     from elastream.handlers.main import worker_pod_settings
 
@@ -685,7 +685,7 @@ def test_a_remote_spark_masters_executors_reach_the_driver(helm: str) -> None:
 
 
 def test_redis_accepts_only_the_operator_and_worker_pods(render: Any) -> None:
-    from elastream.control.backends.kubernetes import labels_for
+    from elastream.control.backends.worker_objects import labels_for
     from elastream.core.topology import load_manifest
 
     worker_labels = labels_for(load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0")
@@ -713,7 +713,7 @@ def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch)
     NetworkPolicy lets reach the workers' metrics port."""
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.backends.kubernetes import worker_network_policy
+    from elastream.control.backends.worker_objects import worker_network_policy
     from elastream.core.topology import load_manifest
     from elastream.handlers.main import worker_pod_settings
 

@@ -1,13 +1,11 @@
-"""The StreamTopology CRD: one file in three places, a schema every example passes and bad manifests fail,
-defaults and enums that agree with the parser, and `elastream validate` reporting schema problems in one line
-each.
+"""The StreamTopology CRD: one file (the chart's and the package's are symlinks to it), a schema every example
+passes and bad manifests fail, CEL rules that compile and catch what they say, defaults and enums that agree
+with the parser, and `elastream validate` reporting schema and rule problems in one line each.
 
-The schema is checked with `jsonschema` after `elastream.resources.to_json_schema` converts the OpenAPI
-schema (x-kubernetes-* keys dropped). `jsonschema` cannot run the CEL rules (`x-kubernetes-validations`), so
-`CEL_RULES` re-implements each one in Python, keyed by its exact text: a rule added to or changed in the CRD
-fails `test_every_cel_rule_has_a_python_twin` until it has a twin here. CEL itself only runs in a real API
-server (kube-apiserver 1.34 accepted this CRD, all the examples, and rejected each bad case below with the rule's
-message).
+The schema is checked with `jsonschema` after `elastream.resources.to_json_schema` maps the few OpenAPI
+keywords that differ; the CEL rules (`x-kubernetes-validations`) run in the `cel` library (`elastream.resources.cel`),
+from the CRD's own text: no rule is repeated here. (kube-apiserver 1.34 accepted this CRD, all the examples,
+and rejected each bad case below with the rule's message.)
 """
 
 from __future__ import annotations
@@ -26,7 +24,18 @@ import yaml
 
 from elastream.cli import main
 from elastream.core import rates, savepoints, status, topology
-from elastream.resources import crd_text, json_schema, merge_problems, openapi_schema, schema_problems
+from elastream.resources import (
+    all_rules,
+    cel_problems,
+    compiled,
+    crd_text,
+    json_schema,
+    merge_problems,
+    openapi_schema,
+    parse_checked,
+    schema_problems,
+    to_json_schema,
+)
 from support.paths import EXAMPLES, REPO
 
 CRD_PATHS = {
@@ -61,21 +70,36 @@ def vertex_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# one file, three places
+# one file: the chart's and the package's CRD resolve to crds/streamtopology.yaml
 
 
-def test_the_three_copies_are_identical() -> None:
-    contents = {}
-    for where, path in CRD_PATHS.items():
-        with open(path, "rb") as handle:
-            contents[where] = handle.read()
-    assert contents["chart"] == contents["crds"], "copy crds/streamtopology.yaml to charts/elastream/crds/"
-    assert contents["package"] == contents["crds"], "copy crds/streamtopology.yaml to operator/src/elastream/resources/"
+@pytest.mark.parametrize("where", ["chart", "package"])
+def test_the_derived_crds_are_symlinks_to_the_one_file(where: str) -> None:
+    path = CRD_PATHS[where]
+    assert os.path.islink(path), f"{path} must be a relative symlink to crds/streamtopology.yaml, not a copy"
+    assert not os.path.isabs(os.readlink(path)), "a relative link: it must resolve in a checkout and an image"
+    assert os.path.realpath(path) == os.path.realpath(CRD_PATHS["crds"])
 
 
 def test_the_package_ships_the_crd() -> None:
     with open(CRD_PATHS["crds"], encoding="utf-8") as handle:
         assert crd_text() == handle.read()
+
+
+def test_the_image_build_context_holds_the_crd_the_package_links_to() -> None:
+    # the images COPY operator/src (symlinks stay symlinks) and pip-install it: the link's target must be in
+    # the build context (.dockerignore) and copied to where the link points before the package is installed
+    with open(os.path.join(REPO, ".dockerignore"), encoding="utf-8") as handle:
+        assert "!crds/streamtopology.yaml" in handle.read().splitlines()
+    link = CRD_PATHS["package"]
+    target = os.path.normpath(os.path.join("/src/operator/src/elastream/resources", os.readlink(link)))
+    assert target == "/src/crds/streamtopology.yaml"
+    for dockerfile in glob.glob(os.path.join(REPO, "images", "*", "Dockerfile")):
+        with open(dockerfile, encoding="utf-8") as handle:
+            lines = [line.strip() for line in handle]
+        for i, line in enumerate(lines):
+            if line == "COPY operator/src /src/operator/src":
+                assert lines[i - 1] == f"COPY crds/streamtopology.yaml {target}", dockerfile
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -305,86 +329,50 @@ def test_operator_blocks_keep_their_own_keys_and_type_the_known_ones(schema: dic
     assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
 
 
+def test_the_structural_keywords_are_mapped_and_the_rest_kept_as_written() -> None:
+    node = {
+        "type": "object",
+        "x-kubernetes-validations": [{"rule": "true", "message": "m: n"}],
+        "properties": {
+            "q": {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "n": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 5, "exclusiveMaximum": False},
+            "s": {"type": "string", "nullable": True},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"a": {}}},
+        },
+    }
+    mapped = to_json_schema(node)
+    assert mapped["x-kubernetes-validations"] == node["x-kubernetes-validations"]  # ignored by jsonschema
+    assert mapped["additionalProperties"] is False and "additionalProperties" not in mapped["properties"]["free"]
+    assert mapped["properties"]["q"] == {"x-kubernetes-int-or-string": True, "type": ["integer", "string"]}
+    assert mapped["properties"]["n"] == {"type": "number", "exclusiveMinimum": 0, "maximum": 5}
+    assert mapped["properties"]["s"]["type"] == ["string", "null"]
+    validator = jsonschema.Draft202012Validator(mapped)
+    assert validator.is_valid({"q": "2", "n": 5, "s": None, "free": {"b": 1}})
+    assert not validator.is_valid({"n": 0}) and not validator.is_valid({"q": 1.5}) and not validator.is_valid({"x": 1})
+
+
 # ---------------------------------------------------------------------------------------------------------
-# CEL rules, re-implemented
-
-
-def apply_defaults(node: Mapping[str, Any], value: Any) -> Any:
-    """The API server's defaulting: a missing field with a default gets it, then its own fields theirs."""
-    if isinstance(value, dict) and "properties" in node:
-        for name, sub in node["properties"].items():
-            if name not in value and "default" in sub:
-                value[name] = copy.deepcopy(sub["default"])
-            if name in value:
-                value[name] = apply_defaults(sub, value[name])
-    elif isinstance(value, list) and isinstance(node.get("items"), Mapping):
-        return [apply_defaults(node["items"], item) for item in value]
-    return value
-
-
-def _names(spec: Mapping[str, Any]) -> set[str]:
-    return {v.get("name") for v in spec.get("vertices", [])}
-
-
-#: CRD rule text -> (where it applies, a Python twin that returns True when the object passes)
-CEL_RULES: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
-    "!has(self.streams) || self.streams.all(s, self.vertices.exists(v, v.name == s.from))": (
-        "spec",
-        lambda spec: all(s["from"] in _names(spec) for s in spec.get("streams", [])),
-    ),
-    "!has(self.streams) || self.streams.all(s, self.vertices.exists(v, v.name == s.to))": (
-        "spec",
-        lambda spec: all(s["to"] in _names(spec) for s in spec.get("streams", [])),
-    ),
-    "(has(self.source) ? 1 : 0) + (has(self.logic) ? 1 : 0) + (has(self.sink) ? 1 : 0) == 1": (
-        "vertex",
-        lambda vertex: sum(kind in vertex for kind in ("source", "logic", "sink")) == 1,
-    ),
-    "!has(self.parallelism) || !has(self.maxParallelism) || self.parallelism <= self.maxParallelism": (
-        "vertex",
-        lambda vertex: vertex["parallelism"] <= vertex["maxParallelism"],
-    ),
-    "self.grouping != 'fields' || (has(self.key) && size(self.key) > 0)": (
-        "stream",
-        lambda stream: stream["grouping"] != "fields" or bool(stream.get("key")),
-    ),
-    "!has(self.balance) || !has(self.grouping) || self.grouping == 'shuffle'": (
-        "stream",
-        lambda stream: "balance" not in stream or stream["grouping"] == "shuffle",
-    ),
-    "!has(self.minNodes) || !has(self.maxNodes) || self.minNodes <= self.maxNodes": (
-        "auto",
-        lambda auto: auto["minNodes"] <= auto["maxNodes"],
-    ),
-}
+# CEL rules, run from the CRD's text
 
 
 def crd_rules(schema: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {rule["rule"]: rule for _, node in walk(schema) for rule in node.get("x-kubernetes-validations", [])}
 
 
-def test_every_cel_rule_has_a_python_twin(schema: dict[str, Any]) -> None:
-    assert set(crd_rules(schema)) == set(CEL_RULES)
-    for rule in crd_rules(schema).values():
-        # the message names the rule before the colon: "<rule>: <what is wrong>"
-        assert ": " in rule["message"] and len(rule["message"].split(": ")[0]) > 5
+def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
+    rules = all_rules(schema)
+    assert len(rules) == len(crd_rules(schema)) == 7
+    for rule in rules:
+        compiled(rule.text)  # raises RuleError naming the rule when the CEL library cannot compile it
+        if rule.message_expression:
+            compiled(rule.message_expression)
+        # the message says what is wrong, then the fix: "<what>: <why or fix>" or "<what>; <fix>"
+        assert (": " in rule.message or "; " in rule.message) and len(rule.message) > 20
 
 
 def cel_violations(document: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
-    """Messages of the CEL rules `document` (defaults applied) breaks, each prefixed with where."""
-    doc = apply_defaults(schema, copy.deepcopy(dict(document)))
-    rules = crd_rules(schema)
-    spec = doc["spec"]
-    targets: list[tuple[str, str, Mapping[str, Any]]] = [("spec", "spec", spec)]
-    targets += [("vertex", f"spec.vertices[{i}]", v) for i, v in enumerate(spec.get("vertices", []))]
-    targets += [("stream", f"spec.streams[{i}]", s) for i, s in enumerate(spec.get("streams", []))]
-    targets.append(("auto", "spec.scaling.auto", spec["scaling"]["auto"]))
-    found = []
-    for text, (where, check) in CEL_RULES.items():
-        for kind, path, value in targets:
-            if kind == where and not check(value):
-                found.append(f"{path}: {rules[text]['message']}")
-    return found
+    """The messages of the CEL rules `document` breaks (defaults applied), each prefixed with its field."""
+    return cel_problems(document, schema)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -490,17 +478,31 @@ def test_the_parser_rejects_what_the_schema_rejects_on_the_same_field(demo: dict
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda s: s["streams"][0].update({"from": "ghost"}), "spec: streams reference vertices: every stream's from"),
-        (lambda s: s["streams"][0].update(to="ghost"), "spec: streams reference vertices: every stream's to"),
-        (lambda s: s["vertices"][1].update(parallelism=17), "spec.vertices[1]: parallelism within maxParallelism"),
+        (
+            lambda s: s["streams"][0].update({"from": "ghost"}),
+            "spec.streams: streams reference vertices: every stream's from",
+        ),
+        (lambda s: s["streams"][0].update(to="ghost"), "spec.streams: streams reference vertices: every stream's to"),
+        (
+            lambda s: s["vertices"][1].update(parallelism=17),
+            "spec.vertices[1].parallelism: 17 exceeds maxParallelism 16; lower parallelism or raise maxParallelism "
+            "to ≥ 17",
+        ),
         (
             lambda s: s["vertices"][1].pop("maxParallelism") and s["vertices"][1].update(parallelism=129),
-            "spec.vertices[1]: parallelism within maxParallelism",
+            "spec.vertices[1].parallelism: 129 exceeds maxParallelism 128; lower parallelism or raise maxParallelism "
+            "to ≥ 129",
         ),
-        (lambda s: s["streams"][2].pop("key"), "spec.streams[2]: fields grouping needs a key"),
-        (lambda s: s["streams"][2].update(balance="round-robin"), "spec.streams[2]: only a shuffle stream"),
-        (lambda s: s["scaling"].update(auto={"minNodes": 5, "maxNodes": 3}), "spec.scaling.auto: autoscaler bounds"),
-        (lambda s: s["scaling"].update(auto={"minNodes": 21}), "spec.scaling.auto: autoscaler bounds"),
+        (lambda s: s["streams"][2].pop("key"), "spec.streams[2].key: fields grouping needs a key"),
+        (lambda s: s["streams"][2].update(balance="round-robin"), "spec.streams[2].balance: only a shuffle stream"),
+        (
+            lambda s: s["scaling"].update(auto={"minNodes": 5, "maxNodes": 3}),
+            "spec.scaling.auto.maxNodes: 3 is below minNodes 5; raise maxNodes",
+        ),
+        (
+            lambda s: s["scaling"].update(auto={"minNodes": 21}),
+            "spec.scaling.auto.maxNodes: 20 is below minNodes 21; raise maxNodes",
+        ),
         (lambda s: s["vertices"][1].update(sink={"type": "log"}), "spec.vertices[1]: one block per vertex"),
         (lambda s: s["vertices"][1].pop("logic"), "spec.vertices[1]: one block per vertex"),
     ],
@@ -512,8 +514,12 @@ def test_bad_manifests_break_a_cel_rule(
     assert schema_problems(document) == []  # only the CEL rule catches it
     violations = cel_violations(document, schema)
     assert len(violations) == 1 and violations[0].startswith(expected), violations
-    with pytest.raises(topology.TopologyError):
-        topology.parse_manifest(document)  # and so does the parser
+    # and so does every command reading a manifest (`run`, `plan`...): one line, on that field or, for a rule
+    # about a whole list, on the entry that breaks it (the parser's line, which names the entry and the fix)
+    with pytest.raises(topology.TopologyError) as info:
+        parse_checked(document)
+    field = violations[0].split(": ")[0]
+    assert [line.split(": ")[0] for line in info.value.problems] in ([field], [f"{field}[0].from"], [f"{field}[0].to"])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -526,12 +532,16 @@ def test_merge_keeps_the_parsers_words_for_a_field_it_checks() -> None:
     assert merge_problems(schema, parser) == [schema[1], *parser]
 
 
-def validate(tmp_path: Any, document: Any) -> subprocess.CompletedProcess[str]:
+def validate(tmp_path: Any, document: Any, *options: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(document))
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run(
-        [sys.executable, "-m", "elastream", "validate", str(path)], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "elastream", "validate", str(path), *options],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
 
 
@@ -577,3 +587,121 @@ def test_validate_requires_nodes_as_the_api_server_does(tmp_path: Any, demo: dic
 def test_validate_accepts_every_example(path: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", path]) == 0
     assert ": valid — topology" in capsys.readouterr().out
+
+
+def crd_copy(tmp_path: Any, *changes: tuple[str, str]) -> str:
+    """A copy of the CRD with pieces of rules' text (or messages) changed, each found exactly once."""
+    with open(CRD_PATHS["crds"], encoding="utf-8") as handle:
+        text = handle.read()
+    for old, new in changes:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "crd.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+#: the autoscaler rule's messageExpression as the CRD writes it
+BOUNDS_MESSAGE = (
+    "messageExpression: \"string(self.maxNodes) + ' is below minNodes ' + string(self.minNodes) + '; raise maxNodes'\""
+)
+
+
+def test_validate_follows_a_changed_cel_rule_in_the_crd(tmp_path: Any, demo: dict[str, Any]) -> None:
+    # minNodes == maxNodes: the CRD's rule (<=) accepts it; a CRD whose rule says < refuses it, on the rule's
+    # fieldPath with the rule's (changed) messageExpression: validate runs the CRD's text, not a twin
+    document = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": 3, "maxNodes": 3}))
+    assert validate(tmp_path, document).returncode == 0
+    changed = crd_copy(
+        tmp_path,
+        ("self.minNodes <= self.maxNodes", "self.minNodes < self.maxNodes"),
+        ("' is below minNodes '", "' is not above minNodes '"),
+    )
+    proc = validate(tmp_path, document, "--crd", changed)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stderr.splitlines() == ["error: spec.scaling.auto.maxNodes: 3 is not above minNodes 3; raise maxNodes"]
+    # without a messageExpression the rule's (changed) message is the line
+    changed = crd_copy(
+        tmp_path,
+        ("self.minNodes <= self.maxNodes", "self.minNodes < self.maxNodes"),
+        (BOUNDS_MESSAGE, "reason: FieldValueInvalid"),
+        ("auto.minNodes must not exceed auto.maxNodes", "auto.minNodes must stay below auto.maxNodes"),
+    )
+    proc = validate(tmp_path, document, "--crd", changed)
+    assert proc.stderr.splitlines() == [
+        "error: spec.scaling.auto.maxNodes: autoscaler bounds: auto.minNodes must stay below auto.maxNodes"
+    ]
+    # and the packaged CRD, named explicitly, still accepts it
+    assert validate(tmp_path, document, "--crd", CRD_PATHS["crds"]).returncode == 0
+
+
+def test_validate_names_a_rule_that_does_not_compile(tmp_path: Any, demo: dict[str, Any]) -> None:
+    broken = crd_copy(tmp_path, ("self.minNodes <= self.maxNodes", "self.minNodes <="))
+    proc = validate(tmp_path, demo, "--crd", broken)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert (
+        line.startswith("error: --crd ") and "'!has(self.minNodes) || !has(self.maxNodes) || self.minNodes <='" in line
+    )
+
+
+def test_validate_refuses_a_crd_file_that_is_not_one(tmp_path: Any, demo: dict[str, Any]) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text("kind: ConfigMap\n")
+    proc = validate(tmp_path, demo, "--crd", str(other))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: --crd {other}: {other}: is not a CustomResourceDefinition; name a CRD file"
+    ]
+
+
+def test_cel_rules_see_the_schemas_defaults(demo: dict[str, Any], schema: dict[str, Any]) -> None:
+    # grouping defaults to shuffle (so a stream without one needs no key) and maxParallelism to 128: the rules
+    # run on the object the API server stores, not on what was sent
+    document = mutated(demo, lambda s: [s["streams"][0].pop("grouping", None), s["vertices"][1].pop("maxParallelism")])
+    assert cel_problems(document, schema) == []
+    document = mutated(
+        demo, lambda s: s["vertices"][1].pop("maxParallelism") and s["vertices"][1].update(parallelism=129)
+    )
+    assert cel_problems(document, schema) == [
+        "spec.vertices[1].parallelism: 129 exceeds maxParallelism 128; lower parallelism or raise maxParallelism "
+        "to ≥ 129"
+    ]
+
+
+def test_validate_reports_a_broken_rule_beside_a_schema_problem_elsewhere(tmp_path: Any, demo: dict[str, Any]) -> None:
+    # a schema problem in spec.image does not hide the autoscaler rule (its node, spec.scaling.auto, is sound),
+    # while a rule on a node the schema found a problem under is not run (its values are not the declared types)
+    changed = crd_copy(tmp_path, ("self.minNodes <= self.maxNodes", "self.minNodes < self.maxNodes"))
+    document = mutated(demo, lambda s: [s.update(image=5), s["scaling"].update(auto={"minNodes": 3, "maxNodes": 3})])
+    proc = validate(tmp_path, document, "--crd", changed)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: spec.image: 5 is not of type 'string'; fix it",
+        "error: spec.scaling.auto.maxNodes: 3 is below minNodes 3; raise maxNodes",
+    ]
+    auto_broken = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": "3", "maxNodes": 3}))
+    assert cel_problems(auto_broken, openapi_schema(), ["spec.scaling.auto.minNodes"]) == []
+
+
+def test_the_rules_hold_at_the_crds_maxitems() -> None:
+    # 128 vertices and 512 streams: the from/to rules are streams × vertices evaluations; all pass on a valid
+    # DAG, and one stream naming no vertex is one line, on that stream (the parser's words)
+    from elastream.resources import check_manifest
+
+    vertices: list[dict[str, Any]] = [{"name": "v0", "source": {"type": "synthetic", "rate": 10}}]
+    vertices += [{"name": f"v{i}", "logic": {"builtin": "work"}} for i in range(1, 127)]
+    vertices.append({"name": "v127", "sink": {"type": "log"}})
+    pairs = [(i, i + 1) for i in range(127)] + [(i, j) for i in range(126) for j in range(i + 2, 128)]
+    streams = [{"from": f"v{i}", "to": f"v{j}"} for i, j in pairs[:512]]
+    document = {
+        "apiVersion": topology.API_VERSION,
+        "kind": topology.KIND,
+        "metadata": {"name": "big"},
+        "spec": {"nodes": 32, "slotsPerNode": 4, "vertices": vertices, "streams": streams},
+    }
+    assert len(streams) == 512 and len(check_manifest(document).streams) == 512
+    streams[300]["to"] = "ghost"
+    with pytest.raises(topology.TopologyError) as info:
+        check_manifest(document)
+    assert [line.split(": ")[0] for line in info.value.problems] == ["spec.streams[300].to"]

@@ -14,18 +14,13 @@ import msgpack
 import pytest
 import zmq
 
-from elastream.core.migration import ControlType, ExecutorParticipant
+from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.operators import Context
 from elastream.runtime.participant import Migration
-from elastream.runtime.security import (
-    DataPlaneConfigError,
-    DataPlaneKeys,
-    PeerAuthenticator,
-    generate_keys,
-    keys_from_env,
-)
+from elastream.runtime.security import PeerAuthenticator
 from elastream.runtime.transport import CONTROL, DATA, Channel, DataPlaneStats, Inbox, parse
+from elastream.worker_inputs.keys import DataPlaneConfigError, DataPlaneKeys, generate_keys, keys_from_env
 
 SEQ = (1).to_bytes(8, "little")
 

@@ -11,7 +11,7 @@ import pytest
 from test_kubernetes_backend import FakeCore, backend, someone_elses
 from test_topology_controller import setup
 
-from elastream.control.backends.kubernetes import WorkerPodSettings, worker_pod
+from elastream.control.backends.worker_objects import WorkerPodSettings, worker_pod
 from elastream.core.drain import DrainError, drain_deadline, drain_schedule, refill_schedule
 from elastream.core.ports import DrainRequest, NotOwned
 from elastream.core.schedule import Schedule, initial_schedule

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from elastream.core.migration import ControlType, ExecutorParticipant
+from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.operators import Context
 from elastream.runtime.participant import Migration

@@ -537,7 +537,7 @@ def test_a_program_built_topology_may_be_larger_but_never_infinite() -> None:
     # the simulator and the benchmarks build thousands of vertices (bounded=False); a manifest may not
     import random
 
-    from elastream.core.workloads import random_manifest, random_topology
+    from elastream.sim.workloads import random_manifest, random_topology
 
     document = random_manifest(random.Random(7), 1000, nodes=50)
     with pytest.raises(TopologyError) as info:

@@ -10,13 +10,8 @@ from typing import Any
 
 import pytest
 
-from elastream.control.backends.kubernetes import (
-    KubernetesBackend,
-    WorkerPodSettings,
-    owner_reference,
-    running_spec_of,
-    worker_pod,
-)
+from elastream.control.backends.kubernetes import KubernetesBackend
+from elastream.control.backends.worker_objects import WorkerPodSettings, owner_reference, running_spec_of, worker_pod
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
@@ -241,7 +236,7 @@ def test_with_topology_users_off_the_secret_holds_the_operators_url_and_redis_is
 
 
 def test_the_secret_holds_data_plane_keys_made_once_and_pods_read_them_from_it() -> None:
-    from elastream.runtime.security import DataPlaneKeys, keys_from_env
+    from elastream.worker_inputs.keys import DataPlaneKeys, keys_from_env
 
     kube, core = backend()
     kube.ensure_config()
@@ -697,3 +692,21 @@ def test_a_hostile_spec_in_the_config_map_is_not_expanded(caplog: pytest.LogCapt
     core.config_maps["web-topology"]["data"]["topology.yaml"] = "kind: StreamTopology\n" + bomb
     assert running_spec_of(core, kube.topology, {"name": "web", "uid": "u"}) == (None, None)
     assert "100000 values" in caplog.text  # refused by the manifest bounds, never expanded
+
+
+@pytest.mark.timeout(30)
+def test_every_wait_of_the_backend_runs_on_its_clock() -> None:
+    """A start bound of an hour passes at once on a fake clock: a wait that read `time.monotonic` or slept with
+    `time.sleep` instead of the backend's clock would hold this test for an hour (and fail its timeout)."""
+    from fakes import FakeClock
+
+    kube, core = backend()
+    clock = FakeClock()
+    kube.clock = clock
+    kube.start_timeout_s = 3600.0
+    kube.spawn("node-0")
+    core.phase["web-node-0"] = "Pending"
+    before = clock.t
+    with pytest.raises(BackendError, match=r"not ready after 3600 s"):
+        kube._wait_for(["node-0"], set, "ready")
+    assert clock.t - before >= 3600.0

@@ -1,4 +1,4 @@
-"""Metric hygiene of the per-interval input series behind `input_trend` (`core.metrics.analyze_samples`).
+"""Metric hygiene of the per-interval input series behind `input_trend` (`core.window_analysis.analyze_samples`).
 
 A sample's delta from its previous sample is spread evenly over the intervals it covers, so missing
 samples, restarts and rescales do not show a steady input as a trend; and `queue_length` carries the
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from elastream.core.metrics import MetricSample, MetricSnapshot, SnapshotError, analyze_samples
+from elastream.core.metrics import MetricSample, MetricSnapshot, SnapshotError
 from elastream.core.topology import parse_manifest
+from elastream.core.window_analysis import analyze_samples
 from helpers import edge, manifest, sink, src, work
 
 # window 10 of 1 s intervals ending at ts 20: (10, 20], interval k = (10 + k, 11 + k]
@@ -174,8 +175,8 @@ def test_the_autoscaler_decides_the_same_on_a_window_with_gaps_restarts_and_a_re
     # what the policies read (rates, true rates, pending, trend) must not change with the window's holes: a
     # steady pipeline at 100/s, each executor busy half the time, decided on a complete window and on ones
     # with missing samples, a restart at an interval boundary and an executor replaced mid-window
-    from elastream.core.autoscale import evaluate
-    from elastream.core.rules import evaluate_rules
+    from elastream.core.autoscaling.autoscale_policy import evaluate
+    from elastream.core.autoscaling.rules_policy import evaluate_rules
 
     def decide(samples):
         snapshot = analyze_samples(topo, samples, window=WINDOW).snapshot

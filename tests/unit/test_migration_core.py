@@ -1,30 +1,22 @@
-"""The pure migration state machines: coordinator phases, timeouts, INIT resend, participants, ownership."""
+"""The pure migration and checkpoint state machines: coordinator phases, timeouts, INIT resend, participants,
+checkpoint rounds, and the rate timeline a migration is measured on."""
 
 from __future__ import annotations
 
 import pytest
 
-from elastream.core.migration import (
+from elastream.core.checkpoint_protocol import CheckpointPhase, CheckpointRound, replayed_events
+from elastream.core.migration_protocol import (
     Ack,
     ActionKind,
-    CheckpointPhase,
-    CheckpointRound,
     ExecutorParticipant,
     MigrationCoordinator,
     Mode,
     Phase,
     Timeouts,
-    affected_executors,
-    convergence_time,
-    missing_and_duplicates,
-    rate_timeline,
-    recovery_times,
-    replayed_events,
-    state_moves,
-    time_at_zero,
-    upstream_executors,
 )
-from elastream.core.schedule import Schedule, initial_schedule, key_group_owner, key_group_ranges
+from elastream.core.rate_timeline import rate_timeline, recovery_times
+from elastream.core.schedule import key_group_owner, key_group_ranges
 from elastream.core.topology import parse_manifest
 from helpers import edge, manifest, sink, src
 
@@ -149,41 +141,8 @@ def test_key_group_owner_matches_ranges() -> None:
                 assert all(key_group_owner(max_par, k, g) == index for g in groups)
 
 
-def test_state_moves_follow_parallelism_and_nodes() -> None:
-    topology = parse_manifest(
-        manifest(
-            [
-                src("s"),
-                {
-                    "name": "c",
-                    "parallelism": 2,
-                    "maxParallelism": 4,
-                    "stateful": True,
-                    "logic": {"builtin": "count", "key": "k"},
-                },
-                sink("z"),
-            ],
-            [edge("s", "c", "fields", key="k"), edge("c", "z")],
-        )
-    )
-    old = initial_schedule(topology)
-    assert state_moves(topology, old, old) == []
-    new = Schedule({**old.assignment, "c#2": "node-1"}, old.nodes, old.slots_per_node)
-    moves = state_moves(topology, old, new)
-    # 4 groups over 2 -> 3 executors: [0,1],[2,3] -> [0,1],[2],[3]: only group 3 changes owner
-    assert {(m.key_group, m.from_executor, m.to_executor) for m in moves} == {(3, "c#1", "c#2")}
-    assert affected_executors(old, new) == {"c#2"}
-    assert upstream_executors(topology, new, "z#0") == {"c#0", "c#1", "c#2"}
-
-
-def test_exactly_once_check() -> None:
-    sent = [("s#0", i) for i in range(5)]
-    assert missing_and_duplicates(sent, sent) == (0, 0)
-    assert missing_and_duplicates(sent, [*sent[:4], sent[0]]) == (1, 1)
-
-
 def test_recovery_times_follow_the_output_rate_back_to_its_level() -> None:
-    from elastream.core.migration import recovery_times
+    from elastream.core.rate_timeline import recovery_times
 
     timeline = [(-2.0, 100.0), (-1.0, 100.0), (0.0, 0.0), (1.0, 20.0), (2.0, 180.0), (3.0, 120.0)]
     timeline += [(4.0, 105.0), (5.0, 98.0), (6.0, 101.0)]
@@ -269,23 +228,3 @@ def test_rate_timeline_buckets_rates_per_incarnation_and_fills_gaps_with_zero() 
     # two buckets in a row afterwards (0/s, then 80/s)
     assert recovery_times(timeline["output"], tolerance=0.1, hold=2) == (0.0, None)
     assert recovery_times([(-1.0, 50.0), (0.0, 10.0), (1.0, 48.0), (2.0, 50.0)], hold=2) == (1.0, 1.0)
-
-
-def test_convergence_time_waits_for_two_crossings_each_way_within_five_percent() -> None:
-    # before, a dip, an overshoot (above the post-scale average but far from it), then oscillation at ~200
-    timeline = [(-1.0, 100.0), (0.0, 0.0), (1.0, 50.0), (2.0, 260.0), (3.0, 190.0)]
-    timeline += [(4.0, 205.0), (5.0, 195.0), (6.0, 204.0), (7.0, 198.0)]
-    assert convergence_time(timeline, reference=200.0) == 3.0
-    # the same points around a post-scale average of 150 never stay within 5 % of it
-    assert convergence_time(timeline, reference=150.0) is None
-    # never below the average: no oscillation, no convergence
-    assert convergence_time([(0.0, 210.0), (1.0, 220.0), (2.0, 230.0)], reference=200.0) is None
-    assert convergence_time(timeline, reference=0.0) is None
-    # the clock starts at the scale operation, not at the timeline's first point
-    assert convergence_time(timeline, reference=200.0, started_at=1.0) == 2.0
-
-
-def test_time_at_zero_counts_the_buckets_without_throughput_in_the_span() -> None:
-    timeline = [(-0.5, 0.0), (0.0, 10.0), (0.5, 0.0), (1.0, 0.0), (1.5, 3.0), (2.0, 0.0)]
-    assert time_at_zero(timeline, 0.0, 1.5, bucket_s=0.5) == 1.0
-    assert time_at_zero(timeline, 0.0, 2.0, bucket_s=0.5, floor=5.0) == 2.0

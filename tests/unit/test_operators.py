@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from elastream.core.schedule import key_group_ranges
-from elastream.runtime.operators import SAME, Context, Count, Filter, RateProfile, Synthetic, Window, Work
+from elastream.runtime.operators import SAME, Context
+from elastream.runtime.operators.builtin import Count, Filter, Window, Work
+from elastream.runtime.operators.sources import RateProfile, Synthetic
 
 
 def run(operator: object, events: list[tuple[int, object, object, float]], config: dict | None = None) -> list:
@@ -56,17 +58,30 @@ def test_count_counts_per_key_and_its_state_is_per_key_group() -> None:
     assert restored.counts() == {f"k{i}": 10 for i in range(5)}
 
 
-def test_window_emits_count_and_sum_per_key_when_it_closes() -> None:
+def stepped_window(monkeypatch) -> tuple[Window, list, list[float], Any]:
+    """A 50 ms `Window` on a wall clock the test steps (it starts inside a window, not on its edge), the list
+    of what it emits as (key, value, event id), the clock, and its emit function."""
+    wall = [1000.01]
+    monkeypatch.setattr(Window, "wall_clock", staticmethod(lambda: wall[0]))
     operator = Window()
-    out: list = []
     operator.open(Context("v", 0, 1, 8, {"sizeMs": 50}))
+    out: list = []
+
+    def emit(value: object, key: object = SAME, event_id: object = None, ts: object = None) -> None:
+        out.append((key, value, event_id))
+
+    return operator, out, wall, emit
+
+
+def test_window_emits_count_and_sum_per_key_when_it_closes(monkeypatch) -> None:
+    operator, out, wall, emit = stepped_window(monkeypatch)
 
     def feed(event: tuple) -> None:
-        operator.process(event, lambda value, key=SAME, event_id=None, ts=None: out.append((key, value, event_id)))
+        operator.process(event, emit)
 
     for i in range(6):
         feed((i, "a" if i % 2 else "b", 10, 0.0))
-    time.sleep(0.12)
+    wall[0] += 0.12  # past the end of the 50 ms window
     feed((99, "a", 1, 0.0))  # opens the next window, flushing the first
     assert sorted(out) == [("a", (3, 30), 5), ("b", (3, 30), 4)]
 
@@ -127,19 +142,13 @@ def test_count_honours_its_key_field_like_the_fields_grouping() -> None:
     assert operator.counts() == {"u0": 3, "u1": 3, "u2": 3, "plain": 1}
 
 
-def test_window_closes_on_the_idle_timer_without_a_later_event() -> None:
-    operator = Window()
-    out: list = []
-    operator.open(Context("v", 0, 1, 8, {"sizeMs": 50}))
-
-    def emit(value: object, key: object = SAME, event_id: object = None, ts: object = None) -> None:
-        out.append((key, value, event_id))
-
+def test_window_closes_on_the_idle_timer_without_a_later_event(monkeypatch) -> None:
+    operator, out, wall, emit = stepped_window(monkeypatch)
     for i in range(4):
         operator.process((i, "k", 5, 0.0), emit)
     operator.timer(emit)
     assert out == []  # the window is still open
-    time.sleep(0.12)
+    wall[0] += 0.12
     operator.timer(emit)  # what an idle executor calls every ~20 ms
     assert out == [("k", (4, 20), 3)]
     operator.timer(emit)
@@ -190,7 +199,7 @@ class _FlakyRedis:
 
 
 def test_redis_stream_source_backs_off_on_connection_errors_instead_of_dying(caplog) -> None:
-    from elastream.runtime.operators import RedisStreamSource
+    from elastream.runtime.operators.sources import RedisStreamSource
 
     client = _FlakyRedis()
     source = RedisStreamSource(lambda: client, "p:")
@@ -252,7 +261,7 @@ class _FakeStream:
 
 
 def stream_source(stream: _FakeStream, index: int, parallelism: int, max_parallelism: int = 8) -> Any:
-    from elastream.runtime.operators import RedisStreamSource
+    from elastream.runtime.operators.sources import RedisStreamSource
 
     source = RedisStreamSource(lambda: stream, "p:")
     lanes = key_group_ranges(max_parallelism, parallelism)[index]
@@ -273,7 +282,7 @@ def read_some(source: Any, into: list[int], entries: int | None = None, budget: 
 
 def merged(sources: list[Any]) -> dict:
     """The migration's merge, through msgpack like the checkpoint store (tuples, int keys)."""
-    from elastream.runtime.participant import pack, unpack
+    from elastream.store.codec import pack, unpack
 
     out: dict = {}
     for source in sources:
@@ -337,7 +346,7 @@ def test_redis_stream_uneven_old_executors_resume_exactly_once() -> None:
 
 
 def test_redis_stream_positions_are_per_lane_counts_that_replayed_events_reads() -> None:
-    from elastream.core.migration import replayed_events
+    from elastream.core.checkpoint_protocol import replayed_events
 
     stream = _FakeStream(200)
     seen: list[int] = []

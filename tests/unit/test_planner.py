@@ -31,6 +31,13 @@ def simulated(topology, schedule=None):
     return schedule, snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
 
 
+def scale_in_to_3(topology, placement):
+    """The plan from 4 nodes (8 slots each, executors as `placement` says) to 3, on the simulated rates."""
+    schedule = Schedule.from_placement(placement, 8)
+    _, snap = simulated(topology, schedule)
+    return make_plan(topology, schedule, snap, 3)
+
+
 def test_scale_out_feeds_the_congested_vertex_on_new_nodes_only() -> None:
     topology = pipeline(nodes=2)
     schedule, snap = simulated(topology)
@@ -96,17 +103,10 @@ def test_max_parallelism_caps_growth() -> None:
 
 def test_scale_in_removes_lowest_etp_sum_node() -> None:
     topology = pipeline(nodes=4)
-    schedule = Schedule.from_placement(
-        {
-            "node-0": ["s#0", "a#0"],
-            "node-1": ["b#0", "b#1"],
-            "node-2": ["s#1", "a#1"],
-            "node-3": ["z#0", "z#1"],
-        },
-        8,
+    plan = scale_in_to_3(
+        topology,
+        {"node-0": ["s#0", "a#0"], "node-1": ["b#0", "b#1"], "node-2": ["s#1", "a#1"], "node-3": ["z#0", "z#1"]},
     )
-    _, snap = simulated(topology, schedule)
-    plan = make_plan(topology, schedule, snap, 3)
     # s and a feed only the congested b: ETP 0, so node-0 and node-2 tie at 0; the higher number goes.
     assert plan.removed_nodes == ["node-2"]
     assert sorted(e for e, _, _ in plan.moves) == ["a#1", "s#1"]
@@ -314,17 +314,10 @@ def test_scale_in_breaks_etp_sum_ties_by_node_load() -> None:
             nodes=4,
         )
     )
-    schedule = Schedule.from_placement(
-        {
-            "node-0": ["c#0", "s#0"],
-            "node-1": ["b#0", "b#1"],
-            "node-2": ["a#0", "s#1"],
-            "node-3": ["z#0", "z#1"],
-        },
-        8,
+    plan = scale_in_to_3(
+        topology,
+        {"node-0": ["c#0", "s#0"], "node-1": ["b#0", "b#1"], "node-2": ["a#0", "s#1"], "node-3": ["z#0", "z#1"]},
     )
-    _, snap = simulated(topology, schedule)
-    plan = make_plan(topology, schedule, snap, 3)
     step = plan.steps[0]
     assert step["etp_sum"]["node-0"] == step["etp_sum"]["node-2"] == 0.0
     assert step["etp_sum"]["node-1"] == step["etp_sum"]["node-3"] == 2.0

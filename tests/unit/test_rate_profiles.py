@@ -11,7 +11,9 @@ import yaml
 
 from elastream.core.rates import rate_config_problems
 from elastream.core.topology import TopologyError, load_manifest, parse_manifest
-from elastream.runtime.operators import OperatorLoadError, RateProfile, resolve_rate_file
+from elastream.runtime.operators.sources import RateProfile
+from elastream.worker_inputs.rate_files import resolve_rate_file
+from elastream.worker_inputs.user_code import OperatorLoadError
 from helpers import edge, manifest, sink
 
 

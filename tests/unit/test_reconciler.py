@@ -8,25 +8,19 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from elastream.control.controller import TopologyController
-from elastream.control.resources import KubernetesEvents, ManagedTopologies, ManagedTopology
+from elastream.control.managed import ManagedTopology
+from elastream.control.resource_api import KubernetesEvents
+from elastream.control.resources import ManagedTopologies
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology, topology_prefix
-from fakes import (
-    FakeBackend,
-    FakeCheckpoints,
-    FakeMigrator,
-    FakeSavepoints,
-    ListFeed,
-    RedisAwayFeed,
-    SimulatedMetrics,
-    refuse_starts,
-)
+from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
 from helpers import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -80,6 +74,9 @@ class Clock:
         self.t = 1000.0
 
     def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
         return self.t
 
     def sleep(self, seconds: float) -> None:
@@ -140,7 +137,7 @@ class World:
             build=self.build,
             running_schedule=lambda topology: None,
             running_spec=lambda topology, metadata: (self.running_doc, self.configmap.get("previous")),
-            clock=self.clock.now,
+            clock=self.clock,
             savepoint_service=self.savepoints,
         )
 
@@ -207,6 +204,44 @@ class World:
     def reasons(self) -> list[str]:
         return [e["reason"] for e in self.core.events]
 
+    def redis_away(self) -> Callable[[], None]:
+        """The running controller's reads of Redis are refused from now on; returns what brings Redis back."""
+        controller = self.topologies.topologies["default/t"].controller
+        assert controller is not None
+        feed, controller.feed = controller.feed, _AwayFeed()
+
+        def back() -> None:
+            controller.feed = feed
+
+        return back
+
+    def starts_fail(self) -> list[int]:
+        """Every controller built from now on fails to start (a quota refuses its pods); returns the list a
+        build appends to (its length: the builds so far)."""
+        calls: list[int] = []
+
+        def broken(owner, topology, metadata, managed):
+            controller = self.build(owner, topology, metadata, managed)
+            calls.append(1)
+
+            def no_start(schedule=None):
+                from elastream.core.ports import BackendError
+
+                raise BackendError("pod t-node-0 not created: Forbidden: exceeded quota: pods")
+
+            controller.start = no_start  # type: ignore[method-assign]
+            return controller
+
+        self.topologies.build = broken
+        return calls
+
+
+class _AwayFeed(ListFeed):
+    def read_since(self, since_ts=None):
+        import redis
+
+        raise redis.ConnectionError("Connection refused")
+
 
 EPOCHS = itertools.count(1)
 
@@ -228,22 +263,26 @@ class _NoRequests:
         return None
 
 
+def restarted_operator(world: World, adopting: bool = False) -> World:
+    """A new operator over the same resource, pods, Redis and ConfigMap (the old one is gone); `adopting`: it
+    finds in Redis the schedule the pods run."""
+    again = World(3)
+    again.body, again.custom.body = world.body, world.body
+    again.pods, again.keys, again.checkpoint_keys = world.pods, world.keys, world.checkpoint_keys
+    again.running_doc, again.configmap = world.running_doc, world.configmap
+    again.broken_images = world.broken_images
+    again.topologies.custom_api = world.custom
+    if adopting:
+        schedule = world.backend.schedule
+        again.topologies.running_schedule = lambda topology: schedule
+    return again
+
+
 def running(nodes: int = 3, **spec: Any) -> World:
     world = World(nodes, **spec)
     world.reconcile()
     assert world.status["phase"] == "Running" and world.status["nodes"] == nodes
     return world
-
-
-def restarted_operator(world: World) -> tuple[World, Any]:
-    """A new operator (a new `World`) over `world`'s resource, Redis keys and pods, which finds the schedule
-    `world` ran (its pods are adopted): an operator restart. Returns it and that schedule."""
-    restarted = World(3)
-    restarted.body, restarted.custom.body = world.body, world.body
-    restarted.keys, restarted.pods, restarted.checkpoint_keys = world.keys, world.pods, world.checkpoint_keys
-    schedule = world.backend.schedule
-    restarted.topologies.running_schedule = lambda topology: schedule
-    return restarted, schedule
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -413,17 +452,14 @@ def test_a_hostile_spec_from_the_api_server_is_one_invalid_spec_line_not_an_inte
 
 def test_redis_away_shows_in_progressing_then_degrades_past_the_grace_and_recovers_by_itself() -> None:
     world = running(3)
-    controller = world.topologies.topologies["default/t"].controller
-    assert controller is not None
-
-    feed, controller.feed = controller.feed, RedisAwayFeed()
+    redis_back = world.redis_away()
     world.run_for(10.0)
     assert world.condition("Progressing")["reason"] == "RedisUnavailable"
     assert world.status["phase"] == "Running"
     world.run_for(60.0)
     assert world.status["phase"] == "Degraded" and world.condition("Degraded")["reason"] == "RedisUnavailable"
     assert world.reasons().count("RedisUnavailable") == 1
-    controller.feed = feed
+    redis_back()
     world.run_for(3.0)
     assert world.status["phase"] == "Running" and world.condition("Degraded")["status"] == "False"
     assert "RedisAvailable" in world.reasons()
@@ -442,15 +478,7 @@ def test_the_api_server_away_loses_no_status_change() -> None:
 
 def test_a_failed_start_backs_off_and_says_so() -> None:
     world = World(3)
-    calls = []
-
-    def broken(owner, topology, metadata, managed):
-        controller = world.build(owner, topology, metadata, managed)
-        calls.append(1)
-        refuse_starts(controller)
-        return controller
-
-    world.topologies.build = broken
+    calls = world.starts_fail()
     world.run_for(30.0)
     assert 2 <= len(calls) <= 4  # 5, 10, 20 s apart: not one per pass
     assert world.status["phase"] == "Pending"
@@ -678,6 +706,44 @@ def test_events_of_the_same_fact_are_posted_once_within_the_repeat_window() -> N
     assert core.events[0]["type"] == "Warning"
 
 
+def test_an_event_suppressed_within_the_repeat_window_is_posted_again_after_it_on_the_loops_clock() -> None:
+    core, clock = FakeCoreApi(), Clock()
+    events = KubernetesEvents(core, resource(), repeat_s=300.0, clock=clock)
+    events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    clock.t += 299
+    events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    clock.t += 2
+    events.emit("WorkersPending", "pod t-node-3 cannot be scheduled", warning=True)
+    assert len(core.events) == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_delete_while_redis_is_away_gives_up_at_its_bound_on_the_loops_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The keys' deletion retries Redis for 30 s on the loop's clock: a retry that slept with `time.sleep`
+    would hold this test for those 30 s of real time at least."""
+    import redis
+
+    class Away:
+        def scan_iter(self, **_: Any) -> Any:
+            raise redis.ConnectionError("refused")
+
+    clock = Clock()
+    topologies = ManagedTopologies(
+        redis_client=Away(),  # type: ignore[arg-type]
+        redis_url="redis://unused",
+        core_api=FakeCoreApi(),
+        custom_api=None,
+        analyzer=Analyzer(),
+        topology_users=False,
+        clock=clock,
+    )
+    topologies.remove("default", "t")
+    assert clock.t >= 1030.0
+    assert "not deleted (Redis: refused); they stay under" in caplog.text
+
+
 @pytest.mark.parametrize("nodes", [1, 4])
 def test_kubectl_scale_to_what_runs_moves_nothing(nodes: int) -> None:
     world = running(nodes)
@@ -805,13 +871,7 @@ def test_a_scaling_failing_again_and_again_stalls_and_a_new_value_unstalls_it() 
 
 def test_a_start_failing_again_and_again_stalls() -> None:
     world = World(3)
-
-    def broken(owner, topology, metadata, managed):
-        controller = world.build(owner, topology, metadata, managed)
-        refuse_starts(controller)
-        return controller
-
-    world.topologies.build = broken
+    world.starts_fail()
     world.run_for(1.0)
     assert gitops_conditions(world) == {"Ready": ("False", "BackendError"), "Reconciling": ("True", "StartFailed")}
     world.run_for(30.0)  # 5 and 10 s later: three failures in a row
@@ -956,7 +1016,8 @@ def test_suspending_with_every_worker_gone_records_the_last_checkpoint_as_the_re
 def test_an_operator_restarted_in_the_middle_of_a_suspend_checkpoints_and_stops_the_pods() -> None:
     world = running(3)
     world.patch_spec(suspend=True)  # ... and the operator dies before its next pass
-    restarted, schedule = restarted_operator(world)
+    restarted = restarted_operator(world, adopting=True)
+    schedule = world.backend.schedule
     restarted.reconcile()
     backend = restarted.backend
     assert backend.started == [schedule]  # the running pods adopted, not started anew ...
@@ -966,7 +1027,7 @@ def test_an_operator_restarted_in_the_middle_of_a_suspend_checkpoints_and_stops_
 
 def test_an_operator_restarted_while_suspended_starts_nothing_and_resumes_from_the_checkpoint() -> None:
     world = suspended(3)
-    restarted, _ = restarted_operator(world)
+    restarted = restarted_operator(world, adopting=True)
     restarted.run_for(10.0)
     backend = restarted.backend
     assert backend.started == [] and backend.log == ["assumed"] and restarted.pods == set()
@@ -1035,7 +1096,7 @@ def test_an_operator_restarted_after_every_pod_went_restores_the_checkpoint_not_
     world = running(3)
     world.checkpoint_keys["ckpt:latest"] = "ckpt-9"  # the last periodic checkpoint
     world.pods.clear()  # a node drain while the operator was away: every worker pod is gone
-    restarted, _ = restarted_operator(world)
+    restarted = restarted_operator(world, adopting=True)
     restarted.reconcile()
     backend = restarted.backend
     assert backend.started == [] and backend.log == ["assumed"]  # not started empty ...

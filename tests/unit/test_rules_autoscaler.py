@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from elastream.core.autoscaler import SCALE_IN_VOTES, AutoscalerState, WindowInfo, recommend
+from elastream.core.autoscaling.decision import SCALE_IN_VOTES, AutoscalerState, WindowInfo, recommend
+from elastream.core.autoscaling.rules_policy import RuleThresholds, evaluate_rules, total_capacity
 from elastream.core.metrics import MetricSnapshot, VertexMetrics
-from elastream.core.rules import RuleThresholds, evaluate_rules, total_capacity
 from elastream.core.topology import parse_manifest
 from helpers import edge, manifest, sink, src, work
 
@@ -187,7 +187,7 @@ def test_a_growing_vertex_is_not_held_by_a_node_scale_in() -> None:
 
 
 def test_the_rules_take_the_busy_fraction_the_offered_load_implies() -> None:
-    from elastream.core.rules import load_busy_fractions
+    from elastream.core.autoscaling.rules_policy import load_busy_fractions
 
     # a measured 100 % busy while catching up, but the source offers 100/s against a's 400/s (2 executors):
     # at that load a is 25 % busy, no rule 1; with nothing measured, the measured busy fraction counts

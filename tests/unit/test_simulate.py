@@ -5,14 +5,9 @@ from __future__ import annotations
 import pytest
 
 from elastream.core.schedule import Schedule, initial_schedule
-from elastream.core.simulate import (
-    SearchTooLarge,
-    optimal_scale_in,
-    optimal_scale_out,
-    simulate,
-    snapshot_from_simulation,
-)
+from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import parse_manifest
+from elastream.sim.optimum import SearchTooLarge, optimal_scale_in, optimal_scale_out
 from helpers import edge, manifest, sink, src, work
 
 

@@ -14,14 +14,10 @@ from elastream.core.planner import make_plan
 from elastream.core.planner.stela import stela_scale_out
 from elastream.core.planner.stela_plus import DEFAULT_BUDGET, SearchBudget, stela_plus_scale_out
 from elastream.core.schedule import Schedule, initial_schedule
-from elastream.core.simulate import (
-    SimulationModel,
-    optimal_scale_out,
-    simulate,
-    snapshot_from_simulation,
-)
+from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, load_manifest, parse_manifest, split_executor_id
-from elastream.core.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
+from elastream.sim.optimum import optimal_scale_out
+from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
 from helpers import edge, manifest, sink, src, work
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elastream.core.topology import TopologyError, load_manifest, parse_cpu, parse_manifest
+from elastream.resources import parse_checked
 from helpers import edge, manifest, sink, src, work
 
 
@@ -16,8 +17,10 @@ def valid() -> dict:
 
 
 def problems(doc: dict) -> list[str]:
+    """What a command reading the manifest reports: the CRD's CEL rules, then the parser (the cross-field rules,
+    such as parallelism within maxParallelism, are written once, in the CRD)."""
     with pytest.raises(TopologyError) as info:
-        parse_manifest(doc)
+        parse_checked(doc)
     return info.value.problems
 
 

@@ -12,7 +12,7 @@ import redis
 
 from elastream.control.controller import TopologyController
 from elastream.core.metrics import MetricSample, MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate
 from elastream.core.topology import parse_manifest
@@ -110,7 +110,7 @@ def test_scale_out_then_in_plans_migrates_and_publishes_the_record() -> None:
     assert published["fromNodes"] == 2 and published["toNodes"] == 3 and published["requestedNodes"] == 3
     assert published["plan"]["added_nodes"] == ["node-2"] and published["pauseMs"] == 42.0
     assert published["analysisEngine"] == "python"
-    assert published["recovery"] == "measuring"  # catch-up and stabilization follow on later ticks
+    assert published["catchUp"] == "measuring"  # catch-up and stabilization follow on later ticks
     record = controller.scale_to(2)
     assert record.direction == "in" and len(backend.current_schedule().nodes) == 2
 
@@ -143,7 +143,7 @@ def test_a_failed_migration_is_reported_and_the_schedule_kept(failure: str) -> N
     assert ("prepare timed out" if failure == "aborted" else "node-2 not ready") in record.reason
     assert backend.current_schedule() == old
     assert events.events[-1][0] == "ScalingFailed" and events.events[-1][2]
-    assert "recovery" not in status.fields["lastScaling"][-1]  # nothing to measure
+    assert "catchUp" not in status.fields["lastScaling"][-1]  # nothing to measure
 
 
 def test_tick_carries_out_a_pending_request() -> None:
@@ -205,7 +205,7 @@ class WindowedMetrics(SimulatedMetrics):
         return super().snapshot(window)
 
     def analyse(self, window: int):
-        from elastream.core.metrics import Analysis
+        from elastream.core.window_analysis import Analysis
 
         self.analysed += 1
         end = self.clock.t

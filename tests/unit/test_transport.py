@@ -12,7 +12,7 @@ import zmq
 
 from elastream.core.topology import Stream
 from elastream.runtime import transport
-from elastream.runtime.executor import OutputStream, Router
+from elastream.runtime.routing import OutputStream, Router
 from elastream.runtime.transport import DATA, Channel, Inbox
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from test_reconciler import World, gitops_conditions, running
+from test_reconciler import World, gitops_conditions, restarted_operator, running
 
 from elastream.core.ports import BackendError
 
@@ -210,17 +210,6 @@ def test_an_upgrade_asked_while_suspended_applies_on_resume_from_the_suspends_ch
     assert world.status["phase"] == "Running" and world.pods == NODES
 
 
-def restarted_operator(world: World) -> World:
-    """A new operator over the same resource, pods, Redis and ConfigMap (the old one is gone)."""
-    again = World(3)
-    again.body, again.custom.body = world.body, world.body
-    again.pods, again.keys, again.checkpoint_keys = world.pods, world.keys, world.checkpoint_keys
-    again.running_doc, again.configmap = world.running_doc, world.configmap
-    again.broken_images = world.broken_images
-    again.topologies.custom_api = world.custom
-    return again
-
-
 def test_the_upgrade_is_recorded_in_the_configmap_before_anything_stops_and_cleared_after() -> None:
     world = running(3)
     world.patch_spec(image="elastream-worker:2")
@@ -300,19 +289,14 @@ def test_a_configmap_edited_to_an_image_outside_the_allow_list_brings_no_pod_of_
 
 
 def test_an_upgrade_waiting_for_redis_leaves_observed_generation_behind() -> None:
-    from fakes import RedisAwayFeed
-
     world = running(3)
-    controller = world.topologies.topologies["default/t"].controller
-    assert controller is not None
-
-    feed, controller.feed = controller.feed, RedisAwayFeed()
+    redis_back = world.redis_away()
     world.run_for(5.0)  # the passes see Redis away
     assert world.condition("Progressing")["reason"] == "RedisUnavailable"
     world.patch_spec(image="elastream-worker:2")
     world.run_for(10.0)
     assert len(world.backends) == 1 and world.pods == NODES  # nothing can be checkpointed: it waits
     assert world.status["observedGeneration"] == 1  # not applied: GitOps tools keep waiting
-    controller.feed = feed
+    redis_back()
     world.run_for(10.0)
     assert len(world.backends) == 2 and world.status["observedGeneration"] == 2

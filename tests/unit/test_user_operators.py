@@ -7,7 +7,8 @@ from typing import Any
 
 from elastream.core.topology import Vertex
 from elastream.runtime.executor import Counters, _bind_errors
-from elastream.runtime.operators import Context, Event, UserOperator, UserSource, make_operator
+from elastream.runtime.operators import Context, Event
+from elastream.runtime.operators.loading import UserOperator, UserSource, make_operator
 
 
 class Sink:
@@ -58,9 +59,9 @@ def bound(operator: Any) -> tuple[Counters, list[str]]:
 
 
 def test_a_user_sink_gets_event_named_tuples(monkeypatch) -> None:
-    import elastream.runtime.operators as operators
+    import elastream.runtime.operators.loading as loading
 
-    monkeypatch.setattr(operators, "load_class", lambda vertex: Sink)
+    monkeypatch.setattr(loading, "load_class", lambda vertex: Sink)
     vertex = Vertex("out", "sink", 1, 1, config={"module": "x:Sink"})
     adapter = make_operator(vertex, lambda: None, "p:")
     assert isinstance(adapter, UserOperator)

@@ -42,7 +42,7 @@ def test_the_refusal_is_one_line_naming_the_image_and_the_list() -> None:
 
 
 def test_worker_pods_get_the_pull_policy_and_pull_secrets() -> None:
-    from elastream.control.backends.kubernetes import WorkerPodSettings, worker_pod
+    from elastream.control.backends.worker_objects import WorkerPodSettings, worker_pod
     from elastream.core.topology import parse_manifest
     from helpers import edge, manifest, sink, src
 

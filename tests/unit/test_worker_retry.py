@@ -137,6 +137,20 @@ def test_retry_uses_the_one_backoff_by_default() -> None:
     assert [next(reference) for _ in range(3)] == [0.1, 0.2, 0.4]
 
 
+def test_a_loop_that_goes_on_between_attempts_backs_off_and_starts_over_after_a_success() -> None:
+    from elastream.store.retry import RetryLater, backoff
+
+    retry = RetryLater(lambda: backoff(0.1, 2.0, 1.0))
+    assert retry.due(0.0)
+    retry.failed(10.0)
+    assert not retry.due(10.05) and retry.due(10.1)
+    retry.failed(10.1)
+    assert not retry.due(10.25) and retry.due(10.35)  # the second delay is twice the first
+    retry.succeeded()
+    retry.failed(20.0)
+    assert not retry.due(20.05) and retry.due(20.1)  # from the first delay again
+
+
 def test_any_of_is_set_when_either_event_is() -> None:
     a, b = threading.Event(), threading.Event()
     either = AnyOf(a, b)
@@ -190,7 +204,7 @@ class FlakyStore:
 
 
 def test_an_executor_retries_its_checkpoint_and_ack_through_an_outage_with_one_token(monkeypatch) -> None:
-    from elastream.core.migration import ExecutorParticipant
+    from elastream.core.migration_protocol import ExecutorParticipant
     from elastream.runtime import participant
     from elastream.runtime.participant import Migration
 
@@ -314,10 +328,10 @@ def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pyte
     # must not log "reachable again" while the control-list reader still fails (it did, twice a second)
     from types import SimpleNamespace
 
-    from elastream.runtime import worker
+    from elastream.runtime import worker_metrics
 
     outage = RedisOutage(logging.getLogger("test.redis"))
-    monkeypatch.setattr(worker, "REDIS", outage)
+    monkeypatch.setattr(worker_metrics, "REDIS", outage)
     outage.failed("node node-3: cannot read its control list", redis.ConnectionError("refused"))
     written: list[object] = []
     node = SimpleNamespace(
@@ -327,10 +341,10 @@ def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pyte
         metrics=SimpleNamespace(publish=lambda samples: len(list(samples))),
         store=SimpleNamespace(publish_positions=written.append),
     )
-    worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
+    worker_metrics.MetricsReporting.publish_metrics(node)  # type: ignore[arg-type]
     assert outage.active and outage.count == 1
     node.samples = lambda: ["a sample"]  # a node with executors reached Redis: the outage is over
-    worker.Worker.publish_metrics(node)  # type: ignore[arg-type]
+    worker_metrics.MetricsReporting.publish_metrics(node)  # type: ignore[arg-type]
     assert not outage.active
 
 

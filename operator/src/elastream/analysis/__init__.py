@@ -1,7 +1,7 @@
 """Metric analysis: a window of executor samples -> MetricSnapshot, congestion, ETP and ETPSum.
 
 `Analyzer` runs the Spark job (`job.analyze_with_spark`) on a warm session (`session.get_session`) and
-falls back, loudly, to the pure-Python reference `core.metrics.analyze_samples` when Spark cannot start or
+falls back, loudly, to the pure-Python reference `core.window_analysis.analyze_samples` when Spark cannot start or
 fails during an analysis. Both engines share the window semantics documented on `analyze_samples`.
 `Analyzer.warm_up` (or `start_warm_up`, in a background thread) starts the session and runs a first
 analysis on a small synthetic window, so a controller's first scaling request finds a warm job.
@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from elastream.analysis.session import SparkUnavailable, get_session, spark_error_reason
-from elastream.core.metrics import Analysis, MetricSample, analyze_samples, check_window_args
+from elastream.core.metrics import MetricSample
 from elastream.core.topology import DEFAULT_CONGESTION_RATE, DEFAULT_WINDOW, Topology, parse_manifest
+from elastream.core.window_analysis import Analysis, analyze_samples, check_window_args
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -1,11 +1,11 @@
-"""The Spark analysis job: the same window semantics as `core.metrics.analyze_samples`, as one SQL statement.
+"""The Spark analysis job: the same window semantics as `core.window_analysis.analyze_samples`, as one SQL statement.
 
 Per incarnation (executor, started_at) a window function orders the samples and takes each one's delta
 from its predecessor (or from zero / itself for the first, as the reference does) and where in the window
-it happened (`core.metrics.delta_position`); the deltas in the window are summed per (vertex, executor),
+it happened (`core.window_analysis.delta_position`); the deltas in the window are summed per (vertex, executor),
 then per vertex, together with the trend sums Σ (x − c)·delta, executor counts, queue lengths
 and placement. Only the per-vertex rows are collected (one per vertex, with its executors' nodes); rates,
-congestion and ETP then come from `core.metrics.analysis_from_totals`, the function the reference ends in,
+congestion and ETP then come from `core.window_analysis.analysis_from_totals`, the function the reference ends in,
 so the two engines agree to rounding in the busy-seconds and trend sums (the counts are exact).
 """
 
@@ -16,9 +16,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from elastream.analysis.sources import samples_frame
-from elastream.core.metrics import (
+from elastream.core.metrics import MetricSample
+from elastream.core.topology import DEFAULT_CONGESTION_RATE, DEFAULT_WINDOW, Topology
+from elastream.core.window_analysis import (
     Analysis,
-    MetricSample,
     WindowTotals,
     analysis_from_totals,
     check_window_args,
@@ -26,14 +27,13 @@ from elastream.core.metrics import (
     trend_center,
     window_start,
 )
-from elastream.core.topology import DEFAULT_CONGESTION_RATE, DEFAULT_WINDOW, Topology
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: the order of an incarnation's samples (as `core.metrics.sample_order_key`)
+#: the order of an incarnation's samples (as `core.window_analysis.sample_order_key`)
 ORDER_COLUMNS = ("ts", "processed", "emitted", "received", "busy_s", "queue_len")
-#: which sample of an executor is its latest / earliest (as `core.metrics._executor_key`)
+#: which sample of an executor is its latest / earliest (as `core.window_analysis._executor_key`)
 EXECUTOR_KEY = ("ts", "started_at", "processed", "emitted", "received", "busy_s", "queue_len", "node")
 
 
@@ -84,7 +84,7 @@ def _double(value: float) -> str:
 #: analysis). {hint} places the rows: one partition for a hot window (no shuffle at all: window, both
 #: aggregations and the collect run in one task), else one shuffle by (vertex, executor), which serves the
 #: window and the per-executor aggregation; only the small per-executor table is shuffled again, by vertex.
-#: `spans` and `w` are `core.metrics.delta_position` (a first sample of an incarnation started before the
+#: `spans` and `w` are `core.window_analysis.delta_position` (a first sample of an incarnation started before the
 #: window has a zero delta and its own ts as origin).
 ANALYSIS_SQL = """
 WITH placed AS (

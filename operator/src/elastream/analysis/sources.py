@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from elastream.core.metrics import GRID_SLACK, MetricSample, check_window_args
+from elastream.core.metrics import MetricSample
+from elastream.core.window_analysis import GRID_SLACK, check_window_args
 
 if TYPE_CHECKING:
     import pandas as pd

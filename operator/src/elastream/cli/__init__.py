@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from elastream import __version__
@@ -30,6 +31,15 @@ COMMAND_MODULES = (
     "elastream.cli.operator",
     "elastream.cli.savepoint",
 )
+
+
+def print_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> None:
+    """A fixed-width table on stdout: `columns` are (header, format spec) pairs such as ("input/s", ">12.1f");
+    the header takes the spec's alignment and width, each row's cells the whole spec; cells are space-separated."""
+    widths = [re.match(r"[<>^]?\d*", spec).group(0) for _, spec in columns]  # type: ignore[union-attr]
+    print(" ".join(f"{header:{width}}" for (header, _), width in zip(columns, widths, strict=True)))
+    for row in rows:
+        print(" ".join(f"{cell:{spec}}" for cell, (_, spec) in zip(row, columns, strict=True)))
 
 
 class CommandError(Exception):

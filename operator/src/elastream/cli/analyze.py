@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 
 from elastream.analysis import Analyzer, SparkUnavailable
 from elastream.analysis.session import spark_error_reason
-from elastream.cli import CommandError
-from elastream.core.metrics import Analysis, MetricSample, check_window_args
-from elastream.core.topology import Topology, load_manifest, parse_manifest
+from elastream.cli import CommandError, print_table
+from elastream.core.metrics import MetricSample
+from elastream.core.topology import Topology
+from elastream.core.window_analysis import Analysis, check_window_args
+from elastream.resources import load_manifest, parse_checked
 from elastream.store.registry import client_for, redacted
 
 if TYPE_CHECKING:
@@ -90,7 +92,7 @@ def resolve_topology(spec: str, url: str | None) -> Topology:
             f"manifest file, or start it there with `elastream run FILE --redis {redacted(url)}` (NAMESPACE/NAME "
             "outside default)"
         )
-    return parse_manifest(document)
+    return parse_checked(document)
 
 
 def _read_redis(url: str, topology: Topology, window: int, interval_s: float) -> list[MetricSample]:
@@ -174,22 +176,37 @@ def print_analysis(topology: Topology, analysis: Analysis, engine: str) -> None:
         f"topology {topology.name}: window ({analysis.window_start:.3f}, {analysis.window_end:.3f}] s, "
         f"{analysis.samples_used} samples, engine {engine}"
     )
-    print(
-        f"{'vertex':<20} {'executors':>9} {'input/s':>12} {'processing/s':>13} {'busy':>6} "
-        f"{'trend/s²':>9} {'congested':>9} {'ETP':>8}"
+    print_table(
+        [
+            ("vertex", "<20"),
+            ("executors", ">9"),
+            ("input/s", ">12.1f"),
+            ("processing/s", ">13.1f"),
+            ("busy", ">6.1%"),
+            ("trend/s²", ">9.2f"),
+            ("congested", ">9"),
+            ("ETP", ">8.1%"),
+        ],
+        (
+            (
+                name,
+                snap.vertices[name].executors,
+                snap.vertices[name].input_rate or 0.0,
+                snap.vertices[name].processing_rate,
+                snap.vertices[name].busy_fraction or 0.0,
+                snap.vertices[name].input_trend or 0.0,
+                "yes" if analysis.congested[name] else "no",
+                analysis.etp[name],
+            )
+            for name in topology.order
+        ),
     )
-    for name in topology.order:
-        m = snap.vertices[name]
-        print(
-            f"{name:<20} {m.executors:>9} {m.input_rate or 0.0:>12.1f} {m.processing_rate:>13.1f} "
-            f"{m.busy_fraction or 0.0:>6.1%} {m.input_trend or 0.0:>9.2f} "
-            f"{'yes' if analysis.congested[name] else 'no':>9} {analysis.etp[name]:>8.1%}"
-        )
     throughput = sum(snap.vertices[s].processing_rate for s in topology.sinks)
     print(f"throughput (sum of sinks): {throughput:.1f} tuples/s")
     if analysis.node_etp_sum:
-        print(f"{'node':<20} {'executors':>9} {'ETPSum':>8}")
-        for node, total in analysis.node_etp_sum.items():
-            print(f"{node:<20} {len(snap.placement[node]):>9} {total:>8.3f}")
+        print_table(
+            [("node", "<20"), ("executors", ">9"), ("ETPSum", ">8.3f")],
+            ((node, len(snap.placement[node]), total) for node, total in analysis.node_etp_sum.items()),
+        )
     else:
         print("no executor reported in the window")

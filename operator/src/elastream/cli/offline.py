@@ -13,13 +13,16 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from elastream.cli import CommandError
+import yaml
+
+from elastream.cli import CommandError, print_table
 from elastream.core.metrics import MetricSnapshot
 from elastream.core.pareto import KNEE_FRACTION, ParetoError, ParetoPlan, pareto_plan
 from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
-from elastream.core.topology import MAX_NODES, Topology, load_manifest, split_executor_id
+from elastream.core.topology import MAX_NODES, Topology, split_executor_id
+from elastream.resources import load_manifest
 
 #: printed (to stderr) when `plan` has no --metrics
 MODEL_NOTE = (
@@ -30,6 +33,12 @@ MODEL_NOTE = (
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     validate = subparsers.add_parser("validate", help="check a StreamTopology manifest")
     validate.add_argument("file", help="YAML file with one StreamTopology")
+    validate.add_argument(
+        "--crd",
+        metavar="CRD.yaml",
+        default=None,
+        help="check against this StreamTopology CRD (its schema and CEL rules) instead of the packaged one",
+    )
     validate.set_defaults(func=cmd_validate)
 
     etp = subparsers.add_parser("etp", help="congestion and ETP per vertex from a metric snapshot")
@@ -87,26 +96,23 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check the manifest against the CRD's schema (what the API server checks on `kubectl apply`), then with
-    the parser (the graph, slots and everything the operator checks). A field both check is reported once, in
-    the parser's words; every problem is one line. A file too big, too deep or an alias bomb is refused by the
-    bounded reader before either check walks it."""
-    from elastream.core.topology import TopologyError, parse_manifest, read_manifest_document
-    from elastream.resources import merge_problems, schema_problems
+    """Check the manifest against the CRD's schema and its CEL rules (what the API server checks on
+    `kubectl apply`), then with the parser (the graph, slots and everything the operator checks). A field both
+    check is reported once, in the parser's words; every problem is one line. A file too big, too deep or an
+    alias bomb is refused by the bounded reader before either check walks it."""
+    from elastream.core.topology import read_manifest_document
+    from elastream.resources import RuleError, check_manifest, openapi_schema
 
+    if args.crd is not None:
+        try:
+            openapi_schema(path=args.crd)
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+            raise CommandError(f"--crd {args.crd}: {str(exc).splitlines()[0]}; name a CRD file") from None
     document = read_manifest_document(args.file)
-    schema = schema_problems(document)
     try:
-        topology = parse_manifest(document)
-    except TopologyError as exc:
-        raise TopologyError(merge_problems(schema, exc.problems)) from None
-    except Exception:
-        # a value of a type the parser does not expect: the schema has already named it
-        if schema:
-            raise TopologyError(schema) from None
-        raise
-    if schema:
-        raise TopologyError(schema)
+        topology = check_manifest(document, crd_path=args.crd)
+    except RuleError as exc:
+        raise CommandError(f"--crd {args.crd or 'packaged CRD'}: {exc}; fix the rule") from None
     print(
         f"{args.file}: valid — topology {topology.name}: {len(topology.vertices)} vertices, "
         f"{len(topology.streams)} streams, {topology.executors} executors on {topology.nodes} nodes "
@@ -136,12 +142,13 @@ def cmd_etp(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
         return 0
-    print(f"{'vertex':<20} {'input/s':>12} {'processing/s':>13} {'congested':>9} {'ETP':>8}")
-    for name, row in table.vertices.items():
-        print(
-            f"{name:<20} {row.input_rate:>12.1f} {row.processing_rate:>13.1f} "
-            f"{'yes' if row.congested else 'no':>9} {row.etp:>8.1%}"
-        )
+    print_table(
+        [("vertex", "<20"), ("input/s", ">12.1f"), ("processing/s", ">13.1f"), ("congested", ">9"), ("ETP", ">8.1%")],
+        (
+            (name, row.input_rate, row.processing_rate, "yes" if row.congested else "no", row.etp)
+            for name, row in table.vertices.items()
+        ),
+    )
     print(f"throughput (sum of sinks): {table.throughput:.1f} tuples/s")
     priority = table.priority()
     print("scale-out priority: " + (", ".join(priority) if priority else "none congested (a source gets slots)"))
@@ -332,12 +339,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
-    print(f"{'vertex':<20} {'executors':>9} {'input/s':>12} {'processing/s':>13} {'emit/s':>12}")
-    for name, flow in result.vertices.items():
-        print(
-            f"{name:<20} {flow.executors:>9} {flow.input_rate:>12.1f} {flow.processing_rate:>13.1f} "
-            f"{flow.emit_rate:>12.1f}"
-        )
+    print_table(
+        [
+            ("vertex", "<20"),
+            ("executors", ">9"),
+            ("input/s", ">12.1f"),
+            ("processing/s", ">13.1f"),
+            ("emit/s", ">12.1f"),
+        ],
+        (
+            (name, flow.executors, flow.input_rate, flow.processing_rate, flow.emit_rate)
+            for name, flow in result.vertices.items()
+        ),
+    )
     print(f"throughput (sum of sinks): {result.throughput:.1f} tuples/s on {len(schedule.nodes)} nodes")
     return 0
 

@@ -170,7 +170,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     if not args.redis:
         raise CommandError("--redis: no URL; pass one or set ELASTREAM_REDIS_URL (the chart sets it from a Secret)")
-    from elastream.runtime.security import DataPlaneConfigError, auth_enabled
+    from elastream.worker_inputs.keys import DataPlaneConfigError, auth_enabled
 
     try:
         auth_enabled()  # what the worker pods get: a typo fails here, not in every pod

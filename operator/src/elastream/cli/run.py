@@ -25,9 +25,11 @@ from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import MAX_NODES, Topology, load_manifest
-from elastream.runtime.operators import OperatorLoadError, load_class
+from elastream.resources import load_manifest as load_checked
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
+from elastream.worker_inputs.keys import DataPlaneConfigError, keys_from_env
+from elastream.worker_inputs.user_code import OperatorLoadError, load_class
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,7 +124,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from elastream.runtime.security import DataPlaneConfigError, keys_from_env
     from elastream.runtime.worker import ALL_INTERFACES, Worker, WorkerOptions, configure_logging
 
     if not args.redis:
@@ -193,10 +194,10 @@ def redis_for(url: str | None) -> Iterator[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from elastream.analysis import Analyzer
-    from elastream.control.controller import local_controller
+    from elastream.control.local_mode import local_controller
     from elastream.store.registry import connect, store_manifest
 
-    topology = load_manifest(args.file)
+    topology = load_checked(args.file)
     if args.nodes is not None:
         topology = topology.with_nodes(args.nodes)
     check_operators(topology)
@@ -292,11 +293,11 @@ def default_demo_manifest() -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start, warm up, scale out, scale in, and report measured against predicted throughput."""
     from elastream.analysis import Analyzer
-    from elastream.control.controller import local_controller
-    from elastream.control.recovery import measure_recovery
+    from elastream.control.catch_up import measure_catch_up
+    from elastream.control.local_mode import local_controller
 
     path = args.file or default_demo_manifest()
-    topology = load_manifest(path)
+    topology = load_checked(path)
     check_operators(topology)
     out_nodes = args.out or topology.nodes + 1
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
@@ -338,9 +339,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     if record.outcome == Outcome.FAILED:
                         raise CommandError(record.reason or "scaling failed")
                     seen = watch(controller, args.phase)
-                    catch_up, stable = measure_recovery(controller.feed, topology, record.started_at)
+                    catch_up, stable = measure_catch_up(controller.feed, topology, record.started_at)
                     print(
-                        f"  recovery after the {label}: catch-up {_seconds(catch_up)}, "
+                        f"  after the {label}: catch-up {_seconds(catch_up)}, "
                         f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",
                         flush=True,
                     )
@@ -399,10 +400,10 @@ def parse_parallelism(topology: Topology, items: list[str]) -> dict[str, int]:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from elastream.control.controller import scale_request_key, status_key
+    from elastream.control.local_mode import scale_request_key, status_key
     from elastream.store.registry import connect
 
-    topology = load_manifest(args.file)
+    topology = load_checked(args.file)
     parallelism = parse_parallelism(topology, args.parallelism)
     if args.nodes is None and not parallelism:
         raise CommandError("--nodes or --parallelism: give at least one (e.g. --nodes 3 or --parallelism parse=4)")
@@ -434,7 +435,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raw = client.get(status_key(topology, "lastScaling"))
         if raw is not None:
             status = json.loads(raw)
-            if status.get("recovery") == "measuring":  # migrated; the run measures catch-up and stabilization
+            if status.get("catchUp") == "measuring":  # migrated; the run measures catch-up and stabilization
                 if not announced:
                     print(f"{status.get('outcome')}; measuring catch-up and stabilization", flush=True)
                     announced = True

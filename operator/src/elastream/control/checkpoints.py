@@ -16,10 +16,12 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import redis
 
-from elastream.core.migration import CheckpointPhase, CheckpointRound, ControlType
+from elastream.core.checkpoint_protocol import CheckpointPhase, CheckpointRound
+from elastream.core.migration_protocol import ControlType
 from elastream.core.ports import Backend, BackendError, Clock, SystemClock
 from elastream.core.topology import Topology, split_executor_id
 from elastream.store.checkpoint import CheckpointStore
@@ -39,6 +41,17 @@ class CheckpointResult:
     duration_ms: float | None = None
     state_bytes: int = 0
     reason: str = ""
+
+
+class Checkpoints(Protocol):
+    """Checkpoints on demand (`control.checkpoints.CheckpointDriver`): a suspend's last one, and the id of the
+    latest completed one (what a resume restores)."""
+
+    def take(self) -> CheckpointResult: ...
+
+    def latest(self) -> str | None: ...
+
+    def discard_uncommitted(self) -> int: ...
 
 
 @dataclass

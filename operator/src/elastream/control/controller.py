@@ -23,22 +23,22 @@ serves `elastream run`, `elastream demo` and the operator, and its unit tests us
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 
-from elastream.control.checkpoints import CheckpointResult
+from elastream.control.catch_up import CatchUpFollowUp
+from elastream.control.checkpoints import Checkpoints
 from elastream.control.drains import take_drain
 from elastream.control.monitor import LiveRates
-from elastream.control.recovery import RecoveryFollowUp
-from elastream.control.scaling import PrintEvents, ScalingRecord
-from elastream.core.autoscaler import AutoscalerState, Recommendation, WindowInfo, recommend
+from elastream.control.retrying import backoff_delay
+from elastream.control.scaling import PrintEvents, ScalingRecord, autoscale, planned_message
+from elastream.core.autoscaling.decision import AutoscalerState, Recommendation
 from elastream.core.metrics import MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan, PlanningError, make_plan
 from elastream.core.ports import (
@@ -51,7 +51,6 @@ from elastream.core.ports import (
     MetricSource,
     Migrator,
     SampleFeed,
-    ScaleRequest,
     ScaleRequests,
     StateEpochs,
     StateLost,
@@ -66,17 +65,6 @@ log = logging.getLogger("elastream.control")
 
 #: intervals after a schedule change whose samples the analysis skips (the switch and the first catch-up)
 SETTLE_INTERVALS = 2
-
-
-class Checkpoints(Protocol):
-    """Checkpoints on demand (`control.checkpoints.CheckpointDriver`): a suspend's last one, and the id of the
-    latest completed one (what a resume restores)."""
-
-    def take(self) -> CheckpointResult: ...
-
-    def latest(self) -> str | None: ...
-
-    def discard_uncommitted(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -105,7 +93,8 @@ class TopologyController:
     #: the metric archive: stopped after the workers, so its last pass archives their last samples
     archiver: Background | None = None
     interval_s: float = 1.0
-    recovery_timeout_s: float = 60.0
+    #: how long after a scaling its catch-up and stabilization are measured (`control.catch_up`)
+    catch_up_timeout_s: float = 60.0
     last_scaling: ScalingRecord | None = None
     last_recovery: dict[str, Any] | None = None
     #: what the autoscaler remembers (last change, whether it settled, votes, capacity history)
@@ -133,12 +122,12 @@ class TopologyController:
 
     def __post_init__(self) -> None:
         self.live = LiveRates(self.topology, stale_s=3 * self.interval_s)
-        self.follow_up = RecoveryFollowUp(
-            self.feed, self.topology, bucket_s=self.interval_s, timeout_s=self.recovery_timeout_s, now=self.clock.now
+        self.follow_up = CatchUpFollowUp(
+            self.feed, self.topology, bucket_s=self.interval_s, timeout_s=self.catch_up_timeout_s, now=self.clock.now
         )
         self._since: float | None = None
         self._started: list[Background] = []
-        self._evaluated_at: float | None = None
+        self.evaluated_at: float | None = None
         #: why Redis cannot be used now ("" when it can), and since when
         self.store_error = ""
         self.store_down_since: float | None = None
@@ -469,7 +458,7 @@ class TopologyController:
 
     def _recovery_failed(self) -> None:
         self.recovery_failures += 1
-        delay = min(self.recovery_backoff_cap_s, self.recovery_backoff_s * 2 ** (self.recovery_failures - 1))
+        delay = backoff_delay(self.recovery_failures, self.recovery_backoff_s, self.recovery_backoff_cap_s)
         self.recovery_due = self.clock.now() + delay
         self.events.emit(
             EventReason.RECOVERY_BACKOFF,
@@ -519,17 +508,17 @@ class TopologyController:
             now = self.clock.now()
             self.metrics.not_before = now + SETTLE_INTERVALS * self.interval_s
             self.autoscaler = self.autoscaler.changed(now, record.direction)
-            self.follow_up.follow(status, record.started_at, self._recovered)
+            self.follow_up.follow(status, record.started_at, self._caught_up)
         self.last_scaling = record
         self.status.publish("lastScaling", status)
         return record
 
-    def _recovered(self, status: dict[str, Any]) -> None:
+    def _caught_up(self, status: dict[str, Any]) -> None:
         self.autoscaler = self.autoscaler.settled(self.clock.now())
         catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
         self.events.emit(
-            EventReason.RECOVERY_MEASURED,
-            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['recovery']})",
+            EventReason.CATCH_UP_MEASURED,
+            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['catchUp']})",
         )
         if self.last_scaling is not None:
             self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)
@@ -560,16 +549,7 @@ class TopologyController:
         if plan.direction == "none":
             record.outcome, record.finished_at = Outcome.UNCHANGED, self.clock.now()
             return record
-        predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.0f}/s"
-        changed = plan.parallelism_changes
-        self.events.emit(
-            EventReason.SCALING_PLANNED,
-            f"scale {plan.direction} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}: "
-            f"{len(plan.new_executors)} new executors{_listed([e for e, _ in plan.new_executors])}, "
-            f"{len(plan.moves)} moves, "
-            + (f"parallelism {_listed([f'{v} {a}->{b}' for v, (a, b) in changed.items()])[2:-1]}, " if changed else "")
-            + f"throughput {before:.0f}/s now, {predicted} predicted",
-        )
+        self.events.emit(EventReason.SCALING_PLANNED, planned_message(plan, before))
         try:
             report = self.migrator.migrate(plan.new_schedule)
         except redis.RedisError as exc:
@@ -602,54 +582,9 @@ class TopologyController:
     # ------------------------------------------------------------------------------------------- autoscaling
 
     def autoscale(self) -> ScalingRecord | None:
-        """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaler`),
-        publish the evaluation as `autoscaler`, and carry out a scale-out/scale-in (unless `execute: false`,
-        which only recommends). Returns the scaling's record when one ran."""
-        now = self.clock.now()
-        period = self.evaluation_period_s or 2 * self.interval_s
-        if self._evaluated_at is not None and now - self._evaluated_at < period:
-            return None
-        self._evaluated_at = now
-        window = self.topology.scaling.window
-        analysis = self.metrics.analyse(window)
-        if analysis.samples_used == 0:
-            return None
-        schedule = self.backend.current_schedule()
-        span = WindowInfo(
-            analysis.window_start,
-            analysis.window_end,
-            complete=analysis.window_end - analysis.window_start >= window * self.interval_s - 1e-6,
-        )
-        recommendation, self.autoscaler = recommend(
-            self.topology,
-            analysis.snapshot,
-            span,
-            schedule.parallelism(),
-            len(schedule.nodes),
-            self.autoscaler,
-            now,
-            period_s=period,
-            window_s=window * self.interval_s,
-        )
-        self.last_evaluation = recommendation
-        self.status.publish("autoscaler", recommendation.to_status())
-        if recommendation.action not in ("scale-out", "scale-in"):
-            return None
-        target = recommendation.target_nodes
-        message = f"{recommendation.action} to {target} nodes: {recommendation.reason}"
-        if not recommendation.execute:
-            self.events.emit(EventReason.AUTOSCALER_RECOMMENDS, f"{message} (execute: false, nothing changed)")
-            return None
-        self.events.emit(EventReason.AUTOSCALER_DECIDED, message)
-        # the plan reads the window just analysed: one analysis per evaluation, not two
-        record = self.scale_to(target, recommendation.parallelism, "autoscaler", analysis.snapshot)
-        if (
-            record.outcome == Outcome.SUCCEEDED
-            and self.on_nodes_changed is not None
-            and record.to_nodes != record.from_nodes
-        ):
-            self.on_nodes_changed(record.to_nodes)
-        return record
+        """Once per evaluation period: the autoscaler's evaluation (`control.scaling.autoscale`), and the
+        scaling it decides when it decides one (returned)."""
+        return autoscale(self)
 
 
 def _stop_quietly(task: Background) -> None:
@@ -659,117 +594,5 @@ def _stop_quietly(task: Background) -> None:
         log.warning("stopping %s: %s", type(task).__name__, exc)
 
 
-def _listed(items: list[str], limit: int = 6) -> str:
-    if not items:
-        return ""
-    shown = ", ".join(items[:limit])
-    return f" ({shown}{', ...' if len(items) > limit else ''})"
-
-
 def _seconds(ms: Any) -> str:
     return "-" if ms is None else f"{float(ms) / 1000.0:.1f} s"
-
-
-# ---------------------------------------------------------------------------------------------- local mode
-
-
-def scale_request_key(topology: Topology) -> str:
-    return f"{topology.redis_prefix}scale-request"
-
-
-def status_key(topology: Topology, field_name: str) -> str:
-    """Where local mode keeps a status field: `lastScaling` -> `<prefix>last-scaling`."""
-    return topology.redis_prefix + "".join(f"-{c.lower()}" if c.isupper() else c for c in field_name)
-
-
-@dataclass
-class RedisScaleRequests:
-    """Local mode's requests: `elastream scale` writes {"nodes": N, "parallelism": {vertex: k}} as JSON to
-    `<prefix>scale-request` (a bare number, as older versions wrote, is a node count)."""
-
-    client: redis.Redis
-    topology: Topology
-
-    def take(self) -> ScaleRequest | None:
-        raw = self.client.getdel(scale_request_key(self.topology))
-        if raw is None:
-            return None
-        data = json.loads(raw)
-        if isinstance(data, int):
-            return ScaleRequest(data)
-        parallelism = data.get("parallelism")
-        return ScaleRequest(
-            int(data["nodes"]), {str(v): int(k) for v, k in parallelism.items()} if parallelism else None
-        )
-
-
-@dataclass
-class RedisStatus:
-    """Local mode's status: each field as JSON under the topology's prefix (`elastream scale` waits on
-    `<prefix>last-scaling`)."""
-
-    client: redis.Redis
-    topology: Topology
-    #: fields not written yet (Redis away), written by the next `publish` or `flush`
-    unsent: dict[str, str] = field(default_factory=dict)
-
-    def publish(self, field: str, status: dict[str, Any]) -> None:
-        self.unsent[field] = json.dumps(status, default=str)
-        self.flush()
-
-    def flush(self) -> None:
-        try:
-            for name in list(self.unsent):
-                self.client.set(status_key(self.topology, name), self.unsent[name])
-                del self.unsent[name]
-        except redis.RedisError as exc:
-            log.warning("status not written to Redis yet (%s); written when it is back", exc)
-
-
-def local_controller(
-    topology: Topology,
-    cluster: Any,
-    analyzer: Any,
-    events: EventSink | None = None,
-    archive: str | None = None,
-    archive_every_s: float = 10.0,
-    archive_client: redis.Redis | None = None,
-) -> TopologyController:
-    """Wire a controller for local mode: `cluster` (a `LocalCluster`) runs the workers, Redis carries
-    requests and status, the checkpointer and (with `archive`) the metric archiver run in the background."""
-    from elastream.control.checkpoints import CheckpointDriver, Checkpointer
-    from elastream.control.metrics import MetricArchiver, StreamMetricSource
-    from elastream.control.migration import MigrationDriver
-    from elastream.store.metric_stream import MetricStream
-
-    events = events or PrintEvents()
-    client = cluster.client
-    driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)  # type: ignore[arg-type]
-    checkpoints = CheckpointDriver(topology, cluster, client, identity=driver.identity)
-    checkpointer = Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)
-    archiver = (
-        MetricArchiver(archive_client or client, topology, archive, analyzer, every_s=archive_every_s)
-        if archive
-        else None
-    )
-    from elastream.store.drains import RedisDrainRequests
-    from elastream.store.epoch import RedisEpoch
-
-    controller = TopologyController(
-        topology=topology,
-        backend=cluster,
-        metrics=StreamMetricSource(client, topology, analyzer, cluster.interval_s),
-        migrator=driver,
-        feed=MetricStream(client, topology.redis_prefix),
-        requests=RedisScaleRequests(client, topology),
-        status=RedisStatus(client, topology),
-        events=events,
-        background=[checkpointer],
-        checkpoints=checkpoints,
-        archiver=archiver,
-        interval_s=cluster.interval_s,
-        epochs=RedisEpoch(client, topology.redis_prefix),
-        drains=RedisDrainRequests(client, topology.redis_prefix),
-    )
-    driver.on_redis = controller.note_store
-    return controller

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from elastream.core.drain import DrainPlan, drain_schedule, refill_schedule
-from elastream.core.migration import MigrationReport
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError, DrainRequest
 from elastream.core.schedule import Schedule

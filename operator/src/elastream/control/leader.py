@@ -38,6 +38,7 @@ from elastream.core.lease import (
     still_leader,
     why_not,
 )
+from elastream.core.ports import CoordinationApi
 
 log = logging.getLogger("elastream.leader")
 
@@ -155,7 +156,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        coordination_api: Any,
+        coordination_api: CoordinationApi,
         namespace: str,
         identity: str,
         name: str = LEASE_NAME,

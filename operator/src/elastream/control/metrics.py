@@ -34,8 +34,9 @@ from elastream.analysis.sources import (
     reported_by_all,
     write_parquet_local,
 )
-from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
+from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.topology import Topology
+from elastream.core.window_analysis import Analysis
 from elastream.store.codec import decode_sample, optional_text
 from elastream.store.metric_stream import MetricStream, metric_stream_key
 from elastream.store.registry import redacted

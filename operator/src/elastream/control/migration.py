@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,9 @@ from typing import Any
 import redis
 
 from elastream.control.checkpoints import abandon_checkpoint
-from elastream.core.migration import (
+from elastream.control.retrying import retry_within
+from elastream.core.checkpoint_protocol import replayed_events
+from elastream.core.migration_protocol import (
     Ack,
     Action,
     ActionKind,
@@ -48,17 +49,16 @@ from elastream.core.migration import (
     MigrationStalled,
     Phase,
     Timeouts,
-    replayed_events,
 )
-from elastream.core.migration import Protocol as MigrationProtocol
+from elastream.core.migration_protocol import Protocol as MigrationProtocol
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
-from elastream.runtime.participant import unpack
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
+from elastream.store.codec import unpack
 from elastream.store.control import ControlChannel
 from elastream.store.retry import backoff
 
@@ -114,31 +114,40 @@ class MigrationDriver:
         """Run `step` (which talks to Redis), retrying while Redis is away for up to `redis_wait_s`; then
         raise `MigrationInterrupted` (the record stays for `resume`)."""
         down_since: float | None = None
-        for delay in backoff(0.1, 2.0, 2.0):
+
+        def attempt() -> Any:
             if self.cancelled.is_set():
                 raise MigrationInterrupted(f"{what}: stopped, the topology is being deleted")
-            try:
-                result = step()
-            except redis.RedisError as exc:
-                now = self.clock.now()
-                if down_since is None:
-                    down_since = now
-                    log.warning("%s: Redis unavailable (%s); waiting up to %.0f s", what, exc, self.redis_wait_s)
-                    if self.on_redis is not None:
-                        self.on_redis(f"{type(exc).__name__}: {exc}")
-                if now - down_since > self.redis_wait_s:
-                    raise MigrationInterrupted(
-                        f"{what}: Redis unavailable for {now - down_since:.0f} s ({exc}); the migration's record "
-                        "stays in Redis and is finished or rolled back when Redis is back"
-                    ) from None
-                self.clock.sleep(delay)
-                continue
-            if down_since is not None:
-                log.warning("%s: Redis is back after %.1f s", what, self.clock.now() - down_since)
+            return step()
+
+        def failed(exc: Exception) -> None:
+            nonlocal down_since
+            if down_since is None:
+                down_since = self.clock.monotonic()
+                log.warning("%s: Redis unavailable (%s); waiting up to %.0f s", what, exc, self.redis_wait_s)
                 if self.on_redis is not None:
-                    self.on_redis("")
-            return result
-        raise AssertionError("unreachable")  # backoff() never ends
+                    self.on_redis(f"{type(exc).__name__}: {exc}")
+
+        try:
+            result = retry_within(
+                attempt,
+                transient=lambda exc: isinstance(exc, redis.RedisError),
+                within_s=self.redis_wait_s,
+                clock=self.clock,
+                delays=backoff(0.1, 2.0, 2.0),
+                on_failure=failed,
+            )
+        except redis.RedisError as exc:
+            down = self.clock.monotonic() - (down_since if down_since is not None else self.clock.monotonic())
+            raise MigrationInterrupted(
+                f"{what}: Redis unavailable for {down:.0f} s ({exc}); the migration's record "
+                "stays in Redis and is finished or rolled back when Redis is back"
+            ) from None
+        if down_since is not None:
+            log.warning("%s: Redis is back after %.1f s", what, self.clock.monotonic() - down_since)
+            if self.on_redis is not None:
+                self.on_redis("")
+        return result
 
     def unfinished(self) -> str | None:
         """The id of a migration or checkpoint that holds the topology with no live owner driving it (its
@@ -332,7 +341,7 @@ class _Run:
                     queue.extend(driver.redis_step(partial(self.do, action), f"migration {mid} {action.kind.value}"))
                 if coordinator.phase in (Phase.DONE, Phase.ABORTED):
                     break
-                time.sleep(driver.poll_s)
+                driver.clock.sleep(driver.poll_s)
                 if driver.clock.now() - heartbeat >= 2.0:
                     heartbeat = driver.clock.now()
                     driver.redis_step(driver.owner.renew, f"migration {mid}")

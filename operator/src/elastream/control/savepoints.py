@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import datetime
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
 
 from elastream.control.controller import TopologyController
-from elastream.core.ports import EventSink
+from elastream.control.retrying import backoff_delay
+from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.savepoints import (
     DELETE_SAVEPOINT_ANNOTATION,
     MAX_SAVEPOINTS,
@@ -138,7 +138,9 @@ def committed_output(client: redis.Redis, topology: Topology) -> dict[str, str]:
     return found
 
 
-def restore_initial_savepoint(client: redis.Redis, topology: Topology) -> SavepointMeta | None:
+def restore_initial_savepoint(
+    client: redis.Redis, topology: Topology, clock: Clock | None = None
+) -> SavepointMeta | None:
     """Seed `topology` from its `spec.initialSavepoint` when it has no state of its own (see the module);
     returns the savepoint used, None when there is none to use (no reference, or state of its own). Raises
     `SavepointError` (missing: retry; not shared or incompatible: the user's to fix) or `redis.RedisError`."""
@@ -169,7 +171,7 @@ def restore_initial_savepoint(client: redis.Redis, topology: Topology) -> Savepo
     working.complete_checkpoint(
         checkpoint_id,
         {
-            "completedAt": time.time(),
+            "completedAt": (clock or SystemClock()).now(),
             "schedule": initial_schedule(topology).to_dict(),
             "savepoint": ref.key,
         },
@@ -197,6 +199,8 @@ class RedisSavepoints:
     """`Savepoints` in Redis, through the operator's connection."""
 
     client: redis.Redis
+    #: the time the seeded checkpoint's record says it completed
+    clock: Clock = field(default_factory=SystemClock)
 
     def take(self, controller: TopologyController, name: str, share_with: Sequence[str]) -> SavepointMeta:
         return take_savepoint(self.client, controller, name, share_with)
@@ -208,7 +212,7 @@ class RedisSavepoints:
         return SavepointStore(self.client, namespace, topology).list()
 
     def restore(self, topology: Topology) -> SavepointMeta | None:
-        return restore_initial_savepoint(self.client, topology)
+        return restore_initial_savepoint(self.client, topology, self.clock)
 
     def has_checkpoint(self, topology: Topology) -> bool:
         """Whether the topology's prefix holds a completed checkpoint (a seeded savepoint's included)."""
@@ -232,7 +236,7 @@ class SavepointRequests:
     remove_annotation: Callable[[str], None]
     retry_s: float = 5.0
     retry_cap_s: float = 60.0
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = field(default=SystemClock().monotonic)
     entries: list[dict[str, Any]] | None = None
     #: the take being retried: (name, failures so far, when the next may start)
     pending: tuple[str, int, float] | None = None
@@ -286,7 +290,7 @@ class SavepointRequests:
             retry = isinstance(exc, redis.RedisError) or exc.retry
             failures = (pending[1] if pending is not None else 0) + 1
             if retry and failures < MAX_TAKE_ATTEMPTS:
-                delay = float(min(self.retry_cap_s, self.retry_s * 2 ** (failures - 1)))
+                delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
                 self.pending = (name, failures, now + delay)
                 self.events.emit(
                     EventReason.SAVEPOINT_BACKOFF,

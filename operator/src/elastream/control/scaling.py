@@ -1,16 +1,24 @@
-"""The record of one scaling (the resource's `status.lastScaling`) and the local event reporter.
+"""The controller's scalings: the record of one (the resource's `status.lastScaling`), the event announcing
+its plan, the autoscaler's evaluation that decides one, and the local event reporter.
 
 `TopologyController.scale_to` (control.controller) fills a `ScalingRecord` step by step: the plan and the
 numbers that justified it, the migration's report, the outcome; `to_status()` gives the status shape.
+`autoscale` is the controller's evaluation once per period (the policy is `core.autoscaling.decision.recommend`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from elastream.core.autoscaling.decision import WindowInfo, recommend
 from elastream.core.outcomes import Direction, Outcome
+from elastream.core.planner import Plan
+from elastream.core.status import EventReason
+
+if TYPE_CHECKING:
+    from elastream.control.controller import TopologyController
 
 
 @dataclass
@@ -69,3 +77,75 @@ class PrintEvents:
 
     def emit(self, reason: str, message: str, warning: bool = False) -> None:
         print(f"{'WARNING ' if warning else ''}{reason}: {message}", flush=True)
+
+
+def planned_message(plan: Plan, throughput: float) -> str:
+    """The ScalingPlanned event's message: the move, its new executors and moves, the degrees it changes,
+    the throughput now (`throughput`) and predicted."""
+    predicted = "n/a" if plan.predicted_throughput is None else f"{plan.predicted_throughput:.0f}/s"
+    changed = plan.parallelism_changes
+    return (
+        f"scale {plan.direction} {plan.from_nodes} -> {plan.to_nodes} nodes with {plan.strategy}: "
+        f"{len(plan.new_executors)} new executors{_listed([e for e, _ in plan.new_executors])}, "
+        f"{len(plan.moves)} moves, "
+        + (f"parallelism {_listed([f'{v} {a}->{b}' for v, (a, b) in changed.items()])[2:-1]}, " if changed else "")
+        + f"throughput {throughput:.0f}/s now, {predicted} predicted"
+    )
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    if not items:
+        return ""
+    shown = ", ".join(items[:limit])
+    return f" ({shown}{', ...' if len(items) > limit else ''})"
+
+
+def autoscale(controller: TopologyController) -> ScalingRecord | None:
+    """Once per evaluation period: analyse the window, let the spec's policy decide (`core.autoscaling.decision`),
+    publish the evaluation as `autoscaler`, and carry out a scale-out/scale-in (unless `execute: false`,
+    which only recommends). Returns the scaling's record when one ran."""
+    now = controller.clock.now()
+    period = controller.evaluation_period_s or 2 * controller.interval_s
+    if controller.evaluated_at is not None and now - controller.evaluated_at < period:
+        return None
+    controller.evaluated_at = now
+    window = controller.topology.scaling.window
+    analysis = controller.metrics.analyse(window)
+    if analysis.samples_used == 0:
+        return None
+    schedule = controller.backend.current_schedule()
+    span = WindowInfo(
+        analysis.window_start,
+        analysis.window_end,
+        complete=analysis.window_end - analysis.window_start >= window * controller.interval_s - 1e-6,
+    )
+    recommendation, controller.autoscaler = recommend(
+        controller.topology,
+        analysis.snapshot,
+        span,
+        schedule.parallelism(),
+        len(schedule.nodes),
+        controller.autoscaler,
+        now,
+        period_s=period,
+        window_s=window * controller.interval_s,
+    )
+    controller.last_evaluation = recommendation
+    controller.status.publish("autoscaler", recommendation.to_status())
+    if recommendation.action not in ("scale-out", "scale-in"):
+        return None
+    target = recommendation.target_nodes
+    message = f"{recommendation.action} to {target} nodes: {recommendation.reason}"
+    if not recommendation.execute:
+        controller.events.emit(EventReason.AUTOSCALER_RECOMMENDS, f"{message} (execute: false, nothing changed)")
+        return None
+    controller.events.emit(EventReason.AUTOSCALER_DECIDED, message)
+    # the plan reads the window just analysed: one analysis per evaluation, not two
+    record = controller.scale_to(target, recommendation.parallelism, "autoscaler", analysis.snapshot)
+    if (
+        record.outcome == Outcome.SUCCEEDED
+        and controller.on_nodes_changed is not None
+        and record.to_nodes != record.from_nodes
+    ):
+        controller.on_nodes_changed(record.to_nodes)
+    return record

@@ -13,10 +13,11 @@ away) is not forgotten: the next `write` sends the difference from what the serv
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from elastream.core.ports import SystemClock
 
 log = logging.getLogger("elastream.operator")
 
@@ -67,7 +68,7 @@ class StatusWriter:
 
     send: Callable[[dict[str, Any]], None]
     volatile_every_s: float = 15.0
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = field(default=SystemClock().monotonic)
     #: the status the API server has, as far as this writer knows (None: not known yet)
     written: dict[str, Any] | None = None
     #: writes sent (the benchmark and the tests count them)

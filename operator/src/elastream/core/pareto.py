@@ -1,6 +1,6 @@
 """What-if planning: the throughput/cost Pareto front of configurations (ARiSto's static mechanism).
 
-ARiSto (Gkolemis, Doka, Koziris; ../shared/seeds/001_*.txt, section 3) predicts a topology's throughput for
+ARiSto (Gkolemis, Doka, Koziris; docs/papers.md, section 3) predicts a topology's throughput for
 any configuration from per-component models and searches the configuration space for the near-optimal,
 throughput/cost Pareto-optimal ones. Here the per-component models are the fluid model's per-vertex capacity
 (`SimulationModel`: costMs, or rates measured in a metric snapshot), the throughput calculator is `simulate`,
@@ -35,10 +35,10 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from elastream.core.schedule import executor_order, node_name, round_robin
-from elastream.core.simulate import SearchTooLarge, SimulationModel, SimulationResult, VertexModel, simulate
+from elastream.core.simulate import SimulationModel, SimulationResult, VertexModel, simulate
 from elastream.core.topology import Topology
 
 #: a step must raise throughput by more than this fraction to count as a gain: smaller differences (a few
@@ -173,17 +173,48 @@ def _utilisation(result: SimulationResult, vertex: str) -> float:
     return result.vertices[vertex].processing_rate / capacity
 
 
-def _close(a: float, b: float) -> bool:
+def same_throughput(a: float, b: float) -> bool:
+    """Within MIN_GAIN of each other: a difference not worth an executor."""
     return abs(a - b) <= MIN_GAIN * max(1.0, abs(a), abs(b))
 
 
+def gains(new: float, old: float) -> bool:
+    """`new` is more than MIN_GAIN above `old`: worth an executor."""
+    return new > old and not same_throughput(new, old)
+
+
 def _reaches(throughput: float, bound: float) -> bool:
-    return throughput >= bound or _close(throughput, bound)
+    return throughput >= bound or same_throughput(throughput, bound)
 
 
 def starting_parallelism(topology: Topology, fixed: Sequence[str] = ()) -> dict[str, int]:
     """One executor per vertex, the vertices in `fixed` at their written parallelism."""
     return {v: topology.vertices[v].parallelism if v in fixed else 1 for v in topology.order}
+
+
+@dataclass(frozen=True)
+class _Search:
+    """One greedy search: the topology, its model, the node count and the vertices whose parallelism stays."""
+
+    topology: Topology
+    model: SimulationModel
+    nodes: int
+    fixed: Sequence[str]
+
+    def evaluate(self, parallelism: Mapping[str, int]) -> tuple[float, SimulationResult]:
+        return evaluate(self.topology, self.model, self.nodes, parallelism)
+
+
+class _At(NamedTuple):
+    """Where the greedy stands: the parallelism, its throughput and its simulation."""
+
+    parallelism: Mapping[str, int]
+    throughput: float
+    result: SimulationResult
+
+
+#: a greedy step: the executors added (a multiset of vertices), the new throughput and simulation
+_Step = tuple[tuple[str, ...], float, SimulationResult]
 
 
 def best_configuration(
@@ -205,41 +236,35 @@ def best_configuration(
         raise ParetoError(
             f"{sum(parallelism.values())} executors do not fit {nodes} nodes × {topology.slots_per_node} slots"
         )
-    throughput, result = evaluate(topology, model, nodes, parallelism)
+    search = _Search(topology, model, nodes, fixed)
+    throughput, result = search.evaluate(parallelism)
     while True:
         used = sum(parallelism.values())
         if used >= budget or (ceiling is not None and _reaches(throughput, ceiling)):
             break
-        step = _best_step(topology, model, nodes, parallelism, fixed, throughput, result, 1)
+        at = _At(parallelism, throughput, result)
+        step = _best_step(search, at, 1)
         if step is None and used + 2 <= budget:
-            step = _best_step(topology, model, nodes, parallelism, fixed, throughput, result, 2)
+            step = _best_step(search, at, 2)
         if step is None:
-            step = _cut_step(topology, model, nodes, parallelism, fixed, throughput, result, budget - used)
+            step = _cut_step(search, at, budget - used)
         if step is None:
-            step = _plateau_step(topology, model, nodes, parallelism, fixed, throughput, result, budget - used)
+            step = _plateau_step(search, at, budget - used)
         if step is None:
             break
         added, throughput, result = step
         for v in added:
             parallelism[v] += 1
-    limit = _limit(topology, model, result, parallelism, budget, fixed, offered)
+    limit = _limit(search, _At(parallelism, throughput, result), budget, offered)
     return Configuration(nodes, parallelism, throughput, limit)
 
 
-def _best_step(
-    topology: Topology,
-    model: SimulationModel,
-    nodes: int,
-    parallelism: Mapping[str, int],
-    fixed: Sequence[str],
-    throughput: float,
-    result: SimulationResult,
-    size: int,
-) -> tuple[tuple[str, ...], float, SimulationResult] | None:
+def _best_step(search: _Search, at: _At, size: int) -> _Step | None:
     """The `size` executors to add (a multiset of vertices) that raise throughput most, or None when no choice
     gains more than MIN_GAIN. Choices within MIN_GAIN of the best tie: the one with the most utilised vertex
     wins (the bottleneck in `result`), then the one earliest in topological order. Two at a time (after no
     single executor helped) are tried on saturated vertices only: two bottlenecks in a row."""
+    topology, fixed, parallelism, throughput, result = search.topology, search.fixed, *at
     growable = (
         _saturated_growable(topology, parallelism, fixed, result)
         if size > 1
@@ -252,8 +277,8 @@ def _best_step(
             candidate[v] += 1
         if any(candidate[v] > topology.vertices[v].max_parallelism for v in added):
             continue
-        t, r = evaluate(topology, model, nodes, candidate)
-        if t > throughput and not _close(t, throughput):
+        t, r = search.evaluate(candidate)
+        if gains(t, throughput):
             rank = (-max(_utilisation(result, v) for v in added), tuple(topology.position[v] for v in added))
             trials.append((t, rank, added, r))
     if not trials:
@@ -277,23 +302,15 @@ def _saturated_growable(
 def _pick(trials: Sequence[tuple[float, _Rank, _Choice, SimulationResult]]) -> tuple[float, _Choice, SimulationResult]:
     """The trial with the highest throughput; those within MIN_GAIN of it tie, and the lowest rank wins."""
     top = max(trial[0] for trial in trials)
-    t, _, choice, r = min((trial for trial in trials if _close(trial[0], top)), key=lambda trial: trial[1])
+    t, _, choice, r = min((trial for trial in trials if same_throughput(trial[0], top)), key=lambda trial: trial[1])
     return t, choice, r
 
 
-def _cut_step(
-    topology: Topology,
-    model: SimulationModel,
-    nodes: int,
-    parallelism: Mapping[str, int],
-    fixed: Sequence[str],
-    throughput: float,
-    result: SimulationResult,
-    room: int,
-) -> tuple[tuple[str, ...], float, SimulationResult] | None:
+def _cut_step(search: _Search, at: _At, room: int) -> _Step | None:
     """When neither one executor nor two help, the saturated vertices form a cut (three equal stages in a
     row): one executor for each (most utilised first, as many as `room` allows), then, latest vertex first,
     every one of them whose removal keeps the gain is dropped again. None when that gains nothing."""
+    topology, fixed, parallelism, throughput, result = search.topology, search.fixed, *at
     saturated = _saturated_growable(topology, parallelism, fixed, result)
     saturated.sort(key=lambda v: (-_utilisation(result, v), topology.position[v]))
     added = sorted(saturated[:room], key=lambda v: topology.position[v])
@@ -302,13 +319,13 @@ def _cut_step(
     candidate = dict(parallelism)
     for v in added:
         candidate[v] += 1
-    t, r = evaluate(topology, model, nodes, candidate)
-    if not (t > throughput and not _close(t, throughput)):
+    t, r = search.evaluate(candidate)
+    if not gains(t, throughput):
         return None
     for v in reversed(list(added)):
         candidate[v] -= 1
-        t2, r2 = evaluate(topology, model, nodes, candidate)
-        if _close(t2, t) or t2 > t:
+        t2, r2 = search.evaluate(candidate)
+        if same_throughput(t2, t) or t2 > t:
             added.remove(v)
             t, r = t2, r2
         else:
@@ -316,20 +333,12 @@ def _cut_step(
     return tuple(added), t, r
 
 
-def _plateau_step(
-    topology: Topology,
-    model: SimulationModel,
-    nodes: int,
-    parallelism: Mapping[str, int],
-    fixed: Sequence[str],
-    throughput: float,
-    result: SimulationResult,
-    room: int,
-) -> tuple[tuple[str, ...], float, SimulationResult] | None:
+def _plateau_step(search: _Search, at: _At, room: int) -> _Step | None:
     """When no step of one, two or a cut gains: add executors one at a time (at most PLATEAU_STEPS and `room`),
     each to the saturated vertex whose increment keeps throughput highest (ties: most utilised, then earliest),
     and return the walk up to the first point that gains more than MIN_GAIN over `throughput`; None when the
     walk loses throughput, runs out of saturated vertices or of steps first."""
+    topology, fixed, parallelism, throughput, result = search.topology, search.fixed, *at
     candidate = dict(parallelism)
     added: list[str] = []
     current_t, current_r = throughput, result
@@ -337,31 +346,25 @@ def _plateau_step(
         trials: list[tuple[float, tuple[float, int], str, SimulationResult]] = []
         for v in _saturated_growable(topology, candidate, fixed, current_r):
             candidate[v] += 1
-            t, r = evaluate(topology, model, nodes, candidate)
+            t, r = search.evaluate(candidate)
             candidate[v] -= 1
             trials.append((t, (-_utilisation(current_r, v), topology.position[v]), v, r))
         if not trials:
             return None
         t, v, r = _pick(trials)
-        if t < current_t and not _close(t, current_t):
+        if t < current_t and not same_throughput(t, current_t):
             return None  # the walk loses throughput: not a plateau
         candidate[v] += 1
         added.append(v)
         current_t, current_r = t, r
-        if t > throughput and not _close(t, throughput):
+        if gains(t, throughput):
             return tuple(added), t, r
     return None
 
 
-def _limit(
-    topology: Topology,
-    model: SimulationModel,
-    result: SimulationResult,
-    parallelism: Mapping[str, int],
-    budget: int,
-    fixed: Sequence[str],
-    bound: float | None,
-) -> str:
+def _limit(search: _Search, at: _At, budget: int, bound: float | None) -> str:
+    """What stops more throughput at `at` (`Configuration.limit`)."""
+    topology, fixed, (parallelism, _, result) = search.topology, search.fixed, at
     if bound is not None and _reaches(result.throughput, bound):
         return "offered rate"
     saturated = [v for v in topology.order if _utilisation(result, v) >= SATURATED]
@@ -372,50 +375,15 @@ def _limit(
         reasons.append("maxParallelism: " + ", ".join(at_max))
     if pinned:
         reasons.append("fixed parallelism: " + ", ".join(pinned))
-    cpu = model.node_cpu
+    cpu = search.model.node_cpu
     if cpu is not None and any(used >= cpu * SATURATED for used in result.node_cpu_used.values()):
         reasons.append("node CPU")
     return "; ".join(reasons) or f"no executor adds {MIN_GAIN:.0%}"
 
 
-def exhaustive_configuration(
-    topology: Topology,
-    model: SimulationModel,
-    nodes: int,
-    fixed: Sequence[str] = (),
-    limit: int = 20_000,
-) -> Configuration:
-    """The best parallelism for `nodes` nodes over every vector within the slots and [1, maxParallelism]
-    (ties: fewer executors, then the first in lexicographic order), for checking the greedy on small cases.
-    Raises `SearchTooLarge` past `limit` vectors."""
-    budget = nodes * topology.slots_per_node
-    start = starting_parallelism(topology, fixed)
-    ranges = [
-        range(start[v], start[v] + 1) if v in fixed else range(1, topology.vertices[v].max_parallelism + 1)
-        for v in topology.order
-    ]
-    if math.prod(len(r) for r in ranges) > limit:
-        raise SearchTooLarge(f"more than {limit} parallelism vectors to evaluate; use a smaller case")
-    best: Configuration | None = None
-    for vector in itertools.product(*ranges):
-        if sum(vector) > budget:
-            continue
-        parallelism = dict(zip(topology.order, vector, strict=True))
-        throughput, _ = evaluate(topology, model, nodes, parallelism)
-        if (
-            best is None
-            or (throughput > best.throughput and not _close(throughput, best.throughput))
-            or (_close(throughput, best.throughput) and sum(vector) < best.executors)
-        ):
-            best = Configuration(nodes, parallelism, throughput)
-    if best is None:
-        raise ParetoError(f"no parallelism fits {nodes} nodes × {topology.slots_per_node} slots")
-    return best
-
-
 def _better(a: Configuration, b: Configuration) -> bool:
     """`a` has more throughput than `b` (by more than MIN_GAIN), or as much with fewer executors."""
-    if _close(a.throughput, b.throughput):
+    if same_throughput(a.throughput, b.throughput):
         return a.executors < b.executors
     return a.throughput > b.throughput
 
@@ -428,7 +396,7 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     best = -math.inf
     for i in order:
         throughput = points[i][1]
-        if throughput > best and not (front and _close(throughput, best)):
+        if throughput > best and not (front and same_throughput(throughput, best)):
             front.append(i)
             best = throughput
     return front
@@ -488,7 +456,7 @@ def pareto_plan(
             stopped = f"{nodes} nodes are not limited by slots and nodes have no CPU limit; more nodes cannot help"
             break
         before = max((c.throughput for c in configurations[:-1]), default=-math.inf)
-        flat = 0 if configuration.throughput > before and not _close(configuration.throughput, before) else flat + 1
+        flat = 0 if gains(configuration.throughput, before) else flat + 1
         if flat >= PATIENCE:
             stopped = f"{nodes - PATIENCE + 1}..{nodes} nodes add less than {MIN_GAIN:.0%} over fewer nodes"
             break

@@ -10,6 +10,9 @@
 - `SampleFeed`: the raw metric samples (the live view and the recovery measurement read them).
 - `Clock`: time, replaceable in tests.
 - `EventSink`: where decisions and migrations are reported (stdout, Kubernetes events, a list in tests).
+- `CoreApi`, `CustomObjectsApi`, `NetworkingApi`, `PolicyApi`, `CoordinationApi`: the calls the operator makes of
+  the Kubernetes API, with the arguments it passes (what `kubernetes.client`'s CoreV1Api, CustomObjectsApi,
+  NetworkingV1Api, PolicyV1Api and CoordinationV1Api provide, and the in-memory fakes of the tests).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from elastream.core.metrics import Analysis, MetricSample, MetricSnapshot
-from elastream.core.migration import MigrationReport
+from elastream.core.metrics import MetricSample, MetricSnapshot
+from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule
+from elastream.core.window_analysis import Analysis
 
 
 @runtime_checkable
@@ -225,6 +229,10 @@ class Clock(Protocol):
         """Seconds since the epoch."""
         ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps: every deadline and every interval measured."""
+        ...
+
     def sleep(self, seconds: float) -> None: ...
 
 
@@ -239,5 +247,81 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
+    def monotonic(self) -> float:
+        return time.monotonic()
+
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+class CoreApi(Protocol):
+    """The core/v1 calls of the operator: its events, the topology's ConfigMap and Secret, its worker pods
+    (`kubernetes.client.CoreV1Api`). Objects come back as the client's models (or dicts from fakes)."""
+
+    def create_namespaced_event(self, namespace: str, body: Any) -> Any: ...
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> Any: ...
+
+    def create_namespaced_config_map(self, namespace: str, body: Any) -> Any: ...
+
+    def patch_namespaced_config_map(self, name: str, namespace: str, body: Any) -> Any: ...
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> Any: ...
+
+    def create_namespaced_secret(self, namespace: str, body: Any) -> Any: ...
+
+    def patch_namespaced_secret(self, name: str, namespace: str, body: Any) -> Any: ...
+
+    def list_namespaced_pod(self, namespace: str, *, label_selector: str = ...) -> Any: ...
+
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any: ...
+
+    def create_namespaced_pod(self, namespace: str, body: Any) -> Any: ...
+
+    def delete_namespaced_pod(
+        self, name: str, namespace: str, *, body: Any = ..., grace_period_seconds: int | None = ...
+    ) -> Any: ...
+
+
+class CustomObjectsApi(Protocol):
+    """A StreamTopology's spec, metadata and status subresource (`kubernetes.client.CustomObjectsApi`)."""
+
+    def patch_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: Any, *, _request_timeout: float
+    ) -> Any: ...
+
+    def patch_namespaced_custom_object_status(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: Any, *, _request_timeout: float
+    ) -> Any: ...
+
+
+class NetworkingApi(Protocol):
+    """A topology's NetworkPolicy (`kubernetes.client.NetworkingV1Api`)."""
+
+    def read_namespaced_network_policy(self, name: str, namespace: str) -> Any: ...
+
+    def create_namespaced_network_policy(self, namespace: str, body: Any) -> Any: ...
+
+    def patch_namespaced_network_policy(self, name: str, namespace: str, body: Any) -> Any: ...
+
+
+class PolicyApi(Protocol):
+    """A topology's PodDisruptionBudget (`kubernetes.client.PolicyV1Api`)."""
+
+    def read_namespaced_pod_disruption_budget(self, name: str, namespace: str) -> Any: ...
+
+    def create_namespaced_pod_disruption_budget(self, namespace: str, body: Any) -> Any: ...
+
+    def patch_namespaced_pod_disruption_budget(self, name: str, namespace: str, body: Any) -> Any: ...
+
+
+class CoordinationApi(Protocol):
+    """The leader election's Lease (`kubernetes.client.CoordinationV1Api`)."""
+
+    def read_namespaced_lease(self, name: str, namespace: str, *, _request_timeout: float | None = ...) -> Any: ...
+
+    def create_namespaced_lease(self, namespace: str, body: Any, *, _request_timeout: float | None = ...) -> Any: ...
+
+    def replace_namespaced_lease(
+        self, name: str, namespace: str, body: Any, *, _request_timeout: float | None = ...
+    ) -> Any: ...

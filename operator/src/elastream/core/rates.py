@@ -1,7 +1,7 @@
 """Rate profiles of synthetic sources: constant, `steps`, a `csv` of rates, or a named preset.
 
 The presets reproduce the shape of AUTOSCALE's input streams (Kotto Kombi, Lumineau, Lamarre; the paper's
-Fig. 7 and Fig. 8, ../shared/seeds/004_*.txt), scaled to the source's `rate` (the high rate):
+Fig. 7 and Fig. 8, docs/papers.md), scaled to the source's `rate` (the high rate):
 
 - ``autoscale-3-step``: a low constant rate, a progressive increase to the high rate, a long plateau there,
   a marked decrease back to the low rate, which holds: low (25 %) 2 steps, ramp over 2 steps, high 3
@@ -130,7 +130,7 @@ def is_finite_number(value: Any) -> bool:
 
 def csv_path_problem(csv: str) -> str | None:
     """Why a `csv:` path may not be used, or None: it must stay inside the rate directory (relative, no
-    `..`, no `~`, no NUL), whatever the file system holds; `runtime.operators.resolve_rate_file` also checks
+    `..`, no `~`, no NUL), whatever the file system holds; `worker_inputs.rate_files.resolve_rate_file` also checks
     where its links lead."""
     if "\x00" in csv:
         return "holds a NUL character"

@@ -23,27 +23,21 @@ the steady state is found by damped fixed-point iteration (to 1e-9 relative, or 
 shares the flows are exact: every vertex's rate is linear in the source rates, and the source rates are
 the max-min fair solution of the executors' and vertices' linear capacity constraints.
 
-`optimal_scale_out` and `optimal_scale_in` search exhaustively (small cases) for the best schedule a planner
-could have produced, so planners can be compared against the optimum.
+The exhaustive optima planners are compared against (small cases) are `elastream.sim.optimum`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from elastream.core.metrics import MetricSnapshot, VertexMetrics
-from elastream.core.schedule import Schedule, fresh_node_names, key_group_ranges
-from elastream.core.topology import Topology, executor_id, split_executor_id
+from elastream.core.schedule import Schedule, key_group_ranges
+from elastream.core.topology import Topology, split_executor_id
 
 INF = math.inf
-
-
-class SearchTooLarge(ValueError):
-    """An exhaustive search would evaluate more schedules than its limit allows."""
 
 
 @dataclass(frozen=True)
@@ -453,7 +447,7 @@ def snapshot_from_simulation(topology: Topology, schedule: Schedule, result: Sim
 
 
 # --------------------------------------------------------------------------------------------------------
-# Exhaustive optimum for small cases
+# Moving executors: what the planners share
 
 
 def new_slot_count(schedule: Schedule, added_nodes: int) -> int:
@@ -461,94 +455,6 @@ def new_slot_count(schedule: Schedule, added_nodes: int) -> int:
     at most the slots of a node) for every added node. Halves round up: 5 executors on 2 nodes give 3."""
     per_node = math.floor(len(schedule) / max(len(schedule.nodes), 1) + 0.5)
     return added_nodes * min(max(per_node, 1), schedule.slots_per_node)
-
-
-def optimal_scale_out(
-    topology: Topology,
-    schedule: Schedule,
-    target_nodes: int,
-    model: SimulationModel | None = None,
-    limit: int = 50_000,
-) -> tuple[float, Schedule]:
-    """The best throughput any choice of new executors on the new nodes can reach, existing executors kept
-    in place (the space Stela searches greedily): every multiset of vertices for the new slots, split over
-    the (identical, empty) new nodes in every distinct way. Raises `SearchTooLarge` past `limit` schedules."""
-    model = model or SimulationModel.from_topology(topology)
-    added = target_nodes - len(schedule.nodes)
-    if added < 1:
-        raise ValueError("optimal_scale_out needs target_nodes above the current node count")
-    new_nodes = fresh_node_names(schedule.nodes, added)
-    slots = new_slot_count(schedule, added)
-    parallelism = schedule.parallelism()
-    growable = [v for v in topology.order if parallelism[v] < topology.vertices[v].max_parallelism]
-    per_node = [slots // added + (1 if i < slots % added else 0) for i in range(added)]
-    best: tuple[float, Schedule] | None = None
-    evaluated = 0
-    for combo in itertools.combinations_with_replacement(growable, slots):
-        counts = Counter(combo)
-        if any(parallelism[v] + c > topology.vertices[v].max_parallelism for v, c in counts.items()):
-            continue
-        for bins in _distinct_splits(list(combo), per_node):
-            evaluated += 1
-            if evaluated > limit:
-                raise SearchTooLarge(f"more than {limit} schedules to evaluate; use a smaller case")
-            assignment = dict(schedule.assignment)
-            next_index = dict(parallelism)
-            for node, members in zip(new_nodes, bins, strict=True):
-                for v in members:
-                    assignment[executor_id(v, next_index[v])] = node
-                    next_index[v] += 1
-            candidate = Schedule(assignment, (*schedule.nodes, *new_nodes), schedule.slots_per_node)
-            throughput = simulate(topology, candidate, model).throughput
-            if best is None or throughput > best[0] + 1e-9:
-                best = (throughput, candidate)
-    if best is None:
-        return simulate(topology, schedule, model).throughput, schedule
-    return best
-
-
-def _distinct_splits(items: list[str], sizes: list[int]) -> list[tuple[tuple[str, ...], ...]]:
-    """Distinct ways to deal `items` into bins of the given sizes, bins of equal size being interchangeable."""
-    results: set[tuple[tuple[str, ...], ...]] = set()
-
-    def deal(rest: list[str], index: int, acc: tuple[tuple[str, ...], ...]) -> None:
-        if index == len(sizes):
-            key = tuple(sorted(acc)) if len(set(sizes)) == 1 else acc
-            results.add(key)
-            return
-        for chosen in set(itertools.combinations(rest, sizes[index])):
-            remaining = list(rest)
-            for item in chosen:
-                remaining.remove(item)
-            deal(remaining, index + 1, (*acc, tuple(sorted(chosen))))
-
-    deal(sorted(items), 0, ())
-    return sorted(results)
-
-
-def optimal_scale_in(
-    topology: Topology,
-    schedule: Schedule,
-    target_nodes: int,
-    model: SimulationModel | None = None,
-    limit: int = 50_000,
-) -> tuple[float, Schedule]:
-    """The best throughput over every choice of nodes to remove, their executors dealt round-robin onto the
-    remaining nodes (the move rule Stela and random removal share), so only the choice of nodes differs."""
-    model = model or SimulationModel.from_topology(topology)
-    remove = len(schedule.nodes) - target_nodes
-    if remove < 1 or target_nodes < 1:
-        raise ValueError("optimal_scale_in needs 1 <= target_nodes < current node count")
-    if math.comb(len(schedule.nodes), remove) > limit:
-        raise SearchTooLarge(f"more than {limit} node sets to evaluate; use a smaller case")
-    best: tuple[float, Schedule] | None = None
-    for removed in itertools.combinations(schedule.nodes, remove):
-        candidate = move_off_nodes(schedule, removed, [n for n in schedule.nodes if n not in removed])
-        throughput = simulate(topology, candidate, model).throughput
-        if best is None or throughput > best[0] + 1e-9:
-            best = (throughput, candidate)
-    assert best is not None
-    return best
 
 
 def move_off_nodes(

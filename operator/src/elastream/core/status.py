@@ -87,7 +87,7 @@ class EventReason(enum.StrEnum):
     RECOVERED = "Recovered"
     RECOVERY_FAILED = "RecoveryFailed"
     RECOVERY_BACKOFF = "RecoveryBackoff"
-    RECOVERY_MEASURED = "RecoveryMeasured"
+    CATCH_UP_MEASURED = "CatchUpMeasured"
     REDIS_UNAVAILABLE = REDIS_UNAVAILABLE
     REDIS_AVAILABLE = "RedisAvailable"
     STATE_LOST = STATE_LOST
@@ -365,33 +365,25 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
         progressing = _condition(PROGRESSING, True, STARTING, "starting the worker pods")
     else:
         progressing = _condition(PROGRESSING, False, STABLE, "no scaling in progress")
-    if facts.invalid_spec:
-        degraded = _condition(DEGRADED, True, INVALID_SPEC, facts.invalid_spec)
-    elif facts.state_lost:
-        degraded = _condition(DEGRADED, True, STATE_LOST, facts.state_lost)
-    elif facts.not_owned:
-        degraded = _condition(DEGRADED, True, OBJECT_NOT_OWNED, facts.not_owned)
-    elif facts.redis_user_refused:
-        degraded = _condition(DEGRADED, True, REDIS_USER_REFUSED, facts.redis_user_refused)
-    elif facts.upgrade_refused and not facts.upgrading:
-        degraded = _condition(DEGRADED, True, UPGRADE_REFUSED, facts.upgrade_refused)
-    elif facts.upgrade_failed and not facts.upgrading:
-        degraded = _condition(DEGRADED, True, UPGRADE_FAILED, facts.upgrade_failed)
-    elif facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S:
-        degraded = _condition(
-            DEGRADED,
-            True,
+    redis_away = facts.redis_unavailable and facts.redis_down_s >= REDIS_GRACE_S
+    # the first cause that holds is the one Degraded names (the order is the user's: what to fix first)
+    causes = (
+        (INVALID_SPEC, facts.invalid_spec),
+        (STATE_LOST, facts.state_lost),
+        (OBJECT_NOT_OWNED, facts.not_owned),
+        (REDIS_USER_REFUSED, facts.redis_user_refused),
+        (UPGRADE_REFUSED, "" if facts.upgrading else facts.upgrade_refused),
+        (UPGRADE_FAILED, "" if facts.upgrading else facts.upgrade_failed),
+        (
             REDIS_UNAVAILABLE,
-            f"Redis unreachable for over {REDIS_GRACE_S:.0f} s: {facts.redis_unavailable}",
-        )
-    elif facts.worker_lost:
-        degraded = _condition(DEGRADED, True, WORKER_LOST, facts.worker_lost)
-    elif facts.backend_error:
-        degraded = _condition(DEGRADED, True, BACKEND_ERROR, facts.backend_error)
-    elif facts.scaling_failed:
-        degraded = _condition(DEGRADED, True, SCALING_FAILED, facts.scaling_failed)
-    else:
-        degraded = _condition(DEGRADED, False, AS_EXPECTED, "running as specified")
+            f"Redis unreachable for over {REDIS_GRACE_S:.0f} s: {facts.redis_unavailable}" if redis_away else "",
+        ),
+        (WORKER_LOST, facts.worker_lost),
+        (BACKEND_ERROR, facts.backend_error),
+        (SCALING_FAILED, facts.scaling_failed),
+    )
+    reason, message = next(((r, m) for r, m in causes if m), (AS_EXPECTED, "running as specified"))
+    degraded = _condition(DEGRADED, reason != AS_EXPECTED, reason, message)
     return available, progressing, degraded
 
 

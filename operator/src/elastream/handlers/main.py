@@ -20,12 +20,12 @@ from typing import Any, Literal
 
 import kopf
 
-from elastream.control.backends.kubernetes import WorkerPodSettings
+from elastream.control.backends.worker_objects import WorkerPodSettings
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers
-from elastream.runtime.security import auth_enabled
 from elastream.store.acl import UserKeeper
+from elastream.worker_inputs.keys import auth_enabled
 
 log = logging.getLogger("elastream.operator")
 

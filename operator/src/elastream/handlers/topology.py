@@ -20,7 +20,8 @@ from typing import Any
 
 import kopf
 
-from elastream.control.resources import GROUP, PLURAL, VERSION, ManagedTopologies
+from elastream.control.resource_api import GROUP, PLURAL, VERSION
+from elastream.control.resources import ManagedTopologies
 
 #: set by `elastream operator` before kopf starts
 TOPOLOGIES: ManagedTopologies | None = None

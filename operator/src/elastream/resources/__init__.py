@@ -1,198 +1,103 @@
-"""Package data: the StreamTopology CRD (a byte-for-byte copy of crds/streamtopology.yaml) and its schema.
+"""The StreamTopology contract as `elastream validate` checks it: the CRD (crds/streamtopology.yaml, the one
+copy kept by hand; the package's streamtopology.yaml is a symlink to it), its openAPIV3Schema checked with
+`jsonschema` (`schema`), and its CEL rules evaluated with the `cel` library (`cel`). A rule is written once, in the
+CRD; nothing here repeats one in Python.
 
-`schema_problems(document)` checks a manifest against the CRD's openAPIV3Schema the way the API server's
-schema validation would, offline, and returns one line per problem in the CLI's style
-("<field>: <what>; <fix>"). The OpenAPI schema is turned into a JSON Schema for `jsonschema`:
-
-- `x-kubernetes-*` keys are dropped, except that `x-kubernetes-int-or-string` becomes a type of integer or
-  string, and an object that neither preserves unknown fields nor has `additionalProperties` rejects fields
-  it does not declare (the API server would prune them; `kubectl apply` rejects them);
-- OpenAPI 3.0's boolean `exclusiveMinimum`/`exclusiveMaximum` become JSON Schema's numeric ones, and
-  `nullable: true` adds the null type.
-
-Defaults are not applied and the CEL rules (`x-kubernetes-validations`) are not evaluated here: every one of
-them is a check `elastream.core.topology.parse_manifest` makes too.
+`check_manifest` (validate) runs the contract before the parser (`elastream.core.topology.parse_manifest`, which
+keeps what a schema cannot say: the graph, slots, and the checks the model needs to be built) and merges both
+into one line per field; `load_manifest`/`parse_checked` (the other commands) run the CEL rules before it.
+This lives outside `core` because `core` stays pure (no jsonschema, no cel; import-linter checks).
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from importlib import resources
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import yaml
+from elastream.resources.cel import RuleError, all_rules, apply_defaults, cel_problems, compiled
+from elastream.resources.crd import CRD_FILE, crd, crd_text, openapi_schema
+from elastream.resources.schema import (
+    field_path,
+    json_schema,
+    merge_problems,
+    problem_field,
+    schema_problems,
+    to_json_schema,
+)
 
-CRD_FILE = "streamtopology.yaml"
+if TYPE_CHECKING:
+    from elastream.core.topology import Topology
 
-
-def crd_text() -> str:
-    """The CRD file as shipped in the package."""
-    return resources.files(__name__).joinpath(CRD_FILE).read_text(encoding="utf-8")
-
-
-@functools.cache
-def crd() -> dict[str, Any]:
-    """The CRD as a dict."""
-    document = yaml.safe_load(crd_text())
-    assert isinstance(document, dict)
-    return document
-
-
-def openapi_schema(version: str = "v1alpha1") -> dict[str, Any]:
-    """The openAPIV3Schema of one served version of the CRD, as written."""
-    for item in crd()["spec"]["versions"]:
-        if item["name"] == version:
-            schema = item["schema"]["openAPIV3Schema"]
-            assert isinstance(schema, dict)
-            return schema
-    raise KeyError(f"the CRD serves no version {version}")
-
-
-def to_json_schema(node: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """An OpenAPI v3 (structural) schema as a JSON Schema that `jsonschema` validates the same way."""
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key.startswith("x-kubernetes-") or key in ("nullable", "anyOf", "exclusiveMinimum", "exclusiveMaximum"):
-            continue
-        if key == "properties":
-            out[key] = {name: to_json_schema(sub, (*path, name)) for name, sub in value.items()}
-        elif key == "items" and isinstance(value, Mapping):
-            out[key] = to_json_schema(value, (*path, "[]"))
-        elif key == "additionalProperties" and isinstance(value, Mapping):
-            out[key] = to_json_schema(value, (*path, "{}"))
-        elif key in ("allOf", "oneOf"):
-            out[key] = [to_json_schema(sub, path) for sub in value]
-        elif key == "not":
-            out[key] = to_json_schema(value, path)
-        else:
-            out[key] = value
-    if node.get("x-kubernetes-int-or-string"):
-        out["type"] = ["integer", "string"]
-    elif "anyOf" in node:
-        out["anyOf"] = [to_json_schema(sub, path) for sub in node["anyOf"]]
-    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if node.get(exclusive) is True and bound in out:
-            out[exclusive] = out.pop(bound)
-    if node.get("nullable") and "type" in out:
-        out["type"] = [*([out["type"]] if isinstance(out["type"], str) else out["type"]), "null"]
-    closed = (
-        "properties" in node
-        and not node.get("x-kubernetes-preserve-unknown-fields")
-        and "additionalProperties" not in node
-        # metadata is the API server's ObjectMeta: the CRD may only restrict its name
-        and path != ("metadata",)
-    )
-    if closed:
-        out["additionalProperties"] = False
-    return out
+__all__ = [
+    "CRD_FILE",
+    "RuleError",
+    "all_rules",
+    "apply_defaults",
+    "cel_problems",
+    "check_manifest",
+    "compiled",
+    "contract_problems",
+    "crd",
+    "crd_text",
+    "field_path",
+    "json_schema",
+    "load_manifest",
+    "merge_problems",
+    "openapi_schema",
+    "parse_checked",
+    "problem_field",
+    "schema_problems",
+    "to_json_schema",
+]
 
 
-@functools.cache
-def json_schema(version: str = "v1alpha1") -> dict[str, Any]:
-    """The CRD's schema as a JSON Schema (draft 2020-12)."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **to_json_schema(openapi_schema(version))}
+def contract_problems(document: Any, *, crd_path: str | None = None, version: str = "v1alpha1") -> list[str]:
+    """What the API server would refuse: the schema's problems, then the CEL rules' messages (a rule is not
+    run on a node the schema already found a problem under). One line per field."""
+    problems = schema_problems(document, version, crd_path)
+    if not isinstance(document, Mapping):
+        return problems
+    invalid = [problem_field(line) or "manifest" for line in problems]
+    return problems + cel_problems(document, openapi_schema(version, crd_path), invalid)
 
 
-def field_path(parts: Iterable[str | int]) -> str:
-    """('spec', 'vertices', 2, 'parallelism') -> 'spec.vertices[2].parallelism'."""
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text or "manifest"
+def check_manifest(document: Mapping[str, Any], *, crd_path: str | None = None) -> Topology:
+    """`elastream validate`'s check: the contract (schema and rules), then the parser: the `Topology`, or
+    `TopologyError` with one line per field (a field both check is reported once, in the parser's words,
+    which name the fix)."""
+    return _then_parse(contract_problems(document, crd_path=crd_path), document)
 
 
-def _bound(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def parse_checked(document: Mapping[str, Any]) -> Topology:
+    """How the other commands (`run`, `plan`, `etp`, `simulate`, `analyze`) take a manifest: the CRD's CEL
+    rules, then the parser, so a cross-field rule is written once (in the CRD) and holds wherever a manifest
+    enters (the API server runs the same rules for the operator). The schema is not checked here (the parser
+    checks every field it reads); a rule CEL cannot evaluate on a mistyped value is left to the parser."""
+    if not isinstance(document, Mapping):
+        return _then_parse([], document)
+    return _then_parse(cel_problems(document, openapi_schema(), lenient=True), document)
 
 
-#: which of several problems at one field is reported (a wrong type makes an enum mismatch redundant)
-_PRIORITY = {"type": 0, "required": 1, "additionalProperties": 1, "enum": 2}
+def load_manifest(path: str) -> Topology:
+    """A manifest file read within the bounds (`read_manifest_document`), then `parse_checked`."""
+    from elastream.core.topology import read_manifest_document
+
+    return parse_checked(read_manifest_document(path))
 
 
-def _lines(error: Any) -> list[tuple[str, str]]:
-    """(field path, line) for one jsonschema error."""
-    parts = list(error.absolute_path)
-    path = field_path(parts)
-    value = error.instance
-    schema = error.schema if isinstance(error.schema, Mapping) else {}
-    kind = error.validator
-    if kind == "required":
-        missing = [p for p in error.validator_value if p not in value and error.message.startswith(repr(p))][:1]
-        return [(field_path([*parts, p]), f"{field_path([*parts, p])}: is missing; add it") for p in missing]
-    if kind == "additionalProperties":
-        known = sorted(schema.get("properties", {}))
-        lines = []
-        for key in value:
-            if key not in known:
-                where = field_path([*parts, str(key)])
-                lines.append(
-                    (where, f"{where}: unknown field; remove it or fix its name (known here: {', '.join(known)})")
-                )
-        return lines
-    if kind == "enum":
-        options = ", ".join(str(o) for o in error.validator_value)
-        return [(path, f"{path}: {value!r} is unknown; use one of: {options}")]
-    if kind == "minimum":
-        bound = _bound(error.validator_value)
-        return [(path, f"{path}: {value!r} is below {bound}; set it to at least {bound}")]
-    if kind == "exclusiveMinimum":
-        return [(path, f"{path}: {value!r} is not above {_bound(error.validator_value)}; fix it")]
-    if kind == "maximum":
-        bound = _bound(error.validator_value)
-        return [(path, f"{path}: {value!r} is above {bound}; set it to at most {bound}")]
-    if kind == "exclusiveMaximum":
-        return [(path, f"{path}: {value!r} is not below {_bound(error.validator_value)}; fix it")]
-    if kind == "minItems":
-        return [(path, f"{path}: has {len(value)} items; give at least {error.validator_value}")]
-    if kind == "maxItems":
-        return [(path, f"{path}: has {len(value)} items; the CRD allows at most {error.validator_value}")]
-    if kind == "maxLength":
-        return [(path, f"{path}: is {len(value)} characters long; shorten it to at most {error.validator_value}")]
-    if kind == "minLength":
-        return [(path, f"{path}: {value!r} is too short; give at least {error.validator_value} characters")]
-    if kind == "pattern":
-        return [(path, f"{path}: {value!r} does not match {error.validator_value}; fix it")]
-    return [(path, f"{path}: {error.message}; fix it")]
+def _then_parse(contract: list[str], document: Mapping[str, Any]) -> Topology:
+    """The parser after the contract's problems: both merged into one line per field."""
+    from elastream.core.topology import TopologyError, parse_manifest
 
-
-def schema_problems(document: Any, version: str = "v1alpha1") -> list[str]:
-    """Problems of a manifest against the CRD's schema: one line per field, naming it and the fix."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(json_schema(version))
-    errors = sorted(
-        validator.iter_errors(document),
-        key=lambda e: (
-            [f"{p:08d}" if isinstance(p, int) else str(p) for p in e.absolute_path],
-            _PRIORITY.get(e.validator, 3),
-        ),
-    )
-    seen: set[str] = set()
-    problems: list[str] = []
-    for error in errors:
-        for path, line in _lines(error):
-            if path not in seen:
-                seen.add(path)
-                problems.append(line)
-    return problems
-
-
-_PATH_RE = re.compile(r"^([A-Za-z0-9_.\[\]-]+): ")
-
-
-def problem_field(line: str) -> str | None:
-    """The field a problem line names ('spec.nodes: 0 is below 1; ...' -> 'spec.nodes')."""
-    match = _PATH_RE.match(line)
-    return match.group(1) if match else None
-
-
-def merge_problems(schema: Sequence[str], parser: Sequence[str]) -> list[str]:
-    """Schema problems the parser does not report about the same field, then the parser's own lines (so a
-    field the parser checks keeps the parser's message)."""
-    named = {problem_field(line) for line in parser}
-    return [line for line in schema if problem_field(line) not in named] + list(parser)
+    try:
+        topology = parse_manifest(document)
+    except TopologyError as exc:
+        raise TopologyError(merge_problems(contract, exc.problems)) from None
+    except Exception:
+        # a value of a type the parser does not expect: the schema has already named it
+        if contract:
+            raise TopologyError(contract) from None
+        raise
+    if contract:
+        raise TopologyError(contract)
+    return topology

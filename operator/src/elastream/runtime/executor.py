@@ -1,13 +1,5 @@
-"""Executors: one thread per executor, running an operator over its inbox and routing what it emits.
-
-`Router` implements the groupings of DESIGN.md over the schedule's parallelism: shuffle, fields (key -> key
-group -> owning executor, contiguous key-group ranges as `key_group_owner` says), all (broadcast) and global
-(executor 0). A shuffle stream is load-aware by default: events collect in one buffer and each full frame
-goes to the receiver whose channel has the most free credit, i.e. the one draining fastest (Storm's answer
-to the same problem, its load-aware shuffle), so a vertex goes at the sum of its executors' speeds instead
-of k times its slowest one's. `balance: round-robin` keeps the plain deal in turn. Either way a channel
-stays FIFO and every event goes down exactly one channel, so the migration protocols' in-band markers and
-exactly-once accounting see no difference. `Counters` are what the worker publishes every interval.
+"""Executors: one thread per executor, running an operator over its inbox and routing what it emits
+(`elastream.runtime.routing`). `Counters` are what the worker publishes every interval.
 
 An exception in a user operator's `process` (or another hook) is counted in `errors` and the executor goes on.
 Any other exception that reaches an executor's loop is a fault of the runtime: the thread logs it with its
@@ -32,22 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
-from elastream.core.migration import ControlType, Mode
-from elastream.core.schedule import key_group_of, key_group_owner
-from elastream.core.topology import Stream, Topology
-from elastream.runtime.operators import SAME, Context
+from elastream.core.migration_protocol import ControlType, Mode
+from elastream.runtime.operators.api import SAME, Context
 from elastream.runtime.participant import Migration
-from elastream.runtime.transport import (
-    BLOCKED_LOG_S,
-    CONTROL,
-    DATA,
-    MAX_BATCH,
-    Channel,
-    Inbox,
-    wait_for_any_credit,
-)
+from elastream.runtime.routing import Router
+from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Inbox
 from elastream.store.retry import RetryCancelled
 
 log = logging.getLogger("elastream.worker")
@@ -85,7 +66,7 @@ def injected_crash_after(executor: str, environ: Mapping[str, str] = os.environ)
 
 
 #: what an executor thread calls when its loop dies of an exception (the worker's fatal-error path)
-FailureHandler = Callable[["ExecutorThread | SourceThread"], None]
+FailureHandler = Callable[["ExecutorLoop"], None]
 
 
 @dataclass
@@ -117,176 +98,63 @@ class Counters:
         return self.latency_ms
 
 
-def grouping_key(event: Any, field: str | None) -> Any:
-    """The key a fields grouping hashes: the value's `field` when the value is a mapping holding it, else the
-    event's key."""
-    value = event[2]
-    return value[field] if isinstance(value, Mapping) and field in value else event[1]
+class ExecutorLoop(threading.Thread):
+    """What executor and source threads share: the operator and its context, the router of its output, the
+    migration bookkeeping, the stop of its generation, the controller's messages (handed over by the worker's
+    control thread; they go before any input), its counters and the failure path (`on_failure`)."""
 
-
-class OutputStream:
-    """One output stream of an executor: its grouping and a channel per downstream executor (by index).
-
-    A load-aware shuffle stream has one buffer, `pending`, sent as a whole frame to the channel `choose`
-    picks; every other stream has a buffer per channel."""
-
-    def __init__(self, stream: Stream, max_parallelism: int, channels: Sequence[Channel]) -> None:
-        self.stream = stream
-        self.grouping = stream.grouping
-        self.field = stream.key
-        self.max_parallelism = max_parallelism
-        self.channels = list(channels)
-        self.buffers: list[list[Any]] = [[] for _ in channels]
-        self.next_index = 0
-        self.load_aware = stream.grouping == "shuffle" and stream.balance == "load-aware" and len(channels) > 1
-        self.pending: list[Any] = []
-        #: the pending buffer goes out when it holds this many events: the frame limit of the channel with
-        #: the most free credit when the last frame went (the likely next target)
-        self.pending_limit = self.channels[0].frame_limit if self.channels else MAX_BATCH
-
-    def choose(self, n: int, stop: threading.Event) -> tuple[Channel, float]:
-        """The channel for the next frame of `n` events: the one with the most free credit, ties going to the
-        channel after the last one chosen (so equal receivers are dealt in turn). When no channel has room
-        for the frame, waits until one has (the seconds waited are returned: blocked, not busy)."""
-        blocked = 0.0
-        k = len(self.channels)
-        while True:
-            best, best_free = self.next_index, -1
-            for offset in range(k):
-                index = (self.next_index + offset) % k
-                free = self.channels[index].free_credit()
-                if free > best_free:
-                    best, best_free = index, free
-            channel = self.channels[best]
-            if best_free >= n or channel.in_flight == 0 or stop.is_set():
-                self.next_index = (best + 1) % k
-                return channel, blocked
-            waited = wait_for_any_credit(self.channels, stop)
-            if int((blocked + waited) / BLOCKED_LOG_S) > int(blocked / BLOCKED_LOG_S):
-                log.warning(
-                    "blocked on all %d channels of %s -> %s for %.0f s: none has room for %d events",
-                    k,
-                    self.channels[0].sender,
-                    self.stream.dst,
-                    blocked + waited,
-                    n,
-                )
-            blocked += waited
-
-    def send_pending(self, stop: threading.Event) -> float:
-        """Send the pending buffer as one frame to the channel `choose` picks; returns the seconds blocked."""
-        events, self.pending = self.pending, []
-        channel, blocked = self.choose(len(events), stop)
-        blocked += channel.send_events(events, stop)
-        self.pending_limit = max(self.channels, key=Channel.free_credit).frame_limit
-        return blocked
-
-    def targets(self, event: Any) -> Sequence[int]:
-        k = len(self.channels)
-        if self.grouping == "shuffle":
-            index = self.next_index
-            self.next_index = (index + 1) % k
-            return (index,)
-        if self.grouping == "fields":
-            key = grouping_key(event, self.field)
-            return (key_group_owner(self.max_parallelism, k, key_group_of(key, self.max_parallelism)),)
-        if self.grouping == "all":
-            return range(k)
-        return (0,)
-
-
-class Router:
-    """Buffers emitted events per downstream executor and sends them in frames of up to the channel's
-    `frame_limit` (`MAX_BATCH` at most, half the channel's credit window)."""
-
-    def __init__(self, outputs: Sequence[OutputStream], stop: threading.Event) -> None:
-        self.outputs = list(outputs)
+    def __init__(
+        self,
+        executor: str,
+        operator: Any,
+        context: Context,
+        router: Router,
+        stop: threading.Event,
+        migration: Migration,
+        on_failure: FailureHandler | None = None,
+    ) -> None:
+        super().__init__(name=executor, daemon=True)
+        self.executor = executor
+        self.operator = operator
+        self.context = context
+        self.router = router
         self.stop = stop
-        self.blocked_s = 0.0
+        self.migration = migration
+        self.on_failure = on_failure
+        self.crash_after = injected_crash_after(executor)
+        self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.counters = Counters()
+        self.failure: BaseException | None = None
+        #: a source's pause (set: it emits nothing; until every node is ready, and during a migration)
+        self.paused = threading.Event()
+        _bind_errors(operator, self.counters, context, executor)
 
-    def route(self, event: Any) -> None:
-        for output in self.outputs:
-            if output.load_aware:
-                output.pending.append(event)
-                if len(output.pending) >= output.pending_limit:
-                    self.blocked_s += output.send_pending(self.stop)
-                continue
-            for index in output.targets(event):
-                buffer = output.buffers[index]
-                buffer.append(event)
-                channel = output.channels[index]
-                if len(buffer) >= channel.frame_limit:
-                    self.blocked_s += channel.send_events(buffer, self.stop)
-                    output.buffers[index] = []
+    #: what the log lines call this thread's executor
+    kind = "executor"
 
-    def flush(self) -> None:
-        for output in self.outputs:
-            if output.pending:
-                self.blocked_s += output.send_pending(self.stop)
-            for index, buffer in enumerate(output.buffers):
-                if buffer:
-                    self.blocked_s += output.channels[index].send_events(buffer, self.stop)
-                    output.buffers[index] = []
+    def run(self) -> None:
+        """Open the operator, run `loop` until stopped, close it. A stop while waiting for Redis is clean; any
+        other exception is a fault of the runtime (`_failed`)."""
+        try:
+            self.operator.open(self.context)
+            self.loop()
+            self.router.flush()
+            self.operator.close()
+        except RetryCancelled:
+            log.info("%s %s stopped while waiting for Redis", self.kind, self.executor)
+        except BaseException as exc:
+            _failed(self, exc)
 
-    def send_control(self, message: dict[str, Any]) -> None:
-        """Send a control message in-band on every output channel (behind the data already sent)."""
-        self.flush()
-        for output in self.outputs:
-            for channel in output.channels:
-                self.blocked_s += channel.send_control(message, self.stop)
+    def loop(self) -> None:
+        raise NotImplementedError
 
-    def budget(self, at_most: int) -> int:
-        """How many new events a source should generate now: what its channels can take without blocking,
-        at most `at_most`; 0 while less than a quarter of their windows is free (then `await_credit`), so
-        batches stay large when the receivers keep up. Events are stamped when generated: generating more
-        than the channels take would only make them wait, stamped, in the router's buffers."""
-        budget = at_most
-        for output in self.outputs:
-            channels = output.channels[:1] if output.grouping == "global" else output.channels
-            free = sum(channel.free_credit() for channel in channels)
-            window = sum(channel.window for channel in channels)
-            if output.grouping == "all":
-                free //= max(1, len(channels))
-                window //= max(1, len(channels))
-            if free < min(at_most, window) // 4:
-                return 0
-            budget = min(budget, free)
-        return max(1, budget)
-
-    def await_credit(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for credit to come back on any channel (counted as blocked, not busy)."""
-        start = time.perf_counter()
-        poller = zmq.Poller()
-        for channel in self.channels():
-            poller.register(channel.socket, zmq.POLLIN)
-        poller.poll(int(timeout_s * 1000))
-        self.blocked_s += time.perf_counter() - start
-
-    def channels(self) -> list[Channel]:
-        return [c for output in self.outputs for c in output.channels]
-
-    def take_blocked(self) -> float:
-        blocked, self.blocked_s = self.blocked_s, 0.0
-        return blocked
+    def crash_if_due(self) -> None:
+        """Test-only: raise `InjectedCrash` once `ELASTREAM_TEST_CRASH` says so (see the module)."""
+        if self.crash_after is not None and self.counters.processed >= self.crash_after:
+            raise InjectedCrash(f"{TEST_CRASH_ENV}: {self.kind} {self.executor} after {self.crash_after} events")
 
 
-def build_outputs(
-    topology: Topology,
-    vertex: str,
-    sender: str,
-    parallelism: Mapping[str, int],
-    endpoints: Mapping[str, str],
-    open_channel: Callable[[str, str, str], Channel],
-) -> list[OutputStream]:
-    outputs = []
-    for child in topology.children(vertex):
-        receivers = [f"{child}#{i}" for i in range(parallelism[child])]
-        channels = [open_channel(sender, r, endpoints[r]) for r in receivers]
-        outputs.append(OutputStream(topology.stream(vertex, child), topology.vertices[child].max_parallelism, channels))
-    return outputs
-
-
-class ExecutorThread(threading.Thread):
+class ExecutorThread(ExecutorLoop):
     """Runs a logic or sink operator: takes frames from the inbox, processes their events, routes output."""
 
     def __init__(
@@ -301,10 +169,7 @@ class ExecutorThread(threading.Thread):
         migration: Migration,
         on_failure: FailureHandler | None = None,
     ) -> None:
-        super().__init__(name=executor, daemon=True)
-        self.migration = migration
-        self.on_failure = on_failure
-        self.crash_after = injected_crash_after(executor)
+        super().__init__(executor, operator, context, router, stop, migration, on_failure)
         self.held: list[list[Any]] = []  # DATA that arrived before the INIT this executor waits for
         #: the periodic checkpoint being aligned: its id, the upstream executors whose BARRIER has come, and
         #: the frames of those channels held back until BARRIER has come from all
@@ -313,22 +178,12 @@ class ExecutorThread(threading.Thread):
         self.aligning_held: list[list[Any]] = []
         #: the latest rounds the controller abandoned (CHECKPOINT_ABORT)
         self.abandoned_rounds: collections.deque[str] = collections.deque(maxlen=16)
-        #: the controller's messages, handed over by the worker's control thread; they go before any input
-        self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self.executor = executor
-        self.operator = operator
-        self.context = context
         self.inbox = inbox
-        self.router = router
-        self.stop = stop
         self.is_sink = is_sink
-        self.counters = Counters()
         self.current: Any = None
         self.ahead: deque[list[Any]] = deque()
         self._last_error_log = 0.0
-        self.failure: BaseException | None = None
         self.timer = getattr(operator, "timer", None)
-        _bind_errors(operator, self.counters, context, executor)
 
     def emit(self, value: Any, key: Any = SAME, event_id: int | None = None, ts: float | None = None) -> None:
         current = self.current
@@ -342,24 +197,14 @@ class ExecutorThread(threading.Thread):
             )
         )
 
-    def run(self) -> None:
-        try:
-            self.operator.open(self.context)
-            crash_after = self.crash_after
-            while not self.stop.is_set():
-                frame = self._next_frame()
-                if frame is not None:
-                    self.handle(frame)
-                elif self.timer is not None and self._timer_allowed():
-                    self.on_timer()
-                if crash_after is not None and self.counters.processed >= crash_after:
-                    raise InjectedCrash(f"{TEST_CRASH_ENV}: executor {self.executor} after {crash_after} events")
-            self.router.flush()
-            self.operator.close()
-        except RetryCancelled:
-            log.info("executor %s stopped while waiting for Redis", self.executor)
-        except BaseException as exc:
-            _failed(self, exc)
+    def loop(self) -> None:
+        while not self.stop.is_set():
+            frame = self._next_frame()
+            if frame is not None:
+                self.handle(frame)
+            elif self.timer is not None and self._timer_allowed():
+                self.on_timer()
+            self.crash_if_due()
 
     def _timer_allowed(self) -> bool:
         """Timers fire only in normal processing: not during a migration (from PREPARE: what they would emit
@@ -583,7 +428,7 @@ class ExecutorThread(threading.Thread):
             )
 
 
-def _failed(thread: ExecutorThread | SourceThread, exc: BaseException) -> None:
+def _failed(thread: ExecutorLoop, exc: BaseException) -> None:
     """An executor's loop died of `exc`: a fault of the runtime, not of a user operator (those are counted
     in `errors`). Log it with the traceback, stop the executors of its generation and tell the worker."""
     thread.failure = exc
@@ -623,7 +468,7 @@ def _bind_errors(operator: Any, counters: Counters, context: Context, executor: 
         bind(lambda hook, exc: report_error(counters, context, executor, hook, exc))
 
 
-class SourceThread(threading.Thread):
+class SourceThread(ExecutorLoop):
     """Runs a source operator: polls it for due events, stamps them and routes them.
 
     `received` counts the events offered so far (due by the rate profile), `processed` those emitted, so a
@@ -632,33 +477,11 @@ class SourceThread(threading.Thread):
     those instead, at the metric sample's own time: what it was offered since it took its lanes over, and
     what it owes (a backlog inherited from a migration, what back-pressure holds) as its queue."""
 
-    def __init__(
-        self,
-        executor: str,
-        operator: Any,
-        context: Context,
-        router: Router,
-        stop: threading.Event,
-        migration: Migration,
-        on_failure: FailureHandler | None = None,
-    ) -> None:
-        super().__init__(name=executor, daemon=True)
-        self.migration = migration
-        self.on_failure = on_failure
-        self.crash_after = injected_crash_after(executor)
-        self.control: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self.executor = executor
-        self.operator = operator
-        self.context = context
-        self.router = router
-        self.stop = stop
-        self.paused = threading.Event()
-        self.counters = Counters()
-        self.failure: BaseException | None = None
-        self.now = 0.0
-        #: the operator is open (`offered_at` may ask it)
-        self.opened = False
-        _bind_errors(operator, self.counters, context, executor)
+    kind = "source"
+    #: the time of the events being emitted (their `ts`), and whether the operator is open (`offered_at` may
+    #: ask it then)
+    now = 0.0
+    opened = False
 
     def offered_at(self, now: float) -> tuple[int, int]:
         """`received` and `queue_len` for a metric sample taken at `now`. A source that can tell what it was
@@ -677,50 +500,40 @@ class SourceThread(threading.Thread):
         self.counters.emitted += 1
         self.router.route((event_id, key, value, self.now))
 
-    def run(self) -> None:
+    def loop(self) -> None:
         counters = self.counters
-        crash_after = self.crash_after
-        try:
-            self.operator.open(self.context)
-            exhausted = getattr(self.operator, "exhausted", None)
-            backlog = getattr(self.operator, "backlog", None)
-            backlog = backlog if callable(backlog) else None
-            self.opened = True
-            while not self.stop.is_set():
-                while not self.control.empty():
-                    self.on_control(CONTROLLER, self.control.get_nowait())
-                if self.paused.is_set() or (exhausted is not None and exhausted()):
-                    time.sleep(0.005)
-                    continue
-                start = time.perf_counter()
-                budget = self.router.budget(MAX_BATCH)
-                if budget == 0:  # the channels are (nearly) full: back-pressure reaches the source here
-                    self.router.await_credit(0.01)
-                    counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
-                    continue
-                self.now = time.time()
-                before = counters.emitted
-                due = self.operator.poll(self.now, self.emit_new, budget)
-                self.router.flush()
-                emitted = counters.emitted - before
-                counters.processed += emitted
-                if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
-                    counters.received = max(counters.received, int(due))
-                    counters.queue_len = backlog(self.now)
-                else:
-                    counters.received = max(counters.received, int(due), counters.processed)
-                    counters.queue_len = counters.received - counters.processed
+        exhausted = getattr(self.operator, "exhausted", None)
+        backlog = getattr(self.operator, "backlog", None)
+        backlog = backlog if callable(backlog) else None
+        self.opened = True
+        while not self.stop.is_set():
+            while not self.control.empty():
+                self.on_control(CONTROLLER, self.control.get_nowait())
+            if self.paused.is_set() or (exhausted is not None and exhausted()):
+                self.stop.wait(0.005)  # not a sleep: a stop is honoured at once
+                continue
+            start = time.perf_counter()
+            budget = self.router.budget(MAX_BATCH)
+            if budget == 0:  # the channels are (nearly) full: back-pressure reaches the source here
+                self.router.await_credit(0.01)
                 counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
-                if crash_after is not None and counters.processed >= crash_after:
-                    raise InjectedCrash(f"{TEST_CRASH_ENV}: source {self.executor} after {crash_after} events")
-                if emitted == 0:
-                    time.sleep(0.002)
+                continue
+            self.now = time.time()
+            before = counters.emitted
+            due = self.operator.poll(self.now, self.emit_new, budget)
             self.router.flush()
-            self.operator.close()
-        except RetryCancelled:
-            log.info("source %s stopped while waiting for Redis", self.executor)
-        except BaseException as exc:
-            _failed(self, exc)
+            emitted = counters.emitted - before
+            counters.processed += emitted
+            if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
+                counters.received = max(counters.received, int(due))
+                counters.queue_len = backlog(self.now)
+            else:
+                counters.received = max(counters.received, int(due), counters.processed)
+                counters.queue_len = counters.received - counters.processed
+            counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
+            self.crash_if_due()
+            if emitted == 0:
+                self.stop.wait(0.002)
 
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration = self.migration

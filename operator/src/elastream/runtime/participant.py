@@ -20,25 +20,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import msgpack
-
-from elastream.core.migration import ExecutorParticipant
+from elastream.core.migration_protocol import ExecutorParticipant
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import split_executor_id
+from elastream.runtime.routing import grouping_key
 from elastream.store.checkpoint import ANY, CheckpointStore, ExecutorCheckpoint
+from elastream.store.codec import pack, unpack
 from elastream.store.retry import retry_redis
 
 T = TypeVar("T")
 
 log = logging.getLogger("elastream.worker")
-
-
-def pack(value: Any) -> bytes:
-    return bytes(msgpack.packb(value, use_bin_type=True))
-
-
-def unpack(blob: bytes) -> Any:
-    return msgpack.unpackb(blob, raw=False, use_list=False, strict_map_key=False)
 
 
 @dataclass
@@ -71,8 +63,6 @@ class Migration:
     def capture(self, sender: str, events: Any) -> None:
         """Keep events that arrived after PREPARE, by the key group they belong to in this vertex (fields
         inputs) or in the shared list (other groupings), in arrival order."""
-        from elastream.runtime.executor import grouping_key
-
         grouping, key_field = self.inputs.get(split_executor_id(sender)[0], ("shuffle", None))
         for event in events:
             if grouping == "fields":

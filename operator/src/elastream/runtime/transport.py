@@ -18,8 +18,9 @@ Because the topology is a DAG and sinks never block on output, blocking sends ca
 A frame is ``msgpack([kind, sender, payload])``: DATA carries a list of events ``[id, key, value, ts]``,
 CONTROL a dict (PREPARE, COMMIT, ... from the migration protocol). Control frames need no credit.
 
-With the topology's `DataPlaneKeys` (`elastream.runtime.security`) inboxes are CURVE servers and channels
-CURVE clients: only peers holding the topology's keys connect, and everything on the wire is encrypted.
+With the topology's `DataPlaneKeys` (`elastream.worker_inputs.keys`; sockets secured by
+`elastream.runtime.security`) inboxes are CURVE servers and channels CURVE clients: only peers holding the
+topology's keys connect, and everything on the wire is encrypted.
 Whatever arrives is checked before an executor sees it: a frame that does not decode, or is not the shape
 above, or (with keys) comes over a connection no ZAP handler accepted, or names another sender than the
 first frame of its connection did, is dropped and counted in the worker's `DataPlaneStats`, never raised.
@@ -37,7 +38,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from elastream.runtime.security import PEER_USER_ID, DataPlaneKeys, secure_client, secure_server
+from elastream.runtime.security import PEER_USER_ID, secure_client, secure_server
+from elastream.worker_inputs.keys import DataPlaneKeys
 
 DATA = 0
 CONTROL = 1
@@ -365,17 +367,7 @@ class Channel:
             self._take_acks()
             if self.in_flight == 0 or self.in_flight + n <= self.window:
                 break
-            if time.monotonic() - last_log >= BLOCKED_LOG_S:
-                last_log = time.monotonic()
-                log.warning(
-                    "blocked on channel %s -> %s (%s) for %.0f s: %d events in flight, window %d",
-                    self.sender,
-                    self.receiver,
-                    self.endpoint,
-                    time.perf_counter() - start,
-                    self.in_flight,
-                    self.window,
-                )
+            last_log = self._log_blocked(start, last_log, "%d events in flight, window %d", self.in_flight, self.window)
         return time.perf_counter() - start
 
     def _on_monitor_event(self) -> None:
@@ -403,16 +395,24 @@ class Channel:
                     break
                 except zmq.Again:
                     continue
-            if time.monotonic() - last_log >= BLOCKED_LOG_S:
-                last_log = time.monotonic()
-                log.warning(
-                    "blocked on channel %s -> %s (%s) for %.0f s: the peer takes no frames",
-                    self.sender,
-                    self.receiver,
-                    self.endpoint,
-                    time.perf_counter() - start,
-                )
+            last_log = self._log_blocked(start, last_log, "the peer takes no frames")
         return time.perf_counter() - start
+
+    def _log_blocked(self, start: float, last_log: float, why: str, *args: Any) -> float:
+        """Log that this channel has been blocked since `start` (perf_counter), at most every `BLOCKED_LOG_S`
+        after `last_log` (monotonic); returns when it last logged."""
+        now = time.monotonic()
+        if now - last_log < BLOCKED_LOG_S:
+            return last_log
+        log.warning(
+            "blocked on channel %s -> %s (%s) for %.0f s: " + why,
+            self.sender,
+            self.receiver,
+            self.endpoint,
+            time.perf_counter() - start,
+            *args,
+        )
+        return now
 
     def close(self, linger_ms: int = 2000) -> None:
         with contextlib.suppress(zmq.ZMQError):

@@ -1,11 +1,25 @@
-"""How values read back from Redis are decoded: one place for the bytes-or-str answers of redis-py (a client
-made with or without `decode_responses`) and for a metric sample's stream fields."""
+"""How values go into Redis and come back: msgpack blobs (state, captured events, source positions: `pack`,
+`unpack`, written by the workers and read by both the workers and the controller), the bytes-or-str answers of
+redis-py (a client made with or without `decode_responses`) and a metric sample's stream fields."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+
+import msgpack
 
 from elastream.core.metrics import MetricSample
+
+
+def pack(value: Any) -> bytes:
+    """`value` as a msgpack blob (binary strings kept apart from text)."""
+    return bytes(msgpack.packb(value, use_bin_type=True))
+
+
+def unpack(blob: bytes | memoryview) -> Any:
+    """The inverse of `pack`: lists come back as tuples, map keys may be any type."""
+    return msgpack.unpackb(blob, raw=False, use_list=False, strict_map_key=False)
 
 
 def text(value: bytes | str) -> str:

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
@@ -67,6 +67,26 @@ def is_redis_outage(exc: BaseException) -> bool:
         words = str(exc).split(maxsplit=1)
         return code in TRANSIENT_REPLIES or (bool(words) and words[0] in TRANSIENT_REPLIES)
     return False
+
+
+class RetryLater:
+    """The backoff of a loop that must go on between attempts (a source takes the controller's messages
+    between its polls, so it cannot wait in a retry): `due(now)` says whether to try again, `failed(now)`
+    puts the next try one delay of `delays()` later, `succeeded()` starts the delays over."""
+
+    def __init__(self, delays: Callable[[], Iterator[float]] = backoff) -> None:
+        self._fresh = delays
+        self._delays = delays()
+        self.retry_at = float("-inf")
+
+    def due(self, now: float) -> bool:
+        return now >= self.retry_at
+
+    def failed(self, now: float) -> None:
+        self.retry_at = now + next(self._delays)
+
+    def succeeded(self) -> None:
+        self._delays = self._fresh()
 
 
 class StopSignal(Protocol):
@@ -152,6 +172,44 @@ class RedisOutage:
 REDIS = RedisOutage()
 
 
+class RedisAttempt:
+    """One attempt at Redis, as a `with` block around its calls: an outage (`is_redis_outage`) raised in it is
+    reported to `outage` (logged once however many attempts fail in it), kept in `failure` and not raised;
+    anything else propagates. A block that ends normally ends an outage in progress, unless it set `reached`
+    to False (it touched no Redis: no proof that Redis is back). `what` ("sink out#0: cannot write stream S",
+    or a function that says it) leads the outage's log line.
+
+    The one way the runtime meets a Redis outage: `retry_redis` repeats an attempt until it succeeds, and a
+    loop that must go on between attempts (a source polling its stream, a worker waiting for a key, a metric
+    sample that is skipped while Redis is away) makes one attempt per turn."""
+
+    def __init__(self, what: str | Callable[[], str], outage: RedisOutage | None = None) -> None:
+        self.what = what
+        self.outage = REDIS if outage is None else outage
+        self.failure: Exception | None = None
+        self.reached = True
+        self.started = 0.0
+
+    def __enter__(self) -> RedisAttempt:
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, traceback: Any) -> bool:
+        if exc is None:
+            if self.reached:
+                self.outage.succeeded()
+            return False
+        if not isinstance(exc, Exception) or not is_redis_outage(exc):
+            return False
+        self.failure = exc
+        self.outage.failed(self.what() if callable(self.what) else self.what, exc, self.started)
+        return True
+
+
+#: the stop of a caller that gives none: never set (the wait between attempts is then only the backoff's)
+_NEVER = threading.Event()
+
+
 def retry_redis(
     call: Callable[[], T],
     what: str,
@@ -159,26 +217,19 @@ def retry_redis(
     outage: RedisOutage | None = None,
     delays: Iterator[float] | None = None,
 ) -> T:
-    """`call()` until Redis answers it, waiting out outages (`is_redis_outage`) with `redis_backoff` for as
-    long as the caller runs; other exceptions propagate. `what` ("sink out#0: cannot write stream S") leads the
+    """`call()` until Redis answers it, waiting out outages (`RedisAttempt`) with `redis_backoff` for as long
+    as the caller runs; other exceptions propagate. `what` ("sink out#0: cannot write stream S") leads the
     outage's log line.
-    With `stop`, its being set ends the wait with `RetryCancelled` (checked between attempts). The call must
-    be safe to repeat: a reply lost in an outage may hide a write that was applied."""
-    outage = REDIS if outage is None else outage
+    With `stop` (every caller in the runtime passes its executor's or its worker's), its being set ends the
+    wait with `RetryCancelled` (checked between attempts), so the wait is bounded by the caller's life and
+    each pause by the backoff's cap. The call must be safe to repeat: a reply lost in an outage may hide a
+    write that was applied."""
     delays = redis_backoff() if delays is None else delays
+    stop = _NEVER if stop is None else stop
     while True:
-        started = time.monotonic()
-        try:
+        with RedisAttempt(what, outage) as attempt:
             result = call()
-        except Exception as exc:
-            if not is_redis_outage(exc):
-                raise
-            outage.failed(what, exc, started)
-            delay = next(delays)
-            if stop is None:
-                time.sleep(delay)
-            elif stop.wait(delay):
-                raise RetryCancelled(f"{what}: stopped while waiting for Redis") from exc
-            continue
-        outage.succeeded()
-        return result
+        if attempt.failure is None:
+            return result
+        if stop.wait(next(delays)):
+            raise RetryCancelled(f"{what}: stopped while waiting for Redis") from attempt.failure

@@ -15,7 +15,7 @@ password of this run before the first worker starts, looked at every second by a
 close. A Redis that refuses ACL commands (a managed service, a user without
 `+acl`) is said in one warning line, and the workers then use the given URL's identity.
 
-The data plane: each cluster generates its topology's CURVE keys (`elastream.runtime.security`) and hands
+The data plane: each cluster generates its topology's CURVE keys (`elastream.worker_inputs.keys`) and hands
 them to its workers in their environment (never on the command line, never logged), so only the workers
 of this run talk to each other; `ELASTREAM_DATA_PLANE_AUTH=off` (in the environment or `extra_env`) turns
 authentication and encryption off.
@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,14 +48,15 @@ import redis
 
 from elastream.control.backends.nodes import NodeBackend
 from elastream.core.acl import topology_user
-from elastream.core.ports import BackendError
+from elastream.core.ports import BackendError, Clock
 from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
-from elastream.runtime.operators import OperatorLoadError, resolve_rate_file
-from elastream.runtime.security import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import connect, redacted
+from elastream.worker_inputs.keys import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
+from elastream.worker_inputs.rate_files import resolve_rate_file
+from elastream.worker_inputs.user_code import OperatorLoadError
 
 log = logging.getLogger("elastream.local")
 
@@ -115,13 +115,14 @@ class LocalCluster(NodeBackend):
         health_port: int = 0,
         topology_user: bool = True,
         drain_grace_s: float = 30.0,
+        clock: Clock | None = None,
     ) -> None:
         # this run's data-plane keys, checked before anything connects (None: authentication off)
         try:
             enabled = auth_enabled({**os.environ, **(extra_env or {})})
         except DataPlaneConfigError as exc:
             raise BackendError(str(exc)) from None
-        super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s)
+        super().__init__(topology, connect(redis_url, wait_s=10.0), start_timeout_s, clock)
         #: in every worker's environment, never on a command line
         self.data_plane: DataPlaneKeys | None = generate_keys() if enabled else None
         self.manifest_path = manifest_path
@@ -286,10 +287,10 @@ class LocalCluster(NodeBackend):
         for worker in workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         for worker in workers:
             try:
-                worker.process.wait(max(0.1, deadline - time.monotonic()))
+                worker.process.wait(max(0.1, deadline - self.clock.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("worker %s did not stop in %.0f s; killing it", worker.node, timeout_s)
                 worker.process.kill()

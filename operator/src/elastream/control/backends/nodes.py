@@ -15,13 +15,12 @@ found dead (a local process, a Kubernetes pod). The steps here are the same for 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
-from elastream.core.migration import ControlType
-from elastream.core.ports import BackendError
+from elastream.core.migration_protocol import ControlType
+from elastream.core.ports import BackendError, Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
 from elastream.store.control import ControlChannel
@@ -31,7 +30,11 @@ log = logging.getLogger("elastream.backend")
 
 
 class NodeBackend:
-    def __init__(self, topology: Topology, client: redis.Redis, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, topology: Topology, client: redis.Redis, start_timeout_s: float = 60.0, clock: Clock | None = None
+    ) -> None:
+        #: every wait's deadline and pause (tests: a fake clock, so a bound of minutes passes at once)
+        self.clock: Clock = clock or SystemClock()
         self.topology = topology
         self.client = client
         self.registry = Registry(client, topology.redis_prefix)
@@ -225,13 +228,13 @@ class NodeBackend:
         """Wait until every node of `nodes` has `reached` a state, for at most `start_timeout_s`. A worker that
         dies ends the wait at once; Redis or the API server away for a moment does not (the wait goes on and
         the timeout message says what could not be read)."""
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = self.clock.monotonic() + self.start_timeout_s
         wanted = set(nodes)
         pause = 0.005
         reported: dict[str, str] = {}
         next_report = 0.0
         unreadable = ""
-        while time.monotonic() < deadline:
+        while self.clock.monotonic() < deadline:
             try:
                 failed = {n: why for n, why in self.failed_nodes().items() if n in wanted}
                 if failed:
@@ -240,8 +243,8 @@ class NodeBackend:
                     if reported and self.on_waiting is not None:
                         self.on_waiting({})
                     return
-                if self.on_waiting is not None and time.monotonic() >= next_report:
-                    next_report = time.monotonic() + 1.0
+                if self.on_waiting is not None and self.clock.monotonic() >= next_report:
+                    next_report = self.clock.monotonic() + 1.0
                     pending = {n: why for n, why in self.pending_nodes().items() if n in wanted}
                     if pending != reported:
                         reported = pending
@@ -256,7 +259,7 @@ class NodeBackend:
                     log.warning("waiting for nodes to be %s: cannot look right now (%s); still waiting", what, exc)
                 unreadable = f"{type(exc).__name__}: {exc}"
                 pause = max(pause, 0.5)
-            time.sleep(pause)
+            self.clock.sleep(pause)
             pause = min(0.1 if not unreadable else 1.0, pause * 1.2)  # quick for a switch, gentle on the API
         try:
             missing = sorted(wanted - reached())

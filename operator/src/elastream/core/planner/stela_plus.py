@@ -7,7 +7,7 @@ executor, and executors on a node share its CPU. Stela+ starts from Stela's sche
 simulates, until no move raises predicted throughput by more than `min_gain` (relative) or a bound is
 reached. The model is the one `make_plan` predicts with. Choices:
 
-- **Search space.** Scale-out keeps Stela's space (and the exhaustive optimum's, `optimal_scale_out`):
+- **Search space.** Scale-out keeps Stela's space (and the exhaustive optimum's, `sim.optimum.optimal_scale_out`):
   existing executors never move (no migration, old nodes untouched), new executors go on the new nodes
   only, and there are at most as many as Stela's slot budget (`new_slot_count`); the search chooses which
   vertices get them and on which new node. Filling old nodes' spare slots or growing past the budget would

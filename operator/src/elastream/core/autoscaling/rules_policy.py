@@ -21,7 +21,7 @@ give threshold values; this module takes the busy threads of all executors over 
 it, and the defaults th_cc 0.8, th_high 0.75, th_low 0.25 and th_e = slotsPerNode (a node never holds more
 executors than it has slots). Who gets a new node's slots, and which node goes, is the planner's: Stela's
 ETP fills the slots, ETPSum picks the node. The warm-up window after each change is the autoscaler's
-stabilization interval (`core.autoscaler`), shared with the AUTOSCALE policy.
+stabilization interval (`core.autoscaling.decision`), shared with the AUTOSCALE policy.
 """
 
 from __future__ import annotations
@@ -107,23 +107,27 @@ def evaluate_rules(
             busy, over, new_parallelism, total, 1, f"total capacity {total:.2f} over {th.high:g}: add a node"
         )
     if total < th.low and nodes > 1:
-        return _remove_a_node(topology, busy, parallelism, nodes, total, th)
+        return _remove_a_node(topology, _Window(busy, parallelism, nodes, total), th)
     return RulesEvaluation(
         busy, over, new_parallelism, total, 0, f"total capacity {total:.2f} within [{th.low:g}, {th.high:g}]"
     )
 
 
-def _remove_a_node(
-    topology: Topology,
-    busy: Mapping[str, float],
-    parallelism: Mapping[str, int],
-    nodes: int,
-    total: float,
-    th: RuleThresholds,
-) -> RulesEvaluation:
+@dataclass(frozen=True)
+class _Window:
+    """What the rules read off one window: the busy fractions, the degrees and nodes, the total capacity."""
+
+    busy: Mapping[str, float]
+    parallelism: Mapping[str, int]
+    nodes: int
+    total: float
+
+
+def _remove_a_node(topology: Topology, window: _Window, th: RuleThresholds) -> RulesEvaluation:
     """Rule 4, checked before it acts (the paper does not say; unchecked, it flaps): the remaining nodes
     must stay under th_high, and where the executors no longer fit, a vertex keeps the executors that hold
     its busy threads under th_cc (⌈busy × k / th_cc⌉), or rule 1 would add them back at once."""
+    busy, parallelism, nodes, total = window.busy, window.parallelism, window.nodes, window.total
     after = total * nodes / (nodes - 1)
     unchanged = dict(parallelism)
     if after > th.high:

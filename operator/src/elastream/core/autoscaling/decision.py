@@ -1,6 +1,6 @@
 """The autoscaler's decision: a policy's verdict on one window, made safe, as a pure function of its inputs.
 
-`recommend` runs the spec's policy (`core.autoscale` for AUTOSCALE, `core.rules` for ARiSto's rules) on
+`recommend` runs the spec's policy (`autoscale_policy` for AUTOSCALE, `rules_policy` for ARiSto's rules) on
 the analysed window and turns its verdict into a target (nodes, and parallelism per vertex where the
 policy chose degrees), within the spec's bounds, or holds. What makes it safe, in the order it is checked:
 
@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from elastream.core.autoscale import AutoscaleSettings, Combine, evaluate
+from elastream.core.autoscaling.autoscale_policy import AutoscaleSettings, Combine, evaluate
+from elastream.core.autoscaling.rules_policy import RuleThresholds, evaluate_rules
 from elastream.core.metrics import MetricSnapshot
-from elastream.core.rules import RuleThresholds, evaluate_rules
 from elastream.core.topology import AutoScalingSpec, Topology
 
 Action = Literal["scale-out", "scale-in", "none", "hold"]

@@ -1,4 +1,4 @@
-"""The time-stepped fluid simulator driving the real autoscaler (`elastream.core.autoscale_sim`).
+"""The time-stepped fluid simulator driving the real autoscaler (`elastream.sim.autoscaling`).
 
 Simulated time only: nothing sleeps, nothing is timed. The scenarios use AUTOSCALE's linear topology
 (Table III: an intermediate bolt at 2 ms, a sink at 80 ms, i.e. 12.5 events/s per sink executor).
@@ -11,8 +11,9 @@ import random
 
 import pytest
 
-from elastream.core import autoscale_sim as sim
 from elastream.core.topology import Topology, parse_manifest
+from elastream.sim import autoscaling as sim
+from elastream.sim import scenario
 
 STABILIZATION_S = 30.0
 WINDOW = 20
@@ -51,7 +52,7 @@ def step_up(low: float, high: float, at: int, seconds: int) -> list[dict[str, fl
     return [{"rate": low, "seconds": float(at)}, {"rate": high, "seconds": float(seconds - at)}]
 
 
-def directions(result: sim.SimResult) -> list[tuple[float, str]]:
+def directions(result: scenario.SimResult) -> list[tuple[float, str]]:
     return [(c.decided_at, c.direction) for c in result.changes]
 
 
@@ -61,7 +62,7 @@ def directions(result: sim.SimResult) -> list[tuple[float, str]]:
 @pytest.mark.parametrize("policy", ["autoscale", "rules"])
 @pytest.mark.parametrize(("rate", "fluctuation"), [(20.0, 0.05), (60.0, 0.05), (60.0, 0.1)])
 def test_noisy_constant_input_makes_no_scale_out_scale_in_pair_within_stabilization(
-    policy: sim.Policy, rate: float, fluctuation: float
+    policy: scenario.Policy, rate: float, fluctuation: float
 ) -> None:
     # at 20/s the rules policy does flap (see docs/benchmarks/autoscale.md), but never within the interval
     result = sim.run(linear({"steps": noisy(rate, fluctuation, 600)}), policy)
@@ -85,7 +86,7 @@ def test_autoscale_started_at_the_right_size_never_changes_on_a_noisy_constant_i
     topology = linear({"steps": noisy(35.0, 0.1, 600)})
     result = sim.run(topology, "autoscale", start="expert")
     assert result.changes == ()
-    assert {i.executors for i in result.intervals} == {sum(sim.expert_parallelism(topology).values())}
+    assert {i.executors for i in result.intervals} == {sum(scenario.expert_parallelism(topology).values())}
 
 
 def test_rules_answer_a_step_up_within_one_stabilization_interval() -> None:
@@ -99,7 +100,7 @@ def test_rules_answer_a_step_up_within_one_stabilization_interval() -> None:
 
 
 @pytest.mark.parametrize("policy", ["autoscale"])
-def test_a_step_up_is_answered_before_the_queues_hold_a_window_of_input(policy: sim.Policy) -> None:
+def test_a_step_up_is_answered_before_the_queues_hold_a_window_of_input(policy: scenario.Policy) -> None:
     low, high, at = 20.0, 80.0, 120
     result = sim.run(linear({"steps": step_up(low, high, at, 400)}), policy)
     after = [c for c in result.changes if c.decided_at >= at and c.direction == "out"]
@@ -133,9 +134,9 @@ def test_rules_scale_out_under_a_step() -> None:
 def test_static_configurations_follow_the_costs_and_the_peak() -> None:
     topology = linear({"rate": 90.0, "profile": "autoscale-3-step", "fluctuation": 0.05})
     # peak 90 × 1.05 = 94.5 events/s: 8 sink executors (100/s), one of the others
-    assert sim.expert_parallelism(topology) == {"spout": 1, "work": 1, "sink": 8}
-    assert sim.min_parallelism(topology) == {"spout": 1, "work": 1, "sink": 1}
-    assert sim.nodes_for(topology, sim.expert_parallelism(topology)) == 3
+    assert scenario.expert_parallelism(topology) == {"spout": 1, "work": 1, "sink": 8}
+    assert scenario.min_parallelism(topology) == {"spout": 1, "work": 1, "sink": 1}
+    assert scenario.nodes_for(topology, scenario.expert_parallelism(topology)) == 3
 
 
 def test_static_min_congests_and_static_expert_keeps_up() -> None:
@@ -148,8 +149,8 @@ def test_static_min_congests_and_static_expert_keeps_up() -> None:
     assert expert.node_seconds == pytest.approx(3 * 150.0) and expert.executor_seconds == pytest.approx(10 * 150.0)
 
 
-@pytest.mark.parametrize("policy", sim.POLICIES)
-def test_nothing_is_lost_across_rescales(policy: sim.Policy) -> None:
+@pytest.mark.parametrize("policy", scenario.POLICIES)
+def test_nothing_is_lost_across_rescales(policy: scenario.Policy) -> None:
     result = sim.run(linear({"rate": 90.0, "profile": "autoscale-5-step", "stepSeconds": 60}), policy)
     assert result.offered == pytest.approx(sum(i.delivered for i in result.intervals) + result.final_backlog, rel=1e-9)
     if policy in ("autoscale", "rules"):
@@ -158,7 +159,7 @@ def test_nothing_is_lost_across_rescales(policy: sim.Policy) -> None:
 
 def test_the_snapshot_is_what_the_analysis_would_report() -> None:
     topology = linear({"rate": 50.0})
-    run = sim.Simulation(topology, "static-expert", sim.SimSettings(duration_s=60.0), "min")
+    run = sim.Simulation(topology, "static-expert", scenario.SimSettings(duration_s=60.0), "min")
     run.run()
     snapshot = run.snapshot()
     sink = snapshot.vertices["sink"]
@@ -174,8 +175,8 @@ def test_the_snapshot_is_what_the_analysis_would_report() -> None:
 
 def test_executors_on_one_node_share_its_cpu() -> None:
     # 20 events/s: two sink executors (25/s) on one node; they need 1.6 cores, one core halves them to 12.5/s
-    free = sim.run(linear({"rate": 20.0}), "static-expert", sim.SimSettings(duration_s=120.0))
-    limited = sim.run(linear({"rate": 20.0}, cpu="1"), "static-expert", sim.SimSettings(duration_s=120.0))
+    free = sim.run(linear({"rate": 20.0}), "static-expert", scenario.SimSettings(duration_s=120.0))
+    limited = sim.run(linear({"rate": 20.0}, cpu="1"), "static-expert", scenario.SimSettings(duration_s=120.0))
     assert free.intervals[-1].nodes == limited.intervals[-1].nodes == 1
     assert free.throughput_kept == pytest.approx(1.0)
     assert limited.throughput_kept == pytest.approx(12.5 / 20.0, rel=0.05)
@@ -184,7 +185,7 @@ def test_executors_on_one_node_share_its_cpu() -> None:
 def test_a_migration_pauses_the_sources_and_bills_both_schedules() -> None:
     result = sim.run(linear({"steps": step_up(20.0, 80.0, 60, 200)}), "autoscale")
     change = result.changes[0]
-    delays = sim.MigrationDelays()
+    delays = scenario.MigrationDelays()
     assert change.applied_at - change.decided_at == pytest.approx(
         (delays.prepare_out_s if change.to_nodes > change.from_nodes else delays.prepare_in_s) + delays.pause_s
     )
@@ -192,15 +193,15 @@ def test_a_migration_pauses_the_sources_and_bills_both_schedules() -> None:
 
 
 def test_weighted_percentile() -> None:
-    assert sim.weighted_percentile([(1.0, 98.0), (5.0, 1.0), (9.0, 1.0)], 0.99) == 5.0
-    assert sim.weighted_percentile([(1.0, 98.0), (5.0, 1.0), (9.0, 1.0)], 0.5) == 1.0
-    assert sim.weighted_percentile([], 0.99) == 0.0
+    assert scenario.weighted_percentile([(1.0, 98.0), (5.0, 1.0), (9.0, 1.0)], 0.99) == 5.0
+    assert scenario.weighted_percentile([(1.0, 98.0), (5.0, 1.0), (9.0, 1.0)], 0.5) == 1.0
+    assert scenario.weighted_percentile([], 0.99) == 0.0
 
 
 def test_offered_rate_integrates_the_profile() -> None:
-    rate = sim.offered_rate({"steps": [{"rate": 10, "seconds": 2}, {"rate": 30, "seconds": 1}]})
+    rate = scenario.offered_rate({"steps": [{"rate": 10, "seconds": 2}, {"rate": 30, "seconds": 1}]})
     assert rate.due(2.0) == pytest.approx(20.0)
     assert rate.due(3.5) == pytest.approx(55.0)  # repeats after the last step
     assert rate.peak == 30.0
     with pytest.raises(ValueError, match="rate, steps or a profile"):
-        sim.offered_rate({"csv": "rates.csv"})
+        scenario.offered_rate({"csv": "rates.csv"})

@@ -22,24 +22,17 @@ nothing is captured, and COMMIT persists state only.
 initialised from the last periodic checkpoint (state per key group, source positions); the sources replay
 what they emitted after it, so sinks see those events twice and the report counts them.
 
-Periodic checkpoints (`CheckpointRound`) are aligned barriers, as in Flink: the sources persist their
-position and send BARRIER in-band; an executor that has BARRIER from one upstream channel holds that
-channel's later input until BARRIER has come from every upstream executor, then persists its state,
-forwards BARRIER and acks. The sources never pause.
+Periodic checkpoints are `core.checkpoint_protocol`'s; `control.migration` carries the actions out.
 """
 
 from __future__ import annotations
 
 import enum
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from elastream.core.metrics import MetricSample
 from elastream.core.outcomes import Direction, Outcome
-from elastream.core.schedule import Schedule, key_group_owner
-from elastream.core.topology import Topology, executor_id, split_executor_id
 
 Protocol = Literal["ccr", "dcr", "restart"]
 
@@ -74,10 +67,6 @@ class Phase(enum.Enum):
     INITIALIZING = "initializing"  # INIT broadcast (and resent); waiting for every new executor's ack
     DONE = "done"
     ABORTED = "aborted"
-
-
-#: phases after which the migration can only go forward (state is in Redis, the old schedule may be gone)
-POINT_OF_NO_RETURN = Phase.REBALANCING
 
 
 class ActionKind(enum.Enum):
@@ -140,6 +129,12 @@ class Timeouts:
     #: after COMMIT a timed-out phase is retried this many times, then the migration stalls
     #: (`MigrationStalled`): its state stays in Redis and the controller resumes it later, with backoff
     retries_after_commit: int = 2
+
+
+def first_few(names: Sequence[str], count: int = 5) -> str:
+    """`names` for a message: the first `count`, and how many more."""
+    more = f" and {len(names) - count} more" if len(names) > count else ""
+    return ", ".join(names[:count]) + more
 
 
 class MigrationStalled(Exception):
@@ -238,8 +233,8 @@ class MigrationCoordinator:
         }[self.phase]
         if now - self.phase_started > limit:
             missing = sorted(set(self._expected()) - self.acked)
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            reason = f"{self.phase.value} timed out after {limit:g} s" + (f" waiting for {shown}" if missing else "")
+            waiting = f" waiting for {first_few(missing)}" if missing else ""
+            reason = f"{self.phase.value} timed out after {limit:g} s{waiting}"
             return self.on_failure(reason, now)
         if self.phase == Phase.INITIALIZING and now - self.last_init_sent >= self.timeouts.init_resend_s:
             self.last_init_sent = now
@@ -349,55 +344,6 @@ class ExecutorParticipant:
         self.prepares_seen.clear()
 
 
-# ---- who owns what after a rescale -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StateMove:
-    vertex: str
-    key_group: int
-    from_executor: str
-    to_executor: str
-
-
-def state_moves(topology: Topology, old: Schedule, new: Schedule) -> list[StateMove]:
-    """Key groups of stateful vertices whose owning executor changes between two schedules (parallelism
-    changes move ranges; executors that only change node keep their groups but their state still travels
-    through the store, so those are listed too)."""
-    old_par, new_par = old.parallelism(), new.parallelism()
-    moves: list[StateMove] = []
-    for name, vertex in topology.vertices.items():
-        if not vertex.stateful:
-            continue
-        max_par = vertex.max_parallelism
-        for group in range(max_par):
-            before = executor_id(name, key_group_owner(max_par, old_par[name], group))
-            after = executor_id(name, key_group_owner(max_par, new_par[name], group))
-            if before != after or old.node_of(before) != new.node_of(after):
-                moves.append(StateMove(name, group, before, after))
-    return moves
-
-
-def affected_executors(old: Schedule, new: Schedule) -> frozenset[str]:
-    """Executors that start, stop or move: the ones a migration must checkpoint and initialise."""
-    changed = {e for e in old.assignment if new.assignment.get(e) != old.assignment[e]}
-    changed |= {e for e in new.assignment if e not in old.assignment}
-    return frozenset(changed)
-
-
-def upstream_executors(topology: Topology, schedule: Schedule, executor: str) -> frozenset[str]:
-    """Every executor with a channel into `executor` under `schedule` (COMMIT alignment needs them all)."""
-    vertex, index = split_executor_id(executor)
-    result: set[str] = set()
-    parallelism = schedule.parallelism()
-    for parent in topology.parents(vertex):
-        grouping = topology.stream(parent, vertex).grouping
-        if grouping == "global" and index != 0:
-            continue
-        result.update(executor_id(parent, i) for i in range(parallelism[parent]))
-    return frozenset(result)
-
-
 @dataclass(frozen=True)
 class MigrationReport:
     """The paper's metrics for one migration, in the shape the resource's status.lastScaling takes."""
@@ -440,197 +386,3 @@ class MigrationReport:
             "pauseMs": self.pause_ms,
             "prepareMs": self.prepare_ms,
         }
-
-
-def missing_and_duplicates(sent: Iterable[tuple[str, int]], received: Sequence[tuple[str, int]]) -> tuple[int, int]:
-    """Exactly-once check: (events sent but never received, events received more than once)."""
-    sent_set = set(sent)
-    seen: set[tuple[str, int]] = set()
-    duplicates = 0
-    for event in received:
-        if event in seen:
-            duplicates += 1
-        seen.add(event)
-    return len(sent_set - seen), duplicates
-
-
-def rate_timeline(
-    samples: Iterable[MetricSample],
-    sources: Iterable[str],
-    sinks: Iterable[str],
-    at: float = 0.0,
-    bucket_s: float = 0.5,
-) -> dict[str, list[tuple[float, float]]]:
-    """Input (the sources' processing rate) and output (the sinks') per `bucket_s`, times relative to `at`:
-    the curves of the CCR paper's Fig. 7 and what `recovery_times` reads. Rates come from consecutive
-    samples of one executor incarnation; buckets without a sample (workers stopped or starting) are rates
-    of zero, not gaps to draw across."""
-    source_set, sink_set = set(sources), set(sinks)
-    series: dict[str, dict[float, float]] = {"input": {}, "output": {}}
-    previous: dict[tuple[str, float], MetricSample] = {}
-    for sample in sorted(samples, key=lambda s: s.ts):
-        kind = "input" if sample.vertex in source_set else "output" if sample.vertex in sink_set else None
-        if kind is None:
-            continue
-        key = (sample.executor, sample.started_at)
-        old = previous.get(key)
-        previous[key] = sample
-        if old is not None and sample.ts > old.ts:
-            bucket = round((sample.ts - at) / bucket_s) * bucket_s
-            rate = (sample.processed - old.processed) / (sample.ts - old.ts)
-            series[kind][bucket] = series[kind].get(bucket, 0.0) + rate
-    times = [t for rates in series.values() for t in rates]
-    if not times:
-        return {kind: [] for kind in series}
-    first, last = min(times), max(times)
-    buckets = [first + bucket_s * i for i in range(round((last - first) / bucket_s) + 1)]
-    return {
-        kind: [(t, rates.get(round(t / bucket_s) * bucket_s, 0.0)) for t in buckets] for kind, rates in series.items()
-    }
-
-
-def recovery_times(
-    output: Sequence[tuple[float, float]], migrated_at: float = 0.0, tolerance: float = 0.1, hold: int = 3
-) -> tuple[float | None, float | None]:
-    """Catch-up and stabilization time (seconds after `migrated_at`) from an output-rate timeline of
-    (time, rate) points, as the CCR paper measures them: the reference is the mean rate before the
-    migration; catch-up ends at the first point after it whose rate is back to at least (1 - tolerance) x
-    reference; stabilization ends where the rate enters the ±tolerance band and stays there for `hold`
-    points. None when the timeline has no such point (or no reference)."""
-    before = [rate for t, rate in output if t < migrated_at]
-    after = [(t, rate) for t, rate in output if t >= migrated_at]
-    if not before or not after:
-        return None, None
-    reference = sum(before) / len(before)
-    if reference <= 0.0:
-        return None, None
-    catch_up = next((t - migrated_at for t, rate in after if rate >= (1.0 - tolerance) * reference), None)
-    stable: float | None = None
-    for i in range(len(after) - hold + 1):
-        window = after[i : i + hold]
-        if all(abs(rate - reference) <= tolerance * reference for _, rate in window):
-            stable = window[0][0] - migrated_at
-            break
-    return catch_up, stable
-
-
-def convergence_time(
-    output: Sequence[tuple[float, float]],
-    reference: float,
-    started_at: float = 0.0,
-    tolerance: float = 0.05,
-    crossings: int = 2,
-) -> float | None:
-    """Stela's convergence time (Xu et al., IC2E 2016, section IV-D): seconds from `started_at` (the scale
-    operation's start) until the throughput stabilizes, i.e. the first point of the timeline from which the
-    rate goes `crossings` times above and `crossings` times below `reference` (the post-scale average) with
-    a standard deviation of those points within `tolerance` (5 %) of it. None when it never does."""
-    if reference <= 0.0:
-        return None
-    after = [(t, rate) for t, rate in output if t >= started_at]
-    for i, (start, _) in enumerate(after):
-        above = below = 0
-        for j in range(i, len(after)):
-            rate = after[j][1]
-            above += rate > reference
-            below += rate < reference
-            if above >= crossings and below >= crossings:
-                window = [r for _, r in after[i : j + 1]]
-                if statistics.pstdev(window) <= tolerance * reference:
-                    return start - started_at
-                break
-    return None
-
-
-def time_at_zero(
-    output: Sequence[tuple[float, float]], start: float, end: float, bucket_s: float, floor: float = 0.0
-) -> float:
-    """Seconds of the timeline's buckets in [start, end] whose rate is at most `floor` (the paper's down
-    time, Fig. 8b: the time the topology's throughput is zero)."""
-    return bucket_s * sum(1 for t, rate in output if start <= t <= end and rate <= floor)
-
-
-# ---- periodic checkpoints ----------------------------------------------------------------------------------
-
-
-class CheckpointPhase(enum.Enum):
-    RUNNING = "running"  # BARRIER sweeping the dataflow; waiting for every executor's ack
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-@dataclass
-class CheckpointRound:
-    """The controller's side of one periodic checkpoint: BARRIER to the sources, then every executor's ack.
-    A round that does not complete in `timeout_s` fails; the caller tells the executors to stop aligning
-    (they release what they held) and deletes its keys: the previous checkpoint stays the latest."""
-
-    checkpoint_id: str
-    executors: frozenset[str]
-    started_at: float
-    timeout_s: float = 30.0
-    phase: CheckpointPhase = CheckpointPhase.RUNNING
-    acked: set[str] = field(default_factory=set)
-    state_bytes: int = 0
-    failure: str | None = None
-    completed_at: float | None = None
-
-    def on_ack(self, executor: str, state_bytes: int, now: float) -> CheckpointPhase:
-        if self.phase == CheckpointPhase.RUNNING and executor in self.executors and executor not in self.acked:
-            self.acked.add(executor)
-            self.state_bytes += state_bytes
-            if self.acked == set(self.executors):
-                self.phase = CheckpointPhase.COMPLETED
-                self.completed_at = now
-        return self.phase
-
-    def on_tick(self, now: float) -> CheckpointPhase:
-        if self.phase == CheckpointPhase.RUNNING and now - self.started_at > self.timeout_s:
-            missing = sorted(self.executors - self.acked)
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            self.failure = f"checkpoint {self.checkpoint_id} timed out after {self.timeout_s:g} s waiting for {shown}"
-            self.phase = CheckpointPhase.FAILED
-        return self.phase
-
-    def on_failure(self, reason: str) -> CheckpointPhase:
-        if self.phase == CheckpointPhase.RUNNING:
-            self.failure = f"checkpoint {self.checkpoint_id} failed: {reason}"
-            self.phase = CheckpointPhase.FAILED
-        return self.phase
-
-    @property
-    def duration_ms(self) -> float | None:
-        return None if self.completed_at is None else (self.completed_at - self.started_at) * 1000.0
-
-
-def _position_counts(position: object) -> dict[object, int]:
-    """A source position as {lane: events read in it}. Positions are mappings from a lane (a synthetic
-    source's lane, a redis-stream executor's index) to a count, or to ``[entry id, count]``; a key that is
-    no lane number (a synthetic source's profile "clock", a redis-stream source's "lanes" mark) is not a
-    count."""
-    counts: dict[object, int] = {}
-    if isinstance(position, Mapping):
-        for lane, value in position.items():
-            if not str(lane).isdigit():
-                continue
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                counts[str(lane)] = int(value)
-            elif isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) == 2:
-                counts[str(lane)] = int(value[1])
-    return counts
-
-
-def replayed_events(checkpointed: Iterable[object], latest: Iterable[object]) -> int:
-    """How many events the sources emit again when they go back from their `latest` positions to the
-    `checkpointed` ones: per lane, the furthest position reached minus the checkpointed one (a lane's
-    position only grows between checkpoints, and a rescale hands whole lanes to other executors, so
-    positions are merged per lane by their maximum)."""
-    at_checkpoint: dict[object, int] = {}
-    for position in checkpointed:
-        for lane, count in _position_counts(position).items():
-            at_checkpoint[lane] = max(at_checkpoint.get(lane, 0), count)
-    reached: dict[object, int] = {}
-    for position in latest:
-        for lane, count in _position_counts(position).items():
-            reached[lane] = max(reached.get(lane, 0), count)
-    return sum(max(0, count - at_checkpoint.get(lane, 0)) for lane, count in reached.items())

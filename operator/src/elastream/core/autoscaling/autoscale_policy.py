@@ -66,12 +66,11 @@ from typing import Literal
 
 from elastream.core.metrics import MetricSnapshot, VertexMetrics, offered_load, waiting_load
 from elastream.core.planner.stela import fed_only_by_global
-from elastream.core.topology import AUTOSCALE_COMBINES, Topology
+from elastream.core.topology import Topology
 
 Activity = Literal["low", "medium", "high", "critical"]
 Decision = Literal["scale-in", "nothing", "scale-out"]
 Combine = Literal["max", "min"]
-COMBINES = AUTOSCALE_COMBINES
 
 #: AUTOSCALE's thresholds (Table II)
 DEFAULT_THETA_MIN = 0.3

@@ -1,0 +1,336 @@
+"""The start, suspend and resume of a topology in the reconcile loop (`TopologyLifecycle`): a start (or the
+adoption of the pods an earlier operator left, or a start from `spec.initialSavepoint`), failed attempts
+retried with backoff, `spec.suspend` carried out (a last checkpoint, then the workers stop) and undone, the
+topology's Redis user kept, and the restart from scratch a user annotates after StateLost."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from elastream.control.controller import TopologyController
+from elastream.control.managed import (
+    Attempt,
+    ManagedTopology,
+    spec_parallelism,
+)
+from elastream.control.reconciler_base import ReconcilerBase
+from elastream.control.retrying import backoff_delay
+from elastream.control.savepoints import SavepointError
+from elastream.core.ports import BackendError, NotOwned, StateLost
+from elastream.core.savepoints import SavepointMeta
+from elastream.core.schedule import Schedule, initial_schedule
+from elastream.core.status import (
+    EventReason,
+)
+from elastream.core.topology import (
+    Topology,
+    glob_escape,
+    topology_prefix,
+)
+from elastream.store.acl import AclRefused
+
+log = logging.getLogger("elastream.operator")
+
+
+#: the annotation that answers StateLost: start over from the sources' beginning
+RESTART_FROM_SCRATCH = "elastream.dev/restart-from-scratch"
+
+#: seconds between passes of a suspended topology (nothing runs; a change of the resource wakes it at once)
+SUSPENDED_TICK_S = 30.0
+
+
+class TopologyLifecycle(ReconcilerBase):
+    """The start, suspend and resume of each topology (see the module)."""
+
+    def _start(self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, now: float) -> float | None:
+        """Build and start the controller (or adopt the pods an earlier operator left); None when it runs,
+        else the seconds until the next try (a failed start backs off)."""
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "start" and now < attempt.due:
+            return attempt.due - now
+        if not (managed.writer.written or {}).get("phase"):
+            managed.write()  # a new topology: Pending / Starting, before the pods' start holds this pass
+        controller = self._new_controller(topology, body["metadata"], managed)
+        self.analyzer.start_warm_up(topology)
+        try:
+            # after an operator restart the running schedule is in Redis: adopt it rather than start over
+            schedule = (self.running_schedule or self._registry_schedule)(topology)
+            schedule, restored = self._start_point(managed, controller, schedule)
+            if topology.suspend:
+                # no worker starts; those of an interrupted suspend are adopted, and the pass suspends them
+                if controller.start_suspended(schedule):
+                    managed.set(suspended=True, suspended_at=controller.resume_point or "")
+            else:
+                controller.start(schedule)
+        except StateLost as exc:
+            with contextlib.suppress(Exception):
+                controller.close(stop_workers=False)  # the workers run on, in memory, until the user decides
+            managed.set(state_lost=str(exc))
+            managed.write()
+            return self.tick_s
+        except SavepointError as exc:
+            with contextlib.suppress(Exception):
+                controller.close()
+            if exc.retry:  # not there (yet): retried with backoff, StartFailed saying what is missing
+                delay = self._start_failed(managed, "start", exc, now)
+                managed.write()
+                return delay
+            message = str(exc)  # the user's to fix: InvalidSpec naming spec.initialSavepoint
+            managed.set(invalid_spec=message)
+            if managed.invalid_reported != message:
+                managed.invalid_reported = message
+                managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
+            managed.write()
+            return 30.0
+        except (BackendError, redis.RedisError, AclRefused) as exc:
+            delay = self._start_failed(managed, "start", exc, now)
+            with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
+                controller.close()
+            managed.write()
+            return delay
+        managed.controller = controller
+        managed.attempt = None
+        if restored is not None:
+            managed.events.emit(
+                EventReason.RESTORED_FROM_SAVEPOINT,
+                f"started from savepoint {restored.name} of {restored.namespace}/{restored.topology} "
+                f"(checkpoint {restored.checkpoint}, taken {restored.taken_at})",
+            )
+        if managed.applied_parallelism is None:
+            managed.applied_parallelism = spec_parallelism(topology)
+        managed.set(
+            started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="", redis_user_refused=""
+        )
+        return None
+
+    def _start_point(
+        self, managed: ManagedTopology, controller: TopologyController, schedule: Schedule | None
+    ) -> tuple[Schedule | None, SavepointMeta | None]:
+        """Where a topology the controller does not run yet starts: with no state of its own, from its
+        `spec.initialSavepoint` (seeded as its latest checkpoint: the start restores from it); a new resource
+        over the state an earlier one of its name retained continues from that (said in an event). Returns
+        the schedule to start (one whose workers are gone restores the latest checkpoint) and the savepoint
+        used; raises `SavepointError` or `redis.RedisError`."""
+        topology = controller.topology
+        if managed.state_epoch is None and topology.initial_savepoint is None:
+            found = controller.epochs.read() if controller.epochs is not None else None
+            # the first try only: a failed start of this resource leaves an epoch of its own
+            if found is not None and schedule is not None and managed.attempt is None:
+                managed.events.emit(
+                    EventReason.RETAINED_STATE_ADOPTED,
+                    f"Redis holds the state of an earlier topology named {topology.name} (epoch {found}, kept by "
+                    "deletionPolicy Retain): this one continues from it; to start empty, delete this topology with "
+                    "deletionPolicy Delete and create it again",
+                    warning=True,
+                )
+            return schedule, None
+        if topology.initial_savepoint is None or schedule is not None:
+            return schedule, None
+        service = self.savepoints()
+        used = service.restore(topology)
+        if used is None and not service.has_checkpoint(topology):
+            return None, None  # state of its own and no checkpoint yet: an ordinary start
+        # seeded now, or by a start that stopped before its workers registered: restored from it
+        return initial_schedule(topology), used
+
+    def _back_off(self, managed: ManagedTopology, target: Any, reason: str, now: float) -> tuple[int, float]:
+        """Another failure to reach `target` (a start, resume, suspend, upgrade or scaling): counted on from the
+        attempt at the same target, else from 1, and due again after the backoff. Returns (failures, delay)."""
+        attempt = managed.attempt
+        failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
+        delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
+        managed.attempt = Attempt(target, failures, now + delay, reason)
+        return failures, delay
+
+    def _not_yet(self, managed: ManagedTopology, target: str, reason: str, event: str, what: str) -> float:
+        """A checkpoint before stopping the workers (a suspend's, an upgrade's: `target`) was not taken, so
+        nothing was stopped: backed off, said in a Warning `event` beginning with `what`. Returns the delay."""
+        _, delay = self._back_off(managed, target, reason, self.clock.monotonic())
+        managed.events.emit(event, f"{what}; nothing was stopped, retrying in {delay:.0f} s", warning=True)
+        return delay
+
+    def _start_failed(self, managed: ManagedTopology, target: str, exc: Exception, now: float) -> float:
+        """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
+        Returns the seconds until the next try."""
+        _, delay = self._back_off(managed, target, str(exc), now)
+        if isinstance(exc, redis.RedisError):
+            managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
+        elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
+            managed.set(not_owned=str(exc))
+        elif isinstance(exc, AclRefused):  # no worker starts without its user: the fix is the operator's
+            managed.set(redis_user_refused=str(exc))
+        else:
+            managed.set(backend_error=str(exc))
+        if isinstance(exc, NotOwned):
+            managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
+        elif isinstance(exc, AclRefused):
+            managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
+        else:
+            what = "resuming" if target == "resume" else "starting"
+            managed.events.emit(EventReason.START_FAILED, f"{what}: {exc}; retrying in {delay:.0f} s", warning=True)
+        return delay
+
+    def _suspend(self, managed: ManagedTopology, now: float) -> float:
+        """`spec.suspend` is true: take the last checkpoint and stop the workers (`TopologyController.suspend`),
+        or, once done, keep the status saying Suspended. Nothing else of the pass runs: no recovery, no
+        scaling, no autoscaler (a changed spec.nodes is kept in the spec and applies on resume). A
+        checkpoint that fails stops nothing; it is retried with backoff, Reconciling (Suspending) saying
+        why, Stalled (SuspendFailed) after `STALL_AFTER_FAILURES` in a row. The pass waits for nothing else:
+        a scaling runs within a pass, so none is in flight here; one a dead controller left is finished or
+        rolled back by the suspend first."""
+        controller = managed.controller
+        assert controller is not None
+        if controller.suspended:
+            controller.check_state()
+            managed.set(
+                suspended=True,
+                suspended_at=controller.resume_point or "",
+                suspending="",
+                state_lost=controller.state_lost,
+            )
+            managed.write()
+            return SUSPENDED_TICK_S
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "suspend" and now < attempt.due:
+            managed.write()
+            return attempt.due - now
+        if not managed.facts.suspending:
+            managed.set(suspending="taking the last checkpoint before stopping the workers")
+            managed.write()
+        result = controller.suspend()
+        self._note_store(managed)
+        managed.set(state_lost=controller.state_lost)
+        if not result.done and controller.state_lost:
+            # no checkpoint can be written over a lost state, and stopping would lose what the workers hold:
+            # the workers run on, Stalled (StateLost) says what the user must decide
+            managed.set(suspending="the topology's state in Redis is lost: nothing is stopped")
+            managed.write()
+            return self.tick_s
+        if not result.done:
+            delay = self._not_yet(
+                managed, "suspend", result.reason, EventReason.SUSPEND_BACKOFF, f"suspend: {result.reason}"
+            )
+            managed.set(suspending=f"{result.reason}; the workers run on, retrying in {delay:.0f} s")
+            managed.write()
+            return delay
+        managed.attempt = None
+        managed.set(
+            suspended=True,
+            suspended_at=result.checkpoint_id or "",
+            suspending="",
+            scaling_failed="",
+            worker_lost="",
+            recovering=False,
+            pending="",
+        )
+        managed.write()
+        return SUSPENDED_TICK_S
+
+    def _resume(self, managed: ManagedTopology, now: float) -> float | None:
+        """`spec.suspend` is false again: start the workers from the suspend's checkpoint
+        (`TopologyController.resume`); None when they run, else the seconds until the next try (a failed
+        resume backs off as a failed start does; Redis away is RedisUnavailable, a lost state StateLost)."""
+        controller = managed.controller
+        assert controller is not None
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "resume" and now < attempt.due:
+            return attempt.due - now
+        # not Suspended any more: Resuming until the workers run (a failed try stays so, saying why)
+        managed.set(suspended=False, suspended_at="", resuming=True)
+        managed.write()
+        try:
+            controller.resume()
+        except StateLost as exc:
+            managed.set(state_lost=str(exc))
+            managed.write()
+            return self.tick_s
+        except (BackendError, redis.RedisError, AclRefused) as exc:
+            delay = self._start_failed(managed, "resume", exc, now)
+            managed.write()
+            return delay
+        managed.attempt = None
+        # the scaling asked while suspended (spec.nodes, degrees) is converged to at once, with no settling
+        managed.spec_changed_at = min(managed.spec_changed_at, now - self.settle_s)
+        managed.set(
+            resuming=False,
+            backend_error="",
+            redis_unavailable="",
+            state_lost="",
+            not_owned="",
+            redis_user_refused="",
+        )
+        return None
+
+    def _check_redis_user(self, managed: ManagedTopology) -> None:
+        """The topology's Redis user is there (one ACL GETUSER per Redis node), set again when Redis lost it (a
+        restart without an ACL file): before the pass ticks, so workers waiting out a refused password get back
+        in. Redis away is the controller's tick's to note (RedisUnavailable); ACL commands refused are the
+        RedisUserRefused condition and one event."""
+        try:
+            managed.backend.ensure_redis_user()
+        except AclRefused as exc:
+            if managed.facts.redis_user_refused != str(exc):
+                managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
+            managed.set(redis_user_refused=str(exc))
+            return
+        except redis.RedisError as exc:
+            log.debug("Redis user of %s not checked: %s", managed.key, exc)
+            return
+        managed.set(redis_user_refused="")
+
+    def _restart_from_scratch(self, managed: ManagedTopology) -> None:
+        """The user's answer to StateLost (the annotation): stop the workers, delete what is left of the
+        topology's keys, forget its epoch; the pass goes on to start it anew, sources from their beginning.
+        The annotation is removed. Without StateLost it is only removed (it must not wipe a healthy
+        topology by accident)."""
+        if managed.facts.state_lost:
+            controller = managed.controller
+            prefix = controller.topology.redis_prefix if controller is not None else None
+            if controller is not None:
+                with contextlib.suppress(Exception):
+                    controller.close()
+                managed.controller = None
+            if prefix is None:
+                namespace, name = managed.key.split("/", 1)
+                prefix = topology_prefix(namespace, name)
+            delete_keys(self.redis_client, prefix)
+            managed.state_epoch = None
+            managed.published.clear()
+            managed.set(state_lost="", started=False)
+            managed.events.emit(
+                EventReason.STATE_RESET,
+                "restarting from scratch as annotated: state and positions start empty",
+                warning=True,
+            )
+        else:
+            managed.events.emit(
+                EventReason.STATE_RESET, f"{RESTART_FROM_SCRATCH} ignored: the topology's state is not lost"
+            )
+        managed.resource.remove_annotation(RESTART_FROM_SCRATCH)
+
+
+def delete_keys_logged(client: redis.Redis, prefix: str, key: str) -> None:
+    """`delete_keys`, a Redis error logged rather than raised."""
+    try:
+        delete_keys(client, prefix)
+    except redis.RedisError as exc:
+        log.warning("keys of %s not deleted (Redis: %s); they stay under %s", key, exc, prefix)
+
+
+def delete_keys(client: redis.Redis, prefix: str) -> int:
+    """Delete every Redis key of a topology (its prefix), the sink streams included."""
+    removed = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=f"{glob_escape(prefix)}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            removed += int(client.unlink(*batch))
+            batch = []
+    if batch:
+        removed += int(client.unlink(*batch))
+    return removed

@@ -1,0 +1,342 @@
+"""Stateful upgrades in the reconcile loop (`TopologyUpgrades`): a changed spec that does not apply in place
+(`core.upgrade`) is carried out by a checkpoint of the running workers, their pods stopped, and a controller of
+the new spec whose pods start from that checkpoint; new pods that do not start roll back to the previous spec
+from the same checkpoint. Also what an operator restart finds of an upgrade in flight (the ConfigMap's record)
+and a change of the scaling settings only (the controller rebuilt, the pods run on)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from elastream.control.backends.worker_objects import running_spec_of
+from elastream.control.controller import SuspendResult, TopologyController
+from elastream.control.lifecycle import (
+    TopologyLifecycle,
+)
+from elastream.control.managed import (
+    UPGRADE_ROLLED_BACK,
+    UPGRADE_SUCCEEDED,
+    ManagedTopology,
+    spec_parallelism,
+)
+from elastream.core.images import image_allowed
+from elastream.core.ports import BackendError, StateLost
+from elastream.core.status import (
+    EventReason,
+)
+from elastream.core.topology import (
+    Topology,
+    TopologyError,
+    parse_manifest,
+)
+from elastream.core.upgrade import SpecChange, spec_change
+from elastream.store.acl import AclRefused
+
+log = logging.getLogger("elastream.operator")
+
+
+class TopologyUpgrades(TopologyLifecycle):
+    """Stateful upgrades of each topology (see the module)."""
+
+    def _running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> tuple[Topology, Topology | None]:
+        """When the operator takes a topology over: (what its pods run, the spec of an upgrade in flight started
+        from, or None), from its ConfigMap (written with every start, upgrade and schedule), so a spec changed
+        while no operator ran is applied by the upgrade path rather than assumed, and an interrupted upgrade
+        can still go back. The wanted one when there is none (a new topology) or it cannot be read or parsed
+        (then the start says what is wrong)."""
+        read = self.running_spec or self._configmap_spec
+        try:
+            running_doc, previous_doc = read(wanted, metadata)
+        except Exception as exc:  # the API server away: the start itself will wait and say so
+            log.debug("running spec of %s/%s not read: %s", wanted.namespace, wanted.name, exc)
+            return wanted, None
+
+        def parsed(document: Mapping[str, Any] | None) -> Topology | None:
+            if document is None:
+                return None
+            try:
+                found = parse_manifest(
+                    {**document, "metadata": {"name": wanted.name, "namespace": wanted.namespace}}, bounded=True
+                )
+            except TopologyError as exc:
+                log.warning("%s/%s: a spec in its ConfigMap does not parse (%s)", wanted.namespace, wanted.name, exc)
+                return None
+            image = str(found.spec.get("image") or "")
+            if image and not image_allowed(image, self.allowed_images):
+                # the ConfigMap is in the tenant's namespace: it must not bring in what the spec may not
+                log.warning(
+                    "%s/%s: a spec in its ConfigMap names an image outside the allowed ones; ignored",
+                    wanted.namespace,
+                    wanted.name,
+                )
+                return None
+            return dataclasses.replace(found, suspend=wanted.suspend)
+
+        return parsed(running_doc) or wanted, parsed(previous_doc)
+
+    def _configmap_spec(
+        self, wanted: Topology, metadata: Mapping[str, Any]
+    ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+        return running_spec_of(self.core_api, wanted, {"name": metadata["name"], "uid": metadata.get("uid", "")})
+
+    def _upgrade_due(self, managed: ManagedTopology, running: Topology, wanted: Topology) -> bool:
+        """Whether the wanted spec is a stateful upgrade of `running` still to be tried."""
+        change = spec_change(running, wanted)
+        return change.needs_restart and not change.refused and managed.rolled_back_generation != managed.generation
+
+    def _take_over_interrupted_upgrade(
+        self, managed: ManagedTopology, body: Mapping[str, Any], previous: Topology, now: float
+    ) -> float | None:
+        """The ConfigMap says an upgrade from `previous` was in flight when the last operator stopped: its pods
+        (new ones starting, or the previous spec's not stopped yet) are stopped, and a controller of the
+        previous spec is taken over stopped, at the latest checkpoint. The pass then upgrades again from that
+        checkpoint (rolling back to `previous` if that fails), or resumes `previous` if the spec went back."""
+        controller = self._new_controller(previous, body["metadata"], managed)
+        try:
+            controller.backend.stop_workers()
+            controller.start_suspended(None)
+        except StateLost as exc:
+            managed.set(state_lost=str(exc))
+            managed.write()
+            return self.tick_s
+        except (BackendError, redis.RedisError, AclRefused) as exc:
+            with contextlib.suppress(Exception):
+                controller.close(stop_workers=False)
+            delay = self._start_failed(managed, "start", exc, now)
+            managed.write()
+            return delay
+        controller.suspended = True  # whatever ran was stopped: the restore starts it
+        managed.controller = controller
+        managed.attempt = None
+        managed.set(started=True, backend_error="", redis_unavailable="")
+        managed.events.emit(
+            EventReason.UPGRADE_STARTED,
+            "an upgrade was in flight when the operator restarted: its pods were stopped, it starts again from "
+            f"checkpoint {controller.resume_point or '(none)'}",
+            warning=True,
+        )
+        return None
+
+    def _apply_spec(
+        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, now: float
+    ) -> float | None:
+        """The changes of the spec that do not apply in place (`core.upgrade`): scaling settings rebuild the
+        operator's side of the topology (its pods run on); the rest is a stateful upgrade. A change no
+        checkpoint can carry is refused (Stalled, UpgradeRefused). Returns the seconds until the next pass
+        when this one must end here, None to go on."""
+        controller = managed.controller
+        assert controller is not None
+        change = spec_change(controller.topology, wanted)
+        managed.set(upgrade_refused="; ".join(change.refused))
+        if change.refused:
+            if managed.refused_reported != managed.generation:
+                managed.refused_reported = managed.generation
+                managed.events.emit(
+                    EventReason.UPGRADE_REFUSED,
+                    f"generation {managed.generation} not applied, the previous spec runs on: "
+                    + "; ".join(change.refused),
+                    warning=True,
+                )
+            return None
+        if not change.needs_restart:
+            managed.rolled_back_generation = 0
+            managed.set(upgrade_failed="")
+            return self._rebuild(managed, body, wanted, change, now) if change.controller else None
+        if managed.rolled_back_generation == managed.generation:
+            last = managed.published.get("lastUpgrade") or {}
+            managed.set(upgrade_failed=str(last.get("reason") or f"generation {managed.generation} was rolled back"))
+            return None
+        if controller.store_error or controller.state_lost:
+            return None  # nothing can be checkpointed: the upgrade waits (RedisUnavailable / StateLost say why)
+        settle = managed.spec_changed_at + self.settle_s - now
+        if settle > 0:
+            return settle
+        attempt = managed.attempt
+        if attempt is not None and attempt.target == "upgrade" and now < attempt.due:
+            return attempt.due - now
+        return self._upgrade(managed, body, wanted, change, now)
+
+    def _rebuild(
+        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
+    ) -> float | None:
+        """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
+        is built again with them and adopts the running pods, as after an operator restart."""
+        settle = managed.spec_changed_at + self.settle_s - now
+        if settle > 0:
+            return settle
+        old = managed.controller
+        assert old is not None
+        managed.state_epoch = old.epoch or managed.state_epoch
+        old.close(stop_workers=False)
+        managed.controller = None
+        delay = self._start(managed, body, wanted, now)
+        if delay is None:
+            managed.events.emit(
+                EventReason.UPGRADED,
+                f"generation {managed.generation}: {', '.join(change.controller)} applied; the pods run on",
+            )
+        return delay
+
+    def _upgrade(
+        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
+    ) -> float | None:
+        """A stateful upgrade: a checkpoint of the running workers (`TopologyController.suspend`), the old pods
+        stopped, a controller of the wanted spec whose pods start from that checkpoint (the recovery's restore:
+        kept vertices' key groups carry their state, exactly-once sinks' output staged after it discarded).
+        A checkpoint that fails stops nothing and is retried with backoff. New pods that do not start within
+        the worker start timeout are stopped and the previous spec's pods start again from the same checkpoint
+        (`_roll_back`). Returns None when the pass may go on with the new controller."""
+        old = managed.controller
+        assert old is not None
+        generation = managed.generation
+        started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if not managed.facts.upgrading:
+            managed.events.emit(
+                EventReason.UPGRADE_STARTED,
+                f"generation {generation}: {change.describe()}: a checkpoint, then the old pods stop and new ones "
+                "start from it",
+            )
+        managed.set(upgrading=f"generation {generation}: taking a checkpoint of the running workers")
+        managed.write()
+        try:
+            managed.backend.record_upgrade(old.topology)  # `old` is still the managed controller
+        except BackendError as exc:
+            result = SuspendResult(False, reason=f"the upgrade could not be recorded: {exc}")
+        else:
+            result = old.suspend(announce=False)
+        self._note_store(managed)
+        if not result.done:
+            what = f"generation {generation}: {result.reason}"
+            delay = self._not_yet(managed, "upgrade", result.reason, EventReason.UPGRADE_BACKOFF, what)
+            managed.set(upgrading=f"{what}; the old pods run on, retrying in {delay:.0f} s")
+            managed.write()
+            return delay
+        managed.attempt = None
+        checkpoint = result.checkpoint_id
+        managed.state_epoch = old.epoch or managed.state_epoch
+        with contextlib.suppress(Exception):
+            old.close(stop_workers=False)  # its workers are stopped: only the metric archive's last pass is left
+        for vertex in change.removed:
+            managed.events.emit(
+                EventReason.STATE_DROPPED,
+                f"vertex {vertex} is not in generation {generation}: its state in checkpoint {checkpoint} is dropped",
+                warning=True,
+            )
+        managed.set(
+            upgrading=f"generation {generation}: starting the new pods from checkpoint {checkpoint or '(none)'}"
+        )
+        managed.write()
+        try:
+            controller, report = self._restart_as(managed, body, wanted, f"upgrading to generation {generation}")
+        except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
+            return self._roll_back(managed, body, old.topology, change, str(exc), checkpoint, started_at)
+        managed.controller = controller
+        managed.applied_parallelism = spec_parallelism(wanted)
+        replayed = report.replayed if report is not None else 0
+        self._upgrade_done(managed)
+        managed.set(upgrading="", upgrade_failed="", started=True, backend_error="", scaling_failed="", suspended=False)
+        managed.published["lastUpgrade"] = {
+            "generation": generation,
+            "outcome": UPGRADE_SUCCEEDED,
+            "changes": change.describe(),
+            "checkpoint": checkpoint or "",
+            "replayed": replayed,
+            "startedAt": started_at,
+            "finishedAt": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        managed.events.emit(
+            EventReason.UPGRADED,
+            f"generation {generation} runs: started from checkpoint {checkpoint or '(none: the sources beginning)'}, "
+            f"{replayed} events replayed",
+        )
+        managed.write()
+        return None
+
+    @staticmethod
+    def _upgrade_done(managed: ManagedTopology) -> None:
+        """The ConfigMap's record of the upgrade goes (its pods run); a failure only leaves it for the next
+        operator to find, which then restarts the upgrade from the latest checkpoint: logged, not raised."""
+        try:
+            managed.backend.record_upgrade(None)
+        except BackendError as exc:
+            log.warning("the record of a finished upgrade was not removed: %s", exc)
+
+    def _restart_as(
+        self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, why: str
+    ) -> tuple[TopologyController, Any]:
+        """A controller of `topology` whose pods start from the latest checkpoint (none runs now). On failure its
+        pods are stopped and the error raised."""
+        controller = self._new_controller(topology, body["metadata"], managed)
+        self.analyzer.start_warm_up(topology)
+        try:
+            controller.start_suspended(None)
+            report = controller.restart_from_checkpoint(why)
+        except Exception:
+            with contextlib.suppress(Exception):
+                # first: a rollback must not finish this restore, it starts from the same checkpoint afresh
+                controller.migrator.abandon_restore()
+            with contextlib.suppress(Exception):
+                controller.close()
+            raise
+        return controller, report
+
+    def _roll_back(
+        self,
+        managed: ManagedTopology,
+        body: Mapping[str, Any],
+        previous: Topology,
+        change: SpecChange,
+        reason: str,
+        checkpoint: str | None,
+        started_at: str,
+    ) -> float:
+        """The upgrade's new pods did not start: the previous spec's pods start again from the upgrade's
+        checkpoint (nothing ran after it). The generation is Stalled (UpgradeFailed) and not tried again until
+        the spec changes. When even that restore fails, a suspended controller of the previous spec is kept:
+        the resume path retries it with backoff."""
+        generation = managed.generation
+        managed.events.emit(
+            EventReason.UPGRADE_FAILED,
+            f"generation {generation}'s pods did not start: {reason}; rolling back to the previous spec",
+            warning=True,
+        )
+        message = (
+            f"the upgrade to generation {generation} ({change.describe()}) was rolled back: its pods did not "
+            f"start ({reason}); the previous spec runs from checkpoint {checkpoint or '(none)'}. Fix the spec: a "
+            "new generation is applied at once"
+        )
+        managed.rolled_back_generation = generation
+        managed.published["lastUpgrade"] = {
+            "generation": generation,
+            "outcome": UPGRADE_ROLLED_BACK,
+            "changes": change.describe(),
+            "checkpoint": checkpoint or "",
+            "reason": message,
+            "startedAt": started_at,
+            "finishedAt": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        try:
+            controller, _ = self._restart_as(managed, body, previous, "rolling back a failed upgrade")
+        except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
+            controller = self._new_controller(previous, body["metadata"], managed)
+            with contextlib.suppress(Exception):
+                controller.start_suspended(None)
+            controller.suspended = True  # the next pass's resume starts it, with backoff
+            managed.controller = controller
+            delay = self._start_failed(managed, "resume", exc, self.clock.monotonic())
+            managed.set(upgrading="", upgrade_failed=message, resuming=True)
+            managed.write()
+            return delay
+        managed.controller = controller
+        self._upgrade_done(managed)
+        managed.set(upgrading="", upgrade_failed=message, backend_error="", started=True, suspended=False)
+        managed.events.emit(EventReason.UPGRADE_ROLLED_BACK, message, warning=True)
+        managed.write()
+        return self.tick_s

@@ -1,0 +1,118 @@
+"""From a vertex to the operator an executor runs: a built-in, or the user class the manifest names (found by
+`elastream.worker_inputs.user_code`) behind an adapter that reports the exceptions of its hooks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elastream.core.topology import Vertex
+from elastream.runtime.operators.api import Context, Emit, Event
+from elastream.runtime.operators.builtin import LOGIC_BUILTINS
+from elastream.runtime.operators.sinks import LogSink, NullSink, RedisStreamSink
+from elastream.runtime.operators.sources import RedisStreamSource, Synthetic
+from elastream.store.retry import RetryLater, backoff
+from elastream.worker_inputs.user_code import load_class
+
+
+def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str) -> Any:
+    """A fresh operator instance for one executor of `vertex` (not yet opened)."""
+    config = vertex.config
+    if "module" in config:
+        instance = load_class(vertex)()
+        return UserSource(instance) if vertex.kind == "source" else UserOperator(instance)
+    if vertex.kind == "source":
+        return Synthetic() if config["type"] == "synthetic" else RedisStreamSource(client_factory, prefix)
+    if vertex.kind == "sink":
+        kind = config["type"]
+        if kind == "redis-stream":
+            return RedisStreamSink(client_factory, prefix)
+        return LogSink() if kind == "log" else NullSink()
+    return LOGIC_BUILTINS[str(config["builtin"])]()
+
+
+#: how an executor hears of an exception in a user hook: report(hook name, exception)
+ErrorReport = Callable[[str, BaseException], None]
+
+
+def _log_report(hook: str, exc: BaseException) -> None:
+    logging.getLogger("elastream.worker").error("user operator: %s raised %s: %s", hook, type(exc).__name__, exc)
+
+
+class _UserCode:
+    """What user sources and operators share: optional hooks, and exceptions in them reported through
+    `report` (the executor's: log line with the vertex name + errors metric) instead of killing the worker."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.report: ErrorReport = _log_report
+
+    def bind_errors(self, report: ErrorReport) -> None:
+        self.report = report
+
+    def _call(self, hook: str, *args: Any) -> Any:
+        method = getattr(self.inner, hook, None)
+        if not callable(method):
+            return None
+        try:
+            return method(*args)
+        except Exception as exc:
+            self.report(f"{hook}()", exc)
+            return None
+
+    def open(self, context: Context) -> None:
+        self._call("open", context)
+
+    def close(self) -> None:
+        self._call("close")
+
+
+class UserOperator(_UserCode):
+    """Adapts a user logic or sink class to the executor: events arrive as `Event` named tuples; missing
+    hooks are no-ops. An exception in `process` propagates (the executor skips and reports that event); in
+    `open`, `close`, `snapshot_state` or `restore_state` it is reported and the executor goes on (a failed
+    snapshot checkpoints no state for this executor)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.stateful = callable(getattr(inner, "snapshot_state", None))
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.inner.process(Event._make(event), emit)
+
+    def snapshot_state(self) -> dict[int, Any]:
+        if not self.stateful:
+            return {}
+        state = self._call("snapshot_state")
+        return dict(state) if isinstance(state, Mapping) else {}
+
+    def restore_state(self, state: Mapping[int, Any]) -> None:
+        self._call("restore_state", state)
+
+
+class UserSource(_UserCode):
+    """Adapts a user source class: `poll(now, emit_new, budget)` (an exception is reported and the source
+    tries again at its next tick, backing off to 1 s while it keeps failing); `position`, `seek` and
+    `exhausted` are passed through when the class has them."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        #: while `poll` keeps failing: when to poll again (50 ms doubling to 1 s)
+        self.retry = RetryLater(lambda: backoff(0.05, 2.0, 1.0))
+        self.due = 0
+        for hook in ("position", "seek", "exhausted"):
+            if callable(getattr(inner, hook, None)):
+                setattr(self, hook, getattr(inner, hook))
+
+    def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
+        if not self.retry.due(now):
+            return self.due
+        try:
+            self.due = int(self.inner.poll(now, emit_new, budget) or 0)
+        except Exception as exc:
+            self.report("poll()", exc)
+            self.retry.failed(now)
+        else:
+            self.retry.succeeded()
+        return self.due

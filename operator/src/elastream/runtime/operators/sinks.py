@@ -1,0 +1,177 @@
+"""The built-in sinks: `null`, `log`, and `redis-stream`, the transactional Redis sink (at-least-once batches
+written once by a Lua script, or exactly-once through a two-phase commit with the checkpoints)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from elastream.runtime.operators.api import Context, Emit
+from elastream.runtime.operators.cpu import Cost
+from elastream.runtime.operators.streams import RedisStreamEnd
+from elastream.store.checkpoint import open_transactions_key, transaction_keys
+from elastream.store.cluster import slot_mate
+from elastream.store.codec import text
+from elastream.store.retry import retry_redis
+
+
+class NullSink:
+    """`sink: {type: "null"}` — counts and drops (with an optional `costMs`)."""
+
+    def open(self, context: Context) -> None:
+        self.cost = Cost(context.config, context.node_cpu)
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+
+    def close(self) -> None:
+        self.cost.pay()
+
+
+class LogSink(NullSink):
+    """`sink: {type: log}` — prints every `every`-th event (default 1) to the worker's stdout."""
+
+    def open(self, context: Context) -> None:
+        super().open(context)
+        self.name = f"{context.vertex}#{context.index}"
+        self.every = int(context.config.get("every", 1))
+        self.seen = 0
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        self.seen += 1
+        if self.seen % self.every == 0:
+            print(f"{self.name}: id={event[0]} key={event[1]!r} value={event[2]!r}", flush=True)
+
+
+#: Appends a batch to a stream unless the batch's token is already recorded, then records it, atomically.
+#: KEYS: stream, the writer's token key. ARGV: token, MAXLEN (0: none), token TTL (s), then id/key/value/ts
+#: of each event.
+_XADD_BATCH_ONCE = """
+if redis.call('GET', KEYS[2]) == ARGV[1] then return 0 end
+local maxlen = tonumber(ARGV[2])
+local n = 0
+for i = 4, #ARGV, 4 do
+  if maxlen > 0 then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*',
+               'id', ARGV[i], 'key', ARGV[i + 1], 'value', ARGV[i + 2], 'ts', ARGV[i + 3])
+  else
+    redis.call('XADD', KEYS[1], '*', 'id', ARGV[i], 'key', ARGV[i + 1], 'value', ARGV[i + 2], 'ts', ARGV[i + 3])
+  end
+  n = n + 1
+end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', tonumber(ARGV[3]))
+return n
+"""
+
+
+class RedisStreamSink(RedisStreamEnd):
+    """`sink: {type: redis-stream, stream: NAME, delivery: at-least-once | exactly-once}` — appends events
+    (fields id, key, value, ts) to the Redis stream `<prefix>sink:<NAME>` (`core.topology.stream_key`; NAME
+    defaults to the vertex's name): under the topology's prefix, so also in its hash slot on a Redis Cluster.
+
+    `at-least-once` (the default) writes every processed batch at once: the lowest latency, and CCR and DCR
+    migrations never duplicate anything, but after a rollback to a checkpoint (a worker died, or the
+    `restart` protocol) the events replayed since that checkpoint reach the stream a second time. A batch is
+    written by one Lua script that also records the batch's token under a key of this executor, so it lands
+    all or nothing, and a retry after a lost reply (Redis stopped after applying it) writes nothing. While
+    Redis is away (refused, timed out, LOADING after a restart) every write waits it out and is retried, never
+    skipped (the executor holds its batch and its inputs back-pressure); it gives up only when the executor
+    stops.
+
+    `exactly-once` is a two-phase commit, as Flink's transactional sinks do it: processed events stay in the
+    executor until its next checkpoint (a periodic one or a migration's COMMIT), which stages them in Redis
+    (`pre_commit`); the controller moves every staged event of a checkpoint into the streams in one atomic
+    script, in the same transaction that makes it the latest checkpoint. A rollback discards what was not
+    committed, so a reader never sees an event twice; the price is up to one checkpoint interval
+    (`spec.scaling.checkpointIntervalSeconds`) of extra latency and the buffered events in memory."""
+
+    batched = True
+    #: how long a writer's last token is remembered (a retry comes within seconds)
+    TOKEN_TTL_S = 3600
+
+    def open(self, context: Context) -> None:
+        self.open_stream(context, "sink")
+        self.maxlen = int(context.config.get("maxLen") or 0)
+        self.exactly_once = context.config.get("delivery", "at-least-once") == "exactly-once"
+        self.cost = Cost(context.config, context.node_cpu)
+        self.buffer: list[Any] = []
+        self.writer = f"{context.vertex}#{context.index}"
+        self.what = f"sink {self.writer}: cannot write stream {self.stream}"
+        # in the stream's hash slot (the topology's: the stream is under its prefix), which the script writes
+        # with the stream and an exactly-once commit with the checkpoint, on one shard of a Redis Cluster
+        self.token_key = slot_mate(self.stream, f":writer:{self.writer}")
+        self.script = self.client.register_script(_XADD_BATCH_ONCE)
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.cost.charge()
+        self.buffer.append(event)
+
+    def flush(self) -> None:
+        if not self.buffer or self.exactly_once:  # exactly-once: written when a checkpoint commits
+            return
+        token = uuid.uuid4().hex  # the same token on every retry of this batch
+        args: list[Any] = [token, self.maxlen, self.TOKEN_TTL_S]
+        for event in self.buffer:
+            args += [event[0], str(event[1]), str(event[2]), repr(event[3])]
+        retry_redis(lambda: self.script(keys=[self.stream, self.token_key], args=args), self.what, self.stop)
+        self.buffer = []
+
+    def pre_commit(self, txn_id: str) -> None:
+        """Stage the events processed since the last checkpoint under transaction `txn_id` (the checkpoint's
+        or migration's id); the controller commits them with it."""
+        if not self.exactly_once or not self.buffer:
+            return
+        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
+        items: list[Any] = [self.stream]
+        for event in self.buffer:
+            items += [event[0], str(event[1]), str(event[2]), repr(event[3])]
+
+        index = open_transactions_key(self.prefix)
+
+        def stage() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(staging)
+            pipe.rpush(staging, *items)
+            pipe.sadd(members, staging)
+            pipe.zadd(index, {txn_id: time.time()}, nx=True)  # the first sink's staging time orders it
+            pipe.expire(staging, STAGED_TTL_S)
+            pipe.expire(members, STAGED_TTL_S)
+            pipe.expire(index, STAGED_TTL_S)
+            pipe.execute()
+
+        retry_redis(stage, self.what, self.stop)
+        self.buffer = []
+
+    def abort_commit(self, txn_id: str) -> None:
+        """The checkpoint or migration `txn_id` was abandoned and this executor goes on: take the staged
+        events back, ahead of what was processed since (they are committed with the next checkpoint)."""
+        if not self.exactly_once:
+            return
+        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
+
+        def drop() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(staging)
+            pipe.srem(members, staging)
+            pipe.execute()
+
+        # read, then delete: each step may be repeated after a lost reply without losing the events
+        items = retry_redis(lambda: list(self.client.lrange(staging, 1, -1)), self.what, self.stop)
+        events = [
+            (text(items[i]), text(items[i + 1]), text(items[i + 2]), float(text(items[i + 3])))
+            for i in range(0, len(items), 4)
+        ]
+        self.buffer = events + self.buffer
+        retry_redis(drop, self.what, self.stop)
+
+    def close(self) -> None:
+        # exactly-once: what was not staged belongs to no checkpoint; a restore replays it
+        self.flush()
+        self.cost.pay()
+        self.client.close()
+
+
+#: staged sink events of a checkpoint that never completes expire after this
+STAGED_TTL_S = 24 * 3600

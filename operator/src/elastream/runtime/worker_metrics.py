@@ -1,0 +1,150 @@
+"""The worker's metrics: one `MetricSample` per executor published to Redis every interval, the sources'
+positions beside them, the same counters served to Prometheus (`WorkerCollector`), and what the data plane
+dropped and refused, logged when it grew. Methods of `Worker`, kept apart by concern.
+
+What the inboxes drop (malformed frames, frames of unchecked connections, control messages no executor sends
+in-band) and the handshakes they refuse are counted (`DataPlaneStats`), served as Prometheus counters and
+logged, at most every `DATA_PLANE_LOG_S`, when they grew. A metric sample that cannot be published while
+Redis is away is skipped (the counters are cumulative: the next one carries it)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from elastream.core.metrics import MetricSample
+from elastream.core.topology import split_executor_id
+from elastream.runtime.executor import Counters, SourceThread
+from elastream.runtime.worker_state import Generation, WorkerState
+from elastream.store.codec import pack
+from elastream.store.retry import REDIS, RedisAttempt
+
+log = logging.getLogger("elastream.worker")
+
+#: what the data plane dropped and refused is logged at most this often (when it grew)
+DATA_PLANE_LOG_S = 10.0
+
+
+class MetricsReporting(WorkerState):
+    """`Worker`'s metric samples, Prometheus counters and data-plane log lines."""
+
+    def publish_metrics(self) -> None:
+        """One sample per executor and the sources' positions, one attempt: while Redis is away the interval's
+        sample is skipped (the counters are cumulative: the next one carries it) and the outage logged once."""
+        with RedisAttempt(f"node {self.node}: cannot publish metrics", REDIS) as attempt:
+            written = self.metrics.publish(self.samples())
+            current = self.current
+            positions = self.source_positions(current) if current is not None else {}
+            self.store.publish_positions(positions)
+            # Redis answered only if something was written (a staged node has nothing to publish: no proof)
+            attempt.reached = bool(written or positions)
+
+    def log_data_plane(self, force: bool = False) -> None:
+        """Log what the data plane dropped and refused since the worker started, when it grew since the last
+        line, at most every `DATA_PLANE_LOG_S` (never a frame's content or a peer's key)."""
+        now = self.clock.monotonic()
+        if not force and now < self._data_plane_log_at:
+            return
+        dropped, refused = self.data_plane.snapshot()
+        if (dropped, refused) == self._data_plane_logged:
+            return
+        self._data_plane_logged, self._data_plane_log_at = (dropped, refused), now + DATA_PLANE_LOG_S
+        log.warning(
+            "node %s: data plane: %d frames dropped%s, %d handshakes refused%s since start",
+            self.node,
+            sum(dropped.values()),
+            _by_reason(dropped),
+            sum(refused.values()),
+            _by_reason(refused),
+        )
+
+    def source_positions(self, generation: Generation) -> dict[str, bytes]:
+        """The read position of each running source (`restart` counts what the sources will replay from
+        them); a source still waiting for INIT has none yet."""
+        positions: dict[str, bytes] = {}
+        for thread in generation.threads:
+            position = getattr(thread.operator, "position", None)
+            if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
+                positions[thread.executor] = pack(position())
+        return positions
+
+    def samples(self, generation: Generation | None = None) -> Iterable[MetricSample]:
+        now = self.clock.time()
+        threads = self.threads if generation is None else generation.threads
+        for thread in threads:
+            c: Counters = thread.counters
+            received, queue_len = (
+                thread.offered_at(now) if isinstance(thread, SourceThread) else (c.received, max(c.queue_len, 0))
+            )
+            yield MetricSample(
+                ts=now,
+                node=self.node,
+                vertex=split_executor_id(thread.executor)[0],
+                executor=thread.executor,
+                started_at=c.started_at,
+                received=received,
+                processed=c.processed,
+                emitted=c.emitted,
+                busy_s=round(c.busy_s, 6),
+                queue_len=queue_len,
+                latency_ms=round(c.take_latency_ms(), 4),
+                errors=c.errors,
+            )
+
+
+class WorkerCollector:
+    """Serves the executors' counters as Prometheus metrics (read at scrape time: no per-event cost)."""
+
+    def __init__(self, worker: WorkerState) -> None:
+        self.worker = worker
+
+    def collect(self) -> Iterable[Any]:
+        labels = ["node", "vertex", "executor"]
+        families = {
+            "received": CounterMetricFamily("elastream_executor_received", "events received", labels=labels),
+            "processed": CounterMetricFamily("elastream_executor_processed", "events processed", labels=labels),
+            "emitted": CounterMetricFamily("elastream_executor_emitted", "events emitted", labels=labels),
+            "errors": CounterMetricFamily("elastream_executor_errors", "operator exceptions", labels=labels),
+            "busy_s": CounterMetricFamily("elastream_executor_busy_seconds", "seconds spent processing", labels=labels),
+        }
+        queue = GaugeMetricFamily("elastream_executor_queue_length", "events waiting in the inbox", labels=labels)
+        latency = GaugeMetricFamily(
+            "elastream_executor_latency_ms",
+            "mean latency over the last metric interval in ms (end-to-end at sinks, per event elsewhere)",
+            labels=labels,
+        )
+        for thread in self.worker.threads:
+            label_values = [self.worker.node, split_executor_id(thread.executor)[0], thread.executor]
+            for name, family in families.items():
+                family.add_metric(label_values, float(getattr(thread.counters, name)))
+            queue.add_metric(label_values, float(max(thread.counters.queue_len, 0)))
+            latency.add_metric(label_values, float(thread.counters.latency_ms))
+        yield from families.values()
+        yield queue
+        yield latency
+        dropped_frames, refused_handshakes = self.worker.data_plane.snapshot()
+        dropped = CounterMetricFamily(
+            "elastream_data_plane_dropped_frames",
+            "frames the inboxes dropped: malformed, unauthenticated, sender (not its connection's), control "
+            "(not an in-band message of an upstream executor)",
+            labels=["node", "reason"],
+        )
+        refused = CounterMetricFamily(
+            "elastream_data_plane_refused_handshakes",
+            "connections the inboxes refused: auth (not the topology's key), protocol (no CURVE, another "
+            "server key), other",
+            labels=["node", "reason"],
+        )
+        for reason in ("malformed", "unauthenticated", "sender", "control"):
+            dropped.add_metric([self.worker.node, reason], float(dropped_frames.get(reason, 0)))
+        for reason in ("auth", "protocol", "other"):
+            refused.add_metric([self.worker.node, reason], float(refused_handshakes.get(reason, 0)))
+        yield dropped
+        yield refused
+
+
+def _by_reason(counts: Mapping[str, int]) -> str:
+    return f" ({', '.join(f'{reason} {n}' for reason, n in sorted(counts.items()))})" if counts else ""
