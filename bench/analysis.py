@@ -45,7 +45,9 @@ from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology, parse_manifest
 from elastream.core.window_analysis import Analysis, analyze_samples
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
+
 OUT = os.path.join(REPO, "docs", "benchmarks")
 VERTICES = 10
 BASE_TS = 1_700_000_000.0

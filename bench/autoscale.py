@@ -43,7 +43,9 @@ from elastream.core.topology import Topology, parse_manifest
 from elastream.sim import autoscaling as sim
 from elastream.sim import scenario
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
+
 OUT = os.path.join(REPO, "docs", "benchmarks")
 PROFILES = ("autoscale-3-step", "autoscale-5-step")
 #: one step of the paper's streams; each step spans six 20 s windows

@@ -77,24 +77,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
+
 sys.path.insert(0, os.path.join(REPO, "operator", "src"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import redis  # noqa: E402
-import yaml  # noqa: E402
+import matplotlib.pyplot as plt
+import redis
+import yaml
 
-import autoscale as paper  # noqa: E402  (bench/autoscale.py: the topology, its constants, Agg backend)
-from elastream.control.backends.local import EmbeddedRedis  # noqa: E402
-from elastream.core.rates import RateProfile  # noqa: E402
-from elastream.core.topology import API_VERSION, KIND, Topology, load_manifest, parse_manifest  # noqa: E402
-from elastream.sim import autoscaling as sim  # noqa: E402
-from elastream.sim import scenario  # noqa: E402
-from elastream.store.registry import Registry  # noqa: E402
+import autoscale as paper
+from elastream.control.backends.local import EmbeddedRedis
+from elastream.core.rates import RateProfile
+from elastream.core.topology import API_VERSION, KIND, Topology, load_manifest, parse_manifest
+from elastream.sim import autoscaling as sim
+from elastream.sim import scenario
+from elastream.store.registry import Registry
 
 OUT = paper.OUT
 QUICK_OUT = os.path.join(tempfile.gettempdir(), "elastream-autoscale-processes-quick")

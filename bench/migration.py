@@ -35,21 +35,22 @@ from typing import Any
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "operator", "src"))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
 
-from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer  # noqa: E402
-from elastream.control.migration import MigrationDriver  # noqa: E402
-from elastream.core.planner import make_plan  # noqa: E402
-from elastream.core.rate_timeline import rate_timeline, recovery_times  # noqa: E402
-from elastream.core.schedule import initial_schedule  # noqa: E402
-from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
-from elastream.core.topology import Topology, load_manifest  # noqa: E402
-from elastream.store.metric_stream import MetricStream  # noqa: E402
-from elastream.store.registry import client_for  # noqa: E402
-from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "operator", "src"))
+
+from elastream.control.backends.local import EmbeddedRedis, LocalCluster
+from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.migration import MigrationDriver
+from elastream.core.planner import make_plan
+from elastream.core.rate_timeline import rate_timeline, recovery_times
+from elastream.core.schedule import initial_schedule
+from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.topology import Topology, load_manifest
+from elastream.store.metric_stream import MetricStream
+from elastream.store.registry import client_for
+from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit
 
 NODES = {"ccr-grid": 4, "ccr-traffic": 3}
 PROTOCOLS = ("ccr", "dcr", "restart")
@@ -428,14 +429,14 @@ def spread_rows(url: str, volumes: list[int], rounds: int = 5) -> list[dict[str,
 
 
 def cluster_main(args: argparse.Namespace) -> int:
-    from redis_cluster import LocalRedis, LocalRedisCluster
+    from support.redis_servers import LocalRedisCluster, RedisServer
 
     dags = ["ccr-linear", "ccr-grid"] if args.quick else ["ccr-linear", "ccr-diamond", "ccr-star", "ccr-grid"]
     volumes = [2_000, 20_000] if args.quick else [2_000, 20_000, 200_000]
     seconds = 3.0 if args.quick else 4.0
     started = time.monotonic()
     directory = tempfile.mkdtemp(prefix="elastream-bench-")
-    one = LocalRedis()
+    one = RedisServer()
     cluster = LocalRedisCluster(masters=3, replicas=args.cluster_replicas)
     backends = {"one Redis": one, "cluster": cluster}
     store: dict[str, list[dict[str, Any]]] = {}
@@ -458,7 +459,7 @@ def cluster_main(args: argparse.Namespace) -> int:
                     runs[name].append(one_run(directory, backend.url, dag, direction, "ccr", seconds))
     finally:
         cluster.stop()
-        one.stop()
+        one.remove()
         shutil.rmtree(directory, ignore_errors=True)
     took = time.monotonic() - started
     cluster_report(args.out, store, spread, runs, args.cluster_replicas, took)

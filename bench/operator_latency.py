@@ -41,11 +41,11 @@ from typing import Any
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-
-from e2e.controlplane import ControlPlane, free_port, log_tail  # noqa: E402
-from e2e.kubelet import KubeletStandIn  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from e2e.controlplane import ControlPlane, log_tail
+from e2e.kubelet import KubeletStandIn
+from support.paths import REPO
+from support.redis_servers import RedisServer
 
 VENV_PY = os.path.join(REPO, ".venv", "bin", "python")
 GROUP, VERSION, PLURAL = "elastream.dev", "v1alpha1", "streamtopologies"
@@ -121,35 +121,6 @@ def manifest(name: str, nodes: int, limit: int | None = None) -> dict[str, Any]:
             "scaling": {"window": 5, "checkpointIntervalSeconds": 5},
         },
     }
-
-
-class Redis:
-    def __init__(self, workdir: str) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.log = open(os.path.join(workdir, "redis.log"), "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", workdir],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        import redis
-
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.RedisError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start: {log_tail(self.log.name)}") from None
-                time.sleep(0.1)
-        client.close()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -253,7 +224,7 @@ class Cluster:
         self.kubectl_bin = os.path.join(self.bin_dir, "kubectl")
         self.cp = ControlPlane(self.bin_dir, os.path.join(workdir, "control-plane"))
         self.kubelet: KubeletStandIn | None = None
-        self.redis: Redis | None = None
+        self.redis: RedisServer | None = None
         self.api: Any = None
 
     def start(self) -> None:
@@ -267,7 +238,7 @@ class Cluster:
             kubelet_version=str(self.cp.version.get("gitVersion", "v1.34.3")),
         )
         self.kubelet.start()
-        self.redis = Redis(self.workdir)
+        self.redis = RedisServer().start()
         from kubernetes import client as k8s_client
         from kubernetes import config as k8s_config
 
@@ -280,7 +251,7 @@ class Cluster:
             self.kubelet.stop()
         self.cp.stop()
         if self.redis is not None:
-            self.redis.stop()
+            self.redis.remove()
 
     def kubectl(
         self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True

@@ -52,7 +52,9 @@ from elastream.core.topology import Topology, load_manifest, parse_manifest
 from elastream.sim.optimum import SearchTooLarge, optimal_scale_in, optimal_scale_out
 from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
+
 OUT = os.path.join(REPO, "docs", "benchmarks")
 PAPER = {  # Stela paper, section IV: Stela's post-scale-out throughput over Storm's default
     "star": "+65%",

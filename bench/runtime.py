@@ -32,15 +32,17 @@ from typing import Any
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
+
 sys.path.insert(0, os.path.join(REPO, "operator", "src"))
 
-from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
-from elastream.core.planner import make_plan  # noqa: E402
-from elastream.core.schedule import Schedule, initial_schedule  # noqa: E402
-from elastream.core.simulate import simulate, snapshot_from_simulation  # noqa: E402
-from elastream.core.topology import Topology, load_manifest  # noqa: E402
-from elastream.store.metric_stream import MetricStream  # noqa: E402
+from elastream.control.backends.local import EmbeddedRedis, LocalCluster
+from elastream.core.planner import make_plan
+from elastream.core.schedule import Schedule, initial_schedule
+from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.topology import Topology, load_manifest
+from elastream.store.metric_stream import MetricStream
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

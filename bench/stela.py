@@ -44,22 +44,23 @@ from typing import Any
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "operator", "src"))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))  # support/
+from support.paths import REPO
 
-from elastream.control.backends.local import EmbeddedRedis, LocalCluster  # noqa: E402
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer  # noqa: E402
-from elastream.control.migration import MigrationDriver  # noqa: E402
-from elastream.core.metrics import MetricSample  # noqa: E402
-from elastream.core.planner import make_plan  # noqa: E402
-from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name  # noqa: E402
-from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation  # noqa: E402
-from elastream.core.topology import Topology, load_manifest  # noqa: E402
-from elastream.core.window_analysis import analyze_samples  # noqa: E402
-from elastream.sim.throughput_measures import convergence_time, time_at_zero  # noqa: E402
-from elastream.store.metric_stream import MetricStream  # noqa: E402
-from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "operator", "src"))
+
+from elastream.control.backends.local import EmbeddedRedis, LocalCluster
+from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.migration import MigrationDriver
+from elastream.core.metrics import MetricSample
+from elastream.core.planner import make_plan
+from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name
+from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
+from elastream.core.topology import Topology, load_manifest
+from elastream.core.window_analysis import analyze_samples
+from elastream.sim.throughput_measures import convergence_time, time_at_zero
+from elastream.store.metric_stream import MetricStream
+from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle
 
 #: (example, nodes after): the paper's Table I, N -> N+1
 SCALE_OUT = (("star", 5), ("linear", 7), ("diamond", 7), ("pageload", 8), ("processing", 9), ("netmon", 9))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,8 +17,25 @@ import redis
 import yaml
 
 from elastream.control.backends.local import LocalCluster
+from elastream.control.controller import TopologyController
+from elastream.control.local_mode import local_controller
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.topology import Topology, load_manifest
+
+#: the CLI as a user runs it, on this interpreter
+ELASTREAM = (sys.executable, "-m", "elastream")
+
+
+def run_scale(
+    path: str, redis_url: str, *args: str, timeout_s: float = 180.0
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """`elastream scale` of the running topology at `path`: its output, and the status record it printed
+    (None if it printed none)."""
+    result = subprocess.run(
+        [*ELASTREAM, "scale", path, "--redis", redis_url, *args], capture_output=True, text=True, timeout=timeout_s
+    )
+    start = result.stdout.find("{")
+    return result, (json.loads(result.stdout[start:]) if start >= 0 else None)
 
 
 def start_run(
@@ -25,12 +44,23 @@ def start_run(
     """`elastream run` of the manifest at `path` as a user starts it (Python analysis engine), its output in
     `<directory>/run.log`; returns the process and the log's path."""
     log_path = os.path.join(directory, "run.log")
-    command = [sys.executable, "-m", "elastream", "run", path, "--redis", redis_url, "--engine", "python"]
+    command = [*ELASTREAM, "run", path, "--redis", redis_url, "--engine", "python"]
     with open(log_path, "w", encoding="utf-8") as log:
         run = subprocess.Popen(
             [*command, "--duration", f"{duration_s:g}", *extra], stdout=log, stderr=subprocess.STDOUT, text=True
         )
     return run, log_path
+
+
+def stop_run(run: subprocess.Popen[Any], timeout_s: float = 60.0) -> None:
+    """Stop an `elastream run` as Ctrl-C does and wait (bounded) for it to exit."""
+    run.send_signal(signal.SIGINT)
+    run.wait(timeout_s)
+
+
+def read_log(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
 
 
 def write_manifest(directory: str, doc: dict[str, Any]) -> str:
@@ -42,15 +72,30 @@ def write_manifest(directory: str, doc: dict[str, Any]) -> str:
 
 @contextmanager
 def running(
-    path: str, redis_url: str, schedule: Schedule | None = None, **options: Any
+    path: str,
+    redis_url: str,
+    schedule: Schedule | None = None,
+    backend: Callable[..., LocalCluster] = LocalCluster,
+    **options: Any,
 ) -> Iterator[tuple[LocalCluster, Topology]]:
+    """The manifest at `path` on local worker processes (`backend`: a `LocalCluster` or a subclass that
+    injects a fault), closed when the block ends."""
     topology = load_manifest(path)
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, **options)
+    cluster = backend(topology, path, redis_url, interval_s=0.5, **options)
     try:
         cluster.start(schedule or initial_schedule(topology))
         yield cluster, topology
     finally:
         cluster.close()
+
+
+def controlled(
+    topology: Topology, path: str, redis_url: str, analyzer: Any, events: Any
+) -> tuple[LocalCluster, TopologyController]:
+    """Worker processes for the manifest at `path` and a controller over them, wired as `elastream run` wires
+    them, neither started: enter both (`with cluster, controller:`)."""
+    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
+    return cluster, local_controller(topology, cluster, analyzer, events=events)
 
 
 @contextmanager
@@ -165,4 +210,20 @@ def with_audit(doc: dict[str, Any], limit: int) -> dict[str, Any]:
         spec["vertices"].append({"name": f"audit-{name}", "sink": {"type": "redis-stream"}, "maxParallelism": 16})
         spec["streams"].append({"from": name, "to": f"audit-{name}", "grouping": "shuffle"})
     spec["slotsPerNode"] = spec.get("slotsPerNode", 4) + len(audits)
+    return doc
+
+
+def exactly_once(
+    doc: dict[str, Any], checkpoint_s: float, rate: float | None = None, nodes: int | None = None
+) -> dict[str, Any]:
+    """`doc` (changed in place and returned) with exactly-once sinks and periodic checkpoints every
+    `checkpoint_s` seconds (0: none), and if given, every source at `rate` events/s and `nodes` nodes."""
+    for vertex in doc["spec"]["vertices"]:
+        if "source" in vertex and rate is not None:
+            vertex["source"]["rate"] = rate
+        if "sink" in vertex:
+            vertex["sink"]["delivery"] = "exactly-once"
+    if nodes is not None:
+        doc["spec"]["nodes"] = nodes
+    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = checkpoint_s
     return doc

@@ -3,6 +3,7 @@ listeners bind."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from elastream.core.metrics import MetricSnapshot, VertexMetrics
@@ -31,6 +32,37 @@ def sink(name: str, parallelism: int = 1, **config: Any) -> dict[str, Any]:
 
 def edge(a: str, b: str, grouping: str = "shuffle", **extra: Any) -> dict[str, Any]:
     return {"from": a, "to": b, "grouping": grouping, **extra}
+
+
+def in_line(vertices: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A manifest of `vertices` in a line, each feeding the next by shuffle."""
+    names = [v["name"] for v in vertices]
+    return manifest(vertices, [edge(a, b) for a, b in itertools.pairwise(names)], **spec)
+
+
+def count(name: str = "count", parallelism: int = 1) -> dict[str, Any]:
+    """A stateful running count per `key` (feed it with `by_key`)."""
+    return {"name": name, "parallelism": parallelism, "stateful": True, "logic": {"builtin": "count", "key": "key"}}
+
+
+def by_key(a: str, b: str) -> dict[str, Any]:
+    return edge(a, b, "fields", key="key")
+
+
+def keyed_count_pipeline(name: str, cost_ms: float, count_parallelism: int, slots_per_node: int) -> dict[str, Any]:
+    """src (300/s over 32 keys) -> w (`cost_ms` per event) -> count (keyed) -> out (null), on 2 nodes."""
+    return manifest(
+        [
+            src("src", 1, rate=300, keys=32),
+            work("w", 1, costMs=cost_ms),
+            count(parallelism=count_parallelism),
+            sink("out"),
+        ],
+        [edge("src", "w"), by_key("w", "count"), edge("count", "out")],
+        name=name,
+        nodes=2,
+        slotsPerNode=slots_per_node,
+    )
 
 
 def snapshot(

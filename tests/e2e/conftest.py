@@ -28,11 +28,12 @@ from typing import Any
 import pytest
 import redis
 
+from support.paths import REPO
+
 from .controlplane import ControlPlane, ControlPlaneError
 from .kubelet import DEFAULT_NODES, KubeletStandIn, describe_nodes
 
 E2E_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(E2E_DIR))
 CORE_TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd")
 TOOLS_WAIT_S = 60 * 60  # a cold build of everything takes 20-30 min on 2 cores
 BASE_IMAGE = "elastream-base:bookworm"

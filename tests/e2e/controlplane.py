@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import threading
@@ -40,6 +39,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from support.ports import free_port
 
 SERVICE_CIDR = "127.96.0.0/16"
 KCM_CONTROLLERS = "*"  # every default-enabled controller; the cloud ones skip themselves without a cloud
@@ -149,12 +150,6 @@ class _AuditReader:
 
 class ControlPlaneError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _unverified_tls() -> ssl.SSLContext:

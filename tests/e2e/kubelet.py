@@ -69,6 +69,8 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
+from support.paths import REPO
+
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 RUNTIME_LABEL = "elastream.dev/e2e-runtime"
@@ -80,7 +82,6 @@ PROVISIONER = "e2e.elastream.dev/hostpath"
 SELECTED_NODE = "volume.kubernetes.io/selected-node"  # set on a claim by kube-scheduler (WaitForFirstConsumer)
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 LABEL = "elastream.e2e"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_GRACE_S = 10
 
 log = logging.getLogger("e2e.kubelet")

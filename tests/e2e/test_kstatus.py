@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from tests_paths import REPO
+from support.paths import REPO
 
 
 def test_kstatus_reads_each_status_the_operator_writes_as_meant() -> None:

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from support.paths import REPO
+
 pytestmark = pytest.mark.e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RELEASE = "elastream-ha"
 SYSTEM = "elastream-ha"
 LEASE = "elastream-operator"

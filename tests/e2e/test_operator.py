@@ -21,11 +21,12 @@ import pytest
 import redis
 import yaml
 
+from support.paths import REPO
+
 from .conftest import RELEASE, SYSTEM, sleeper
 
 pytestmark = pytest.mark.e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(REPO, "examples", "demo.yaml")
 EVENTS = 9000  # 300 events/s: half a minute of input, long enough to scale twice mid-stream
 

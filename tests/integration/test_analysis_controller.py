@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,11 +23,10 @@ from elastream.core.topology import parse_manifest
 from elastream.core.window_analysis import analyze_samples
 from elastream.store.metric_stream import MetricStream, metric_stream_key
 from elastream.store.registry import manifest_key, store_manifest, stored_manifest
-from harness import write_manifest
-from helpers import edge, manifest, sink, src, work
+from harness import ELASTREAM, read_log, run_scale, stop_run, write_manifest
+from helpers import edge, in_line, manifest, sink, src, work
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 BASE = 1_700_000_000.0
 
 
@@ -218,13 +215,8 @@ def wait_for_line(path: str, text: str, proc: subprocess.Popen[bytes], limit_s: 
 
 
 def test_run_scales_with_warm_spark_and_its_archive_agrees_with_redis(spark, redis_url, tmp_path, capsys):
-    doc = manifest(
-        [src("src", 2, rate=300), work("w", 2, costMs=0.2), {"name": "out", "sink": {"type": "null"}}],
-        [edge("src", "w"), edge("w", "out")],
-        name="archived-run",
-        nodes=2,
-        slotsPerNode=3,
-    )
+    vertices = [src("src", 2, rate=300), work("w", 2, costMs=0.2), sink("out")]
+    doc = in_line(vertices, name="archived-run", nodes=2, slotsPerNode=3)
     path = write_manifest(str(tmp_path), doc)
     archive = str(tmp_path / "archive")
     out_path = str(tmp_path / "run.out")
@@ -235,22 +227,15 @@ def test_run_scales_with_warm_spark_and_its_archive_agrees_with_redis(spark, red
     try:
         # the warm-up (session and a first analysis) is reported before any scaling request was made
         wait_for_line(out_path, "metric analysis: Spark ready", run)
-        scale = subprocess.run(
-            [*ELASTREAM, "scale", path, "--nodes", "3", "--redis", redis_url, "--timeout", "300"],
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        status = json.loads(scale.stdout[scale.stdout.index("{") :])
+        scale, status = run_scale(path, redis_url, "--nodes", "3", "--timeout", "300", timeout_s=400)
+        assert status is not None, scale.stdout + scale.stderr
         assert status["analysisEngine"] == "spark", scale.stdout
         assert scale.returncode == 0, scale.stdout + scale.stderr
         assert (status["outcome"], status["fromNodes"], status["toNodes"]) == ("succeeded", 2, 3), scale.stdout
         time.sleep(3.0)  # a few intervals of the new schedule in the stream
     finally:
-        run.send_signal(signal.SIGINT)
-        run.wait(timeout=120)
-    with open(out_path, encoding="utf-8") as handle:
-        output = handle.read()
+        stop_run(run, 120)
+    output = read_log(out_path)
     lines = output.splitlines()
     assert f"archiving metric samples to {archive} every 2 s" in lines
     ready = next(i for i, line in enumerate(lines) if line.startswith("metric analysis: Spark ready"))

@@ -394,24 +394,14 @@ def test_session_configuration_from_environment(monkeypatch):
 
 
 def test_cli_falls_back_to_python_with_one_warning_line(tmp_path):
-    rnd = random.Random(4)
-    topology, doc = random_topology(rnd, n=5)
-    path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    samples = random_samples(rnd, topology, 20, 1.0)
-    write_parquet_local(samples, str(tmp_path / "arch"))
-    env = {"PATH": "/nonexistent", "JAVA_HOME": "", "HOME": str(tmp_path)}
-    argv = ["analyze", "--parquet", str(tmp_path / "arch"), "--topology", str(path), "--window", "5", "--json"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, timeout=60, env=env
-    )
+    env = {"PATH": "/nonexistent", "JAVA_HOME": "", "HOME": str(tmp_path)}  # no Java anywhere
+    proc, expected = _analyze_subprocess(tmp_path, env, seed=4)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         "warning: Spark unavailable, falling back to the Python reference analysis: no Java runtime found "
         "(set JAVA_HOME or put java on PATH; Spark 3.5 needs Java 8, 11 or 17)"
     ]
-    expected = analyze_samples(topology, samples, window=5).to_dict(topology)
-    assert json.loads(proc.stdout) == json.loads(json.dumps(expected))
+    assert json.loads(proc.stdout) == expected
 
 
 def test_warm_up_runs_a_first_analysis_on_spark(spark):
@@ -453,14 +443,15 @@ def test_master_urls_are_checked_before_spark_starts():
         spark_session.probe_master("spark://127.0.0.1:1")
 
 
-def _analyze_subprocess(tmp_path, env_extra: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict]:
-    rnd = random.Random(8)
+def _analyze_subprocess(tmp_path, env: dict[str, str], seed: int = 8) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`elastream analyze --parquet` in a process with `env`, on an archive of random samples of a random
+    topology (from `seed`); its result and the Python reference analysis's."""
+    rnd = random.Random(seed)
     topology, doc = random_topology(rnd, n=5)
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(doc))
     samples = random_samples(rnd, topology, 20, 1.0)
     write_parquet_local(samples, str(tmp_path / "arch"))
-    env = {**os.environ, **env_extra}
     argv = ["analyze", "--parquet", str(tmp_path / "arch"), "--topology", str(path), "--window", "5", "--json"]
     proc = subprocess.run(
         [sys.executable, "-m", "elastream", *argv], capture_output=True, text=True, timeout=120, env=env
@@ -470,7 +461,7 @@ def _analyze_subprocess(tmp_path, env_extra: dict[str, str]) -> tuple[subprocess
 
 
 def test_unreachable_master_falls_back_without_starting_spark(tmp_path):
-    proc, expected = _analyze_subprocess(tmp_path, {spark_session.MASTER_ENV: "spark://127.0.0.1:1"})
+    proc, expected = _analyze_subprocess(tmp_path, {**os.environ, spark_session.MASTER_ENV: "spark://127.0.0.1:1"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         "warning: Spark unavailable, falling back to the Python reference analysis: cannot reach the Spark master "
@@ -486,7 +477,7 @@ def test_silent_master_start_is_capped_by_the_start_timeout(tmp_path):
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         master = f"spark://127.0.0.1:{silent.getsockname()[1]}"
-        env = {spark_session.MASTER_ENV: master, spark_session.START_TIMEOUT_ENV: "3"}
+        env = {**os.environ, spark_session.MASTER_ENV: master, spark_session.START_TIMEOUT_ENV: "3"}
         proc, expected = _analyze_subprocess(tmp_path, env)
     assert proc.returncode == 0, proc.stderr
     warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,23 +11,15 @@ import redis
 
 from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
-from harness import start_run, write_manifest
-from helpers import edge, manifest, src, work
+from harness import read_log, run_scale, start_run, stop_run, write_manifest
+from helpers import edge, keyed_count_pipeline, manifest, src, work
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 
 
 def wait_for(predicate, timeout_s: float, what: str, log_path: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    with open(log_path, encoding="utf-8") as handle:
-        tail = handle.read()[-3000:]
-    raise AssertionError(f"{what} not within {timeout_s:.0f} s; run log:\n{tail}")
+    return wait_until(predicate, timeout_s, what, 0.5, detail=lambda: f"run log:\n{read_log(log_path)[-3000:]}")
 
 
 def test_the_autoscaler_scales_a_congested_vertex_out_on_real_workers(tmp_path, redis_url: str) -> None:
@@ -65,27 +54,14 @@ def test_the_autoscaler_scales_a_congested_vertex_out_on_real_workers(tmp_path, 
         assert running is not None and running[1].parallelism()["w"] >= 2  # grew past its 1 executor
         assert status["requestedParallelism"]["w"] >= 2
     finally:
-        run.send_signal(signal.SIGINT)
-        run.wait(60)
-    with open(log_path, encoding="utf-8") as handle:
-        output = handle.read()
+        stop_run(run)
+    output = read_log(log_path)
     assert "AutoscalerDecided: scale-out" in output
     assert "ScalingPlanned:" in output and "parallelism w 1->" in output
 
 
 def test_scale_sets_a_vertex_parallelism_on_a_running_topology(tmp_path, redis_url: str) -> None:
-    doc = manifest(
-        [
-            src("src", 1, rate=300, keys=32),
-            work("w", 1, costMs=1.0),
-            {"name": "count", "parallelism": 2, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
-            {"name": "out", "sink": {"type": "null"}},
-        ],
-        [edge("src", "w"), {"from": "w", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
-        name="reparallelized",
-        nodes=2,
-        slotsPerNode=4,
-    )
+    doc = keyed_count_pipeline("reparallelized", cost_ms=1.0, count_parallelism=2, slots_per_node=4)
     path = write_manifest(str(tmp_path), doc)
     run, log_path = start_run(str(tmp_path), path, redis_url)
     client = redis.Redis.from_url(redis_url)
@@ -93,25 +69,13 @@ def test_scale_sets_a_vertex_parallelism_on_a_running_topology(tmp_path, redis_u
     try:
         wait_for(lambda: client.exists(f"{prefix}metrics"), 60, "metrics", log_path)
         time.sleep(3.0)
-        bad = subprocess.run(
-            [*ELASTREAM, "scale", path, "--redis", redis_url, "--parallelism", "nope=2"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        bad, _ = run_scale(path, redis_url, "--parallelism", "nope=2", timeout_s=60)
         assert bad.returncode == 1 and "'nope' is not a vertex" in bad.stderr and "Traceback" not in bad.stderr
-        scale = subprocess.run(
-            [*ELASTREAM, "scale", path, "--redis", redis_url, "--parallelism", "w=3", "--parallelism", "count=1"],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert scale.returncode == 0, scale.stdout + scale.stderr
-        status = json.loads(scale.stdout[scale.stdout.index("{") :])
+        scale, status = run_scale(path, redis_url, "--parallelism", "w=3", "--parallelism", "count=1")
+        assert scale.returncode == 0 and status is not None, scale.stdout + scale.stderr
         assert status["outcome"] == "succeeded" and status["toNodes"] == 2
         assert status["plan"]["parallelism"] == {"src": 1, "w": 3, "count": 1, "out": 1}
         running = Registry(client, prefix).schedule()
         assert running is not None and running[1].parallelism()["w"] == 3
     finally:
-        run.send_signal(signal.SIGINT)
-        run.wait(60)
+        stop_run(run)

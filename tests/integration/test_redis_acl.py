@@ -19,7 +19,7 @@ from elastream.store.acl import delete_topology_user, ensure_topology_user, topo
 from elastream.store.cluster import is_cluster
 from elastream.store.registry import client_for
 from harness import running, write_manifest
-from helpers import edge, manifest, src, work
+from helpers import edge, in_line, manifest, src, work
 
 pytestmark = pytest.mark.integration
 
@@ -101,9 +101,8 @@ def test_a_topology_user_reaches_its_own_keys_and_nothing_of_another(redis_url: 
 def test_workers_of_elastream_run_use_their_topologys_user_and_get_it_back_when_redis_loses_it(
     tmp_path: Any, redis_url: str
 ) -> None:
-    doc = manifest(
+    doc = in_line(
         [src("src", 1, rate=400), work("w", 1), {"name": "out", "sink": {"type": "redis-stream"}}],
-        [edge("src", "w"), edge("w", "out")],
         name="confined",
         nodes=2,
         slotsPerNode=2,

@@ -5,11 +5,7 @@ over to its replica in the middle of a CCR migration loses nothing and repeats n
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -29,12 +25,21 @@ from elastream.store.claim import OwnerLease
 from elastream.store.cluster import is_cluster
 from elastream.store.control import ControlChannel, pop_control
 from elastream.store.registry import Registry, client_for, connect
-from harness import expected_copies, id_counts, running, start_run, with_audit, write_manifest
-from helpers import edge, manifest, src, work
-from tests_paths import EXAMPLES
+from harness import (
+    expected_copies,
+    id_counts,
+    read_log,
+    run_scale,
+    running,
+    start_run,
+    stop_run,
+    with_audit,
+    write_manifest,
+)
+from helpers import by_key, count, edge, manifest, src, work
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 
 
 def all_keys(cluster: Any) -> dict[str, int]:
@@ -159,14 +164,8 @@ def tail(path: str) -> str:
 
 
 def scale(path: str, url: str, nodes: int) -> dict[str, Any]:
-    done = subprocess.run(
-        [*ELASTREAM, "scale", path, "--redis", url, "--nodes", str(nodes), "--timeout", "150"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    status: dict[str, Any] = json.loads(done.stdout[done.stdout.index("{") :])
+    done, status = run_scale(path, url, "--nodes", str(nodes), "--timeout", "150")
+    assert done.returncode == 0 and status is not None, done.stdout + done.stderr
     return status
 
 
@@ -178,13 +177,13 @@ def test_elastream_run_scales_out_and_in_exactly_once_on_a_cluster(
         [
             src("src", 1, rate=300, keys=32, limit=events),
             work("w", 1, costMs=1.0),
-            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+            count(),
             {"name": "out", "sink": {"type": "redis-stream"}},
             {"name": "committed", "sink": {"type": "redis-stream"}},
         ],
         [
             edge("src", "w"),
-            {"from": "w", "to": "count", "grouping": "fields", "key": "key"},
+            by_key("w", "count"),
             edge("count", "out"),
             edge("w", "committed"),
         ],
@@ -216,11 +215,9 @@ def test_elastream_run_scales_out_and_in_exactly_once_on_a_cluster(
         assert_in_one_slot(redis_cluster, keys, topology.redis_prefix)
         assert all(k.startswith(topology.redis_prefix) for k in keys), sorted(keys)[:10]  # nothing outside
     finally:
-        run.send_signal(signal.SIGINT)
-        run.wait(60)
+        stop_run(run)
         client.close()
-    with open(log_path, encoding="utf-8") as handle:
-        output = handle.read()
+    output = read_log(log_path)
     assert "ScalingPlanned: scale out 2 -> 3 nodes" in output and "scale in 3 -> 2 nodes" in output
 
 
@@ -248,10 +245,10 @@ def tiny(name: str, events: int) -> dict[str, Any]:
     doc = manifest(
         [
             src("src", 1, rate=300, keys=8, limit=events),
-            {"name": "count", "parallelism": 1, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+            count(),
             {"name": "out", "sink": {"type": "redis-stream"}},
         ],
-        [{"from": "src", "to": "count", "grouping": "fields", "key": "key"}, edge("count", "out")],
+        [by_key("src", "count"), edge("count", "out")],
         name=name,
         nodes=1,
         slotsPerNode=4,

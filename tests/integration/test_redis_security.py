@@ -12,12 +12,12 @@ import pytest
 from test_migration import EVENTS, check_exactly_once, load
 from test_migration_faults import plan_for
 
-from conftest import free_port
 from elastream.control.checkpoints import CheckpointDriver
 from elastream.control.migration import MigrationDriver
 from elastream.handlers.main import redis_at_start
 from elastream.store.registry import RedisCredentialsRefused, RedisUnavailable, connect
 from harness import running, with_audit, write_manifest
+from support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest
@@ -26,7 +25,8 @@ from elastream.control.scaling import PrintEvents
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.store.checkpoint import CheckpointStore
-from harness import expected_copies, running, sink_events, ticking, with_audit, write_manifest
+from harness import exactly_once, expected_copies, running, sink_events, ticking, with_audit, write_manifest
+from support.faults import migrate_killing_a_worker_during_capture
 
 pytestmark = pytest.mark.integration
 
@@ -74,12 +74,7 @@ def test_no_surviving_worker_restarts_and_nodes_come_and_go_around_the_pause(
 
 
 def exactly_once_doc(name: str, interval_s: int = 1) -> dict:
-    doc = with_audit(load(name), EVENTS)
-    for vertex in doc["spec"]["vertices"]:
-        if "sink" in vertex:
-            vertex["sink"]["delivery"] = "exactly-once"
-    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = interval_s
-    return doc
+    return exactly_once(with_audit(load(name), EVENTS), checkpoint_s=interval_s)
 
 
 def wait_for(predicate, timeout_s: float, tick=None) -> None:
@@ -121,27 +116,12 @@ def test_a_worker_killed_outside_a_migration_is_recovered_from_the_checkpoint_ex
 def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_twice(tmp_path, redis_url: str) -> None:
     path = write_manifest(str(tmp_path), exactly_once_doc("ccr-traffic", interval_s=0))
     with running(path, redis_url) as (cluster, topology):
-        old = cluster.current_schedule()
-        new = plan_for(topology, old, topology.nodes + 1)
-        victim = old.node_of("segment-count#0")
-        time.sleep(1.0)
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        # aborted, rolled back to the checkpoint taken before it, the old schedule running
+        migrate_killing_a_worker_during_capture(cluster, topology, new, "segment-count#0", checkpoint=True)
+        # sinks commit with checkpoints: keep taking them until every event is through
         from elastream.control.checkpoints import CheckpointDriver
 
-        taken = CheckpointDriver(topology, cluster, cluster.client).take()
-        assert taken.outcome == "completed", taken.reason
-        time.sleep(0.5)
-
-        def kill_during_capture(action: Action, coordinator: MigrationCoordinator) -> None:
-            if action.kind == ActionKind.START_COMMIT:  # every executor has acked PREPARE and is capturing
-                cluster.workers[victim].process.send_signal(signal.SIGKILL)
-                cluster.workers[victim].process.wait(10)
-
-        driver = MigrationDriver(topology, cluster, cluster.client, "ccr", before_action=kill_during_capture)
-        report = driver.migrate(new)
-        assert report.outcome == "aborted"
-        assert f"rolled back to checkpoint {taken.checkpoint_id}" in report.reason
-        assert cluster.current_schedule() == old
-        # sinks commit with checkpoints: keep taking them until every event is through
         checkpoints = CheckpointDriver(topology, cluster, cluster.client)
 
         totals = {sink: sum(copies.values()) for sink, copies in expected_copies(topology, range(EVENTS)).items()}

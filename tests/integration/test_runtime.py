@@ -17,13 +17,14 @@ import redis
 from elastream.control.backends.local import LocalCluster, node_host
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import load_manifest, stream_key, topology_prefix
+from elastream.runtime.transport import INITIAL_WINDOW, MAX_BATCH
 from elastream.store.metric_stream import MetricStream
 from elastream.worker_inputs.keys import generate_keys
-from harness import id_counts, running, sink_events, wait_for_sink, write_manifest
-from helpers import edge, manifest, src, work
+from harness import ELASTREAM, id_counts, running, sink_events, wait_for_sink, write_manifest
+from helpers import edge, in_line, manifest, sink, src, work
+from support.ports import worker_port
 
 pytestmark = pytest.mark.integration
-ELASTREAM = (sys.executable, "-m", "elastream")
 
 
 def read(path: str) -> str:
@@ -147,7 +148,7 @@ def test_metrics_reach_redis_and_prometheus(tmp_path, redis_url: str) -> None:
         nodes=2,
         slotsPerNode=2,
     )
-    port = 19000 + os.getpid() % 1000
+    port = worker_port(2)  # on both nodes' addresses, from the OS
     with running(write_manifest(str(tmp_path), doc), redis_url, metrics_port=port) as (
         cluster,
         topology,
@@ -160,7 +161,7 @@ def test_metrics_reach_redis_and_prometheus(tmp_path, redis_url: str) -> None:
     assert executors == {"src#0", "w#0", "w#1", "out#0"}
     last = {s.executor: s for s in samples}
     assert last["w#0"].processed > 0 and last["w#0"].busy_s > 0
-    assert 0 < last["out#0"].latency_ms < 5000
+    assert last["out#0"].latency_ms > 0  # measured (bounded in events by back-pressure: test_runtime_flow.py)
     assert 'elastream_executor_processed_total{executor="out#0",node="' in body
     # the last interval's mean latency, as a gauge: end-to-end at the sink, which every event reaches (a
     # load-aware shuffle may leave one `w` executor without an event for a whole interval)
@@ -274,13 +275,8 @@ def test_a_worker_waiting_for_a_peer_says_which(tmp_path, redis_url: str) -> Non
 
 
 def test_run_command_prints_live_throughput_and_reaps_its_processes(tmp_path, redis_url: str) -> None:
-    doc = manifest(
-        [src("src", 2, rate=1000), work("w", 2, costMs=0.5), {"name": "out", "sink": {"type": "null"}}],
-        [edge("src", "w"), edge("w", "out")],
-        name="live",
-        nodes=2,
-        slotsPerNode=3,
-    )
+    vertices = [src("src", 2, rate=1000), work("w", 2, costMs=0.5), sink("out")]
+    doc = in_line(vertices, name="live", nodes=2, slotsPerNode=3)
     path = write_manifest(str(tmp_path), doc)
     result = subprocess.run(
         [*ELASTREAM, "run", path, "--duration", "5", "--redis", redis_url],
@@ -290,13 +286,23 @@ def test_run_command_prints_live_throughput_and_reaps_its_processes(tmp_path, re
     )
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.strip().endswith(tuple("0123456789"))]
-    rates = [float(row[1]) for row in rows if row[0].endswith("s") and row[0][:-1].isdigit()]
-    assert len(rates) >= 4
-    assert 700 < max(rates) < 1300  # the sink sees the source's 1,000 events/s
+    rows = [row for row in rows if row[0].endswith("s") and row[0][:-1].isdigit()]  # time sinks/s lat src w out
+    assert len(rows) >= 4
+    # the live throughput is the sink's: the `out` column, and events reached it
+    assert all(row[1] == row[5] for row in rows) and max(float(row[1]) for row in rows) > 0, rows
     leftover = subprocess.run(["pgrep", "-f", "--", f"--topology {path}"], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == ""
     client = redis.Redis.from_url(redis_url)
     assert client.exists(f"{load_manifest(path).redis_prefix}metrics")
+    # The sink kept up with the sources, in events (a window in seconds would measure the machine): the
+    # sources were never held back (a backlog of at most a frame each: a slow sink's back-pressure would
+    # leave them thousands of events behind their 1,000/s), and what they emitted reached the sink but for
+    # what the 6 channels' credit windows can hold.
+    last = {s.executor: s for s in MetricStream(client, load_manifest(path).redis_prefix).read_since(None)}
+    sources = [last[f"src#{i}"] for i in range(2)]
+    assert all(s.queue_len <= MAX_BATCH for s in sources), sources
+    emitted, sunk = sum(s.processed for s in sources), last["out#0"].processed
+    assert sunk > 0 and emitted - sunk <= 6 * INITIAL_WINDOW, (emitted, sunk)
 
 
 def test_stop_and_start_runs_a_new_schedule_on_new_processes(tmp_path, redis_url: str) -> None:
@@ -361,13 +367,12 @@ def test_run_uses_an_embedded_redis_without_a_url(tmp_path) -> None:
     assert "embedded Redis" in result.stdout.splitlines()[0]
     rows = [line.split() for line in result.stdout.splitlines()]
     rates = [float(row[1]) for row in rows if row and row[0].endswith("s") and row[0][:-1].isdigit()]
-    assert max(rates) > 300
+    assert rates and all(rate > 0 for rate in rates[1:]), rates  # events reach the sink in every interval
 
 
 def test_a_worker_serves_ready_once_its_executors_run(tmp_path, redis_url: str) -> None:
     """The pod readiness probe: /healthz while the process runs, /ready once its executors are bound."""
-    from conftest import free_port
-    from helpers import sink
+    from support.ports import free_port
 
     doc = manifest([src("s", 1, rate=50), sink("z")], [edge("s", "z")], name="probed", nodes=1, slotsPerNode=2)
     path = write_manifest(str(tmp_path), doc)
@@ -386,8 +391,8 @@ def test_a_worker_listening_on_every_interface_is_reached_at_its_advertised_addr
     """What a worker pod runs by default (`--bind 0.0.0.0:7000 --advertise $(POD_IP)`), on a real process:
     inboxes and /ready listen on every interface (localhost included, as `kubectl port-forward` needs), and
     the endpoints registered for peers name the advertised address."""
-    from conftest import free_port
     from elastream.control.backends import local
+    from support.ports import free_port
 
     doc = manifest(
         [src("s", 1, rate=500, limit=300), rsink("out")], [edge("s", "out")], name="anywhere", nodes=1, slotsPerNode=2

@@ -19,10 +19,9 @@ from test_migration import load
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.local_mode import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
-from harness import sink_key, with_audit, write_manifest
+from harness import controlled, exactly_once, sink_key, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -36,22 +35,14 @@ def sink_lengths(cluster: LocalCluster, topology) -> dict[str, int]:
 
 @pytest.mark.timeout(900)
 def test_suspend_and_resume_keep_every_event_exactly_once_and_keyed_counts_exact(tmp_path, redis_url: str) -> None:
-    doc = with_audit(load("ccr-diamond"), EVENTS)
-    for vertex in doc["spec"]["vertices"]:
-        if "source" in vertex:
-            vertex["source"]["rate"] = RATE
-        if "sink" in vertex:
-            vertex["sink"]["delivery"] = "exactly-once"
-    doc["spec"]["nodes"] = 3
-    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = 2
+    doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
     analyzer = Analyzer(engine="python")
 
     # ---- suspend and resume by the same controller
     log = Events()
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, analyzer, events=log)
+    cluster, controller = controlled(topology, path, redis_url, analyzer, log)
     with cluster, controller:
         controller.start()
         ticking(controller, 6.0)  # periodic checkpoints commit some output first
@@ -80,8 +71,7 @@ def test_suspend_and_resume_keep_every_event_exactly_once_and_keyed_counts_exact
 
     # ---- a new controller over a new cluster finds it suspended, starts nothing, and resumes it
     log = Events()
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, analyzer, events=log)
+    cluster, controller = controlled(topology, path, redis_url, analyzer, log)
     with cluster, controller:
         assert controller.start_suspended(schedule) is True
         assert cluster.running_nodes() == set() and controller.resume_point == again.checkpoint_id

@@ -16,12 +16,10 @@ from test_control_faults import Events, check_exactly_once_at_end, ticking
 from test_migration import load
 
 from elastream.analysis import Analyzer
-from elastream.control.backends.local import LocalCluster
-from elastream.control.local_mode import local_controller
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
 from elastream.core.upgrade import spec_change
-from harness import with_audit, write_manifest
+from harness import controlled, exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +29,7 @@ EVENTS = 5000  # 25 s of the sources: the upgrade lands mid-stream
 
 @pytest.mark.timeout(900)
 def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(tmp_path, redis_url: str) -> None:
-    doc = with_audit(load("ccr-diamond"), EVENTS)
-    for vertex in doc["spec"]["vertices"]:
-        if "source" in vertex:
-            vertex["source"]["rate"] = RATE
-        if "sink" in vertex:
-            vertex["sink"]["delivery"] = "exactly-once"
-    doc["spec"]["nodes"] = 3
-    doc["spec"]["scaling"]["checkpointIntervalSeconds"] = 2
+    doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
     old_dir, new_dir = tmp_path / "old", tmp_path / "new"
     old_dir.mkdir()
     new_dir.mkdir()
@@ -57,8 +48,7 @@ def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(
 
     analyzer = Analyzer(engine="python")
     log = Events()
-    cluster = LocalCluster(old, old_path, redis_url, interval_s=0.5)
-    controller = local_controller(old, cluster, analyzer, events=log)
+    cluster, controller = controlled(old, old_path, redis_url, analyzer, log)
     with cluster, controller:
         controller.start()
         ticking(controller, 6.0)  # periodic checkpoints commit some output first
@@ -68,8 +58,7 @@ def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(
         assert "Suspended" not in log.reasons()  # the upgrade says what it does itself
 
     log = Events()
-    cluster = LocalCluster(new, new_path, redis_url, interval_s=0.5)
-    controller = local_controller(new, cluster, analyzer, events=log)
+    cluster, controller = controlled(new, new_path, redis_url, analyzer, log)
     with cluster, controller:
         assert controller.start_suspended(None) is True
         report = controller.restart_from_checkpoint("upgrading to generation 2")

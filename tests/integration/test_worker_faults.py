@@ -10,13 +10,13 @@ import time
 import pytest
 import redis
 
-from conftest import RedisServer
 from elastream.control.checkpoints import CheckpointDriver
 from elastream.runtime.executor import TEST_CRASH_ENV
 from elastream.runtime.worker_failures import EXIT_INTERNAL_ERROR
 from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
 from harness import id_counts, running, sink_events, sink_key, write_manifest
-from helpers import edge, manifest, src, work
+from helpers import edge, in_line, manifest, sink, src, work
+from support.redis_servers import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -91,13 +91,7 @@ def test_workers_live_through_a_redis_restart_and_their_sinks_lose_and_repeat_no
 def test_an_executor_whose_loop_crashes_takes_its_worker_down_not_ready(
     tmp_path, redis_url: str, crashing: str
 ) -> None:
-    doc = manifest(
-        [src("src", 2, rate=1000), work("w", 2), {"name": "out", "sink": {"type": "null"}}],
-        [edge("src", "w"), edge("w", "out")],
-        name="crash",
-        nodes=2,
-        slotsPerNode=3,
-    )
+    doc = in_line([src("src", 2, rate=1000), work("w", 2), sink("out")], name="crash", nodes=2, slotsPerNode=3)
     path = write_manifest(str(tmp_path), doc)
     with running(path, redis_url, extra_env={TEST_CRASH_ENV: f"{crashing}:300"}) as (cluster, _):
         node = cluster.current_schedule().node_of(crashing)

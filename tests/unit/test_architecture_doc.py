@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests_paths import REPO
+from support.paths import REPO
 
 DOC = f"{REPO}/docs/architecture.md"
 

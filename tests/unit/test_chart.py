@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from helpers import assert_worker_binds
-from tests_paths import REPO
+from support.paths import REPO
 
 CHART = os.path.join(REPO, "charts", "elastream")
 CRD = os.path.join(REPO, "crds", "streamtopology.yaml")

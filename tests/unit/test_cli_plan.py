@@ -13,7 +13,7 @@ import yaml
 from elastream.cli import main
 from elastream.cli.offline import MODEL_NOTE
 from helpers import edge, manifest, sink, src, work
-from tests_paths import EXAMPLES
+from support.paths import EXAMPLES
 
 
 def _chain_document(**a_config) -> dict:

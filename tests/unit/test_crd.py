@@ -36,7 +36,7 @@ from elastream.resources import (
     schema_problems,
     to_json_schema,
 )
-from tests_paths import EXAMPLES, REPO
+from support.paths import EXAMPLES, REPO
 
 CRD_PATHS = {
     "crds": os.path.join(REPO, "crds", "streamtopology.yaml"),

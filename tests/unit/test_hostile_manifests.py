@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from elastream.core import topology
 from elastream.core.topology import TopologyError, load_manifest, parse_manifest
-from tests_paths import EXAMPLES
+from support.paths import EXAMPLES
 
 with open(os.path.join(EXAMPLES, "demo.yaml"), encoding="utf-8") as _handle:
     DEMO: dict[str, Any] = yaml.safe_load(_handle)

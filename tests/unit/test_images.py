@@ -19,7 +19,7 @@ import tomllib
 
 import pytest
 
-from tests_paths import REPO
+from support.paths import REPO
 
 OPERATOR = os.path.join(REPO, "images", "operator", "Dockerfile")
 WORKER = os.path.join(REPO, "images", "worker", "Dockerfile")

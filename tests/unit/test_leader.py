@@ -567,8 +567,8 @@ def test_the_standby_health_endpoint_answers_until_closed() -> None:
     import urllib.error
     import urllib.request
 
-    from conftest import free_port
     from elastream.handlers.main import standby_health
+    from support.ports import free_port
 
     port = free_port()
     with standby_health("127.0.0.1", port):

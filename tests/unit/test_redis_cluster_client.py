@@ -190,7 +190,7 @@ def test_the_charts_external_url_takes_a_cluster_url(url: str, valid: bool) -> N
 
     import jsonschema
 
-    from tests_paths import REPO
+    from support.paths import REPO
 
     with open(os.path.join(REPO, "charts", "elastream", "values.schema.json"), encoding="utf-8") as handle:
         schema = json.load(handle)["properties"]["redis"]["properties"]["external"]["properties"]["url"]

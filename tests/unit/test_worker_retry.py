@@ -312,7 +312,7 @@ def test_elastream_run_never_prints_the_password_of_an_unreachable_redis(
     import elastream.control.backends.local as local
     from elastream.cli import main
     from elastream.store import registry
-    from tests_paths import EXAMPLES
+    from support.paths import EXAMPLES
 
     # the real connect, waiting 0.3 s instead of 10 (the python engine: no Spark)
     monkeypatch.setattr(local, "connect", lambda u, wait_s=0.0, **kw: registry.connect(u, min(wait_s, 0.3), **kw))

@@ -1,5 +1,6 @@
-"""A real Redis Cluster on loopback for tests and benchmarks: redis-server processes started with
-`--cluster-enabled yes` on free ports, joined by `redis-cli --cluster create`, each primary with its replicas.
+"""Real redis-server processes on loopback for tests and benchmarks: `RedisServer`, one server on a free
+port (restartable, for fault tests), and `LocalRedisCluster`, processes started with `--cluster-enabled yes`
+on free ports, joined by `redis-cli --cluster create`, each primary with its replicas.
 
 Every wait is bounded and says what it waited for. The cluster bus of each node gets a port of its own
 (`--cluster-port`), so no node depends on port + 10000 being free.
@@ -8,21 +9,68 @@ Every wait is bounded and says what it waited for. The cluster bus of each node 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from support.ports import free_port
+from support.waiting import wait_until
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: what every server here runs with unless told otherwise: nothing written to disk
+NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
+
+
+def redis_server_binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed: run `make setup` (it installs it)")
+    return binary
+
+
+def spawn_redis(binary: str, port: int, directory: str, *args: str) -> subprocess.Popen[bytes]:
+    """One redis-server on 127.0.0.1:`port` in `directory`, persistence off unless `args` turn it on (the
+    later of two equal options wins in redis-server)."""
+    return subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, *NO_PERSISTENCE, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+class RedisServer:
+    """A real redis-server process in a temporary directory on a free port; `stop()` and `start()` again
+    keep its port and directory (with `--appendonly yes` its data too), for fault tests."""
+
+    def __init__(self, *extra_args: str) -> None:
+        self.extra_args = list(extra_args)
+        self.binary = redis_server_binary()
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="elastream-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.proc = spawn_redis(self.binary, self.port, self.dir, *self.extra_args)
+        node = Node(port=self.port, bus_port=0, dir=self.dir, proc=self.proc)
+        wait_until(lambda: _answers(node), timeout_s, f"redis-server on port {self.port} to answer")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def remove(self) -> None:
+        """Stop it and delete its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @dataclass
@@ -88,34 +136,13 @@ class LocalRedisCluster:
         return self
 
     def _spawn(self, server: str, node: Node) -> None:
-        node.proc = subprocess.Popen(
-            [
-                server,
-                "--port",
-                str(node.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                node.dir,
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                str(node.bus_port),
-                "--cluster-node-timeout",
-                str(self.node_timeout_ms),
-                "--logfile",
-                "redis.log",
-                "--repl-diskless-sync-delay",
-                "0",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        node.proc = spawn_redis(
+            server,
+            node.port,
+            node.dir,
+            *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+            *("--cluster-port", str(node.bus_port), "--cluster-node-timeout", str(self.node_timeout_ms)),
+            *("--logfile", "redis.log", "--repl-diskless-sync-delay", "0"),
         )
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
@@ -242,43 +269,6 @@ class LocalRedisCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
-
-
-@dataclass
-class LocalRedis:
-    """One redis-server on a free loopback port, persistence off (what a cluster's node runs, without the
-    cluster), for benchmarks that put one Redis beside a cluster."""
-
-    node: Node | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.node is not None
-        return f"redis://127.0.0.1:{self.node.port}/0"
-
-    def start(self, timeout_s: float = 30.0) -> LocalRedis:
-        server = shutil.which("redis-server")
-        if server is None:
-            raise RuntimeError("redis-server is needed: run `make setup` (it installs it)")
-        self.node = Node(port=free_port(), bus_port=0, dir=tempfile.mkdtemp(prefix="elastream-redis-"))
-        self.node.proc = subprocess.Popen(
-            [server, "--port", str(self.node.port), "--bind", "127.0.0.1", "--dir", self.node.dir, *NO_PERSISTENCE],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        node = self.node
-        wait_until(lambda: _answers(node), timeout_s, f"redis-server on port {node.port} to answer")
-        return self
-
-    def stop(self) -> None:
-        if self.node is not None and self.node.proc is not None:
-            self.node.proc.terminate()
-            self.node.proc.wait(timeout=10)
-            shutil.rmtree(self.node.dir, ignore_errors=True)
-            self.node.proc = None
-
-
 def _online_replicas(primary: Node) -> int:
     """How many replicas the primary itself counts as online (their first sync done)."""
     info = primary.client().info("replication")
@@ -291,14 +281,3 @@ def _answers(node: Node) -> bool:
         return bool(node.client().ping())
     except (redis.RedisError, OSError):
         return False
-
-
-def wait_until(probe: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:
-    """`probe()` until it is true, for at most `timeout_s`; then RuntimeError naming `what` was awaited."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if probe():
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"waited {timeout_s:g} s for {what}")
-        time.sleep(poll_s)
