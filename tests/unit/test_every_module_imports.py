@@ -31,7 +31,7 @@ def test_the_images_self_checks_import_what_exists():
     import glob
     import re
 
-    from tests_paths import REPO
+    from support.paths import REPO
 
     cited: set[tuple[str, str]] = set()
     for dockerfile in glob.glob(f"{REPO}/images/*/Dockerfile"):
