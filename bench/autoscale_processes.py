@@ -4,7 +4,7 @@ bench/autoscale.py compares the policies in `elastream.sim.autoscaling`, a fluid
 runs the same `linear` topology (bench/autoscale.py's `linear`: spout -> intermediate, work 2 ms -> sink
 80 ms; high rate 90 events/s; 4 slots and 4 emulated cores per node; maxParallelism 8) on real worker
 processes: `python -m elastream run <manifest> --redis <url> --engine python --interval 1` as a subprocess
-(as tests/harness.py `start_run` does), against an embedded Redis (`EmbeddedRedis`, as bench/stela.py).
+(as tests/support/harness.py `start_run` does), against an embedded Redis (`EmbeddedRedis`, as bench/stela.py).
 Four policies per stream, in one run: **static-min** (ConfMin: parallelism 1, fewest nodes, autoscaling off),
 **static-expert** (ConfExpt: per vertex the fewest executors that keep up with the profile's peak,
 `sim.scenario.expert_parallelism`, fewest nodes; autoscaling off), **autoscale** and **rules**

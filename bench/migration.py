@@ -50,7 +50,7 @@ from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, load_manifest
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import client_for
-from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit
+from support.harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit
 
 NODES = {"ccr-grid": 4, "ccr-traffic": 3}
 PROTOCOLS = ("ccr", "dcr", "restart")

@@ -60,7 +60,7 @@ from elastream.core.topology import Topology, load_manifest
 from elastream.core.window_analysis import analyze_samples
 from elastream.sim.throughput_measures import convergence_time, time_at_zero
 from elastream.store.metric_stream import MetricStream
-from harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle
+from support.harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle
 
 #: (example, nodes after): the paper's Table I, N -> N+1
 SCALE_OUT = (("star", 5), ("linear", 7), ("diamond", 7), ("pageload", 8), ("processing", 9), ("netmon", 9))

@@ -4,7 +4,7 @@
 #
 #   BIN=$(scripts/kstatus-tool.sh | tail -1)    # progress goes to stderr, the bin dir is the last line
 #   kubectl get topo pageload -o json | "$BIN/kstatus"
-#   scripts/kstatus-tool.sh --check             # build if needed, then check tests/health_cases.py's documents
+#   scripts/kstatus-tool.sh --check             # build if needed, then check tests/support/health_cases.py's documents
 #
 # Cache: ${ELASTREAM_TOOLS_CACHE:-$HOME/.cache/elastream/tools}/kstatus-<cli-utils version>/bin/kstatus, with the
 # module and build caches (gomod/, gocache/) that scripts/k8s-tools.sh uses beside it (k8s.io/apimachinery is
@@ -24,13 +24,13 @@ BIN="$DIR/bin"
 log() { printf '[kstatus-tool %s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-check_cases() {   # the real kstatus on the documents of tests/health_cases.py, against what they expect
+check_cases() {   # the real kstatus on the documents of tests/support/health_cases.py, against what they expect
     local cases python failed=0 name want argo got
     python="${PYTHON:-$REPO/.venv/bin/python}"
     [ -x "$python" ] || python=python3
     cases="$(mktemp -d)"
     trap 'rm -rf "$cases"' RETURN
-    PYTHONPATH="$REPO/operator/src:$REPO/tests" "$python" "$REPO/tests/health_cases.py" "$cases"
+    PYTHONPATH="$REPO/operator/src:$REPO/tests" "$python" "$REPO/tests/support/health_cases.py" "$cases"
     while IFS=$'\t' read -r name want argo; do
         got="$("$BIN/kstatus" "$cases/$name.json")"
         if [ "$(cut -f2 <<<"$got")" = "$want" ]; then

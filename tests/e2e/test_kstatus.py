@@ -1,5 +1,5 @@
 """The real kstatus (sigs.k8s.io/cli-utils, what Flux's health checks run) on the status documents the operator
-writes in each state (tests/health_cases.py): Current when running as specified, InProgress while starting,
+writes in each state (tests/support/health_cases.py): Current when running as specified, InProgress while starting,
 scaling, waiting for Redis or while observedGeneration lags the generation, Failed when Stalled.
 
 The unit tier checks the same documents against a Python twin of kstatus' rules; this checks the twin. The

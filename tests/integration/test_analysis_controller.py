@@ -23,8 +23,8 @@ from elastream.core.topology import parse_manifest
 from elastream.core.window_analysis import analyze_samples
 from elastream.store.metric_stream import MetricStream, metric_stream_key
 from elastream.store.registry import manifest_key, store_manifest, stored_manifest
-from harness import ELASTREAM, read_log, run_scale, stop_run, write_manifest
-from helpers import edge, in_line, manifest, sink, src, work
+from support.harness import ELASTREAM, read_log, run_scale, stop_run, write_manifest
+from support.manifests import edge, in_line, manifest, sink, src, work
 
 pytestmark = pytest.mark.integration
 BASE = 1_700_000_000.0

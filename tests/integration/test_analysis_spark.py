@@ -37,7 +37,7 @@ from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology, parse_manifest
 from elastream.core.window_analysis import Analysis, analyze_samples
 from elastream.store.metric_stream import MetricStream
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import redis
 
 from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
-from harness import read_log, run_scale, start_run, stop_run, write_manifest
-from helpers import edge, keyed_count_pipeline, manifest, src, work
+from support.harness import read_log, run_scale, start_run, stop_run, write_manifest
+from support.manifests import edge, keyed_count_pipeline, manifest, src, work
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration

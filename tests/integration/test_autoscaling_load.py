@@ -20,8 +20,8 @@ import redis
 from elastream.core.rates import RateProfile, _jitter
 from elastream.core.topology import load_manifest
 from elastream.store.registry import Registry
-from harness import ELASTREAM, read_log, start_run, stop_run, write_manifest
-from helpers import by_key, count, edge, manifest, src, work
+from support.harness import ELASTREAM, read_log, start_run, stop_run, write_manifest
+from support.manifests import by_key, count, edge, manifest, src, work
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from elastream.runtime.operators.sources import Synthetic
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.codec import unpack
 from elastream.store.metric_stream import MetricStream
-from harness import running, sink_events, sink_key, with_audit, write_manifest
 from support.faults import migrate_killing_a_worker_during_capture
+from support.harness import running, sink_events, sink_key, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 

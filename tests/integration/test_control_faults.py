@@ -33,8 +33,8 @@ from elastream.control.local_mode import local_controller
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.runtime.executor import TEST_CRASH_ENV
-from harness import exactly_once, wait_for_sinks_idle, with_audit, write_manifest
-from harness import ticking as ticking_in_background
+from support.harness import exactly_once, wait_for_sinks_idle, with_audit, write_manifest
+from support.harness import ticking as ticking_in_background
 from support.redis_servers import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -24,8 +24,8 @@ from elastream.core.topology import load_manifest
 from elastream.runtime.security import secure_client
 from elastream.runtime.transport import CONTROL, DATA, encode
 from elastream.worker_inputs.keys import DataPlaneKeys
-from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, write_manifest
-from helpers import edge, manifest, src, work
+from support.harness import expected_copies, id_counts, running, sink_events, wait_for_sink, write_manifest
+from support.manifests import edge, manifest, src, work
 from support.ports import worker_port
 
 pytestmark = pytest.mark.integration

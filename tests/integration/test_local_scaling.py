@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from elastream.core.topology import load_manifest
-from harness import ELASTREAM, read_log, run_scale, start_run, stop_run, write_manifest
-from helpers import keyed_count_pipeline
+from support.harness import ELASTREAM, read_log, run_scale, start_run, stop_run, write_manifest
+from support.manifests import keyed_count_pipeline
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration

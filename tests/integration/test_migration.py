@@ -16,7 +16,7 @@ from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import stream_key, topology_prefix
-from harness import expected_copies, id_counts, running, sink_events, wait_for_sink, with_audit, write_manifest
+from support.harness import expected_copies, id_counts, running, sink_events, wait_for_sink, with_audit, write_manifest
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -128,7 +128,7 @@ def test_a_redis_stream_source_resumes_from_its_position_after_a_migration(tmp_p
 
     import redis as redis_client
 
-    from helpers import edge, manifest, work
+    from support.manifests import edge, manifest, work
 
     client = redis_client.Redis.from_url(redis_url)
     pipe = client.pipeline()

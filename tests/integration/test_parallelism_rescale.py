@@ -12,7 +12,7 @@ from test_migration import EVENTS, check_exactly_once, load
 from elastream.control.migration import MigrationDriver
 from elastream.core.planner import make_plan
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from harness import running, with_audit, write_manifest
+from support.harness import running, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from elastream.core.topology import topology_prefix
 from elastream.store.acl import delete_topology_user, ensure_topology_user, topology_url
 from elastream.store.cluster import is_cluster
 from elastream.store.registry import client_for
-from harness import running, write_manifest
-from helpers import edge, in_line, manifest, src, work
+from support.harness import running, write_manifest
+from support.manifests import edge, in_line, manifest, src, work
 
 pytestmark = pytest.mark.integration
 

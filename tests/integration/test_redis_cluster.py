@@ -25,7 +25,7 @@ from elastream.store.claim import OwnerLease
 from elastream.store.cluster import is_cluster
 from elastream.store.control import ControlChannel, pop_control
 from elastream.store.registry import Registry, client_for, connect
-from harness import (
+from support.harness import (
     expected_copies,
     id_counts,
     read_log,
@@ -36,7 +36,7 @@ from harness import (
     with_audit,
     write_manifest,
 )
-from helpers import by_key, count, edge, manifest, src, work
+from support.manifests import by_key, count, edge, manifest, src, work
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration

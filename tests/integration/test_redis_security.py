@@ -16,7 +16,7 @@ from elastream.control.checkpoints import CheckpointDriver
 from elastream.control.migration import MigrationDriver
 from elastream.handlers.main import redis_at_start
 from elastream.store.registry import RedisCredentialsRefused, RedisUnavailable, connect
-from harness import running, with_audit, write_manifest
+from support.harness import running, with_audit, write_manifest
 from support.ports import free_port
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from elastream.control.scaling import PrintEvents
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.topology import load_manifest
 from elastream.store.checkpoint import CheckpointStore
-from harness import exactly_once, expected_copies, running, sink_events, ticking, with_audit, write_manifest
 from support.faults import migrate_killing_a_worker_during_capture
+from support.harness import exactly_once, expected_copies, running, sink_events, ticking, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from elastream.core.topology import load_manifest, stream_key, topology_prefix
 from elastream.runtime.transport import INITIAL_WINDOW, MAX_BATCH
 from elastream.store.metric_stream import MetricStream
 from elastream.worker_inputs.keys import generate_keys
-from harness import ELASTREAM, id_counts, running, sink_events, wait_for_sink, write_manifest
-from helpers import edge, in_line, manifest, sink, src, work
+from support.harness import ELASTREAM, id_counts, running, sink_events, wait_for_sink, write_manifest
+from support.manifests import edge, in_line, manifest, sink, src, work
 from support.ports import worker_port
 
 pytestmark = pytest.mark.integration

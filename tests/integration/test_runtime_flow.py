@@ -19,8 +19,8 @@ import pytest
 from elastream.core.rates import RateProfile
 from elastream.runtime.transport import INITIAL_WINDOW, MAX_BATCH
 from elastream.store.metric_stream import MetricStream
-from harness import ELASTREAM, running, sink_events, wait_for_sink, write_manifest
-from helpers import edge, in_line, manifest, sink, src, work
+from support.harness import ELASTREAM, running, sink_events, wait_for_sink, write_manifest
+from support.manifests import edge, in_line, manifest, sink, src, work
 from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.integration

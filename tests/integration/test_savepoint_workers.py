@@ -28,8 +28,8 @@ from elastream.control.savepoints import SavepointError, restore_initial_savepoi
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import load_manifest
 from elastream.store.savepoint import SavepointStore
-from harness import expected_copies, id_counts, sink_key, wait_for_sinks_idle, with_audit, write_manifest
-from harness import ticking as ticking_in_background
+from support.harness import expected_copies, id_counts, sink_key, wait_for_sinks_idle, with_audit, write_manifest
+from support.harness import ticking as ticking_in_background
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import redis as redis_client
 from elastream.control.migration import MigrationDriver
 from elastream.core.schedule import Schedule
 from elastream.core.topology import split_executor_id, stream_key, topology_prefix
-from harness import running, sink_events, wait_for_sink, write_manifest
-from helpers import edge, manifest, work
+from support.harness import running, sink_events, wait_for_sink, write_manifest
+from support.manifests import edge, manifest, work
 
 pytestmark = pytest.mark.integration
 

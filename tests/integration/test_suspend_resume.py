@@ -21,7 +21,7 @@ from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
-from harness import controlled, exactly_once, sink_key, with_audit, write_manifest
+from support.harness import controlled, exactly_once, sink_key, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from elastream.analysis import Analyzer
 from elastream.core.outcomes import Outcome
 from elastream.core.topology import load_manifest
 from elastream.core.upgrade import spec_change
-from harness import controlled, exactly_once, with_audit, write_manifest
+from support.harness import controlled, exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 

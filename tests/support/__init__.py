@@ -1,9 +1,9 @@
-"""What every test tier and the benchmarks share to run things for real: the repository's paths
-(`support.paths`), free loopback ports (`support.ports`), real Redis servers and clusters
-(`support.redis_servers`), bounded waits (`support.waiting`) and faults injected into worker
-processes (`support.faults`).
+"""What every test tier and the benchmarks share: the repository's paths (`support.paths`), free loopback ports
+(`support.ports`), real Redis servers and clusters (`support.redis_servers`), bounded waits
+(`support.waiting`), faults injected into worker processes (`support.faults`), topology runs on worker
+processes (`support.harness`), manifest and snapshot builders (`support.manifests`), the in-memory fakes at the
+controller's ports (`support.fakes`) and the status documents of each health state (`support.health_cases`).
 
 Fixtures live in `tests/conftest.py` and are built from these modules; tests and `bench/` import these
-modules, never `conftest`. Manifest builders are in `tests/helpers.py`, topology runs on worker processes in
-`tests/harness.py`.
+modules, never `conftest`.
 """

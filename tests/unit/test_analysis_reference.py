@@ -10,7 +10,7 @@ from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.planner import etp_table
 from elastream.core.topology import parse_manifest
 from elastream.core.window_analysis import analyze_samples
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from elastream.core.autoscaling.autoscale_policy import (
 )
 from elastream.core.metrics import MetricSnapshot, VertexMetrics
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 def test_forecast_input_eq_2_3() -> None:

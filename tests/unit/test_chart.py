@@ -29,7 +29,7 @@ import jsonschema
 import pytest
 import yaml
 
-from helpers import assert_worker_binds
+from support.manifests import assert_worker_binds
 from support.paths import REPO
 
 CHART = os.path.join(REPO, "charts", "elastream")

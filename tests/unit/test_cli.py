@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from elastream.cli import main
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 @pytest.fixture

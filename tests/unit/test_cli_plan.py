@@ -12,7 +12,7 @@ import yaml
 
 from elastream.cli import main
 from elastream.cli.offline import MODEL_NOTE
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 from support.paths import EXAMPLES
 
 

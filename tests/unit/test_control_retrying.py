@@ -8,7 +8,7 @@ import pytest
 
 from elastream.control.retrying import backoff_delay, retry_within
 from elastream.store.retry import backoff
-from fakes import FakeClock
+from support.fakes import FakeClock
 
 
 class Flaky:

@@ -18,7 +18,7 @@ from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import parse_manifest
 from elastream.runtime.worker import Worker, WorkerOptions
-from helpers import edge, manifest, sink, src
+from support.manifests import edge, manifest, sink, src
 
 
 def schedule_of(placement: dict[str, list[str]], slots: int) -> Schedule:

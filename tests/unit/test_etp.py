@@ -6,7 +6,7 @@ import pytest
 
 from elastream.core.planner.etp import congested_vertices, etp_map, etp_sums, etp_table, is_congested
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, snapshot, src, work
+from support.manifests import edge, manifest, sink, snapshot, src, work
 
 FIG2_EDGES = [(1, 2), (1, 3), (2, 4), (3, 5), (3, 6), (5, 7), (5, 8), (6, 9), (6, 10)]
 FIG2_SINKS = {4: 2000.0, 7: 1000.0, 8: 1000.0, 9: 250.0, 10: 250.0}

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elastream.core.status import STALL_AFTER_FAILURES, StatusFacts, desired_conditions, phase
-from health_cases import CASES, REDIS_DOWN, document
+from support.health_cases import CASES, REDIS_DOWN, document
 from support.paths import REPO
 
 LUA_CHECK = os.path.join(REPO, "deploy", "argocd", "streamtopology-health.lua")

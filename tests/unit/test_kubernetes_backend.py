@@ -15,7 +15,7 @@ from elastream.control.backends.worker_objects import WorkerPodSettings, owner_r
 from elastream.core.ports import BackendError, NotOwned
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
-from helpers import assert_worker_binds, edge, manifest, sink, src
+from support.manifests import assert_worker_binds, edge, manifest, sink, src
 
 
 class FakeCore:
@@ -698,7 +698,7 @@ def test_a_hostile_spec_in_the_config_map_is_not_expanded(caplog: pytest.LogCapt
 def test_every_wait_of_the_backend_runs_on_its_clock() -> None:
     """A start bound of an hour passes at once on a fake clock: a wait that read `time.monotonic` or slept with
     `time.sleep` instead of the backend's clock would hold this test for an hour (and fail its timeout)."""
-    from fakes import FakeClock
+    from support.fakes import FakeClock
 
     kube, core = backend()
     clock = FakeClock()

@@ -12,7 +12,7 @@ import pytest
 from elastream.core.metrics import MetricSample, MetricSnapshot, SnapshotError
 from elastream.core.topology import parse_manifest
 from elastream.core.window_analysis import analyze_samples
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 # window 10 of 1 s intervals ending at ts 20: (10, 20], interval k = (10 + k, 11 + k]
 WINDOW = 10

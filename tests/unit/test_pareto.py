@@ -24,7 +24,7 @@ from elastream.core.pareto import (
 from elastream.core.simulate import SimulationModel
 from elastream.core.topology import Topology, load_manifest, parse_manifest
 from elastream.sim.optimum import exhaustive_configuration
-from helpers import edge, manifest, sink, snapshot, src, work
+from support.manifests import edge, manifest, sink, snapshot, src, work
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -8,7 +8,7 @@ from elastream.core.planner import PlanningError, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, snapshot, src, work
+from support.manifests import edge, manifest, sink, snapshot, src, work
 
 
 def pipeline(**spec):

@@ -15,7 +15,7 @@ from elastream.core.planner.etp import etp_map
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import GROUPINGS, parse_manifest
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOURCE_RATES = (500.0, 1000.0, 2000.0, 4000.0)

@@ -14,7 +14,7 @@ from elastream.core.topology import TopologyError, load_manifest, parse_manifest
 from elastream.runtime.operators.sources import RateProfile
 from elastream.worker_inputs.rate_files import resolve_rate_file
 from elastream.worker_inputs.user_code import OperatorLoadError
-from helpers import edge, manifest, sink
+from support.manifests import edge, manifest, sink
 
 
 def with_source(**config: object) -> dict:

@@ -1,6 +1,6 @@
 """The Kubernetes adapter's reconcile loop (`control.resources.ManagedTopologies`) and its one status writer,
 over in-memory fakes: a custom-objects API that applies merge patches to a stored resource and counts
-them, a core API that records events, and controllers over the fakes of `tests/fakes.py`. No kopf, no
+them, a core API that records events, and controllers over the fakes of `tests/support/fakes.py`. No kopf, no
 cluster, no Redis; a fake clock, so backoff and settling are exact."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from elastream.control.resources import ManagedTopologies
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology, topology_prefix
-from fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
-from helpers import edge, manifest, sink, src, work
+from support.fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
+from support.manifests import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
 

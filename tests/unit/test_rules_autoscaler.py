@@ -8,7 +8,7 @@ from elastream.core.autoscaling.decision import SCALE_IN_VOTES, AutoscalerState,
 from elastream.core.autoscaling.rules_policy import RuleThresholds, evaluate_rules, total_capacity
 from elastream.core.metrics import MetricSnapshot, VertexMetrics
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 def topo(policy: str = "rules", nodes: int = 2, **auto):

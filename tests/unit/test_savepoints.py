@@ -20,7 +20,7 @@ from elastream.core.savepoints import (
     status_entries,
 )
 from elastream.core.topology import TopologyError, parse_manifest, topology_prefix
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 TAKE = "elastream.dev/savepoint"
 SHARE = "elastream.dev/savepoint-share-with"

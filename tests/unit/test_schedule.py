@@ -15,7 +15,7 @@ from elastream.core.schedule import (
     round_robin,
 )
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 def test_initial_schedule_is_round_robin_in_topological_order() -> None:

@@ -8,7 +8,7 @@ from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import parse_manifest
 from elastream.sim.optimum import SearchTooLarge, optimal_scale_in, optimal_scale_out
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 def linear(**spec):

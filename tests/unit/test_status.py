@@ -5,7 +5,7 @@ from __future__ import annotations
 from elastream.control.backends.worker_objects import WorkerPodSettings, pod_name, selector_for, worker_pod
 from elastream.core.status import StatusFacts, desired_conditions, merge_conditions, phase
 from elastream.core.topology import parse_manifest
-from helpers import edge, manifest, sink, src
+from support.manifests import edge, manifest, sink, src
 
 
 def by_type(conditions):

@@ -18,7 +18,7 @@ from elastream.core.simulate import SimulationModel, simulate, snapshot_from_sim
 from elastream.core.topology import Topology, load_manifest, parse_manifest, split_executor_id
 from elastream.sim.optimum import optimal_scale_out
 from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 

@@ -6,7 +6,7 @@ import pytest
 
 from elastream.core.topology import TopologyError, load_manifest, parse_cpu, parse_manifest
 from elastream.resources import parse_checked
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 def valid() -> dict:

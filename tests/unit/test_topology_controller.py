@@ -16,7 +16,7 @@ from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate
 from elastream.core.topology import parse_manifest
-from fakes import (
+from support.fakes import (
     DictStatus,
     FakeBackend,
     FakeCheckpoints,
@@ -27,7 +27,7 @@ from fakes import (
     ListRequests,
     SimulatedMetrics,
 )
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 @dataclass

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from elastream.core.topology import parse_manifest
 from elastream.core.upgrade import spec_change
-from helpers import edge, manifest, sink, src, work
+from support.manifests import edge, manifest, sink, src, work
 
 
 def base() -> dict[str, Any]:

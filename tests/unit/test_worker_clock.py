@@ -9,7 +9,7 @@ import pytest
 
 from elastream.core.topology import parse_manifest
 from elastream.runtime.worker import Worker, WorkerOptions
-from helpers import edge, manifest, sink, src
+from support.manifests import edge, manifest, sink, src
 
 
 class SteppedClock:

@@ -44,7 +44,7 @@ def test_the_refusal_is_one_line_naming_the_image_and_the_list() -> None:
 def test_worker_pods_get_the_pull_policy_and_pull_secrets() -> None:
     from elastream.control.backends.worker_objects import WorkerPodSettings, worker_pod
     from elastream.core.topology import parse_manifest
-    from helpers import edge, manifest, sink, src
+    from support.manifests import edge, manifest, sink, src
 
     topology = parse_manifest(manifest([src("s", 1), sink("z", 1)], [edge("s", "z")], name="web", nodes=1))
     settings = WorkerPodSettings(image_pull_policy="Always", image_pull_secrets=("regcred", "mirror"))

@@ -3,7 +3,7 @@
 Each case is a whole resource (metadata.generation, status with phase, observedGeneration and the conditions
 `core.status` computes), and the health kstatus (sigs.k8s.io/cli-utils) and the Argo CD health check
 (deploy/argocd/streamtopology-health.lua) are expected to give it. The unit tests check both against these;
-`python tests/health_cases.py DIR` writes each document as DIR/<case>.json and DIR/expected.tsv, for the kstatus
+`python tests/support/health_cases.py DIR` writes each document as DIR/<case>.json and DIR/expected.tsv, for the kstatus
 checker of the e2e tier (tests/e2e/kstatus, scripts/kstatus-tool.sh) to confirm with the real kstatus.
 """
 
