@@ -2,7 +2,7 @@
 
 The diagram is the import graph between elastream's packages as the source has it today (every `import` and
 `from … import` of `operator/src/elastream`, read with `ast`), drawn as a Mermaid flowchart that GitHub renders;
-the module map lists each module with its size and the first line of its docstring. Both sit between two markers
+the module map lists each module with the first line of its docstring. Both sit between two markers
 in docs/architecture.md, so the prose around them is written by hand and the parts that describe the code are not.
 
     python scripts/architecture.py          # rewrite the generated part of docs/architecture.md
@@ -113,12 +113,11 @@ def render() -> str:
     for (source, target), count in sorted(edges.items()):
         out.append(f"    {source} -->|{count}| {target}")
     out += ["```", "", "An arrow `a -->|n| b`: n modules of `elastream.a` import `elastream.b`.", ""]
-    out += ["| module | lines | what it is for |", "|---|---:|---|"]
+    # no line counts: the map changes when a module comes, goes or says anew what it is for, not at every edit
+    out += ["| module | what it is for |", "|---|---|"]
     for module, path in sorted(found.items()):
-        if package_of(module) is None:
-            continue
-        lines = len(path.read_text().splitlines())
-        out.append(f"| `{module}` | {lines} | {docstring_line(path)} |")
+        if package_of(module) is not None:
+            out.append(f"| `{module}` | {docstring_line(path)} |")
     out += ["", END]
     return "\n".join(out)
 

@@ -248,6 +248,11 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         self.t += seconds
 
+    def wait(self, stop: Any, seconds: float) -> bool:
+        if not stop.is_set():
+            self.t += seconds
+        return bool(stop.is_set())
+
 
 class FakeSavepoints:
     """`control.savepoints.Savepoints` in memory (the test's "Redis", shared by operators of one test): a take

@@ -146,7 +146,7 @@ class FakeClock:
         self.on_wait: Callable[[], None] | None = None
         self.waits = 0
 
-    def time(self) -> float:
+    def now(self) -> float:
         return T0 + self.mono
 
     def monotonic(self) -> float:

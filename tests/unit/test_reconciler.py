@@ -82,6 +82,11 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         self.t += seconds
 
+    def wait(self, stop: Any, seconds: float) -> bool:
+        if not stop.is_set():
+            self.t += seconds
+        return bool(stop.is_set())
+
 
 class Analyzer:
     def start_warm_up(self, topology: Topology) -> None:

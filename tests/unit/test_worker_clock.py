@@ -16,18 +16,18 @@ class SteppedClock:
     """A clock whose waits pass at once: each moves its time on by what was asked."""
 
     def __init__(self, start: float) -> None:
-        self.now = start
+        self.at = start
         self.waits: list[float] = []
 
-    def time(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.at
 
     def monotonic(self) -> float:
-        return self.now
+        return self.at
 
     def wait(self, stop: threading.Event, seconds: float) -> bool:
         self.waits.append(seconds)
-        self.now += seconds
+        self.at += seconds
         return stop.is_set()
 
 
@@ -42,9 +42,9 @@ def test_samples_fall_on_the_wall_clock_grid_and_a_clock_set_back_starts_the_gri
     published: list[float] = []
 
     def publish() -> None:
-        published.append(round(clock.now, 6))
+        published.append(round(clock.at, 6))
         if len(published) == 2:
-            clock.now = 900.5  # the wall clock is set back by 100 s
+            clock.at = 900.5  # the wall clock is set back by 100 s
         if len(published) == 4:
             worker.stop.set()
 

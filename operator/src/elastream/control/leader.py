@@ -23,9 +23,8 @@ import os
 import secrets
 import socket
 import threading
-import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from elastream.core.lease import (
     LeaseRecord,
@@ -38,37 +37,12 @@ from elastream.core.lease import (
     still_leader,
     why_not,
 )
-from elastream.core.ports import CoordinationApi
+from elastream.core.ports import Clock, CoordinationApi, SystemClock
 
 log = logging.getLogger("elastream.leader")
 
 #: the Lease the chart's Role lets the operator get, create and update (in the operator's namespace)
 LEASE_NAME = "elastream-operator"
-
-
-class Clock(Protocol):
-    def time(self) -> float:
-        """Seconds since the epoch: the acquire and renew times written into the Lease."""
-        ...
-
-    def monotonic(self) -> float:
-        """Seconds on a clock that never jumps: every expiry and deadline decision."""
-        ...
-
-    def wait(self, event: threading.Event, seconds: float) -> bool:
-        """Wait `seconds` or until `event` is set; True when it is set."""
-        ...
-
-
-class SystemClock:
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wait(self, event: threading.Event, seconds: float) -> bool:
-        return event.wait(max(0.0, seconds))
 
 
 def default_identity() -> str:
@@ -225,7 +199,7 @@ class LeaderElector:
                 if not self._leading:
                     self._standby(self._observation, now)
                 return False
-            record = claim(current, self.identity, self.clock.time(), self.timing.lease_duration_s)
+            record = claim(current, self.identity, self.clock.now(), self.timing.lease_duration_s)
             body = lease_body(self.namespace, self.name, record, lease.metadata.resource_version)
             try:
                 self.api.replace_namespaced_lease(
@@ -242,7 +216,7 @@ class LeaderElector:
             return True
 
     def _create(self, started: float, timeout: float) -> bool:
-        record = claim(None, self.identity, self.clock.time(), self.timing.lease_duration_s)
+        record = claim(None, self.identity, self.clock.now(), self.timing.lease_duration_s)
         body = lease_body(self.namespace, self.name, record, None)
         try:
             self.api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
@@ -401,7 +375,7 @@ class LeaderElector:
                 if current.holder != self.identity:
                     return False
                 body = lease_body(
-                    self.namespace, self.name, released(current, self.clock.time()), lease.metadata.resource_version
+                    self.namespace, self.name, released(current, self.clock.now()), lease.metadata.resource_version
                 )
                 self.api.replace_namespaced_lease(
                     self.name, self.namespace, body, _request_timeout=self.request_timeout_s

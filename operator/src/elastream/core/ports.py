@@ -224,9 +224,20 @@ class StateLost(BackendError):
 
 
 @runtime_checkable
+class StopSignal(Protocol):
+    """What ends a wait: a `threading.Event`, or `store.retry.AnyOf` several."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 class Clock(Protocol):
+    """The one clock of the operator, the controller and the workers; replaceable in tests, so nothing that
+    waits or keeps a deadline reads `time` itself."""
+
     def now(self) -> float:
-        """Seconds since the epoch."""
+        """Seconds since the epoch: what is written down (status, Lease records, metric samples)."""
         ...
 
     def monotonic(self) -> float:
@@ -234,6 +245,10 @@ class Clock(Protocol):
         ...
 
     def sleep(self, seconds: float) -> None: ...
+
+    def wait(self, stop: StopSignal, seconds: float) -> bool:
+        """Wait `seconds` or until `stop` is set; True when it is set."""
+        ...
 
 
 @runtime_checkable
@@ -252,6 +267,9 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def wait(self, stop: StopSignal, seconds: float) -> bool:
+        return stop.wait(max(0.0, seconds))
 
 
 class CoreApi(Protocol):

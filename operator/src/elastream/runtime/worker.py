@@ -40,6 +40,7 @@ import zmq
 from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry
 
+from elastream.core.ports import Clock
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import split_executor_id
 from elastream.runtime.executor import ExecutorThread, SourceThread
@@ -52,7 +53,7 @@ from elastream.runtime.worker_control import ControlMessages
 from elastream.runtime.worker_drains import Drains, watched_parent
 from elastream.runtime.worker_failures import FailurePath
 from elastream.runtime.worker_metrics import MetricsReporting, WorkerCollector
-from elastream.runtime.worker_state import Clock, Generation
+from elastream.runtime.worker_state import Generation
 from elastream.runtime.worker_state import WorkerOptions as WorkerOptions  # what `elastream worker` builds
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.control import control_key
@@ -262,7 +263,7 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
             "host": self.options.address,
             "metricsPort": self.options.metrics_port,
             "version": version,
-            "startedAt": self.clock.time(),
+            "startedAt": self.clock.now(),
         }
         self.redis_call("register itself", lambda: self.registry.register_worker(self.node, info), generation.stop)
         if self.failed is not None:  # an executor died already: never say ready
@@ -381,18 +382,18 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         would have its last part of the window not yet counted (a dip read as a falling trend)."""
         interval = self.options.interval_s
         clock = self.clock
-        next_publish = next_grid_time(clock.time(), interval)
+        next_publish = next_grid_time(clock.now(), interval)
         parent = watched_parent()
         while not self.stop.is_set():
-            delay = next_publish - clock.time()
+            delay = next_publish - clock.now()
             if delay > interval:  # the wall clock went back: the grid from here, not a wait as long
-                next_publish = next_grid_time(clock.time(), interval)
+                next_publish = next_grid_time(clock.now(), interval)
                 continue
             if delay > 0.0:
                 clock.wait(self.stop, delay)
                 continue
             # a late wake-up (a busy machine, the clock went forward) skips the slots it missed
-            next_publish = max(next_publish + interval, next_grid_time(clock.time(), interval))
+            next_publish = max(next_publish + interval, next_grid_time(clock.now(), interval))
             self.publish_metrics()
             self.log_data_plane()
             if parent is not None and os.getppid() != parent:

@@ -48,7 +48,7 @@ class Drains(WorkerState):
         the node out of the schedule, which stops the worker; stop anyway at the deadline or when the request
         cannot be written."""
         wait_s = drain_deadline(self.options.drain_grace_s)
-        now = self.clock.time()
+        now = self.clock.now()
         try:
             request_drain(self.client, self.topology.redis_prefix, self.node, now, now + wait_s)
         except Exception as exc:

@@ -72,7 +72,7 @@ class MetricsReporting(WorkerState):
         return positions
 
     def samples(self, generation: Generation | None = None) -> Iterable[MetricSample]:
-        now = self.clock.time()
+        now = self.clock.now()
         threads = self.threads if generation is None else generation.threads
         for thread in threads:
             c: Counters = thread.counters

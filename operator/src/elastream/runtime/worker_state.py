@@ -5,14 +5,14 @@ methods one part calls on another are declared here, so each part is type-checke
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 import zmq
 
+from elastream.core.ports import Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
 from elastream.runtime.executor import ExecutorLoop, ExecutorThread, SourceThread
@@ -23,7 +23,6 @@ from elastream.runtime.transport import Channel, DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import Registry
-from elastream.store.retry import StopSignal
 from elastream.worker_inputs.keys import DataPlaneKeys
 
 
@@ -77,31 +76,6 @@ class Generation:
 
     def by_executor(self) -> dict[str, ExecutorThread | SourceThread]:
         return {thread.executor: thread for thread in self.threads}
-
-
-class Clock(Protocol):
-    """The worker's time: the wall clock (metric samples and their grid, drain requests), a monotonic clock
-    (every deadline and the pacing of log lines) and a wait that a stop ends (every pause). Replaceable in
-    tests: the worker never reads `time` for these itself."""
-
-    def time(self) -> float: ...
-
-    def monotonic(self) -> float: ...
-
-    def wait(self, stop: StopSignal, seconds: float) -> bool:
-        """Wait `seconds` or until `stop` is set; True when it is set."""
-        ...
-
-
-class SystemClock:
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wait(self, stop: StopSignal, seconds: float) -> bool:
-        return stop.wait(max(0.0, seconds))
 
 
 class WorkerState:

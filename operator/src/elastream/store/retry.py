@@ -14,10 +14,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
+
+from elastream.core.ports import StopSignal
 
 T = TypeVar("T")
 
@@ -87,14 +89,6 @@ class RetryLater:
 
     def succeeded(self) -> None:
         self._delays = self._fresh()
-
-
-class StopSignal(Protocol):
-    """What ends a wait: a `threading.Event`, or `AnyOf` several."""
-
-    def is_set(self) -> bool: ...
-
-    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class AnyOf:
