@@ -97,7 +97,7 @@ def local_controller(
 
     events = events or PrintEvents()
     client = cluster.client
-    driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)  # type: ignore[arg-type]
+    driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)
     checkpoints = CheckpointDriver(topology, cluster, client, identity=driver.identity)
     checkpointer = Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)
     archiver = (

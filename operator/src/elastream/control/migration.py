@@ -50,12 +50,12 @@ from elastream.core.migration_protocol import (
     Phase,
     Timeouts,
 )
-from elastream.core.migration_protocol import Protocol as MigrationProtocol
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
+from elastream.core.topology.limits import MigrationProtocol
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
 from elastream.store.codec import unpack

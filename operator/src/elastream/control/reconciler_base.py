@@ -180,7 +180,7 @@ class ReconcilerBase:
             topology,
             backend,
             client,
-            topology.scaling.migration,  # type: ignore[arg-type]
+            topology.scaling.migration,
             events=managed.events,
             clock=self.clock,
         )

@@ -30,11 +30,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from elastream.core.outcomes import Direction, Outcome
-
-Protocol = Literal["ccr", "dcr", "restart"]
+from elastream.core.topology.limits import MigrationProtocol
 
 
 class ControlType(enum.StrEnum):
@@ -148,7 +146,7 @@ class MigrationCoordinator:
     `on_failure`; carry out the actions it returns, in order."""
 
     migration_id: str
-    protocol: Protocol
+    protocol: MigrationProtocol
     old_executors: frozenset[str]
     new_executors: frozenset[str]
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -286,7 +284,7 @@ class ExecutorParticipant:
 
     executor: str
     upstream: frozenset[str]  # executors that send to this one (empty for a source)
-    protocol: Protocol = "ccr"
+    protocol: MigrationProtocol = "ccr"
     mode: Mode = Mode.RUNNING
     migration_id: str | None = None
     commits_seen: set[str] = field(default_factory=set)
@@ -349,7 +347,7 @@ class MigrationReport:
     """The paper's metrics for one migration, in the shape the resource's status.lastScaling takes."""
 
     migration_id: str
-    protocol: Protocol
+    protocol: MigrationProtocol
     direction: Direction
     from_nodes: int
     to_nodes: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, get_args
 
 # the rate bounds live with the rate profiles; every bound is a name here too
 from elastream.core.rates import MAX_RATE, MAX_STEP_SECONDS, MAX_STEPS
@@ -24,7 +24,9 @@ DEFAULT_WINDOW = 20
 STRATEGIES = ("stela", "stela-plus", "round-robin", "least-link-load", "random")
 #: how a shuffle stream deals events over the receiving executors (`Stream.balance`)
 BALANCES = ("load-aware", "round-robin")
-MIGRATIONS = ("ccr", "dcr", "restart")
+#: how a running topology moves to a new schedule (`spec.scaling.migration`)
+MigrationProtocol = Literal["ccr", "dcr", "restart"]
+MIGRATIONS: tuple[MigrationProtocol, ...] = get_args(MigrationProtocol)
 AUTOSCALE_POLICIES = ("autoscale", "rules")
 #: AUTOSCALE's `combine` of a vertex's own input estimate with its parents' estimated output
 AUTOSCALE_COMBINES = ("max", "min")

@@ -19,6 +19,7 @@ from elastream.core.topology.limits import (
     MAX_PROBLEM_CHARS,
     MAX_PROBLEMS,
     Grouping,
+    MigrationProtocol,
     VertexKind,
 )
 
@@ -116,7 +117,7 @@ class AutoScalingSpec:
 @dataclass(frozen=True)
 class ScalingSpec:
     strategy: str = "stela"
-    migration: str = "ccr"
+    migration: MigrationProtocol = "ccr"
     congestion_rate: float = DEFAULT_CONGESTION_RATE
     window: int = DEFAULT_WINDOW
     #: seconds between periodic checkpoints (aligned barriers; what `restart` and a failed worker roll back

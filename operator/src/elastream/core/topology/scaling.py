@@ -63,7 +63,7 @@ def _parse_scaling(raw: Any, problems: list[str]) -> ScalingSpec:
     )
     return ScalingSpec(
         strategy=str(strategy),
-        migration=str(migration),
+        migration=migration if migration in MIGRATIONS else "ccr",
         congestion_rate=float(rate),
         window=window,
         checkpoint_interval_s=10 if checkpoint_interval is None else checkpoint_interval,
