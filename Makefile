@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 STAMP := .stamps
 
-.PHONY: help setup system-deps test test-unit test-e2e lint bench bench-paper bench-autoscale demo images clean
+.PHONY: help setup system-deps test test-unit test-e2e soak lint bench bench-paper bench-autoscale demo images clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ images: ## build the elastream-operator:dev and elastream-worker:dev images (nee
 
 test-e2e: setup ## the e2e tier only: a real API server, the chart, the images (builds the tools the first time)
 	$(VENV)/bin/pytest tests/e2e
+
+soak: setup ## every tier three times in a row beside a CPU-heavy process (about 3.5 h on 2 cores); stops at the first red run
+	bash scripts/soak.sh 3
 
 demo: setup ## the main job: run examples/demo.yaml on local worker processes, scale it out and in, print throughput
 	$(PY) -m elastream demo examples/demo.yaml
