@@ -73,10 +73,6 @@ class Vertex:
         value = self.config.get("rate")
         return None if value is None else float(value)
 
-    def executor_ids(self, parallelism: int | None = None) -> list[str]:
-        k = self.parallelism if parallelism is None else parallelism
-        return [executor_id(self.name, i) for i in range(k)]
-
 
 @dataclass(frozen=True)
 class Stream:
