@@ -282,8 +282,8 @@ def _parallelism(
     item: Mapping[str, Any], path: str, problems: list[str], sizes: _Sizes
 ) -> tuple[int | None, int | None]:
     """parallelism and maxParallelism (None when wrong; parallelism too when it exceeds maxParallelism). The
-    CRD's CEL rule says the same, in the same words (its messageExpression): the model needs it too, since the
-    slot count and the key groups read a vertex's parallelism."""
+    CRD's CEL rule says it too, without the values (a messageExpression with them costs more than the API server
+    allows): the model needs it, since the slot count and the key groups read a vertex's parallelism."""
     max_par = _int_field(
         item,
         "maxParallelism",
