@@ -364,8 +364,9 @@ def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
     assert len(rules) == len(crd_rules(schema)) == 7
     for rule in rules:
         compiled(rule.text)  # raises RuleError naming the rule when the CEL library cannot compile it
-        if rule.message_expression:
-            compiled(rule.message_expression)
+        # no messageExpression: kube-apiserver 1.34 estimated each one this CRD had (values turned into strings)
+        # as over its CEL cost budget and refused the whole CRD; the e2e tier's helm install is the real judge
+        assert not rule.message_expression, rule.text
         # the message says what is wrong, then the fix: "<what>: <why or fix>" or "<what>; <fix>"
         assert (": " in rule.message or "; " in rule.message) and len(rule.message) > 20
 
