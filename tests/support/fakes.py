@@ -300,8 +300,7 @@ class FakeSavepoints:
         return [m for (ns, t, _), m in sorted(self.kept.items()) if (ns, t) == (namespace, topology)]
 
     def restore(self, topology: Any) -> Any:
-        from elastream.control.savepoints import SavepointError
-        from elastream.core.savepoints import access_problem, compatibility_problems
+        from elastream.control.savepoints import SavepointError, check_restorable
 
         ref = topology.initial_savepoint
         store = self.stores.setdefault(topology.redis_prefix, {})
@@ -310,14 +309,7 @@ class FakeSavepoints:
         meta = self.kept.get((ref.namespace, ref.topology, ref.name))
         if meta is None:
             raise SavepointError(f"spec.initialSavepoint: no savepoint {ref.name}", retry=True)
-        refused = access_problem(meta, topology.namespace)
-        problems = (
-            [refused]
-            if refused
-            else compatibility_problems(meta, {v: topology.vertices[v].max_parallelism for v in topology.order})
-        )
-        if problems:
-            raise SavepointError("; ".join(problems), retry=False)
+        check_restorable(meta, topology)  # the real check: the fake stands in for Redis only
         store["ckpt:latest"] = f"ckpt-from-{ref.name}"
         self.restored.append(ref.key)
         return meta

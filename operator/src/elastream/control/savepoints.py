@@ -138,6 +138,19 @@ def committed_output(client: redis.Redis, topology: Topology) -> dict[str, str]:
     return found
 
 
+def check_restorable(meta: SavepointMeta, topology: Topology) -> None:
+    """Raise `SavepointError` (the user's to fix: no retry) when `topology` may not start from `meta`: another
+    namespace's savepoint not shared with it, or other vertex names or key spaces."""
+    refused = access_problem(meta, topology.namespace)
+    problems = (
+        [refused]
+        if refused
+        else compatibility_problems(meta, {v: topology.vertices[v].max_parallelism for v in topology.order})
+    )
+    if problems:
+        raise SavepointError("; ".join(problems), retry=False)
+
+
 def restore_initial_savepoint(
     client: redis.Redis, topology: Topology, clock: Clock | None = None
 ) -> SavepointMeta | None:
@@ -156,14 +169,7 @@ def restore_initial_savepoint(
             retry=True,
         )
     meta, state, positions = loaded
-    refused = access_problem(meta, topology.namespace)
-    problems = (
-        [refused]
-        if refused
-        else compatibility_problems(meta, {v: topology.vertices[v].max_parallelism for v in topology.order})
-    )
-    if problems:
-        raise SavepointError("; ".join(problems), retry=False)
+    check_restorable(meta, topology)
     working = CheckpointStore(client, topology.redis_prefix)
     checkpoint_id = working.next_checkpoint_id()
     working.import_checkpoint(checkpoint_id, state, positions)
