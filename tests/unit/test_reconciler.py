@@ -20,7 +20,15 @@ from elastream.control.resources import ManagedTopologies
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology, topology_prefix
-from support.fakes import FakeBackend, FakeCheckpoints, FakeMigrator, FakeSavepoints, ListFeed, SimulatedMetrics
+from support.fakes import (
+    FakeBackend,
+    FakeCheckpoints,
+    FakeClock,
+    FakeMigrator,
+    FakeSavepoints,
+    ListFeed,
+    SimulatedMetrics,
+)
 from support.manifests import edge, manifest, sink, src, work
 
 # ------------------------------------------------------------------------------------------- the fakes
@@ -67,25 +75,11 @@ class FakeCoreApi:
         self.events.append(event)
 
 
-class Clock:
-    """Time that moves only when the test moves it."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
+class Clock(FakeClock):
+    """Time that moves only when the test moves it (`FakeClock.now` moves on by 0.5 s at each read)."""
 
     def now(self) -> float:
         return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-
-    def wait(self, stop: Any, seconds: float) -> bool:
-        if not stop.is_set():
-            self.t += seconds
-        return bool(stop.is_set())
 
 
 class Analyzer:
