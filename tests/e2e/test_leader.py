@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from support.paths import REPO
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -64,16 +65,6 @@ def operator_pods(kubectl) -> list[str]:
     """The operator pods that are not being deleted."""
     items = get_json(kubectl, "pods", "-n", SYSTEM, "-l", OPERATOR)["items"]
     return sorted(p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp"))
-
-
-def wait_for(what: str, check, timeout_s: float, every_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every_s)
-    pytest.fail(f"{what}: not within {timeout_s:.0f} s", pytrace=False)
 
 
 def wait_holder_change(kubectl, old: str, timeout_s: float) -> tuple[str, float]:
@@ -170,11 +161,13 @@ def test_one_of_two_replicas_acts_and_the_standby_takes_over(
 
 def one_acts_then_failovers(kubectl, kubelet, control_plane, e2e_namespace: str, tmp_path) -> None:
     # exactly one holds the Lease and starts kopf; the other waits
-    pods = wait_for("two running operator pods", lambda: (p := operator_pods(kubectl)) and len(p) == 2 and p, 120)
-    first = wait_for("a holder of the Lease", lambda: lease_holder(kubectl), 60)
+    pods = wait_until(
+        lambda: (p := operator_pods(kubectl)) and len(p) == 2 and p, 120, "two running operator pods", poll_s=0.5
+    )
+    first = wait_until(lambda: lease_holder(kubectl), 60, "a holder of the Lease", poll_s=0.5)
     assert first in pods, (first, pods)
     [standby] = [p for p in pods if p != first]
-    wait_for("the standby's log line", lambda: "is standby" in logs(kubelet, standby), 30)
+    wait_until(lambda: "is standby" in logs(kubelet, standby), 30, "the standby's log line", poll_s=0.5)
     lease = get_json(kubectl, "lease", LEASE, "-n", SYSTEM)["spec"]
     assert lease["leaseDurationSeconds"] == LEASE_S, lease
     assert f"leader election: {first} acquired the Lease {SYSTEM}/{LEASE}" in logs(kubelet, first)
@@ -215,8 +208,8 @@ def one_acts_then_failovers(kubectl, kubelet, control_plane, e2e_namespace: str,
         fresh = [p for p in operator_pods(kubectl) if p not in (first, second)]
         return next((p for p in fresh if "is standby" in logs(kubelet, p)), None)
 
-    third_standby = wait_for("the replacement operator pod on standby", replacement_on_standby, 180)
-    wait_for("the new leader working", lambda: "watching StreamTopology" in logs(kubelet, second), 60)
+    third_standby = wait_until(replacement_on_standby, 180, "the replacement operator pod on standby", poll_s=0.5)
+    wait_until(lambda: "watching StreamTopology" in logs(kubelet, second), 60, "the new leader working", poll_s=0.5)
     kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
     renewed = get_json(kubectl, "lease", LEASE, "-n", SYSTEM)["spec"]["renewTime"]
     pid = kill_hard(second)
@@ -233,8 +226,8 @@ def one_acts_then_failovers(kubectl, kubelet, control_plane, e2e_namespace: str,
     # the standby counts a lease duration from its last sight of a renew, which was at most one retry period
     # before the kill (and it sees it at most one retry period later): 13 s .. 19 s, plus polling
     assert LEASE_S - RETRY_S - 0.5 <= expired_s <= LEASE_S + 2 * RETRY_S + 3, expired_s
-    third_log = wait_for(
-        "the third leader's log", lambda: (text := logs(kubelet, third)) and "watching" in text and text, 60
+    third_log = wait_until(
+        lambda: (text := logs(kubelet, third)) and "watching" in text and text, 60, "the third leader's log", poll_s=0.5
     )
     assert f"took the Lease {SYSTEM}/{LEASE} over from {second}" in third_log
 
@@ -245,13 +238,15 @@ def one_acts_then_failovers(kubectl, kubelet, control_plane, e2e_namespace: str,
     assert all(c.get("restartCount", 0) == 0 for p in now for c in p["status"].get("containerStatuses", []))
     assert get_json(kubectl, "topo", name, "-n", e2e_namespace)["status"]["phase"] == "Running"
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
-    wait_for(
-        "three ready nodes, scaled by the third leader",
-        lambda: (s := get_json(kubectl, "topo", name, "-n", e2e_namespace).get("status") or {}).get("readyNodes") == 3
-        and s.get("nodes") == 3,
+    wait_until(
+        lambda: (
+            (s := get_json(kubectl, "topo", name, "-n", e2e_namespace).get("status") or {}).get("readyNodes") == 3
+            and s.get("nodes") == 3
+        ),
         180,
-        every_s=1.0,
-    )  # fmt: skip
+        "three ready nodes, scaled by the third leader",
+        poll_s=1.0,
+    )
     assert (
         control_plane.audit_count(
             verb="create", resource="pods", subresource="", namespace=e2e_namespace, since=t_create

@@ -3,8 +3,8 @@ applied by a stateful upgrade (a checkpoint, the old pods stopped, new ones star
 exactly once; an upgrade whose pods cannot start rolled back, the topology running on exactly once; suspend and
 resume with exactly once and exact keyed counts. kstatus (sigs.k8s.io/cli-utils, what Flux runs; built by
 scripts/kstatus-tool.sh) reads the live resource in each phase: Current when running as specified or
-suspended, InProgress while observedGeneration lags an upgrade, Failed once an upgrade is rolled back or on
-an invalid spec (which, fixed in place, starts).
+suspended, InProgress while observedGeneration lags a scale-out or an upgrade, Failed once an upgrade is rolled
+back or on an invalid spec (which, fixed in place, starts).
 """
 
 from __future__ import annotations
@@ -104,6 +104,19 @@ def test_an_image_change_is_applied_through_a_checkpoint_with_every_event_exactl
     if runtime_mode == "docker":  # a second tag of the worker image: new user code, as far as Kubernetes knows
         subprocess.run(["docker", "tag", image, new_image], check=True, timeout=60)
     time.sleep(5)  # a checkpoint or two commit some output first
+
+    # a scale-out as kstatus sees it live: InProgress (observedGeneration lagging) until the third node runs
+    kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
+    generation = int(resource(kubectl, e2e_namespace, name)["metadata"]["generation"])
+    done = watch(
+        kubectl, kstatus_bin, e2e_namespace, name,
+        lambda d: (d.get("status") or {}).get("lastScaling", {}).get("toNodes") == 3
+        and d["status"].get("observedGeneration") == generation,
+        240, "the scale-out to 3 nodes",
+    )  # fmt: skip
+    assert done["document"]["status"]["lastScaling"]["outcome"] == "succeeded", done["document"]["status"]
+    assert done["lagged"] and done["seen"]["InProgress"] > 0, done["seen"]
+    assert kstatus(kstatus_bin, resource(kubectl, e2e_namespace, name))[0] == "Current"
 
     patch = json.dumps({"spec": {"image": new_image}})
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", patch)

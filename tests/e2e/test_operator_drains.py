@@ -1,6 +1,7 @@
 """Graceful drains end to end, with the real kubectl and helm against a real API server: the chart as installed
-by default keeps a PodDisruptionBudget per topology; a worker pod deleted with a grace period (what an eviction
-or `kubectl drain` does) is drained by CCR (its executors moved to the other workers, nothing replayed, no
+by default keeps a PodDisruptionBudget per topology, which the API server's Eviction API honours (one worker
+evicted, a second at once refused); the evicted worker pod (deleted with its grace period, as `kubectl drain`
+does) is drained by CCR (its executors moved to the other workers, nothing replayed, no
 recovery) and the topology gets its node count back on a fresh pod; a worker pod killed without notice
 (`--grace-period=0 --force`) is a lost worker, rolled back to the last checkpoint. Every event reaches the
 exactly-once sink once across both.
@@ -15,6 +16,8 @@ from collections import Counter
 import pytest
 import redis
 import yaml
+
+from support.waiting import wait_until
 
 from .test_operator import (
     EVENTS,
@@ -40,7 +43,7 @@ def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
     kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
 
     # the topology's PodDisruptionBudget: one of its worker pods at a time, owned by it
-    pdb = json.loads(kubectl("get", "pdb", f"{name}-workers", "-n", e2e_namespace, "-o", "json", quiet=True).stdout)
+    pdb = disruption_budget(kubectl, e2e_namespace, name)
     assert pdb["spec"]["maxUnavailable"] == 1, pdb["spec"]
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == name
     assert [o["kind"] for o in pdb["metadata"]["ownerReferences"]] == ["StreamTopology"]
@@ -48,8 +51,17 @@ def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
     assert worker["spec"]["terminationGracePeriodSeconds"] == 30
     time.sleep(6)  # periodic checkpoints (every 2 s): a rollback would have one to go back to
 
-    # deleted with a grace period (the pod's; the kubelet stand-in caps it at 10 s): drained, not lost
-    kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--wait=false")
+    # evicted as `kubectl drain` does (the Eviction API, which the budget guards; the pod's grace period, which
+    # the kubelet stand-in caps at 10 s): drained, not lost. The budget lets one worker go, not a second at once.
+    wait_until(
+        lambda: (disruption_budget(kubectl, e2e_namespace, name).get("status") or {}).get("disruptionsAllowed") == 1,
+        120,
+        "the disruption controller allowing one disruption",
+        poll_s=1.0,
+    )
+    assert evict(kubectl, e2e_namespace, f"{name}-node-1").returncode == 0
+    refused = evict(kubectl, e2e_namespace, f"{name}-node-2")
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
     out = wait_status(
         kubectl, e2e_namespace, name,
         lambda s: ((s.get("lastDrain") or {}).get("refill") or {}).get("outcome"), 180, "a drain and its refill",
@@ -84,3 +96,15 @@ def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
     assert max(out_ids.values()) == 1, f"{sum((out_ids - Counter(range(EVENTS))).values())} delivered twice"
     assert status(kubectl, e2e_namespace, name)["lastDrain"]["node"] == "node-1"
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
+
+
+def disruption_budget(kubectl, namespace: str, name: str) -> dict:
+    return json.loads(kubectl("get", "pdb", f"{name}-workers", "-n", namespace, "-o", "json", quiet=True).stdout)
+
+
+def evict(kubectl, namespace: str, pod: str):
+    """An Eviction of `pod` through the API (what `kubectl drain` sends for each pod): refused with 429 while it
+    would break a PodDisruptionBudget."""
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction"
+    return kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction), check=False)

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import redis
 
+from support.waiting import wait_until
+
 from .test_operator import (
     EVENTS,
     apply_topology,
@@ -48,16 +50,6 @@ def keys_of(client: redis.Redis, namespace: str, name: str) -> list[bytes]:
     return list(client.scan_iter(match=f"elastream:{{{namespace}/{name}}}:*", count=1000))
 
 
-def wait_for(what: str, check, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(1.0)
-    pytest.fail(f"{what} not reached in {timeout_s:.0f} s")
-
-
 def test_a_savepoint_outlives_its_topology_and_a_new_one_continues_the_counts_exactly(
     installed, kubectl, e2e_namespace, tmp_path
 ):
@@ -86,7 +78,7 @@ def test_a_savepoint_outlives_its_topology_and_a_new_one_continues_the_counts_ex
 
         # ---- deleted with the default deletionPolicy (Delete): its keys go, the savepoint stays
         kubectl("delete", "topo", first, "-n", ns_a, "--timeout=120s")
-        wait_for("the first topology's pods gone", lambda: worker_pods(kubectl, ns_a, first) == [], 60)
+        wait_until(lambda: worker_pods(kubectl, ns_a, first) == [], 60, "the first topology's pods gone", poll_s=1.0)
         assert keys_of(client, ns_a, first) == []
         assert client.exists(f"elastream:savepoint:{{{ns_a}/{first}}}:mid-stream:meta") == 1
 
@@ -111,10 +103,11 @@ def test_a_savepoint_outlives_its_topology_and_a_new_one_continues_the_counts_ex
             kubectl, ns_b, tmp_path, manifest("orders-v2", initialSavepoint=reference, deletionPolicy="Retain")
         )
         assert "RestoredFromSavepoint" in event_reasons(kubectl, ns_b, second)
-        wait_for(
-            "the second topology's sinks complete",
+        wait_until(
             lambda: len(before["out"]) + len(entries(client, ns_b, second, "out")) >= EVENTS,
             300,
+            "the second topology's sinks complete",
+            poll_s=1.0,
         )
         time.sleep(6)  # anything beyond (a duplicate) would have arrived by now
         after = {sink: entries(client, ns_b, second, sink) for sink in ("out", "audit")}
@@ -133,7 +126,7 @@ def test_a_savepoint_outlives_its_topology_and_a_new_one_continues_the_counts_ex
 
         # ---- deleted with deletionPolicy Retain: its pods go, its keys stay
         kubectl("delete", "topo", second, "-n", ns_b, "--timeout=120s")
-        wait_for("the second topology's pods gone", lambda: worker_pods(kubectl, ns_b, second) == [], 60)
+        wait_until(lambda: worker_pods(kubectl, ns_b, second) == [], 60, "the second topology's pods gone", poll_s=1.0)
         kept = keys_of(client, ns_b, second)
         assert any(k.endswith(b":sink:out") for k in kept) and any(k.endswith(b":ckpt:latest") for k in kept)
     finally:
