@@ -18,12 +18,14 @@ import signal
 import pytest
 import redis
 from test_control_faults import Events, check_exactly_once_at_end, manifest, ticking
+from test_migration import load
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.local_mode import local_controller, status_key
 from elastream.core.topology import load_manifest
 from elastream.store.drains import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
+from support.harness import exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +89,44 @@ def test_a_sigterm_drains_by_ccr_and_a_kill_rolls_back_exactly_once(tmp_path, re
     client = redis.Redis.from_url(redis_url)
     assert client.hlen(drains_key(topology.redis_prefix)) == 0
     client.close()
+
+
+@pytest.mark.timeout(900)
+def test_a_drain_the_other_workers_cannot_hold_goes_to_a_fresh_worker_exactly_once(tmp_path, redis_url: str) -> None:
+    """The nodes full (11 executors on 3 × 4 slots): the drained worker's executors cannot all go to the other
+    two, so a fresh worker is started for them and they move there by CCR; nothing replayed, no recovery."""
+    doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
+    doc["spec"]["slotsPerNode"] = 4
+    path = write_manifest(str(tmp_path), doc)
+    topology = load_manifest(path)
+    log = Events()
+    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, drain_grace_s=30.0)
+    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=log)
+    with cluster, controller:
+        controller.start()
+        ticking(controller, 5.0)
+        before = cluster.current_schedule()
+        executors = sum(len(before.executors_on(n)) for n in before.nodes)
+        # the two other nodes' slots are fewer than all executors: node-1's cannot all move onto them
+        assert 2 * topology.slots_per_node < executors, (topology.slots_per_node, executors)
+        moving = set(before.executors_on("node-1"))
+        drained = cluster.workers["node-1"]
+        drained.process.send_signal(signal.SIGTERM)
+        ticking(controller, 90.0, until=lambda: (controller.last_drain or {}).get("outcome") is not None)
+        record = controller.last_drain
+        assert record is not None and record["outcome"] == "succeeded", record
+        assert record["replayed"] == 0 and record["lost"] == 0, record
+        fresh = record.get("replacement")
+        assert fresh is not None and fresh not in before.nodes, record
+        assert {m["executor"] for m in record["moves"]} == moving
+        assert all(m["from"] == "node-1" for m in record["moves"]) and fresh in {m["to"] for m in record["moves"]}
+        assert drained.process.wait(30) == 0
+        after = cluster.current_schedule()
+        assert set(after.nodes) == (set(before.nodes) - {"node-1"}) | {fresh}
+        assert after.parallelism() == before.parallelism()
+        assert controller.last_recovery is None and "WorkerLost" not in log.reasons()
+        check_exactly_once_at_end(cluster, topology, EVENTS, controller)
+        assert controller.last_recovery is None
 
 
 def test_drain_requests_read_back_and_a_flood_of_them_is_dropped_not_walked(redis_url: str) -> None:
