@@ -93,7 +93,8 @@ import yaml
 import autoscale as paper
 from elastream.control.backends.local import EmbeddedRedis
 from elastream.core.rates import RateProfile
-from elastream.core.topology import API_VERSION, KIND, Topology, load_manifest, parse_manifest
+from elastream.core.topology import API_VERSION, KIND, Topology, parse_manifest
+from elastream.resources import load_manifest
 from elastream.sim import autoscaling as sim
 from elastream.sim import scenario
 from elastream.store.registry import Registry

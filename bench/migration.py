@@ -47,7 +47,8 @@ from elastream.core.planner import make_plan
 from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from elastream.core.topology import Topology, load_manifest
+from elastream.core.topology import Topology
+from elastream.resources import load_manifest
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import client_for
 from support.harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit

@@ -41,7 +41,8 @@ from elastream.control.backends.local import EmbeddedRedis, LocalCluster
 from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from elastream.core.topology import Topology, load_manifest
+from elastream.core.topology import Topology
+from elastream.resources import load_manifest
 from elastream.store.metric_stream import MetricStream
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -56,8 +56,9 @@ from elastream.core.metrics import MetricSample
 from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
-from elastream.core.topology import Topology, load_manifest
+from elastream.core.topology import Topology
 from elastream.core.window_analysis import analyze_samples
+from elastream.resources import load_manifest
 from elastream.sim.throughput_measures import convergence_time, time_at_zero
 from elastream.store.metric_stream import MetricStream
 from support.harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle

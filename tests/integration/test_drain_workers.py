@@ -23,7 +23,7 @@ from test_migration import load
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.local_mode import local_controller, status_key
-from elastream.core.topology import load_manifest
+from elastream.resources import load_manifest
 from elastream.store.drains import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
 from support.harness import exactly_once, with_audit, write_manifest
 

@@ -19,7 +19,8 @@ from elastream.core.migration_protocol import ActionKind
 from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from elastream.core.topology import load_manifest, topology_prefix
+from elastream.core.topology import topology_prefix
+from elastream.resources import load_manifest
 from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint, open_transactions_key, transaction_keys
 from elastream.store.claim import OwnerLease
 from elastream.store.cluster import is_cluster

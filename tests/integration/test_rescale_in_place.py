@@ -23,7 +23,7 @@ from elastream.control.local_mode import local_controller
 from elastream.control.migration import MigrationDriver
 from elastream.control.scaling import PrintEvents
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
-from elastream.core.topology import load_manifest
+from elastream.resources import load_manifest
 from elastream.store.checkpoint import CheckpointStore
 from support.faults import migrate_killing_a_worker_during_capture
 from support.harness import exactly_once, expected_copies, running, sink_events, ticking, with_audit, write_manifest

@@ -26,7 +26,7 @@ from elastream.control.lifecycle import delete_keys
 from elastream.control.local_mode import local_controller
 from elastream.control.savepoints import SavepointError, restore_initial_savepoint, take_savepoint
 from elastream.core.schedule import initial_schedule
-from elastream.core.topology import load_manifest
+from elastream.resources import load_manifest
 from elastream.store.savepoint import SavepointStore
 from support.harness import expected_copies, id_counts, sink_key, wait_for_sinks_idle, with_audit, write_manifest
 from support.harness import ticking as ticking_in_background

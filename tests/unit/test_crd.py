@@ -27,12 +27,12 @@ from elastream.core import rates, savepoints, status, topology
 from elastream.resources import (
     all_rules,
     cel_problems,
+    check_manifest,
     compiled,
     crd_text,
     json_schema,
     merge_problems,
     openapi_schema,
-    parse_checked,
     schema_problems,
     to_json_schema,
 )
@@ -198,7 +198,7 @@ def test_a_stream_name_has_the_parsers_pattern_in_the_crd(schema: dict[str, Any]
     import copy
     import re
 
-    from elastream.core.topology import STREAM_NAME_PATTERN, TopologyError, parse_manifest
+    from elastream.core.topology import STREAM_NAME_PATTERN, TopologyError
 
     vertex = spec_schema(schema)["properties"]["vertices"]["items"]["properties"]
     for kind in ("source", "sink"):
@@ -210,10 +210,10 @@ def test_a_stream_name_has_the_parsers_pattern_in_the_crd(schema: dict[str, Any]
         sink = next(v for v in doc["spec"]["vertices"] if "sink" in v)
         sink["sink"]["stream"] = name
         if ok:
-            parse_manifest(doc)
+            check_manifest(doc)
         else:
             with pytest.raises(TopologyError):
-                parse_manifest(doc)
+                check_manifest(doc)
 
 
 def test_the_crd_maxima_are_the_parsers_bounds(schema: dict[str, Any]) -> None:
@@ -229,8 +229,8 @@ def test_the_crd_maxima_are_the_parsers_bounds(schema: dict[str, Any]) -> None:
     assert topology.MAXIMA["spec.vertices[].source.steps[].rate"] == rates.MAX_RATE
 
 
-def test_the_parser_refuses_one_above_each_crd_maximum(demo: dict[str, Any]) -> None:
-    # the other direction: at a CRD maximum the parser's bound holds, one above it the parser names the field
+def test_one_above_each_crd_maximum_is_refused_naming_the_field(demo: dict[str, Any]) -> None:
+    # the other direction: one above a CRD maximum, a manifest the API server has not seen is refused too
     where = {
         "spec.nodes": lambda s, v: s.update(nodes=v),
         "spec.slotsPerNode": lambda s, v: s.update(slotsPerNode=v),
@@ -242,7 +242,7 @@ def test_the_parser_refuses_one_above_each_crd_maximum(demo: dict[str, Any]) -> 
     for path, change in where.items():
         maximum = topology.MAXIMA[path]
         with pytest.raises(topology.TopologyError) as info:
-            topology.parse_manifest(mutated(demo, lambda s, c=change, m=maximum: c(s, m + 1)))
+            check_manifest(mutated(demo, lambda s, c=change, m=maximum: c(s, m + 1)))
         field = path.replace("[]", "[1]" if "parallelism" in path else "[0]")
         assert any(p.startswith(f"{field}: {maximum + 1} is above {maximum}") for p in info.value.problems), (
             path,
@@ -414,7 +414,7 @@ def mutated(document: dict[str, Any], change: Callable[[dict[str, Any]], object]
         (lambda s: s.update(nodes=0), "spec.nodes: 0 is below 1; set it to at least 1"),
         (
             lambda s: s["vertices"][2].update(parallelism="x"),
-            "spec.vertices[2].parallelism: 'x' is not of type 'integer'; fix it",
+            "spec.vertices[2].parallelism: 'x' is not an integer; set it to an integer in [1, 4096]",
         ),
         (lambda s: s.pop("nodes"), "spec.nodes: is missing; add it"),
         (lambda s: s.update(slotsPerNode=0), "spec.slotsPerNode: 0 is below 1"),
@@ -432,19 +432,25 @@ def mutated(document: dict[str, Any], change: Callable[[dict[str, Any]], object]
         (lambda s: s["vertices"][0]["source"].update(type="kafka"), "spec.vertices[0].source.type: 'kafka' is unknown"),
         (lambda s: s["vertices"][4]["sink"].update(type="s3"), "spec.vertices[4].sink.type: 's3' is unknown"),
         (lambda s: s["vertices"][1]["logic"].update(costMs=-1), "spec.vertices[1].logic.costMs: -1 is below 0"),
-        (lambda s: s["vertices"][1].update(name="Parse_1"), "spec.vertices[1].name: 'Parse_1' does not match"),
+        (lambda s: s["vertices"][1].update(name="Parse_1"), "spec.vertices[1].name: 'Parse_1' is not a DNS-1123 label"),
         (
             lambda s: s["vertices"][1].update(paralellism=3),
             "spec.vertices[1].paralellism: unknown field; remove it or fix its name",
         ),
-        (lambda s: s["vertices"][1].update(stateful="yes"), "spec.vertices[1].stateful: 'yes' is not of type"),
-        (lambda s: s.update(suspend="yes"), "spec.suspend: 'yes' is not of type 'boolean'"),
+        (
+            lambda s: s["vertices"][1].update(stateful="yes"),
+            "spec.vertices[1].stateful: 'yes' is not true/false; set true or false",
+        ),
+        (lambda s: s.update(suspend="yes"), "spec.suspend: 'yes' is not true/false"),
         (lambda s: s.update(vertices=[]), "spec.vertices: has 0 items; give at least 1"),
         (
             lambda s: s["resources"]["limits"].update(cpu=1.5),
-            "spec.resources.limits.cpu: 1.5 is not of type 'integer', 'string'",
+            "spec.resources.limits.cpu: 1.5 is not a CPU quantity; write e.g. '2' or '500m'",
         ),
-        (lambda s: s["resources"]["limits"].update(cpu="2 cores"), "spec.resources.limits.cpu: '2 cores' does not"),
+        (
+            lambda s: s["resources"]["limits"].update(cpu="2 cores"),
+            "spec.resources.limits.cpu: '2 cores' is not a CPU quantity",
+        ),
         (
             lambda s: s["vertices"][0]["source"].update(steps=[{"rate": 1, "seconds": 0}]),
             "spec.vertices[0].source.steps[0].seconds: 0 is not above 0",
@@ -457,8 +463,9 @@ def test_bad_manifests_fail_the_schema_naming_the_field(demo: dict[str, Any], ch
     assert problems[0].startswith(expected), problems
 
 
-def test_the_parser_rejects_what_the_schema_rejects_on_the_same_field(demo: dict[str, Any]) -> None:
-    # the checks both make agree on the field they blame
+def test_the_parser_does_not_repeat_what_the_schema_says(demo: dict[str, Any]) -> None:
+    # a rule is written once: a document only the schema refuses is no problem of the parser's own (it builds a
+    # model or, where a value breaks it, says the document does not satisfy the CRD), never a line on the field
     for change in (
         lambda s: s["streams"][0].update(grouping="hash"),
         lambda s: s.update(nodes=0),
@@ -467,13 +474,18 @@ def test_the_parser_rejects_what_the_schema_rejects_on_the_same_field(demo: dict
         lambda s: s["scaling"].update(congestionRate=0.5),
         lambda s: s["vertices"][1]["logic"].update(builtin="map"),
         lambda s: s.update(suspend="true"),
+        lambda s: s["vertices"][1].update(stateful="yes"),
     ):
         document = mutated(demo, change)
         [problem] = schema_problems(document)
-        with pytest.raises(topology.TopologyError) as info:
-            topology.parse_manifest(document)
         field = problem.split(": ")[0]
-        assert any(line.startswith(f"{field}: ") for line in info.value.problems), (problem, info.value.problems)
+        try:
+            topology.parse_manifest(document)
+        except topology.TopologyError as exc:
+            assert not any(line.startswith(f"{field}: ") for line in exc.problems), (problem, exc.problems)
+        with pytest.raises(topology.TopologyError) as info:
+            check_manifest(document)
+        assert info.value.problems == [problem]
 
 
 #: the CRD's static messages (no messageExpression: the API server estimates one built from values as over its
@@ -516,7 +528,7 @@ def test_bad_manifests_break_a_cel_rule(
     # and so does every command reading a manifest (`run`, `plan`...): one line, on that field or, for a rule
     # about a whole list, on the entry that breaks it (the parser's line, which names the entry and the fix)
     with pytest.raises(topology.TopologyError) as info:
-        parse_checked(document)
+        check_manifest(document)
     field = violations[0].split(": ")[0]
     assert [line.split(": ")[0] for line in info.value.problems] in ([field], [f"{field}[0].from"], [f"{field}[0].to"])
 
@@ -525,10 +537,13 @@ def test_bad_manifests_break_a_cel_rule(
 # elastream validate
 
 
-def test_merge_keeps_the_parsers_words_for_a_field_it_checks() -> None:
-    schema = ["spec.nodes: 0 is below 1; set it to at least 1", "spec.image: 5 is not of type 'string'; fix it"]
-    parser = ["spec.nodes: 0 is below 1; set it to at least 1", "spec.streams: cycle a -> b -> a; remove one"]
-    assert merge_problems(schema, parser) == [schema[1], *parser]
+def test_merge_gives_a_list_rule_to_the_parsers_entries_and_drops_its_echoes() -> None:
+    schema = ["spec.image: 5 is not a string; quote it"]
+    rules = ["spec.streams: streams reference vertices: every stream's to must name a vertex of spec.vertices"]
+    parser = ["spec.streams[2].to: unknown vertex 'otu'; use one of: a, b", "spec.vertices[1]: 'b' is unreachable"]
+    assert merge_problems(schema, rules, parser) == [schema[0], parser[0]]
+    assert merge_problems([], [], parser) == parser  # what the CRD accepts is the parser's to judge
+    assert merge_problems(schema, [], parser) == schema
 
 
 def validate(tmp_path: Any, document: Any, *options: str) -> subprocess.CompletedProcess[str]:
@@ -555,9 +570,9 @@ def test_validate_reports_schema_problems_one_line_each(tmp_path: Any, demo: dic
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
     assert all(line.startswith("error: ") for line in lines), lines
-    assert "error: spec.image: 5 is not of type 'string'; fix it" in lines
+    assert "error: spec.image: 5 is not a string; quote it" in lines
     assert any(line.startswith("error: spec.vertices[0].paralellism: unknown field") for line in lines), lines
-    # parallelism 'x' is a field the parser checks too: reported once, in the parser's words
+    # the schema's line words the type and the range
     assert [line for line in lines if "spec.vertices[2].parallelism" in line] == [
         "error: spec.vertices[2].parallelism: 'x' is not an integer; "
         f"set it to an integer in [1, {topology.MAX_PARALLELISM}]"
@@ -569,11 +584,10 @@ def test_validate_names_a_value_the_parser_cannot_handle_without_a_traceback(
 ) -> None:
     proc = validate(tmp_path, mutated(demo, lambda s: s["vertices"][0]["source"].update(profile=["a"])))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    # the parser names it itself now (it tested a list against the presets' dict, a TypeError, before): one
-    # line for the field, in the parser's words
-    assert proc.stderr.splitlines() == [
-        "error: spec.vertices[0].source.profile: ['a'] is unknown; use one of: autoscale-3-step, autoscale-5-step"
-    ], proc.stderr
+    # the schema names it (the parser once tested a list against the presets' dict, a TypeError): one line
+    assert proc.stderr.splitlines() == ["error: spec.vertices[0].source.profile: ['a'] is not a string; quote it"], (
+        proc.stderr
+    )
 
 
 def test_validate_requires_nodes_as_the_api_server_does(tmp_path: Any, demo: dict[str, Any]) -> None:
@@ -671,7 +685,7 @@ def test_validate_reports_a_broken_rule_beside_a_schema_problem_elsewhere(tmp_pa
     proc = validate(tmp_path, document, "--crd", changed)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [
-        "error: spec.image: 5 is not of type 'string'; fix it",
+        "error: spec.image: 5 is not a string; quote it",
         f"error: {BOUNDS_LINE}",
     ]
     auto_broken = mutated(demo, lambda s: s["scaling"].update(auto={"minNodes": "3", "maxNodes": 3}))

@@ -11,7 +11,7 @@ import pytest
 from elastream.core.planner import etp_table, make_plan
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from elastream.core.topology import load_manifest
+from elastream.resources import load_manifest
 
 EXAMPLES = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

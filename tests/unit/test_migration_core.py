@@ -17,7 +17,8 @@ from elastream.core.migration_protocol import (
 )
 from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.schedule import key_group_owner, key_group_ranges
-from elastream.core.topology import parse_manifest
+from elastream.core.topology import TopologyError, parse_manifest
+from elastream.resources import check_manifest
 from support.manifests import edge, manifest, sink, src
 
 OLD = frozenset({"s#0", "a#0", "a#1"})
@@ -205,8 +206,8 @@ def test_checkpoint_interval_is_validated() -> None:
     doc["spec"]["scaling"] = {"checkpointIntervalSeconds": 0}
     assert parse_manifest(doc).scaling.checkpoint_interval_s == 0
     doc["spec"]["scaling"] = {"checkpointIntervalSeconds": -1}
-    with pytest.raises(Exception, match=r"spec.scaling.checkpointIntervalSeconds: -1 is below 0"):
-        parse_manifest(doc)
+    with pytest.raises(TopologyError, match=r"spec.scaling.checkpointIntervalSeconds: -1 is below 0"):
+        check_manifest(doc)
 
 
 def _sample(ts: float, vertex: str, processed: int, started_at: float = 0.0, executor: str | None = None):

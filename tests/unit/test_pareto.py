@@ -22,7 +22,8 @@ from elastream.core.pareto import (
     reachable_throughput,
 )
 from elastream.core.simulate import SimulationModel
-from elastream.core.topology import Topology, load_manifest, parse_manifest
+from elastream.core.topology import Topology, parse_manifest
+from elastream.resources import load_manifest
 from elastream.sim.optimum import exhaustive_configuration
 from support.manifests import edge, manifest, sink, snapshot, src, work
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from elastream.core.rates import rate_config_problems
-from elastream.core.topology import TopologyError, load_manifest, parse_manifest
+from elastream.core.topology import TopologyError, parse_manifest
+from elastream.resources import load_manifest
 from elastream.runtime.operators.sources import RateProfile
 from elastream.worker_inputs.rate_files import resolve_rate_file
 from elastream.worker_inputs.user_code import OperatorLoadError
@@ -122,7 +123,7 @@ def test_validate_reports_a_bad_step_in_one_line(tmp_path) -> None:
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert "error: spec.vertices[0].source.steps[0].seconds: -1 is not a number > 0; fix it" in result.stderr
+    assert "error: spec.vertices[0].source.steps[0].seconds: -1 is not above 0; set it above 0" in result.stderr
 
 
 def test_a_csv_path_out_of_the_rate_directory_is_refused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

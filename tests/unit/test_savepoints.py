@@ -20,6 +20,7 @@ from elastream.core.savepoints import (
     status_entries,
 )
 from elastream.core.topology import TopologyError, parse_manifest, topology_prefix
+from elastream.resources import check_manifest
 from support.manifests import edge, manifest, sink, src, work
 
 TAKE = "elastream.dev/savepoint"
@@ -94,14 +95,14 @@ def test_the_parser_reads_initial_savepoint_and_deletion_policy_with_defaults() 
     [
         ({"initialSavepoint": {"name": "Bad_Name"}}, "spec.initialSavepoint.name: 'Bad_Name' is not a DNS-1123"),
         ({"initialSavepoint": {"topology": "t"}}, "spec.initialSavepoint.name: is missing"),
-        ({"initialSavepoint": "sp"}, "spec.initialSavepoint: is not a mapping"),
-        ({"initialSavepoint": {"name": "sp", "nmespace": "x"}}, "spec.initialSavepoint: unknown field(s) nmespace"),
-        ({"deletionPolicy": "Orphan"}, "spec.deletionPolicy: 'Orphan' is not one of Delete, Retain"),
+        ({"initialSavepoint": "sp"}, "spec.initialSavepoint: 'sp' is not a mapping"),
+        ({"initialSavepoint": {"name": "sp", "nmespace": "x"}}, "spec.initialSavepoint.nmespace: unknown field"),
+        ({"deletionPolicy": "Orphan"}, "spec.deletionPolicy: 'Orphan' is unknown; use one of: Delete, Retain"),
     ],
 )
 def test_bad_savepoint_fields_are_refused_naming_the_field_and_the_fix(spec: dict[str, Any], expected: str) -> None:
     with pytest.raises(TopologyError) as info:
-        parse_manifest(document(**spec))
+        check_manifest(document(**spec))
     assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
 
 

@@ -15,7 +15,8 @@ from elastream.core.planner.stela import stela_scale_out
 from elastream.core.planner.stela_plus import DEFAULT_BUDGET, SearchBudget, stela_plus_scale_out
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
-from elastream.core.topology import Topology, load_manifest, parse_manifest, split_executor_id
+from elastream.core.topology import Topology, parse_manifest, split_executor_id
+from elastream.resources import load_manifest
 from elastream.sim.optimum import optimal_scale_out
 from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
 from support.manifests import edge, manifest, sink, src, work

@@ -23,7 +23,7 @@ from elastream.cli import CommandError, print_table
 from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology
 from elastream.core.window_analysis import Analysis, check_window_args
-from elastream.resources import load_manifest, parse_checked
+from elastream.resources import check_manifest, load_manifest
 from elastream.store.registry import client_for, redacted
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def resolve_topology(spec: str, url: str | None) -> Topology:
             f"manifest file, or start it there with `elastream run FILE --redis {redacted(url)}` (NAMESPACE/NAME "
             "outside default)"
         )
-    return parse_checked(document)
+    return check_manifest(document)
 
 
 def _read_redis(url: str, topology: Topology, window: int, interval_s: float) -> list[MetricSample]:

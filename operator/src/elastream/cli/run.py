@@ -24,8 +24,8 @@ from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
-from elastream.core.topology import MAX_NODES, Topology, load_manifest
-from elastream.resources import load_manifest as load_checked
+from elastream.core.topology import MAX_NODES, Topology
+from elastream.resources import load_manifest
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
 from elastream.worker_inputs.keys import DataPlaneConfigError, keys_from_env
@@ -197,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from elastream.control.local_mode import local_controller
     from elastream.store.registry import connect, store_manifest
 
-    topology = load_checked(args.file)
+    topology = load_manifest(args.file)
     if args.nodes is not None:
         topology = topology.with_nodes(args.nodes)
     check_operators(topology)
@@ -297,7 +297,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from elastream.control.local_mode import local_controller
 
     path = args.file or default_demo_manifest()
-    topology = load_checked(path)
+    topology = load_manifest(path)
     check_operators(topology)
     out_nodes = args.out or topology.nodes + 1
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
@@ -403,7 +403,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from elastream.control.local_mode import scale_request_key, status_key
     from elastream.store.registry import connect
 
-    topology = load_checked(args.file)
+    topology = load_manifest(args.file)
     parallelism = parse_parallelism(topology, args.parallelism)
     if args.nodes is None and not parallelism:
         raise CommandError("--nodes or --parallelism: give at least one (e.g. --nodes 3 or --parallelism parse=4)")

@@ -34,9 +34,9 @@ from elastream.core.status import (
 from elastream.core.topology import (
     Topology,
     TopologyError,
-    parse_manifest,
 )
 from elastream.core.upgrade import SpecChange, spec_change
+from elastream.resources import check_manifest
 from elastream.store.acl import AclRefused
 
 log = logging.getLogger("elastream.operator")
@@ -62,9 +62,8 @@ class TopologyUpgrades(TopologyLifecycle):
             if document is None:
                 return None
             try:
-                found = parse_manifest(
-                    {**document, "metadata": {"name": wanted.name, "namespace": wanted.namespace}}, bounded=True
-                )
+                # the ConfigMap is the tenant's to write: checked as the API server would check the spec
+                found = check_manifest({**document, "metadata": {"name": wanted.name, "namespace": wanted.namespace}})
             except TopologyError as exc:
                 log.warning("%s/%s: a spec in its ConfigMap does not parse (%s)", wanted.namespace, wanted.name, exc)
                 return None

@@ -76,41 +76,12 @@ class SavepointRef:
         return f"{self.namespace}/{self.topology}/{self.name}"
 
 
-def parse_initial_savepoint(raw: Any, namespace: str, name: str, problems: list[str]) -> SavepointRef | None:
-    """`spec.initialSavepoint` ({name, topology?, namespace?}) as a reference, its problems appended."""
+def parse_initial_savepoint(raw: Mapping[str, Any] | None, namespace: str, name: str) -> SavepointRef | None:
+    """`spec.initialSavepoint` ({name, topology?, namespace?}: its form is the CRD's) as a reference; the topology
+    and the namespace default to the topology's own."""
     if raw is None:
         return None
-    path = "spec.initialSavepoint"
-    if not isinstance(raw, Mapping):
-        problems.append(f"{path}: is not a mapping; write initialSavepoint: {{name: <savepoint>, topology: <name>}}")
-        return None
-    unknown = sorted(str(k) for k in raw if k not in ("name", "topology", "namespace"))
-    if unknown:
-        problems.append(f"{path}: unknown field(s) {', '.join(unknown)}; use name, topology and namespace")
-    found = []
-    for field_name, default in (("name", None), ("topology", name), ("namespace", namespace)):
-        value = raw.get(field_name, default)
-        if value is None:
-            problems.append(f"{path}.name: is missing; name the savepoint to start from")
-            return None
-        problem = name_problem(value, f"{path}.{field_name}")
-        if problem is not None:
-            problems.append(problem)
-            return None
-        found.append(str(value))
-    return SavepointRef(*found)
-
-
-def parse_deletion_policy(raw: Any, problems: list[str]) -> str:
-    if raw is None:
-        return DEFAULT_DELETION_POLICY
-    if raw not in DELETION_POLICIES:
-        problems.append(
-            f"spec.deletionPolicy: {repr(raw)[:60]} is not one of {', '.join(DELETION_POLICIES)}; use Delete to wipe "
-            "the topology's state and streams with it, Retain to keep them"
-        )
-        return DEFAULT_DELETION_POLICY
-    return str(raw)
+    return SavepointRef(str(raw["name"]), str(raw.get("topology", name)), str(raw.get("namespace", namespace)))
 
 
 @dataclass(frozen=True)

@@ -151,13 +151,10 @@ def _within(field: str, node: str) -> bool:
     return field == node or field.startswith((f"{node}.", f"{node}["))
 
 
-def cel_problems(
-    document: Any, schema: Mapping[str, Any], invalid: Iterable[str] = (), *, lenient: bool = False
-) -> list[str]:
+def cel_problems(document: Any, schema: Mapping[str, Any], invalid: Iterable[str] = ()) -> list[str]:
     """The rules `document` breaks, one line each: `<field>: <the rule's message>`. A rule on a node under
     which the schema found a problem (`invalid`: the fields it named) is not run: rules expect values of the
-    declared types, and that node's problem is reported already. `lenient` (no schema check ran) skips a rule
-    CEL cannot evaluate on the value (a wrong type, a missing field): the parser names that field itself."""
+    declared types, and that node's problem is reported already."""
     invalid = list(invalid)
     if "manifest" in invalid:  # the document as a whole is wrong: no node's type can be trusted
         return []
@@ -180,6 +177,6 @@ def cel_problems(
             holds = _holds(rule, value)
             if holds is False:
                 problems.append(f"{where}: {_message(rule, value)}")
-            elif holds is not True and not lenient:
+            elif holds is not True:
                 problems.append(f"{where}: rule {rule.text!r} cannot be evaluated ({holds}); fix the field")
     return problems

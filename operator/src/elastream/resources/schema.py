@@ -18,10 +18,13 @@ Defaults are not applied here (the API server validates what was sent; `cel` app
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from elastream.core.rates import shown
+from elastream.core.topology import STREAM_NAME_RULE
 from elastream.resources.crd import openapi_schema
 
 #: keywords whose value is one subschema, and those whose value is a list of subschemas
@@ -56,6 +59,10 @@ def _structural(node: Mapping[str, Any], out: dict[str, Any], path: tuple[str, .
             del out[exclusive]
             if node[exclusive] and bound in out:
                 out[exclusive] = out.pop(bound)
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and pattern.endswith("$") and not pattern.endswith("\\$"):
+        # Python's `$` also matches before a final newline; the API server's (Go's, ECMA-262's) does not
+        out["pattern"] = pattern[:-1] + "\\Z"
     if node.get("nullable") and "type" in out:
         out["type"] = [*([out["type"]] if isinstance(out["type"], str) else out["type"]), "null"]
     closed = (
@@ -97,17 +104,63 @@ _PRIORITY = {"type": 0, "required": 1, "additionalProperties": 1, "enum": 2}
 
 #: the line for a keyword whose problem is about the value itself: (value, the keyword's value) -> text
 _VALUE_LINES: dict[str, Callable[[Any, Any], str]] = {
-    "enum": lambda value, options: f"{value!r} is unknown; use one of: {', '.join(str(o) for o in options)}",
-    "minimum": lambda value, bound: f"{value!r} is below {_bound(bound)}; set it to at least {_bound(bound)}",
-    "exclusiveMinimum": lambda value, bound: f"{value!r} is not above {_bound(bound)}; fix it",
-    "maximum": lambda value, bound: f"{value!r} is above {_bound(bound)}; set it to at most {_bound(bound)}",
-    "exclusiveMaximum": lambda value, bound: f"{value!r} is not below {_bound(bound)}; fix it",
+    "enum": lambda value, options: f"{shown(value)} is unknown; use one of: {', '.join(str(o) for o in options)}",
+    "minimum": lambda value, bound: f"{shown(value)} is below {_bound(bound)}; set it to at least {_bound(bound)}",
+    "exclusiveMinimum": lambda value, bound: (
+        f"{shown(value)} is not above {_bound(bound)}; set it above {_bound(bound)}"
+    ),
+    "maximum": lambda value, bound: f"{shown(value)} is above {_bound(bound)}; set it to at most {_bound(bound)}",
+    "exclusiveMaximum": lambda value, bound: (
+        f"{shown(value)} is not below {_bound(bound)}; set it below {_bound(bound)}"
+    ),
     "minItems": lambda value, bound: f"has {len(value)} items; give at least {bound}",
     "maxItems": lambda value, bound: f"has {len(value)} items; the CRD allows at most {bound}",
     "maxLength": lambda value, bound: f"is {len(value)} characters long; shorten it to at most {bound}",
-    "minLength": lambda value, bound: f"{value!r} is too short; give at least {bound} characters",
-    "pattern": lambda value, pattern: f"{value!r} does not match {pattern}; fix it",
+    "minLength": lambda value, bound: f"{shown(value)} is too short; give at least {bound} characters",
+    "pattern": lambda value, pattern: f"{shown(value)} does not match {pattern}; fix it",
 }
+
+
+#: a wrong type in words, and how to write the right one
+_TYPES = {
+    "object": ("is not a mapping", "write it as key: value fields"),
+    "array": ("is not a list", "write it as a YAML list"),
+    "string": ("is not a string", "quote it"),
+    "boolean": ("is not true/false", "set true or false"),
+    "integer": ("is not an integer", "set it to an integer"),
+    "number": ("is not a number", "set it to a number"),
+}
+
+#: what a pattern asks for, by the field's name (the pattern itself is the CRD's; this only words it)
+_DNS_LABEL = "is not a DNS-1123 label; use lower-case letters, digits and '-' (at most 63)"
+_PATTERN_HINTS = {
+    **dict.fromkeys(("name", "namespace", "topology"), _DNS_LABEL),
+    "module": "is not 'package.module:Class'; name the class the workers import",
+    "stream": f"is not a stream name: {STREAM_NAME_RULE} (e.g. out); its key is under the topology's own prefix",
+    "cpu": "is not a CPU quantity; write e.g. '2' or '500m'",
+}
+
+#: the fields naming a built-in (`logic.builtin`, `source.type`, `sink.type`): a user class may stand instead
+_BUILTIN_NAMES = frozenset({"builtin", "type"})
+
+
+def _type_line(value: Any, node: Mapping[str, Any]) -> str:
+    """A wrong type: what it is not and how to write it, with the node's bounds when it is a number."""
+    wanted = node.get("type")
+    first = wanted if isinstance(wanted, str) else next((t for t in wanted or () if t != "null"), "")
+    what, fix = _TYPES.get(first, (f"is not of type {wanted}", "fix it"))
+    if first in ("integer", "number") and "minimum" in node and "maximum" in node:
+        fix += f" in [{_bound(node['minimum'])}, {_bound(node['maximum'])}]"
+    return f"{shown(value)} {what}; {fix}"
+
+
+def _enum_line(parts: Sequence[str | int], value: Any, options: Sequence[Any]) -> str:
+    line = _VALUE_LINES["enum"](value, options)
+    leaf = parts[-1] if parts else ""
+    block = parts[-2] if len(parts) >= 2 else ""
+    if leaf in _BUILTIN_NAMES and block in ("source", "logic", "sink"):
+        line += f" or {block}.module: package.module:Class"
+    return line
 
 
 def _lines(error: Any) -> list[tuple[str, str]]:
@@ -125,6 +178,14 @@ def _lines(error: Any) -> list[tuple[str, str]]:
         unknown = [field_path([*parts, str(key)]) for key in value if key not in known]
         hint = f"remove it or fix its name (known here: {', '.join(known)})"
         return [(where, f"{where}: unknown field; {hint}") for where in unknown]
+    node = error.schema if isinstance(error.schema, Mapping) else {}
+    leaf = parts[-1] if parts else ""
+    if kind in ("type", "pattern") and isinstance(leaf, str) and leaf in _PATTERN_HINTS:
+        return [(path, f"{path}: {shown(value)} {_PATTERN_HINTS[leaf]}")]
+    if kind == "type":
+        return [(path, f"{path}: {_type_line(value, node)}")]
+    if kind == "enum":
+        return [(path, f"{path}: {_enum_line(parts, value, error.validator_value)}")]
     if kind in _VALUE_LINES:
         return [(path, f"{path}: {_VALUE_LINES[kind](value, error.validator_value)}")]
     return [(path, f"{path}: {error.message}; fix it")]
@@ -144,12 +205,31 @@ def schema_problems(document: Any, version: str = "v1alpha1", crd_path: str | No
     )
     seen: set[str] = set()
     problems: list[str] = []
+    for path in _not_finite(document):
+        seen.add(path)
+        problems.append(f"{path}: nan is not a finite number; write a number (the API server's JSON has no NaN)")
     for error in errors:
         for path, line in _lines(error):
             if path not in seen:
                 seen.add(path)
                 problems.append(line)
     return problems
+
+
+def _not_finite(document: Any) -> list[str]:
+    """The fields holding NaN: YAML can write `.nan`, and every JSON Schema bound lets it through (NaN compares
+    false with everything), where the API server never sees one (JSON has none). Infinities break the bounds."""
+    found: list[str] = []
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(document, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, float) and math.isnan(value):
+            found.append(field_path(path))
+        elif isinstance(value, Mapping):
+            stack.extend((child, (*path, str(key))) for key, child in value.items())
+        elif isinstance(value, list):
+            stack.extend((child, (*path, index)) for index, child in enumerate(value))
+    return sorted(found)
 
 
 _PATH_RE = re.compile(r"^([A-Za-z0-9_.\[\]-]+): ")
@@ -166,11 +246,17 @@ def _covers(field: str, other: str) -> bool:
     return other == field or other.startswith((f"{field}.", f"{field}["))
 
 
-def merge_problems(contract: Sequence[str], parser: Sequence[str]) -> list[str]:
-    """The contract's (schema and CEL) problems the parser does not report about the same field or one inside
-    it, then the parser's own lines: a field the parser checks keeps the parser's message, which names the
-    fix, and a rule about a whole list ("every stream's to names a vertex") gives way to the parser's line
-    naming the one entry that breaks it."""
-    named = [field for field in map(problem_field, parser) if field]
-    kept = [line for line in contract if not any(_covers(problem_field(line) or "", f) for f in named)]
-    return kept + list(parser)
+def merge_problems(schema: Sequence[str], rules: Sequence[str], parser: Sequence[str]) -> list[str]:
+    """One line per problem, from the schema's problems, the CEL rules' and the parser's. A document the CRD
+    accepts is the parser's to judge: its lines. Otherwise the CRD's lines, each rule about a whole list ("every
+    stream's to names a vertex") given way to the parser's lines inside that list, which name the entry that
+    breaks it and the fix; the parser's other lines are left out (they judge a document the CRD refuses, so they
+    may only echo its problems: an unknown vertex because the vertex list was too long, say)."""
+    if not schema and not rules:
+        return list(parser)
+    merged = list(schema)
+    for line in rules:
+        field = problem_field(line) or ""
+        inside = [p for p in parser if field and _covers(field, problem_field(p) or "")]
+        merged.extend(inside or [line])
+    return merged

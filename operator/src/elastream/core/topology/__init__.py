@@ -75,7 +75,7 @@ from elastream.core.topology.model import (
     topology_prefix,
 )
 from elastream.core.topology.parse import (
-    load_manifest,
+    CONTRACT_BROKEN,
     parse_manifest,
 )
 from elastream.core.topology.scaling import (
@@ -87,6 +87,7 @@ __all__ = [
     "AUTOSCALE_COMBINES",
     "AUTOSCALE_POLICIES",
     "BALANCES",
+    "CONTRACT_BROKEN",
     "COST_MODES",
     "DEFAULT_CONGESTION_RATE",
     "DEFAULT_MAX_PARALLELISM",
@@ -133,7 +134,6 @@ __all__ = [
     "VertexKind",
     "executor_id",
     "glob_escape",
-    "load_manifest",
     "manifest_document_from_text",
     "parse_cpu",
     "parse_manifest",

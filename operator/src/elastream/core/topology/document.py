@@ -23,7 +23,7 @@ class _TooDeep(yaml.YAMLError):
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader refusing a document nested deeper than MAX_DEPTH while it composes it (the
     composer recurses: a deep enough document would end in RecursionError). Aliases are composed as
-    references, not copies, so an alias bomb costs what its text does here; `_shape_problem` then counts
+    references, not copies, so an alias bomb costs what its text does here; `shape_problem` then counts
     what it would expand to and refuses it before anything walks it."""
 
     def __init__(self, stream: str) -> None:
@@ -88,13 +88,13 @@ def manifest_document_from_text(text: str, where: str) -> Mapping[str, Any]:
     kinds = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
     if len(kinds) != 1:
         raise TopologyError([f"{path}: holds {len(kinds)} {KIND} documents; put exactly one {KIND} in the file"])
-    too_big = _shape_problem(kinds[0])
+    too_big = shape_problem(kinds[0])
     if too_big is not None:  # before any caller (the schema check, the parser) walks it
         raise TopologyError([too_big])
     return cast(Mapping[str, Any], kinds[0])
 
 
-def _shape_problem(document: Any) -> str | None:
+def shape_problem(document: Any) -> str | None:
     """Why `document` is too big or too deep to be a manifest (MAX_DEPTH, MAX_VALUES, MAX_TEXT_CHARS), or
     None. It walks without recursion and stops at the first bound it crosses, so a YAML alias bomb (a value
     shared a billion times) or a deeply nested spec from the API server is refused in microseconds, before
