@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, get_args
 
 import jsonschema
 import pytest
@@ -24,6 +24,7 @@ import yaml
 
 from elastream.cli import main
 from elastream.core import rates, savepoints, status, topology
+from elastream.core.topology.limits import MigrationProtocol
 from elastream.resources import (
     all_rules,
     cel_problems,
@@ -198,14 +199,14 @@ def test_a_stream_name_has_the_parsers_pattern_in_the_crd(schema: dict[str, Any]
     import copy
     import re
 
-    from elastream.core.topology import STREAM_NAME_PATTERN, TopologyError
+    from elastream.core.topology import TopologyError
 
     vertex = spec_schema(schema)["properties"]["vertices"]["items"]["properties"]
-    for kind in ("source", "sink"):
-        stream = vertex[kind]["properties"]["stream"]
-        assert stream["pattern"] == STREAM_NAME_PATTERN and stream["maxLength"] == 100
+    patterns = {vertex[kind]["properties"]["stream"]["pattern"] for kind in ("source", "sink")}
+    assert len(patterns) == 1  # one rule for a stream's name, whichever end it is
+    (pattern,) = patterns
     for name, ok in (("out", True), ("a.b:c_d-e", True), ("elastream:{prod/payments}:sink:out", False), ("*", False)):
-        assert bool(re.fullmatch(STREAM_NAME_PATTERN, name)) is ok  # the API server's (ECMA) reading is the same
+        assert bool(re.fullmatch(pattern, name)) is ok  # the API server's (ECMA) reading is the same
         doc = copy.deepcopy(demo)
         sink = next(v for v in doc["spec"]["vertices"] if "sink" in v)
         sink["sink"]["stream"] = name
@@ -216,20 +217,22 @@ def test_a_stream_name_has_the_parsers_pattern_in_the_crd(schema: dict[str, Any]
                 check_manifest(doc)
 
 
-def test_the_crd_maxima_are_the_parsers_bounds(schema: dict[str, Any]) -> None:
-    # every maximum and maxItems of the spec is one of core.topology's named bounds, and every bound is in the
-    # CRD: the API server refuses what the parser would, with the same number (the [0, 1] shares and the
-    # fluctuation are ranges, not sizes)
-    spec_nodes = [(f"spec.{path}" if path else "spec", node) for path, node in walk(spec_schema(schema))]
-    maxima = {path: node["maximum"] for path, node in spec_nodes if "maximum" in node and node["maximum"] != 1}
-    assert maxima == dict(topology.MAXIMA)
-    items = {path: node["maxItems"] for path, node in spec_nodes if "maxItems" in node and "placement" not in path}
-    assert items == dict(topology.MAX_ITEMS)
-    assert topology.MAXIMA["spec.nodes"] == topology.MAX_NODES == 1000
-    assert topology.MAXIMA["spec.vertices[].source.steps[].rate"] == rates.MAX_RATE
+def crd_maxima(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Every maximum of the spec by its field path (list items as [])."""
+    return {f"spec.{path}": node["maximum"] for path, node in walk(spec_schema(schema)) if "maximum" in node}
 
 
-def test_one_above_each_crd_maximum_is_refused_naming_the_field(demo: dict[str, Any]) -> None:
+def test_the_bounds_the_code_needs_are_the_crds(schema: dict[str, Any]) -> None:
+    # the CRD holds every maximum; the few the code reads itself are the same numbers
+    maxima = crd_maxima(schema)
+    assert maxima["spec.nodes"] == maxima["spec.scaling.auto.maxNodes"] == topology.MAX_NODES
+    assert maxima["spec.vertices[].source.steps[].rate"] == maxima["spec.vertices[].source.rate"] == rates.MAX_RATE
+    assert maxima["spec.vertices[].source.steps[].seconds"] == rates.MAX_STEP_SECONDS
+    items = {path: node["maxItems"] for path, node in walk(spec_schema(schema)) if "maxItems" in node}
+    assert items["vertices[].source.steps"] == rates.MAX_STEPS
+
+
+def test_one_above_each_crd_maximum_is_refused_naming_the_field(schema: dict[str, Any], demo: dict[str, Any]) -> None:
     # the other direction: one above a CRD maximum, a manifest the API server has not seen is refused too
     where = {
         "spec.nodes": lambda s, v: s.update(nodes=v),
@@ -240,7 +243,7 @@ def test_one_above_each_crd_maximum_is_refused_naming_the_field(demo: dict[str, 
         "spec.vertices[].source.rate": lambda s, v: s["vertices"][0]["source"].update(rate=v),
     }
     for path, change in where.items():
-        maximum = topology.MAXIMA[path]
+        maximum = crd_maxima(schema)[path]
         with pytest.raises(topology.TopologyError) as info:
             check_manifest(mutated(demo, lambda s, c=change, m=maximum: c(s, m + 1)))
         field = path.replace("[]", "[1]" if "parallelism" in path else "[0]")
@@ -292,28 +295,20 @@ def test_defaults_are_the_parsers(schema: dict[str, Any]) -> None:
     }
 
 
-def test_enums_are_the_parsers(schema: dict[str, Any]) -> None:
+def test_the_crds_enums_are_what_the_code_implements(schema: dict[str, Any]) -> None:
+    # an enum is written once, in the CRD; where the code has a registry or a type of the same names, they agree
+    # (modes, deliveries, balances and combine are compared as strings where they are used)
+    from elastream.runtime.operators.builtin import LOGIC_BUILTINS
+
     enums = {path: tuple(node["enum"]) for path, node in walk(schema) if "enum" in node}
     vertex = "spec.vertices[]"
-    assert enums == {
-        f"{vertex}.source.type": topology.SOURCE_TYPES,
-        f"{vertex}.source.mode": topology.COST_MODES,
-        f"{vertex}.source.profile": tuple(rates.PRESETS),
-        f"{vertex}.logic.builtin": topology.LOGIC_BUILTINS,
-        f"{vertex}.logic.mode": topology.COST_MODES,
-        f"{vertex}.sink.type": topology.SINK_TYPES,
-        f"{vertex}.sink.mode": topology.COST_MODES,
-        f"{vertex}.sink.delivery": topology.SINK_DELIVERIES,
-        "spec.streams[].grouping": topology.GROUPINGS,
-        "spec.streams[].balance": topology.BALANCES,
-        "spec.scaling.strategy": topology.STRATEGIES,
-        "spec.scaling.migration": topology.MIGRATIONS,
-        "spec.scaling.auto.policy": topology.AUTOSCALE_POLICIES,
-        "spec.scaling.auto.combine": topology.AUTOSCALE_COMBINES,
-        "spec.deletionPolicy": savepoints.DELETION_POLICIES,
-        "status.phase": status.PHASES,
-        "status.conditions[].status": ("True", "False", "Unknown"),
-    }
+    assert set(enums[f"{vertex}.logic.builtin"]) == set(LOGIC_BUILTINS)
+    assert enums[f"{vertex}.source.profile"] == tuple(rates.PRESETS)
+    assert enums["spec.streams[].grouping"] == get_args(topology.Grouping)
+    assert enums["spec.scaling.strategy"] == topology.STRATEGIES
+    assert enums["spec.scaling.migration"] == get_args(MigrationProtocol)
+    assert enums["spec.deletionPolicy"] == savepoints.DELETION_POLICIES
+    assert enums["status.phase"] == status.PHASES
 
 
 def test_operator_blocks_keep_their_own_keys_and_type_the_known_ones(schema: dict[str, Any]) -> None:
@@ -324,7 +319,7 @@ def test_operator_blocks_keep_their_own_keys_and_type_the_known_ones(schema: dic
             "description": blocks[kind]["properties"]["costMs"]["description"],
             "type": "number",
             "minimum": 0,
-            "maximum": topology.MAX_COST_MS,
+            "maximum": 60_000,
         }
     assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
 
@@ -542,7 +537,8 @@ def test_merge_gives_a_list_rule_to_the_parsers_entries_and_drops_its_echoes() -
     rules = ["spec.streams: streams reference vertices: every stream's to must name a vertex of spec.vertices"]
     parser = ["spec.streams[2].to: unknown vertex 'otu'; use one of: a, b", "spec.vertices[1]: 'b' is unreachable"]
     assert merge_problems(schema, rules, parser) == [schema[0], parser[0]]
-    assert merge_problems([], [], parser) == parser  # what the CRD accepts is the parser's to judge
+    assert merge_problems([], rules, parser) == [parser[0]]  # its other lines could only echo the rule's mistake
+    assert merge_problems([], [], parser) == parser
     assert merge_problems(schema, [], parser) == schema
 
 
@@ -574,8 +570,7 @@ def test_validate_reports_schema_problems_one_line_each(tmp_path: Any, demo: dic
     assert any(line.startswith("error: spec.vertices[0].paralellism: unknown field") for line in lines), lines
     # the schema's line words the type and the range
     assert [line for line in lines if "spec.vertices[2].parallelism" in line] == [
-        "error: spec.vertices[2].parallelism: 'x' is not an integer; "
-        f"set it to an integer in [1, {topology.MAX_PARALLELISM}]"
+        "error: spec.vertices[2].parallelism: 'x' is not an integer; set it to an integer in [1, 4096]"
     ]
 
 

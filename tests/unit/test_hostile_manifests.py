@@ -343,9 +343,9 @@ def test_the_demo_itself_is_fine() -> None:
 def test_the_largest_allowed_sizes_parse() -> None:
     # at the bounds, not above them: 1000 nodes, 256 slots, 10,000 executors
     def change(spec: dict[str, Any]) -> None:
-        spec.update(nodes=topology.MAX_NODES, slotsPerNode=topology.MAX_SLOTS_PER_NODE)
+        spec.update(nodes=topology.MAX_NODES, slotsPerNode=256)  # the CRD's maxima
         for vertex in spec["vertices"]:
-            vertex.update(parallelism=2000, maxParallelism=topology.MAX_PARALLELISM)
+            vertex.update(parallelism=2000, maxParallelism=4096)
 
     parsed = parse_manifest(mutated(change))
     assert parsed.executors == topology.MAX_EXECUTORS and parsed.nodes == topology.MAX_NODES

@@ -6,6 +6,8 @@ case shrinks to a small DAG with plain settings rather than to another random se
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,8 +16,10 @@ from elastream.core.planner import PlanningError, etp_table, make_plan
 from elastream.core.planner.etp import etp_map
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from elastream.core.topology import GROUPINGS, parse_manifest
+from elastream.core.topology import Grouping, parse_manifest
 from support.manifests import edge, manifest, sink, src, work
+
+GROUPINGS = get_args(Grouping)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOURCE_RATES = (500.0, 1000.0, 2000.0, 4000.0)

@@ -97,9 +97,9 @@ def _positive_int(text: str) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check the manifest against the CRD's schema and its CEL rules (what the API server checks on
-    `kubectl apply`), then with the parser (the graph, slots and everything the operator checks). A field both
-    check is reported once, in the parser's words; every problem is one line. A file too big, too deep or an
-    alias bomb is refused by the bounded reader before either check walks it."""
+    `kubectl apply`), then with the parser (what the CRD does not say: the graph, slots); every problem is one
+    line (`elastream.resources.merge_problems`). A file too big, too deep or an alias bomb is refused by the
+    bounded reader before either check walks it."""
     from elastream.core.topology import read_manifest_document
     from elastream.resources import RuleError, check_manifest, openapi_schema
 

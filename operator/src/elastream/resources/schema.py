@@ -251,7 +251,8 @@ def merge_problems(schema: Sequence[str], rules: Sequence[str], parser: Sequence
     accepts is the parser's to judge: its lines. Otherwise the CRD's lines, each rule about a whole list ("every
     stream's to names a vertex") given way to the parser's lines inside that list, which name the entry that
     breaks it and the fix; the parser's other lines are left out (they judge a document the CRD refuses, so they
-    may only echo its problems: an unknown vertex because the vertex list was too long, say)."""
+    may only echo its problems: a slot shortage from a parallelism above its maximum, an unknown vertex because
+    the vertex list was too long), so one mistake stays one line."""
     if not schema and not rules:
         return list(parser)
     merged = list(schema)
