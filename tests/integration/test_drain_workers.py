@@ -22,7 +22,9 @@ from test_migration import load
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
+from elastream.control.controller import TopologyController
 from elastream.control.local_mode import local_controller, status_key
+from elastream.core.topology import Topology
 from elastream.resources import load_manifest
 from elastream.store.drains import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
 from support.harness import exactly_once, with_audit, write_manifest
@@ -33,13 +35,17 @@ RATE = 200
 EVENTS = 6000
 
 
-@pytest.mark.timeout(900)
-def test_a_sigterm_drains_by_ccr_and_a_kill_rolls_back_exactly_once(tmp_path, redis_url: str) -> None:
-    path = manifest(tmp_path, EVENTS, RATE)
+def draining(path: str, redis_url: str) -> tuple[Topology, Events, LocalCluster, TopologyController]:
+    """The manifest at `path` under the controller of local mode, its workers given 30 s to drain."""
     topology = load_manifest(path)
     log = Events()
     cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, drain_grace_s=30.0)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=log)
+    return topology, log, cluster, local_controller(topology, cluster, Analyzer(engine="python"), events=log)
+
+
+@pytest.mark.timeout(900)
+def test_a_sigterm_drains_by_ccr_and_a_kill_rolls_back_exactly_once(tmp_path, redis_url: str) -> None:
+    topology, log, cluster, controller = draining(manifest(tmp_path, EVENTS, RATE), redis_url)
     with cluster, controller:
         controller.start()
         ticking(controller, 5.0)  # a periodic checkpoint or two first
@@ -97,11 +103,7 @@ def test_a_drain_the_other_workers_cannot_hold_goes_to_a_fresh_worker_exactly_on
     two, so a fresh worker is started for them and they move there by CCR; nothing replayed, no recovery."""
     doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
     doc["spec"]["slotsPerNode"] = 4
-    path = write_manifest(str(tmp_path), doc)
-    topology = load_manifest(path)
-    log = Events()
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, drain_grace_s=30.0)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=log)
+    topology, log, cluster, controller = draining(write_manifest(str(tmp_path), doc), redis_url)
     with cluster, controller:
         controller.start()
         ticking(controller, 5.0)

@@ -40,10 +40,7 @@ EVENTS = 5000  # 25 s of the sources: the upgrade lands mid-stream
 @pytest.mark.timeout(900)
 def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(tmp_path, redis_url: str) -> None:
     doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
-    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
-    old_dir.mkdir()
-    new_dir.mkdir()
-    old_path = write_manifest(str(old_dir), doc)
+    old_path, new_dir = written(tmp_path, doc)
     old = load_manifest(old_path)
 
     upgraded = copy.deepcopy(doc)
@@ -51,7 +48,7 @@ def test_an_upgrade_restores_kept_vertices_state_into_the_new_spec_exactly_once(
     by_name["t3"]["parallelism"] = 3  # the keyed count: other executors own its key groups
     by_name["t3"]["logic"]["costMs"] = 1.0  # user code config
     by_name["t4"]["logic"]["costMs"] = 3.0
-    new_path = write_manifest(str(new_dir), upgraded)
+    new_path = write_manifest(new_dir, upgraded)
     new = load_manifest(new_path)
     change = spec_change(old, new)
     assert change.needs_restart and change.added == change.removed == () and change.refused == ()
@@ -87,10 +84,7 @@ def test_an_upgrade_that_adds_and_removes_vertices_starts_the_added_empty_and_dr
     and every event is counted exactly once by one of the two: what the removed count's audit sink committed up
     to the checkpoint and what the added one's received after it are disjoint and together every event."""
     doc = exactly_once(with_audit(_with_count(load("ccr-diamond"), "t6"), EVENTS), checkpoint_s=2, rate=RATE, nodes=3)
-    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
-    old_dir.mkdir()
-    new_dir.mkdir()
-    old_path = write_manifest(str(old_dir), doc)
+    old_path, new_dir = written(tmp_path, doc)
     old = load_manifest(old_path)
 
     upgraded = copy.deepcopy(doc)
@@ -100,7 +94,7 @@ def test_an_upgrade_that_adds_and_removes_vertices_starts_the_added_empty_and_dr
     for stream in spec["streams"]:
         for end in ("from", "to"):
             stream[end] = {"t6": "t7", "audit-t6": "audit-t7"}.get(stream[end], stream[end])
-    new_path = write_manifest(str(new_dir), upgraded)
+    new_path = write_manifest(new_dir, upgraded)
     new = load_manifest(new_path)
     change = spec_change(old, new)
     assert set(change.added) == {"t7", "audit-t7"} and set(change.removed) == {"t6", "audit-t6"}, change
@@ -136,6 +130,14 @@ def test_an_upgrade_that_adds_and_removes_vertices_starts_the_added_empty_and_dr
     assert not set(before) & set(after), "an event counted by both the removed and the added vertex"
     assert set(before) | set(after) == set(range(EVENTS)), "an event counted by neither"
     assert _counts_run_from_one(after_events), "the added count did not start empty"
+
+
+def written(tmp_path, doc: dict) -> tuple[str, str]:
+    """The running spec written to `old/` (its path) and the directory `new/` for the upgraded one."""
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    return write_manifest(str(old_dir), doc), str(new_dir)
 
 
 def _with_count(doc: dict, name: str) -> dict:
