@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from support.manifests import edge, manifest, sink, src, work
 from support.paths import REPO
 from support.waiting import wait_until
 
@@ -31,25 +32,17 @@ LEASE_S, RETRY_S = 15, 2  # the chart's defaults, which this test keeps
 
 
 def topology(name: str, nodes: int = 2) -> dict[str, Any]:
-    return {
-        "apiVersion": "elastream.dev/v1alpha1",
-        "kind": "StreamTopology",
-        "metadata": {"name": name},
-        "spec": {
-            "nodes": nodes,
-            "slotsPerNode": 4,
-            "vertices": [
-                {"name": "clicks", "source": {"type": "synthetic", "rate": 100, "keys": 20}, "maxParallelism": 8},
-                {"name": "parse", "logic": {"builtin": "work", "costMs": 1.0}, "maxParallelism": 8},
-                {"name": "out", "sink": {"type": "redis-stream"}, "maxParallelism": 8},
-            ],
-            "streams": [
-                {"from": "clicks", "to": "parse", "grouping": "shuffle"},
-                {"from": "parse", "to": "out", "grouping": "shuffle"},
-            ],
-            "scaling": {"strategy": "stela", "migration": "ccr", "window": 5},
-        },
-    }
+    vertices = [src("clicks", rate=100, keys=20), work("parse", costMs=1.0), sink("out", type="redis-stream")]
+    for vertex in vertices:
+        vertex["maxParallelism"] = 8
+    return manifest(
+        vertices,
+        [edge("clicks", "parse"), edge("parse", "out")],
+        name=name,
+        nodes=nodes,
+        slotsPerNode=4,
+        scaling={"strategy": "stela", "migration": "ccr", "window": 5},
+    )
 
 
 def get_json(kubectl, *args: str) -> Any:

@@ -119,6 +119,31 @@ def sink_ids_when_complete(
     return sink_ids(client, namespace, name, sink)
 
 
+def scaled(kubectl, namespace: str, name: str, nodes: int, timeout_s: float) -> dict[str, Any]:
+    """The status once the topology runs on `nodes` nodes by a scaling that succeeded (after a patch or scale)."""
+    out = wait_status(
+        kubectl, namespace, name,
+        lambda s: s.get("nodes") == nodes and (s.get("lastScaling") or {}).get("toNodes") == nodes, timeout_s,
+        f"a scaling to {nodes} nodes",
+    )  # fmt: skip
+    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    return out
+
+
+def check_exactly_once_and_counts(client: redis.Redis, namespace: str, name: str) -> None:
+    """Every event exactly once at `out` and every keyed count at `audit` exactly 1..n per key."""
+    out_ids = sink_ids_when_complete(client, namespace, name, "out", EVENTS, 300, 5)
+    assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
+        f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
+    )
+    audit = client.xrange(f"elastream:{{{namespace}/{name}}}:sink:audit", "-", "+")
+    counts: dict[str, list[int]] = {}
+    for _, fields in audit:
+        counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
+    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
+    assert sum(len(v) for v in counts.values()) == EVENTS
+
+
 def test_invalid_manifests_are_refused_with_the_schema_or_cel_message(installed, kubectl, e2e_namespace, tmp_path):
     cases = {
         "grouping": ("streams", 0, "grouping", "hash", "Unsupported value"),
@@ -154,31 +179,19 @@ def test_invalid_manifests_are_refused_with_the_schema_or_cel_message(installed,
 
 def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, kubectl, e2e_namespace, tmp_path):
     client: redis.Redis = installed["redis"]
-    name = "clickstream"
-    path = tmp_path / "topology.yaml"
-    path.write_text(yaml.safe_dump(topology_manifest(name)))
-    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
-    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("clickstream"))
     kubectl("get", "topo", "-n", e2e_namespace)
     assert len(worker_pods(kubectl, e2e_namespace, name)) == 2
     time.sleep(6)  # a window of metrics before the first decision
 
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
-    out = wait_status(
-        kubectl, e2e_namespace, name,
-        lambda s: s.get("nodes") == 3 and (s.get("lastScaling") or {}).get("toNodes") == 3, 240, "scale-out to 3",
-    )  # fmt: skip
-    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    out = scaled(kubectl, e2e_namespace, name, 3, 240)
     assert out["lastScaling"]["direction"] == "out" and out["lastScaling"]["pauseMs"] is not None
     assert len(worker_pods(kubectl, e2e_namespace, name)) == 3
     kubectl("get", "topo", "-n", e2e_namespace)
 
     kubectl("scale", "topo", name, "-n", e2e_namespace, "--replicas=2")
-    out = wait_status(
-        kubectl, e2e_namespace, name,
-        lambda s: s.get("nodes") == 2 and (s.get("lastScaling") or {}).get("toNodes") == 2, 240, "scale-in to 2",
-    )  # fmt: skip
-    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    out = scaled(kubectl, e2e_namespace, name, 2, 240)
     removed = out["lastScaling"]["plan"]["removed_nodes"]
     pods = worker_pods(kubectl, e2e_namespace, name)
     deadline = time.monotonic() + 60
@@ -190,17 +203,7 @@ def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, ku
     described = kubectl("describe", "topo", name, "-n", e2e_namespace).stdout
     assert "ScalingPlanned" in described and "Scaled" in described
 
-    # every event exactly once at the sinks (they commit with each checkpoint)
-    out_ids = sink_ids_when_complete(client, e2e_namespace, name, "out", EVENTS, 240, 5)
-    assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
-        f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
-    )
-    audit = client.xrange(f"elastream:{{{e2e_namespace}/{name}}}:sink:audit", "-", "+")
-    counts: dict[str, list[int]] = {}
-    for _, fields in audit:
-        counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
-    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
-    assert sum(len(v) for v in counts.values()) == EVENTS
+    check_exactly_once_and_counts(client, e2e_namespace, name)  # the sinks commit with each checkpoint
 
     kubectl("delete", "topo", name, "-n", e2e_namespace, "--timeout=120s")
     deadline = time.monotonic() + 60
@@ -212,11 +215,7 @@ def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, ku
 
 def test_a_deleted_worker_pod_and_an_operator_restart_lose_nothing(installed, kubectl, e2e_namespace, tmp_path):
     client: redis.Redis = installed["redis"]
-    name = "resilient"
-    path = tmp_path / "topology.yaml"
-    path.write_text(yaml.safe_dump(topology_manifest(name)))
-    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
-    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("resilient"))
     time.sleep(6)
     # killed without notice (a pod deleted with a grace period is drained instead: tests/e2e/test_operator_drains.py)
     kubectl("delete", "pod", f"{name}-node-1", "-n", e2e_namespace, "--grace-period=0", "--force", "--wait=false")
@@ -350,22 +349,14 @@ def test_the_readme_demo_as_shipped_fits_the_nodes_and_scales_out_and_in_exactly
 
     # README step 6 and 7, word for word but for the namespace
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":5}}')
-    out = wait_status(
-        kubectl, e2e_namespace, name,
-        lambda s: s.get("nodes") == 5 and (s.get("lastScaling") or {}).get("toNodes") == 5, 300, "scale-out to 5",
-    )  # fmt: skip
-    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    scaled(kubectl, e2e_namespace, name, 5, 300)
     kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=120s")
     placed = scheduled_by_the_scheduler(kubectl, e2e_namespace, pods_of(kubectl, e2e_namespace, name))
     assert len(placed) == 5
     kubectl("get", "pods", "-n", e2e_namespace, "-o", "wide")
 
     kubectl("scale", "topo", name, "-n", e2e_namespace, "--replicas=3")
-    out = wait_status(
-        kubectl, e2e_namespace, name,
-        lambda s: s.get("nodes") == 3 and (s.get("lastScaling") or {}).get("toNodes") == 3, 300, "scale-in to 3",
-    )  # fmt: skip
-    assert out["lastScaling"]["outcome"] == "succeeded", out["lastScaling"]
+    scaled(kubectl, e2e_namespace, name, 3, 300)
     deadline = time.monotonic() + 60
     while len(pods_of(kubectl, e2e_namespace, name)) != 3 and time.monotonic() < deadline:
         time.sleep(1)

@@ -24,10 +24,10 @@ from .conftest import REPO
 from .test_operator import (
     EVENTS,
     apply_topology,
+    check_exactly_once_and_counts,
     event_reasons,
     pods_of,
     sink_ids,
-    sink_ids_when_complete,
     topology_manifest,
     worker_pods,
 )
@@ -73,19 +73,6 @@ def watch(kubectl, binary: str, namespace: str, name: str, until, timeout_s: flo
             return {"document": document, "seen": seen, "lagged": lagged}
         time.sleep(0.3)
     pytest.fail(f"{what} not reached in {timeout_s:.0f} s; status: {json.dumps(document.get('status'))[:3000]}")
-
-
-def check_exactly_once_and_counts(client: redis.Redis, namespace: str, name: str) -> None:
-    out_ids = sink_ids_when_complete(client, namespace, name, "out", EVENTS, 300, 5)
-    assert out_ids == Counter(range(EVENTS)), f"{len(set(range(EVENTS)) - set(out_ids))} lost, " + (
-        f"{sum((out_ids - Counter(range(EVENTS))).values())} twice"
-    )
-    audit = client.xrange(f"elastream:{{{namespace}/{name}}}:sink:audit", "-", "+")
-    counts: dict[str, list[int]] = {}
-    for _, fields in audit:
-        counts.setdefault(fields[b"key"].decode(), []).append(int(fields[b"value"]))
-    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in counts.values())  # keyed counts exact
-    assert sum(len(v) for v in counts.values()) == EVENTS
 
 
 def images_of(kubectl, namespace: str, name: str) -> set[str]:

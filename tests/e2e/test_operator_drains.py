@@ -15,12 +15,12 @@ from collections import Counter
 
 import pytest
 import redis
-import yaml
 
 from support.waiting import wait_until
 
 from .test_operator import (
     EVENTS,
+    apply_topology,
     event_reasons,
     pods_of,
     sink_ids_when_complete,
@@ -36,11 +36,7 @@ def test_a_deleted_worker_pod_is_drained_by_ccr_and_a_killed_one_rolled_back(
     installed, kubectl, e2e_namespace, tmp_path
 ):
     client: redis.Redis = installed["redis"]
-    name = "drained"
-    path = tmp_path / "topology.yaml"
-    path.write_text(yaml.safe_dump(topology_manifest(name, nodes=3)))
-    kubectl("apply", "-n", e2e_namespace, "-f", str(path))
-    kubectl("wait", "--for=condition=Available", f"topo/{name}", "-n", e2e_namespace, "--timeout=240s")
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("drained", nodes=3))
 
     # the topology's PodDisruptionBudget: one of its worker pods at a time, owned by it
     pdb = disruption_budget(kubectl, e2e_namespace, name)
