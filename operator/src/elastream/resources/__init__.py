@@ -1,7 +1,7 @@
-"""The StreamTopology contract as `elastream validate` checks it: the CRD (crds/streamtopology.yaml, the one
-copy kept by hand; the package's streamtopology.yaml is a symlink to it), its openAPIV3Schema checked with
-`jsonschema` (`schema`), and its CEL rules evaluated with the `cel` library (`cel`). A rule is written once, in the
-CRD; nothing here repeats one in Python.
+"""The StreamTopology contract, checked wherever a manifest enters without the API server: the CRD
+(crds/streamtopology.yaml, the one copy kept by hand; the package's streamtopology.yaml is a symlink to it), its
+openAPIV3Schema checked with `jsonschema` (`schema`), and its CEL rules evaluated with the `cel` library (`cel`).
+A rule is written once, in the CRD; nothing here repeats one in Python.
 
 `check_manifest` runs the contract before the parser (`elastream.core.topology.parse_manifest`, which keeps what
 the CRD does not say: the graph, slots, and the rest its module docstring lists) and merges both into one line
