@@ -11,7 +11,7 @@ import yaml
 
 from elastream.core.rates import rate_config_problems
 from elastream.core.topology import TopologyError, parse_manifest
-from elastream.resources import load_manifest
+from elastream.resources import check_manifest, load_manifest
 from elastream.runtime.operators.sources import RateProfile
 from elastream.worker_inputs.rate_files import resolve_rate_file
 from elastream.worker_inputs.user_code import OperatorLoadError
@@ -24,25 +24,28 @@ def with_source(**config: object) -> dict:
 
 def problems(**config: object) -> list[str]:
     with pytest.raises(TopologyError) as info:
-        parse_manifest(with_source(**config))
+        check_manifest(with_source(**config))
     return info.value.problems
 
 
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({"steps": "fast"}, "spec.vertices[0].source.steps: 'fast' is not a list of steps"),
-        ({"steps": []}, "spec.vertices[0].source.steps: [] is not a list of steps"),
+        ({"steps": "fast"}, "spec.vertices[0].source.steps: 'fast' is not a list"),
+        ({"steps": []}, "spec.vertices[0].source.steps: has 0 items; give at least 1"),
         ({"steps": [{"rate": 10}]}, "spec.vertices[0].source.steps[0].seconds: is missing"),
-        ({"steps": [{"rate": 10, "seconds": 0}]}, "spec.vertices[0].source.steps[0].seconds: 0 is not a number > 0"),
-        ({"steps": [{"rate": -1, "seconds": 1}]}, "spec.vertices[0].source.steps[0].rate: -1 is not a number ≥ 0"),
+        ({"steps": [{"rate": 10, "seconds": 0}]}, "spec.vertices[0].source.steps[0].seconds: 0 is not above 0"),
+        ({"steps": [{"rate": -1, "seconds": 1}]}, "spec.vertices[0].source.steps[0].rate: -1 is below 0"),
         ({"steps": [5]}, "spec.vertices[0].source.steps[0]: 5 is not a mapping"),
-        ({"steps": [{"rate": 1, "seconds": 1, "ramp": 2}]}, "spec.vertices[0].source.steps[0]: unknown field ramp"),
-        ({"csv": 3}, "spec.vertices[0].source.csv: 3 is not a file path"),
+        ({"steps": [{"rate": 1, "seconds": 1, "ramp": 2}]}, "spec.vertices[0].source.steps[0].ramp: unknown field"),
+        ({"csv": 3}, "spec.vertices[0].source.csv: 3 is not a string"),
         ({"csv": "r.csv", "steps": [{"rate": 1, "seconds": 1}]}, "has steps and csv; give at most one"),
         ({"profile": "autoscale-7-step", "rate": 10}, "source.profile: 'autoscale-7-step' is unknown"),
         ({"profile": "autoscale-3-step"}, "spec.vertices[0].source.rate: None is not a number > 0"),
-        ({"profile": "autoscale-3-step", "rate": 9, "stepSeconds": "1m"}, "source.stepSeconds: '1m' is not a number"),
+        (
+            {"profile": "autoscale-3-step", "rate": 9, "stepSeconds": "1m"},
+            "source.stepSeconds: '1m' is not a number; set it to a number in (0, 86400]",
+        ),
     ],
 )
 def test_bad_rate_configs_are_one_line_naming_the_field(config: dict, expected: str) -> None:

@@ -149,8 +149,12 @@ def _type_line(value: Any, node: Mapping[str, Any]) -> str:
     wanted = node.get("type")
     first = wanted if isinstance(wanted, str) else next((t for t in wanted or () if t != "null"), "")
     what, fix = _TYPES.get(first, (f"is not of type {wanted}", "fix it"))
-    if first in ("integer", "number") and "minimum" in node and "maximum" in node:
-        fix += f" in [{_bound(node['minimum'])}, {_bound(node['maximum'])}]"
+    low = "[" if "minimum" in node else "(" if "exclusiveMinimum" in node else ""
+    high = "]" if "maximum" in node else ")" if "exclusiveMaximum" in node else ""
+    if first in ("integer", "number") and low and high:
+        lower = node.get("minimum", node.get("exclusiveMinimum"))
+        upper = node.get("maximum", node.get("exclusiveMaximum"))
+        fix += f" in {low}{_bound(lower)}, {_bound(upper)}{high}"
     return f"{shown(value)} {what}; {fix}"
 
 

@@ -6,8 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from elastream.core.rates import shown
-from elastream.core.topology.fields import _number
+from elastream.core.rates import is_finite_number, shown
 from elastream.core.topology.limits import (
     _CPU_RE,
     DEFAULT_CONGESTION_RATE,
@@ -71,7 +70,7 @@ def _parse_auto(raw: Mapping[str, Any] | None, problems: list[str]) -> AutoScali
 
 def parse_cpu(value: Any) -> float:
     """A Kubernetes CPU quantity ("2", "500m", 1.5) in cores. Raises ValueError when it is not one."""
-    if _number(value):
+    if is_finite_number(value):
         return float(value)
     match = _CPU_RE.match(str(value).strip())
     if not match:
