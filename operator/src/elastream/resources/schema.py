@@ -209,7 +209,7 @@ def schema_problems(document: Any, version: str = "v1alpha1", crd_path: str | No
     )
     seen: set[str] = set()
     problems: list[str] = []
-    for path in _not_finite(document):
+    for path in _nan_fields(document):
         seen.add(path)
         problems.append(f"{path}: nan is not a finite number; write a number (the API server's JSON has no NaN)")
     for error in errors:
@@ -220,7 +220,7 @@ def schema_problems(document: Any, version: str = "v1alpha1", crd_path: str | No
     return problems
 
 
-def _not_finite(document: Any) -> list[str]:
+def _nan_fields(document: Any) -> list[str]:
     """The fields holding NaN: YAML can write `.nan`, and every JSON Schema bound lets it through (NaN compares
     false with everything), where the API server never sees one (JSON has none). Infinities break the bounds."""
     found: list[str] = []
