@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.core.migration_protocol import ControlType, Mode
+from elastream.core.migration_protocol import SENDER, ControlType, Mode
 from elastream.runtime.operators.api import SAME, Context
 from elastream.runtime.participant import Migration
 from elastream.runtime.routing import Router
@@ -199,7 +199,7 @@ class ExecutorThread(ExecutorLoop):
 
     def loop(self) -> None:
         while not self.stop.is_set():
-            frame = self._next_frame()
+            frame = self._next_frame(take_input=not self.router.holding_full())
             if frame is not None:
                 self.handle(frame)
             elif self.timer is not None and self._timer_allowed():
@@ -225,9 +225,12 @@ class ExecutorThread(ExecutorLoop):
         self.router.flush()
         counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
 
-    def _next_frame(self) -> list[Any] | None:
+    def _next_frame(self, take_input: bool = True) -> list[Any] | None:
         if not self.control.empty():
             return [CONTROL, CONTROLLER, self.control.get_nowait()]
+        if not take_input:  # a partial migration holds enough for moving receivers: input waits (back-pressure)
+            self.stop.wait(IDLE_POLL_MS / 1000.0)
+            return None
         if not self.ahead:
             frame = self.inbox.receive(IDLE_POLL_MS)
             if frame is None:
@@ -289,8 +292,11 @@ class ExecutorThread(ExecutorLoop):
         migration, participant = self.migration, self.migration.participant
         kind, mid = message.get("type"), str(message.get("mid"))
         log.debug("executor %s: %s of migration %s from %s", self.executor, kind, mid, sender)
+        if sender == CONTROLLER and on_sender_control(self, message):
+            return
         if kind == ControlType.PREPARE:
             participant.protocol = message.get("protocol", "ccr")
+            migration.hand_over = message.get("scope") == "moving"
             prepared = participant.on_prepare(mid, sender if participant.protocol == "dcr" else None)
             self.abandon_alignment()
             if prepared:
@@ -313,9 +319,8 @@ class ExecutorThread(ExecutorLoop):
             if migration.awaiting == mid and participant.on_init(mid):
                 context = self.context
                 source = str(message.get("from") or mid)  # `restart`: the periodic checkpoint to restore
-                events = migration.restore(
-                    source, self.operator, context.key_groups, context.index, context.parallelism
-                )
+                index, share = pending_share(message, context)
+                events = migration.restore(source, self.operator, context.key_groups, index, share)
                 # initialised: state loaded, captured events in hand. Ack now (restore ends here, as in the
                 # paper); replaying them, before any newer input, is the catch-up that follows.
                 migration.ack(mid, "initializing", replayed=len(events))
@@ -329,6 +334,7 @@ class ExecutorThread(ExecutorLoop):
                 migration.ack(mid, "initializing")  # a resent INIT: already done, ack again
         elif kind == ControlType.ABORT:
             participant.on_abort()
+            release_held(self)
             events = migration.abort(mid, self.operator)
             for start in range(0, len(events), MAX_BATCH):
                 self.process_batch(events[start : start + MAX_BATCH])
@@ -538,6 +544,8 @@ class SourceThread(ExecutorLoop):
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration = self.migration
         kind, mid = message.get("type"), str(message.get("mid"))
+        if on_sender_control(self, message):
+            return
         if kind == ControlType.PREPARE:
             self.paused.set()
             migration.participant.protocol = message.get("protocol", "ccr")
@@ -571,4 +579,50 @@ class SourceThread(ExecutorLoop):
             migration.ack(mid, "initializing")
         elif kind in (ControlType.RESUME, ControlType.ABORT):
             migration.participant.on_abort()
+            release_held(self)
             self.paused.clear()
+
+
+# ---- a partial migration (scope `moving`): the part of an executor that stays and sends to moving ones -----
+
+
+def on_sender_control(thread: ExecutorLoop, message: Mapping[str, Any]) -> bool:
+    """The messages of a partial migration to an executor that stays (`core.migration_scope`); True when
+    `message` was one. PREPARE (role `sender`): hold what is addressed to the moving receivers, ack. COMMIT
+    (role `sender`): COMMIT in-band on the channels into them, ack. REROUTE (from this worker's switch): the
+    new schedule's outputs and upstream; what was held goes to the new receivers. Nothing pauses."""
+    kind, mid = message.get("type"), str(message.get("mid"))
+    migration = thread.migration
+    if kind == ControlType.REROUTE:
+        if message.get("outputs") is not None:
+            for channel in thread.router.reroute(message["outputs"]):
+                channel.close(0)
+        migration.participant.upstream = frozenset(message["upstream"])
+        migration.holding = None
+        return True
+    if message.get("role") != SENDER:
+        return False
+    if kind == ControlType.PREPARE:
+        migration.holding = mid
+        thread.router.hold(message.get("hold") or {})
+        migration.ack(mid, "preparing")
+    elif kind == ControlType.COMMIT and migration.holding == mid:
+        thread.router.send_control_held({"type": ControlType.COMMIT, "mid": mid})
+        migration.ack(mid, "committing")
+    return True
+
+
+def release_held(thread: ExecutorLoop) -> None:
+    """A partial migration was aborted: what this executor held goes to the old receivers after all."""
+    if thread.migration.holding is not None:
+        thread.migration.holding = None
+        thread.router.release()
+
+
+def pending_share(message: Mapping[str, Any], context: Context) -> tuple[int, int]:
+    """Which part of its vertex's shared captured list a new executor replays (`MigrationParts.pending_share`):
+    its index of the vertex's parallelism, or its rank among the moving executors when some stay."""
+    moving = (message.get("partlyMoving") or {}).get(context.vertex)
+    if not moving:
+        return context.index, context.parallelism
+    return sorted(moving).index(context.index), len(moving)
