@@ -148,7 +148,7 @@ def test_a_whole_held_stream_is_routed_afresh_by_the_new_parallelism() -> None:
 
 
 def test_an_aborted_migration_sends_what_was_held_to_the_old_receivers() -> None:
-    r, (b0, b1) = router("global")
+    r, (b0, _) = router("global")
     r.hold({"b": (0,)})
     for i in range(5):
         r.route(event(i))
