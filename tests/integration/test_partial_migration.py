@@ -6,18 +6,20 @@ another at once, and with exactly-once sinks that move (their uncommitted output
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
 import pytest
-from test_migration import EVENTS, check_exactly_once, load
-from test_migration_faults import plan_for
+from test_migration import EVENTS, check_exactly_once, check_nothing_lost, load
+from test_migration_faults import ControllerCrash, plan_for
 
 from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.migration_scope import migration_parts
 from elastream.core.schedule import Schedule
+from support.faults import migrate_killing_a_worker_during_capture
 from support.harness import exactly_once, running, sink_events, with_audit, write_manifest
 from support.manifests import edge, manifest, sink, src, work
 from support.waiting import wait_until
@@ -143,3 +145,69 @@ def mixed_change(topology: Any, old: Schedule, grow: str | None, shrink: str | N
             executors.remove(moved)
     placement["node-3"].append(moved)
     return Schedule.from_placement(placement, old.slots_per_node, [*old.nodes, "node-3"])
+
+
+# ---- faults in every phase: a controller that dies, a worker killed before and after COMMIT ----------------
+
+
+def test_a_partial_migration_whose_controller_died_after_commit_is_finished_by_a_new_one(
+    tmp_path, redis_url: str
+) -> None:
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-diamond"), EVENTS))
+    with running(path, redis_url) as (cluster, topology):
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        time.sleep(1.5)
+
+        def crash(action: Action, coordinator: MigrationCoordinator) -> None:
+            if action.kind == ActionKind.APPLY_SCHEDULE:  # the moving executors are checkpointed, senders hold
+                raise ControllerCrash
+
+        dead = partial(topology, cluster, before_action=crash, identity="a-dead-controller", owner_ttl_s=3)
+        with pytest.raises(ControllerCrash):
+            dead.migrate(new)
+        successor = MigrationDriver(topology, cluster, cluster.client, "ccr", identity="a-new-controller")
+        wait_until(lambda: successor.unfinished() is not None, 30, "the dead controller's lease to run out")
+        report = successor.resume()  # the scope is the record's, not the successor's
+        assert report is not None and report.outcome == "succeeded", report
+        assert report.scope == "moving"
+        assert cluster.current_schedule() == new
+        check_exactly_once(cluster, topology)
+
+
+def test_a_worker_killed_during_a_partial_capture_aborts_and_rolls_back_to_the_checkpoint(
+    tmp_path, redis_url: str
+) -> None:
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-traffic"), EVENTS))
+    with running(path, redis_url) as (cluster, topology):
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        migrate_killing_a_worker_during_capture(
+            cluster, topology, new, "segment-count#0", checkpoint=True, scope="moving"
+        )
+        assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
+        check_nothing_lost(cluster, topology)  # what the killed worker held came back through the replay
+
+
+def test_a_worker_killed_after_a_partial_commit_rolls_back_to_the_checkpoint_and_loses_nothing(
+    tmp_path, redis_url: str
+) -> None:
+    """After COMMIT the old schedule cannot be put back (a kept executor's state is in its process only):
+    the new schedule does not come up without the killed worker, and the topology rolls back to the last
+    periodic checkpoint, its sources replaying what came after it."""
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-diamond"), EVENTS))
+    with running(path, redis_url) as (cluster, topology):
+        old = cluster.current_schedule()
+        new = plan_for(topology, old, topology.nodes + 1)
+        kept = migration_parts(topology, old, new, "moving").kept
+        victim = old.node_of(sorted(kept)[0])
+        time.sleep(1.0)
+
+        def kill_after_commit(action: Action, coordinator: MigrationCoordinator) -> None:
+            if action.kind == ActionKind.APPLY_SCHEDULE:
+                cluster.workers[victim].process.send_signal(signal.SIGKILL)
+                cluster.workers[victim].process.wait(10)
+
+        report = partial(topology, cluster, before_action=kill_after_commit).migrate(new)
+        assert report.outcome == "aborted", report
+        assert "rolling back" not in report.reason and "rolled back to checkpoint" in report.reason, report.reason
+        assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
+        check_nothing_lost(cluster, topology)

@@ -170,9 +170,14 @@ class NodeBackend:
         else:
             self.discard_prepared()
             version = self.registry.stage_schedule(schedule, after=self.version)
+        alive = self.running_nodes() - set(self.failed_nodes())
+        if scope == "moving" and not set(schedule.nodes) <= alive:
+            # a partial switch keeps executors whose state is only in their process: a worker that died since
+            # PREPARE took theirs with it, and a new one could not restore them from the migration
+            dead = ", ".join(sorted(set(schedule.nodes) - alive))
+            raise BackendError(f"the worker of {dead} died during the migration")
         self.applying = (schedule, version)
         self.registry.activate_schedule(version)
-        alive = self.running_nodes() - set(self.failed_nodes())
         self.control(schedule).send_nodes(
             sorted(alive), {"type": ControlType.SWITCH, "version": version, "mid": migration_id, "scope": scope}
         )
