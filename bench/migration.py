@@ -6,7 +6,9 @@
    multiset a correct run delivers — events lost and events duplicated (replayed). Every run takes a
    periodic checkpoint every CHECKPOINT_S seconds (aligned barriers), as a production job would, before the
    migration and after it; `restart` is the Storm/Flink default: every worker stops, the new schedule starts
-   from the last checkpoint and the sources replay what they emitted after it.
+   from the last checkpoint and the sources replay what they emitted after it. `ccr-partial` (CCR that
+   pauses only the executors that move, `MigrationDriver(..., scope="moving")`) runs beside them when the
+   driver has its `scope` field.
 2. What users feel (issue 24): end-to-end latency (p50, p99, max) and sink throughput in 100 ms buckets from
    5 s before the rescale request to 10 s after it, against the 5 s before as the steady reference, and the
    issue's targets (p99 during a rescale ≤ 2x steady, worst 100 ms bucket ≥ 90 % of steady). Read after the
@@ -23,7 +25,7 @@
 4. A timeline of input (source) and output (sink) rate around a migration, like the paper's Fig. 7.
 
 Writes migration.md, migration.png and migration-latency-<dag>.png to `--out` (docs/benchmarks/; about
-13 min on a quiet 2-core machine). `--quick`: two DAGs,
+13 min for the three protocols on a quiet 2-core machine, about 17 with `ccr-partial`). `--quick`: two DAGs,
 the same run length.
 
 `--cluster`: the checkpoint and migration figures on one Redis and on a 3-primary Redis Cluster side by side
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import shutil
 import sys
@@ -79,8 +82,10 @@ from latency import (
 from support.harness import expected_copies, id_counts, sink_events, sink_key, wait_for_sinks_idle, with_audit
 
 NODES = {"ccr-grid": 4, "ccr-traffic": 3}
-#: the protocols compared, by their labels in the report
-PROTOCOLS = ("ccr", "dcr", "restart")
+#: partial CCR (only the executors that move pause), compared once the driver has its `scope` field
+PARTIAL = "scope" in {f.name for f in dataclasses.fields(MigrationDriver)}
+#: the protocols compared, by their labels in the report; `ccr-partial` is CCR with `scope="moving"`
+PROTOCOLS = ("ccr", "ccr-partial", "dcr", "restart") if PARTIAL else ("ccr", "dcr", "restart")
 #: the labels that are CCR (compared with DCR and restart, held to CCR's targets)
 CCR_LIKE = tuple(p for p in PROTOCOLS if p.startswith("ccr"))
 #: seconds between periodic checkpoints in every run (Flink's jobs commonly use seconds to minutes)
@@ -92,6 +97,14 @@ WARMUP_S = 1.0
 TAIL_S = 1.5
 #: sink stream entries read per XRANGE
 PAGE = 10_000
+
+
+def driver_options(label: str) -> tuple[str, dict[str, Any]]:
+    """The `MigrationDriver` protocol and extra fields of a protocol label (`ccr-partial` is CCR that pauses
+    only the executors that move)."""
+    if label == "ccr-partial":
+        return "ccr", {"scope": "moving"}
+    return label, {}
 
 
 def log(message: str) -> None:
@@ -129,7 +142,8 @@ def one_run(
         checkpointer = Checkpointer(checkpoints, CHECKPOINT_S).start()
         time.sleep(before_s)
         checkpointer.stop()
-        driver = MigrationDriver(topology, cluster, cluster.client, protocol)
+        kind, options = driver_options(protocol)
+        driver = MigrationDriver(topology, cluster, cluster.client, kind, **options)
         migration_at = time.time()  # the rescale request: latencies and throughputs are relative to it
         report = driver.migrate(new).to_status()
         # periodic checkpoints go on after the migration as before it, so the 10 s after the request see the
@@ -321,7 +335,7 @@ def ms(seconds: float | None) -> str:
 
 def label(protocol: str) -> str:
     """A protocol label as the report's prose names it."""
-    return {"ccr": "CCR", "dcr": "DCR"}.get(protocol, protocol)
+    return {"ccr": "CCR", "ccr-partial": "CCR-partial", "dcr": "DCR"}.get(protocol, protocol)
 
 
 def listing(words: list[str]) -> str:
@@ -438,7 +452,8 @@ def report(
         "`pause` is the time the sources are held: PREPARE sent (for `restart`: the workers told to stop) until",
         "every source is told to resume. `prepare` (CCR, DCR) is the work done before it, while everything",
         "runs: the nodes a scale-out adds start and bind their inboxes, staying workers bind their new",
-        "executors' inboxes. No worker that stays is restarted by CCR or DCR; `restart` restarts all of them.",
+        "executors' inboxes. No worker that stays is restarted by CCR or DCR; `restart` restarts all of them."
+        + (" `ccr-partial` is CCR that pauses only the executors that move." if PARTIAL else ""),
         "",
         "| DAG | scale | protocol | prepare | capture/drain | commit | rebalance | restore | pause | catch-up (s) "
         "| stabilization (s) | captured | replayed | lost | duplicated |",
@@ -565,8 +580,8 @@ def plot(out: str, runs: list[dict[str, Any]]) -> None:
     fig.savefig(os.path.join(out, "migration.png"), dpi=120)
 
 
-#: one colour per protocol label in every figure
-COLOURS = {"ccr": "C0", "dcr": "C1", "restart": "C3"}
+#: one colour per protocol label in every figure, whether `ccr-partial` runs or not
+COLOURS = {"ccr": "C0", "ccr-partial": "C2", "dcr": "C1", "restart": "C3"}
 
 
 def felt_png(dag: str) -> str:
