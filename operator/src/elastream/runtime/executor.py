@@ -44,6 +44,12 @@ READ_AHEAD = 8
 IN_BAND = frozenset((ControlType.COMMIT, ControlType.BARRIER))
 #: test-only: `<executor>:<n>` makes that executor's loop raise `InjectedCrash` after n events (see above)
 TEST_CRASH_ENV = "ELASTREAM_TEST_CRASH"
+#: what an executor emits goes out at least this often while it works through a batch, and a source's poll
+#: emits at most this much of its own time: a costly operator's output would otherwise wait for the whole
+#: batch (seconds, after a rescale's catch-up), which users feel as latency
+FLUSH_S = 0.01
+#: a batch looks at the time every this many events (+1): cheap operators do not pay for the clock
+FLUSH_CHECK_MASK = 15
 
 
 class InjectedCrash(RuntimeError):
@@ -383,7 +389,7 @@ class ExecutorThread(ExecutorLoop):
         mid-batch interrupts it: the rest of the batch goes back to the front of the queue, behind that
         message, so a PREPARE captures it instead of waiting for a long batch to finish."""
         counters = self.counters
-        start = time.perf_counter()
+        start = flushed = time.perf_counter()
         process, emit = self.operator.process, self.emit
         stop, control = self.stop, self.control
         done = 0
@@ -401,6 +407,9 @@ class ExecutorThread(ExecutorLoop):
             except Exception as exc:
                 self._report(exc, event)
             done += 1
+            if not done & FLUSH_CHECK_MASK and time.perf_counter() - flushed >= FLUSH_S:
+                self.router.flush()  # a slow batch sends what it has so far (`FLUSH_S`)
+                flushed = time.perf_counter()
         events = events[:done]
         counters.received += len(events)
         counters.processed += len(events)
@@ -512,6 +521,8 @@ class SourceThread(ExecutorLoop):
         backlog = getattr(self.operator, "backlog", None)
         backlog = backlog if callable(backlog) else None
         self.opened = True
+        #: events one poll may emit: about `FLUSH_S` of this source's own time per event, measured
+        poll_cap = MAX_BATCH
         while not self.stop.is_set():
             while not self.control.empty():
                 self.on_control(CONTROLLER, self.control.get_nowait())
@@ -526,9 +537,12 @@ class SourceThread(ExecutorLoop):
                 continue
             self.now = time.time()
             before = counters.emitted
-            due = self.operator.poll(self.now, self.emit_new, budget)
+            due = self.operator.poll(self.now, self.emit_new, min(budget, poll_cap))
+            polled = time.perf_counter() - start
             self.router.flush()
             emitted = counters.emitted - before
+            if emitted:
+                poll_cap = max(1, min(MAX_BATCH, int(FLUSH_S * emitted / max(polled, 1e-6))))
             counters.processed += emitted
             if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
                 counters.received = max(counters.received, int(due))

@@ -50,7 +50,7 @@ from elastream.runtime.health import serve_health
 from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.loading import make_operator
 from elastream.runtime.routing import OpenChannel, Router, build_outputs
-from elastream.runtime.transport import Channel, Inbox
+from elastream.runtime.transport import INITIAL_WINDOW, Channel, Inbox
 from elastream.runtime.worker_control import ControlMessages
 from elastream.runtime.worker_drains import Drains, watched_parent
 from elastream.runtime.worker_failures import FailurePath
@@ -228,7 +228,8 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         endpoints = found["endpoints"]
 
         def open_channel(sender: str, receiver: str, endpoint: str) -> Channel:
-            return Channel(self.zmq, sender, receiver, endpoint, self.options.data_plane)
+            window = generation.windows.get((sender, split_executor_id(receiver)[0]), INITIAL_WINDOW)
+            return Channel(self.zmq, sender, receiver, endpoint, self.options.data_plane, window)
 
         kept = list(generation.threads)
         for running in kept:  # a partial switch: the kept threads take the new schedule's outputs and upstream

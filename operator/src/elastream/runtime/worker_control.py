@@ -15,6 +15,7 @@ from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.core.migration_scope import migration_parts
 from elastream.core.topology import split_executor_id
 from elastream.runtime.participant import Migration
+from elastream.runtime.transport import learned_windows
 from elastream.runtime.worker_state import WorkerState
 from elastream.store.control import pop_control
 from elastream.store.retry import RetryCancelled
@@ -146,6 +147,7 @@ class ControlMessages(WorkerState):
         started = time.perf_counter()
         with self._switching:
             old = self.current
+            learned = learned_windows(c for t in old.threads for c in t.router.channels()) if old is not None else {}
             if old is not None and old.version == version:
                 # the controller sent this switch again (Redis went away while it applied the schedule): this
                 # node runs that version already; binding its inboxes a second time would fail
@@ -179,6 +181,7 @@ class ControlMessages(WorkerState):
                     self.retire(old)
                 generation = staged or self.stage(version, schedule)
             generation.awaiting = migration_id
+            generation.windows = learned
             self.activate(generation)
         log.info(
             "node %s switched to schedule version %d in %.0f ms%s",

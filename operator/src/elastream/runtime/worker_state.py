@@ -77,6 +77,8 @@ class Generation:
     threads: list[ExecutorThread | SourceThread] = field(default_factory=list)
     #: the migration whose INIT the executors wait for before they process anything (None: run at once)
     awaiting: str | None = None
+    #: what the previous generation's channels learned (`transport.learned_windows`): new channels start there
+    windows: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def by_executor(self) -> dict[str, ExecutorThread | SourceThread]:
         return {thread.executor: thread for thread in self.threads}
