@@ -3,8 +3,12 @@
 
 Pure: no Redis, no clock. A *sample* is one sink entry as ``(arrival_s, latency_s)``: its arrival time in
 seconds since the epoch (the first part of its Redis stream entry ID, the Redis server's clock in ms when
-the entry was written) and its latency, arrival less the entry's `ts` field (the time the source emitted the
-event; same machine clock). `sample()` makes one from an entry.
+the entry was written) and its latency, arrival less the time the event was *due* at its source (same
+machine clock). Not its `ts` field: that is when the source emitted it, and a source paused by a migration
+emits what fell due meanwhile late, stamped late, so the pause would not show. A synthetic source's event
+`id` is due at ``clock + id / rate`` (its sequence over all lanes, at the vertex's rate, from the sources'
+clock start); `due_clock()` finds that start as the earliest ``ts - id / rate`` (no event is emitted before
+it is due). `sample()` makes one from an entry.
 
 Buckets are `BUCKET_S` wide and aligned on the request: bucket k holds the entries that arrived in
 ``[at + k * BUCKET_S, at + (k + 1) * BUCKET_S)``. The steady state is the `STEADY_S` before the request
@@ -45,14 +49,22 @@ THROUGHPUT_TARGET = 0.9
 Sample = tuple[float, float]
 
 
-def sample(entry_id: str | bytes, ts: str | bytes) -> Sample:
-    """One sink entry as a sample: ``entry_id`` is its stream ID (``"<ms>-<seq>"``), ``ts`` its `ts` field."""
-    if isinstance(entry_id, bytes):
-        entry_id = entry_id.decode()
-    if isinstance(ts, bytes):
-        ts = ts.decode()
-    arrival = int(entry_id.split("-", 1)[0]) / 1000.0
-    return arrival, arrival - float(ts)
+def arrival_s(entry_id: str | bytes) -> float:
+    """When a stream entry was written: its ID's first part (``"<ms>-<seq>"``), in seconds."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[0]) / 1000.0
+
+
+def due_clock(emitted: Iterable[tuple[int, float]], rate: float) -> float:
+    """The sources' clock start from ``(id, ts)`` pairs: the earliest ``ts - id / rate``."""
+    return min(ts - event_id / rate for event_id, ts in emitted)
+
+
+def sample(entry_id: str | bytes, event_id: int, clock: float, rate: float) -> Sample:
+    """One sink entry as a sample: ``entry_id`` is its stream ID, ``event_id`` its `id`, due at
+    ``clock + event_id / rate``."""
+    arrival = arrival_s(entry_id)
+    return arrival, arrival - (clock + event_id / rate)
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:

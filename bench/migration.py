@@ -13,7 +13,8 @@
    5 s before the rescale request to 10 s after it, against the 5 s before as the steady reference, and the
    issue's targets (p99 during a rescale ≤ 2x steady, worst 100 ms bucket ≥ 90 % of steady). Read after the
    run from the sinks' Redis streams: an entry's latency is its entry ID's time (Redis's clock when it was
-   written) less its `ts` (the source's emission time, same clock); throughput is entries per bucket. Only
+   written) less the time the event was due at the source (so a paused source's late emissions count their
+   wait; `bench/latency.py`); throughput is entries per bucket. Only
    the DAG's own sinks count: the `audit-*` sinks `with_audit` adds after stateful vertices are a test's
    instrument (their counts prove the state moved), not output a user reads, and they would weigh the
    stateful half of a DAG twice. The maths (buckets, nearest-rank percentiles, ratios) is `bench/latency.py`.
@@ -76,6 +77,7 @@ from latency import (
     THROUGHPUT_TARGET,
     Sample,
     buckets,
+    due_clock,
     sample,
     share_met,
     summarize,
@@ -167,7 +169,7 @@ def one_run(
             lost += sum((expected - got).values())
             duplicated += sum((got - expected).values())
         timeline = rates_around(cluster, topology, migration_at)
-        samples = sink_samples(cluster, topology)
+        samples = sink_samples(cluster, topology, rate)
     phases = report.get("phases", {})
     row = {
         "dag": name,
@@ -226,19 +228,23 @@ def real_sinks(topology: Topology) -> list[str]:
     return [s for s in topology.sinks if not s.startswith("audit-")]
 
 
-def sink_samples(cluster: LocalCluster, topology: Topology) -> list[Sample]:
-    """Every entry of the real sinks' streams as (arrival, latency) (`latency.sample`), read in pages."""
-    samples: list[Sample] = []
+def sink_samples(cluster: LocalCluster, topology: Topology, rate: float) -> list[Sample]:
+    """Every entry of the real sinks' streams as (arrival, latency from the time it was due at the source:
+    `latency.sample`), read in pages. The CCR examples have one synthetic source, at `rate`."""
+    entries: list[tuple[Any, int, float]] = []
     for sink in real_sinks(topology):
         key, start = sink_key(topology, sink), "-"
         while True:
             page = cluster.client.xrange(key, start, "+", count=PAGE)
-            samples += [sample(entry_id, fields[b"ts"]) for entry_id, fields in page]
+            entries += [(entry_id, int(fields[b"id"]), float(fields[b"ts"])) for entry_id, fields in page]
             if len(page) < PAGE:
                 break
             last = page[-1][0]
             start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
-    return samples
+    if not entries:
+        return []
+    clock = due_clock(((event_id, ts) for _, event_id, ts in entries), rate)
+    return [sample(entry_id, event_id, clock, rate) for entry_id, event_id, _ in entries]
 
 
 def rates_around(cluster: LocalCluster, topology: Topology, at: float) -> dict[str, list[tuple[float, float]]]:
@@ -377,7 +383,7 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
         "",
         "Read from the real sinks' streams after each run (the `audit-*` sinks that prove the state moved are",
         "left out: a user reads the DAG's own sink). An entry's latency is the time Redis wrote it (its entry",
-        "ID, ms) less the time the source emitted the event (its `ts`), on the same clock; the throughput counts",
+        "ID, ms) less the time the event was due at the source, on the same clock; the throughput counts",
         f"entries per {BUCKET_S * 1000:.0f} ms bucket by the time they were written (duplicates included: a user",
         "receives them). Buckets are aligned on the rescale request (`time.time()` just before",
         f"`MigrationDriver.migrate`). *Steady*: the {STEADY_S:g} s before the request, all its entries pooled",
@@ -388,10 +394,13 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
         "itself, where nothing rescales: the spread a bucket of this size shows at the sink's rate, which the",
         "targets are read against.",
         "",
-        "`ts` is when the source emitted an event, not when it was due: what the sources hold back during a",
-        "pause (or `restart` replays) is stamped when it leaves, so the latency columns leave out the time it",
-        "waited at the source; that wait shows in the throughput columns (a protocol whose sinks stop for",
-        "seconds can meet the p99 target: read the two together).",
+        "Due, not emitted: a source paused by a migration emits what fell due meanwhile late, stamped late (its",
+        "`ts`), so latency from `ts` would leave the pause out. Event `id` of the one synthetic source is due at",
+        "the sources' clock start + id / rate, the start being the earliest `ts` - id / rate (nothing is emitted",
+        "before it is due). Every run offers its sources at "
+        f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules (the",
+        "simulator's capacities; the examples as written are congested on purpose, and a congested run has no",
+        "steady state: its latency grows with its queues); Stela plans from the example as written.",
         "",
         f"| DAG | scale | protocol | steady p50 (ms) | steady p99 (ms) | p99 during (ms) | during / steady "
         f"| max during (ms) | steady (events/s) | worst {BUCKET_S * 1000:.0f} ms / steady "

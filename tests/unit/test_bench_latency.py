@@ -35,8 +35,17 @@ def steady_stream(start_s: float, end_s: float, every_s: float, latency_s: float
 
 
 def test_sample_reads_the_entry_id_and_ts() -> None:
-    assert latency.sample("1700000000123-4", "1700000000.100") == pytest.approx((1_700_000_000.123, 0.023))
-    assert latency.sample(b"1700000000500-0", b"1700000000.25") == pytest.approx((1_700_000_000.5, 0.25))
+    # event 50 at 100 events/s is due 0.5 s after the clock start, whenever the source emitted it
+    assert latency.sample("1700000000623-4", 50, 1_700_000_000.1, 100.0) == pytest.approx((1_700_000_000.623, 0.023))
+    assert latency.sample(b"1700000000500-0", 0, 1_700_000_000.25, 100.0) == pytest.approx((1_700_000_000.5, 0.25))
+
+
+def test_the_clock_is_the_earliest_emission_less_the_due_offset_so_a_late_emission_counts_its_wait() -> None:
+    # events 0..3 at 10/s from clock 100.0, event 2 emitted 0.3 s late (a paused source)
+    emitted = [(0, 100.01), (1, 100.11), (2, 100.5), (3, 100.31)]
+    clock = latency.due_clock(emitted, 10.0)
+    assert clock == pytest.approx(100.01)
+    assert latency.sample("100520-0", 2, clock, 10.0)[1] == pytest.approx(0.31)  # due 100.21, arrived 100.52
 
 
 def test_nearest_rank_percentiles_of_known_lists() -> None:
