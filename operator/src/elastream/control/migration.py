@@ -583,6 +583,8 @@ class _Run:
             reason=reason,
             restored_from=self.restore_from or None,
             scope="moving" if self.partial else "all",
+            paused_executors=len(self.parts.moving_old),
+            executors=len(self.old.assignment),
             pause_ms=None
             if self.resumed_at is None or coordinator.times.started_at is None
             else (self.resumed_at - coordinator.times.started_at) * 1000.0,

@@ -65,6 +65,7 @@ class ScalingRecord:
             "restoredFrom": report.get("restoredFrom"),
             "pauseMs": report.get("pauseMs"),
             "migrationScope": report.get("scope"),
+            "pausedExecutors": report.get("pausedExecutors"),
             "analysisEngine": data["analysis_engine"],
             "trigger": data["trigger"],
             "prepareMs": report.get("prepareMs"),

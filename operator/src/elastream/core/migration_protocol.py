@@ -381,6 +381,9 @@ class MigrationReport:
     prepare_ms: float | None = None
     #: CCR: whether every executor paused (`all`) or only those that moved (`moving`)
     scope: MigrationScope = "all"
+    #: executors of the old schedule that paused (captured, drained or stopped), and how many it had
+    paused_executors: int | None = None
+    executors: int | None = None
 
     def to_status(self) -> dict[str, object]:
         return {
@@ -400,4 +403,6 @@ class MigrationReport:
             "pauseMs": self.pause_ms,
             "prepareMs": self.prepare_ms,
             "scope": self.scope,
+            "pausedExecutors": self.paused_executors,
+            "executors": self.executors,
         }
