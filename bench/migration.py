@@ -181,6 +181,7 @@ def one_run(
         "restoreMs": phases.get("restoreMs"),
         "pauseMs": report.get("pauseMs"),
         "prepareMs": report.get("prepareMs"),
+        "paused": f"{report.get('pausedExecutors')} of {report.get('executors')}",
         "outcome": report.get("outcome"),
         "captured": report.get("capturedEvents", 0) or 0,
         "replayed": report.get("replayed", 0) or 0,
@@ -474,7 +475,8 @@ def report(
         "",
         f"Produced by `make bench` (`python bench/migration.py`) in {took:.0f} s on a shared 2-core machine (other",
         "jobs ran beside it: single runs vary by tens of percent), one run per row. Each run migrates mid-stream",
-        f"(sources at the example's rate, finite: {WARMUP_S + STEADY_S:g} s of events before the migration request,",
+        f"(sources at {LOAD:.0%} of what the DAG's bottleneck takes under both schedules, finite: "
+        f"{WARMUP_S + STEADY_S:g} s of events before the migration request,",
         f"{AFTER_S + TAIL_S:g} s after it) to the plan Stela makes, then runs to the end; lost and",
         "duplicated events are counted at the sinks against the exact multiset a correct run delivers. Phase",
         "times in ms. Every run takes a periodic checkpoint every",
@@ -489,17 +491,24 @@ def report(
         "every source is told to resume. `prepare` (CCR, DCR) is the work done before it, while everything",
         "runs: the nodes a scale-out adds start and bind their inboxes, staying workers bind their new",
         "executors' inboxes. No worker that stays is restarted by CCR or DCR; `restart` restarts all of them."
-        + (" `ccr-partial` is CCR that pauses only the executors that move." if PARTIAL else ""),
+        + (
+            " `ccr-partial` is CCR that pauses only the executors that move (`paused`: how many of the old"
+            " schedule's executors did): its `pause` is how long those were held, every other executor and"
+            " source running on."
+            if PARTIAL
+            else ""
+        ),
         "",
-        "| DAG | scale | protocol | prepare | capture/drain | commit | rebalance | restore | pause | catch-up (s) "
-        "| stabilization (s) | captured | replayed | lost | duplicated |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| DAG | scale | protocol | prepare | capture/drain | commit | rebalance | restore | pause | paused "
+        "| catch-up (s) | stabilization (s) | captured | replayed | lost | duplicated |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         catch_up, stable = recovery_times(r["timeline"]["output"])
         lines.append(
             f"| {r['dag']} | {r['direction']} | {r['protocol']} | {fmt(r['prepareMs'])} | {fmt(r['captureMs'])} | "
             f"{fmt(r['commitMs'])} | {fmt(r['rebalanceMs'])} | {fmt(r['restoreMs'])} | {fmt(r['pauseMs'])} | "
+            f"{r['paused']} | "
             f"{secs(catch_up)} | {secs(stable)} | "
             f"{r['captured']:,} | {r['replayed']:,} | {r['lost']:,} | {r['duplicated']:,} |"
         )
