@@ -179,7 +179,9 @@ def test_invalid_manifests_are_refused_with_the_schema_or_cel_message(installed,
 
 def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, kubectl, e2e_namespace, tmp_path):
     client: redis.Redis = installed["redis"]
-    name = apply_topology(kubectl, e2e_namespace, tmp_path, topology_manifest("clickstream"))
+    doc = topology_manifest("clickstream")
+    doc["spec"]["scaling"]["migrationScope"] = "moving"  # only what moves pauses (after the first checkpoint)
+    name = apply_topology(kubectl, e2e_namespace, tmp_path, doc)
     kubectl("get", "topo", "-n", e2e_namespace)
     assert len(worker_pods(kubectl, e2e_namespace, name)) == 2
     time.sleep(6)  # a window of metrics before the first decision
@@ -187,6 +189,9 @@ def test_a_user_applies_scales_and_deletes_a_topology_exactly_once(installed, ku
     kubectl("patch", "topo", name, "-n", e2e_namespace, "--type", "merge", "-p", '{"spec":{"nodes":3}}')
     out = scaled(kubectl, e2e_namespace, name, 3, 240)
     assert out["lastScaling"]["direction"] == "out" and out["lastScaling"]["pauseMs"] is not None
+    # Stela grows the congested parse: it moves, the source, the count and the sinks run on untouched
+    last = out["lastScaling"]
+    assert last["migrationScope"] == "moving" and 0 < last["pausedExecutors"] < last["executors"], last
     assert len(worker_pods(kubectl, e2e_namespace, name)) == 3
     kubectl("get", "topo", "-n", e2e_namespace)
 
