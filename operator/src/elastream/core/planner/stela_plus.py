@@ -1,19 +1,49 @@
-"""Stela+ (`stela-plus`): Stela's plan, then a bounded hill climb on the fluid model (`simulate`).
+"""Stela+ (`stela-plus`): Stela's plan, a bounded hill climb on the fluid model (`simulate`), and a
+rebalance by CPU that may move existing executors (cheap moves).
 
 Stela chooses with projections (ETP, (k+1)/k) and cannot see what the fluid model sees: a vertex fed
 through `all` or `global` does not speed up by (k+1)/k, two bottlenecks in a row gain nothing from one
-executor, and executors on a node share its CPU. Stela+ starts from Stela's schedule (scale-out: Algorithm
-2's new executors; scale-in: ETPSum removal) and improves it by hill climbing on moves whose effect it
-simulates, until no move raises predicted throughput by more than `min_gain` (relative) or a bound is
-reached. The model is the one `make_plan` predicts with. Choices:
+executor, a `fields` vertex goes at the pace of its largest key-group share, and executors on a node share
+its CPU. Stela+ makes three kinds of plan with the model `make_plan` predicts with and keeps the best:
+
+1. Stela's plan (scale-out: Algorithm 2's new executors on the new nodes; scale-in: ETPSum removal).
+2. The hill climb from it (below): moves whose effect it simulates, until none raises predicted throughput
+   by more than `min_gain` (relative) or a bound is reached.
+3. The rebalance (`planner.rebalance`), where a node CPU limit makes placement matter: for the largest
+   fraction of the offered rate it can carry, each vertex at the degree that rate needs, every executor's
+   CPU demand fitted to the nodes, existing executors moved off nodes whose CPU they exceed (and, to make
+   room for a larger executor, smaller ones moved). Stela never moves an existing executor, so its new
+   executors share the new nodes while the crowded old nodes stay crowded: on the Page Load and Processing
+   examples its plan predicts 1.02x and 1.21x Storm's round-robin, the rebalance their offered rates
+   (1.53x and 1.31x, with 2 and 0 moves). Scale-out packs on Stela's nodes (old and new);
+   scale-in packs on the nodes Stela keeps and on those kept when the nodes *using least CPU* are removed
+   (ties: lowest ETPSum), so the nodes to remove are chosen by CPU as well as by ETPSum.
+
+Moves cost a migration: under CCR about 0.1 s of pause per moved executor and its key groups' state. So:
+
+- **At most M moves.** M = `new_slot_count(schedule, nodes added or removed)` (Stela's average executors
+  per node × those nodes; `SearchBudget.moves` overrides it): on a scale-out at most M existing executors
+  move, as many as Stela's own plan starts on the new nodes, so a migration touches at most about twice
+  the executors Stela's does; on a scale-in the executors of the removed nodes move (they must) and at
+  most M others, about as many again. The hill climb's scale-in moves keep within the same bound; on a
+  scale-out the climb moves no existing executor.
+- **Fewest moves that pay.** For each layout the rebalance packs with at most M extra moves, then with
+  none, then bisects the cap between (at most 2 + ⌈log2(M + 1)⌉ packings, each simulated), and the plan
+  with more moves wins only if it predicts more by `min_gain` per extra move.
+- **New executors.** The rebalance grows a vertex only where an executor would receive more than its
+  thread processes at the rate sought, to the smallest degree that keeps up (a `fields` vertex jumps to the
+  degree that lowers its largest key-group share); if that does not pack, every vertex at the degree the
+  offered rate needs (more executors spread a crowded node's load). Degrees never go down, a redis-stream
+  source's never changes, and the executors fit the slots. This can exceed Stela's slot budget: the
+  resource a scale gives is the nodes' CPU, which the packing accounts for.
+
+The hill climb, in detail:
 
 - **Search space.** Scale-out keeps Stela's space (and the exhaustive optimum's, `sim.optimum.optimal_scale_out`):
-  existing executors never move (no migration, old nodes untouched), new executors go on the new nodes
-  only, and there are at most as many as Stela's slot budget (`new_slot_count`); the search chooses which
-  vertices get them and on which new node. Filling old nodes' spare slots or growing past the budget would
-  spend resources Stela was not given, and results would not be comparable with the optimum. Scale-in keeps
-  Stela's node choice and every vertex's parallelism and moves executors among the remaining nodes. Any
-  executor may move (each one a migration); a move must pay at least `min_gain` of throughput.
+  existing executors never move, new executors go on the new nodes only, and there are at most as many as
+  Stela's slot budget (`new_slot_count`); the search chooses which vertices get them and on which new node.
+  Scale-in keeps Stela's node choice and every vertex's parallelism and moves executors among the remaining
+  nodes (each move a migration, within the bound above); a move must pay at least `min_gain` of throughput.
 - **Moves, in tiers.** Scale-out, first tier: *add* an executor of a target vertex while the slot budget is
   not used up; *retarget* one new executor from a donor vertex a to a target b on the same node (the
   budget stays spent); *relocate* a new executor to another new node or *swap* two. Second tier, only when
@@ -35,20 +65,28 @@ reached. The model is the one `make_plan` predicts with. Choices:
   relocation is tried (and scale-in has nothing to search).
 - **Best of a few.** A round takes the best move it tried, but stops trying `patience` moves after the
   first that gains: nearly as good as the best of the whole tier, for a fraction of the simulations.
-- **Bounds.** At most `rounds` rounds, `simulations` simulations, and `work` units of simulation work: a
-  simulation costs its fixed-point iterations × (executors + streams + vertices × executors / 200), about
-  5 µs a unit on one core of the benchmark machine (`simulate` is linear in the network per iteration,
-  plus a vertices × constraints pass). A candidate is simulated only when its estimated cost (with the
-  last simulation's iteration count) still fits. So large topologies get few, well-chosen candidates
-  (about six at 1,000 vertices), and a topology whose one simulation does not fit twice in the budget is
-  not searched (the step says so). Everything is deterministic: candidates are ordered by value, then
-  topological position and names, and the budget counts work, not time.
-- **Never worse.** The search starts from Stela's schedule itself and accepts only improvements, so the
-  predicted throughput is at least Stela's under the same model; when nothing improves, the plan is
-  Stela's.
+- **Skipped** when a packing already predicts the offered rate's throughput (nothing can do better).
+
+Bounds. The rebalance runs first, within `rebalance_work` units; the climb then gets `work` units on top
+of what the rebalance spent, and both share `simulations`. A simulation costs its fixed-point iterations ×
+(executors + streams + vertices × executors / 200) units, about 5 µs a unit on one core of the benchmark
+machine (`simulate` is linear in the network per iteration, plus a vertices × constraints pass); a packing
+costs executors × (1 + nodes / 8) units (`rebalance.packing_work`), and a rate search `bisections` + 2
+packings (twice that where it also tries the offered rate's degrees). The climb runs at most `rounds`
+rounds. A candidate is simulated only when its estimated cost (with the last simulation's iteration count)
+still fits. So large topologies get few, well-chosen candidates (about six at 1,000 vertices), and a
+topology whose one simulation does not fit twice in the budget is neither searched nor rebalanced (the step
+says so). Everything is deterministic: candidates are ordered by value, then topological position and
+names, and the budget counts work, not time.
+
+**Never worse.** The climb starts from Stela's schedule itself and accepts only improvements, and a packing
+replaces it only if it predicts more, so the predicted throughput is at least Stela's under the same model;
+when nothing improves, the plan is Stela's.
 
 The last step of a plan reports the search: `{"iteration", "reason", "search": {"moves", "predicted":
-[Stela's, final], "changes", "simulations", "rounds", "work", "stopped"}}`.
+[Stela's, final], "changes", "simulations", "rounds", "work", "stopped", "rebalance": {"max_moves",
+"offered", "candidates": [{"label", "fraction", "moves", "predicted"}], "chosen", "stopped"}}}`; `changes`
+are the climb's, `chosen` is null when the climb's plan (or Stela's) stands.
 """
 
 from __future__ import annotations
@@ -61,13 +99,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastream.core.metrics import Rates
+from elastream.core.pareto import fixed_vertices
+from elastream.core.planner.etp import congested_vertices, etp_map, etp_sums
+from elastream.core.planner.rebalance import RateModel, best_packing, packing_work
 from elastream.core.planner.stela import fed_only_by_global, stela_scale_in, stela_scale_out
-from elastream.core.schedule import Schedule
+from elastream.core.schedule import Schedule, node_index
 from elastream.core.simulate import SimulationModel, SimulationResult, new_slot_count, simulate
 from elastream.core.topology import Topology, executor_id, split_executor_id
 
 #: a vertex processing at least this fraction of what its executors could process is saturated
 SATURATED = 1.0 - 1e-6
+#: the rebalance's rate search starts at this fraction of the offered rate
+LOWEST_FRACTION = 0.01
 
 
 @dataclass(frozen=True)
@@ -87,6 +130,13 @@ class SearchBudget:
     candidates: int = 48
     #: once a move of the round gains, how many more are tried before the best so far is taken
     patience: int = 4
+    #: existing executors a plan may move besides those on removed nodes; None: Stela's own count for the
+    #: nodes added or removed (`new_slot_count`: average executors per node × nodes)
+    moves: int | None = None
+    #: bisection steps of the rebalance's rate search (packings per move cap, after trying 1 and the low end)
+    bisections: int = 12
+    #: units of work of the rebalance (its packings and their simulations), before and besides `work`
+    rebalance_work: float = 25_000.0
 
 
 DEFAULT_BUDGET = SearchBudget()
@@ -110,7 +160,8 @@ def stela_plus_scale_out(
     measured_source_input: frozenset[str] = frozenset(),
     budget: SearchBudget = DEFAULT_BUDGET,
 ) -> tuple[Schedule, list[dict[str, Any]]]:
-    """Stela's scale-out (`stela_scale_out`), then the search over the new executors (module docstring)."""
+    """Stela's scale-out (`stela_scale_out`), the search over the new executors, then the rebalance that
+    may move existing executors (module docstring)."""
     start, steps = stela_scale_out(topology, schedule, rates, target_nodes, congestion_rate, measured_source_input)
     search = _Search(topology, model, budget)
     old_nodes = set(schedule.nodes)
@@ -123,8 +174,11 @@ def stela_plus_scale_out(
     def moves(result: SimulationResult, current: Schedule) -> list[Iterator[_Move]]:
         return _out_moves(search, _OutState.of(schedule, new_nodes, base, current), result, limit)
 
-    best, step = search.run(start, moves)
-    return best, [*steps, step.as_step(len(steps))]
+    max_moves = budget.moves if budget.moves is not None else new_slot_count(schedule, len(new_nodes))
+    packings, info = _packings(search, schedule, [("", start.nodes)], max_moves, spread=True)
+    best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
+    best = _choose(search, schedule, best, outcome, packings, info)
+    return best, [*steps, outcome.as_step(len(steps))]
 
 
 def stela_plus_scale_in(
@@ -136,18 +190,54 @@ def stela_plus_scale_in(
     model: SimulationModel,
     budget: SearchBudget = DEFAULT_BUDGET,
 ) -> tuple[Schedule, list[dict[str, Any]]]:
-    """Stela's scale-in (`stela_scale_in`), then the search over placements on the remaining nodes."""
+    """Stela's scale-in (`stela_scale_in`) and the search over placements on the remaining nodes, then the
+    rebalance of Stela's nodes and of the nodes using least CPU (module docstring)."""
     start, steps = stela_scale_in(topology, schedule, rates, target_nodes, congestion_rate)
     search = _Search(topology, model, budget)
     if model.node_cpu is None:
         step = _Outcome(stopped="no node CPU limit: placement cannot change the prediction")
         return start, [*steps, step.as_step(len(steps))]
+    removed = len(schedule.nodes) - target_nodes
+    max_moves = budget.moves if budget.moves is not None else new_slot_count(schedule, removed)
+    stela_removed = [n for n in schedule.nodes if n not in set(start.nodes)]
+    forced = sum(len(schedule.executors_on(n)) for n in stela_removed)
 
     def moves(result: SimulationResult, current: Schedule) -> list[Iterator[_Move]]:
-        return [_in_moves(search, current, result)]
+        return [_in_moves(search, schedule, current, result, forced + max_moves)]
 
-    best, outcome = search.run(start, moves)
+    layouts = [("Stela's nodes (ETPSum)", start.nodes)]
+    search.work_limit = budget.rebalance_work
+    by_cpu = _least_cpu(search, schedule, rates, congestion_rate, removed)
+    if by_cpu is not None and set(by_cpu) != set(stela_removed):
+        kept = tuple(n for n in schedule.nodes if n not in set(by_cpu))
+        layouts.append((f"least CPU: {', '.join(by_cpu)} removed", kept))
+    packings, info = _packings(search, schedule, layouts, max_moves, spread=False)
+    best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
+    best = _choose(search, schedule, best, outcome, packings, info)
     return best, [*steps, outcome.as_step(len(steps))]
+
+
+def _least_cpu(
+    search: _Search, schedule: Schedule, rates: Rates, congestion_rate: float, count: int
+) -> list[str] | None:
+    """The `count` nodes using least CPU in the model (ties: lowest ETPSum, then the highest number), or
+    None when the model cannot evaluate the schedule or the budget has no simulation left for it."""
+    topology = search.topology
+    if search.too_large(schedule) or not search.affordable(schedule, reserve=1):
+        return None
+    try:
+        used = search.simulate(schedule).node_cpu_used
+    except ValueError:
+        return None
+    congested = congested_vertices(topology, rates.input, rates.processing, congestion_rate, rates.capacity)
+    sums = etp_sums(etp_map(topology, rates.processing, congested), schedule.placement())
+    ranked = sorted(schedule.nodes, key=lambda n: (round(used.get(n, 0.0), 9), round(sums[n], 9), -node_index(n), n))
+    return ranked[:count]
+
+
+def moved(old: Schedule, new: Schedule) -> int:
+    """Existing executors that run on another node in `new` (a removed node's included)."""
+    return sum(1 for e, n in old.assignment.items() if e in new.assignment and new.assignment[e] != n)
 
 
 # ---- search -----------------------------------------------------------------------------------------------
@@ -168,6 +258,8 @@ class _Outcome:
     rounds: int = 0
     work: float = 0.0
     stopped: str = ""
+    #: what the rebalance tried and chose (`_packings`, `_choose`); None when it did not run
+    rebalance: dict[str, Any] | None = None
 
     def as_step(self, iteration: int) -> dict[str, Any]:
         moves = len(self.changes)
@@ -178,6 +270,9 @@ class _Outcome:
                 f"local search on the fluid model: {moves} move{'s' if moves != 1 else ''}, predicted "
                 f"{self.before:.1f} -> {self.after:.1f} tuples/s ({self.stopped})"
             )
+        if self.rebalance is not None and self.rebalance.get("chosen"):
+            chosen = self.rebalance["chosen"]
+            reason += f"; rebalanced by CPU: {chosen['label']}, {chosen['moves']} executors moved"
         return {
             "iteration": iteration,
             "target": None,
@@ -190,6 +285,7 @@ class _Outcome:
                 "rounds": self.rounds,
                 "work": round(self.work),
                 "stopped": self.stopped,
+                "rebalance": self.rebalance,
             },
         }
 
@@ -203,15 +299,31 @@ class _Search:
         self.budget = budget
         self.simulations = 0
         self.work = 0.0
+        #: the work the current phase may reach: the rebalance's share first, then the climb's on top
+        self.work_limit = budget.work
         self.iterations = 1
         self.global_only = fed_only_by_global(topology)
         self.copying = frozenset(
             v for v in topology.order if any(topology.stream(p, v).grouping == "all" for p in topology.parents(v))
         )
 
-    def affordable(self, schedule: Schedule) -> bool:
+    def affordable(self, schedule: Schedule, reserve: int = 0) -> bool:
+        """One more simulation of `schedule` fits, `reserve` simulations left over (the rebalance keeps one for
+        Stela's plan, which the climb simulates first)."""
         estimate = simulation_work(self.topology, schedule, self.iterations)
-        return self.simulations < self.budget.simulations and self.work + estimate <= self.budget.work
+        return self.simulations + reserve < self.budget.simulations and self.work + estimate <= self.work_limit
+
+    def too_large(self, schedule: Schedule) -> bool:
+        """One simulation of `schedule` does not fit twice in the climb's or the rebalance's work budget."""
+        budget = self.budget
+        return 2 * simulation_work(self.topology, schedule, 1) > min(budget.work, budget.rebalance_work)
+
+    def charge(self, work: float) -> bool:
+        """Spend `work` units on something other than a simulation (packings); False when it does not fit."""
+        if self.work + work > self.work_limit:
+            return False
+        self.work += work
+        return True
 
     def simulate(self, schedule: Schedule) -> SimulationResult:
         result = simulate(self.topology, schedule, self.model)
@@ -260,6 +372,7 @@ class _Search:
         self,
         start: Schedule,
         moves: Callable[[SimulationResult, Schedule], Sequence[Iterator[_Move]]],
+        climb: bool = True,
     ) -> tuple[Schedule, _Outcome]:
         """Hill climb from `start`. `moves(result, schedule)` gives tiers of moves (iterators of `_Move`, most
         promising first); each round simulates up to `candidates` moves of a tier (`patience` more after the
@@ -277,8 +390,8 @@ class _Search:
             return start, outcome
         current, throughput = start, result.throughput
         outcome.before = throughput
-        outcome.stopped = "no move gains"
-        for _ in range(budget.rounds):
+        outcome.stopped = "no move gains" if climb else "a packing carries the offered rate: no climb"
+        for _ in range(budget.rounds if climb else 0):
             outcome.rounds += 1
             best: tuple[float, _Move, SimulationResult] | None = None
             out_of_budget = False
@@ -310,11 +423,163 @@ class _Search:
                 outcome.stopped = "budget spent"
                 break
         else:
-            outcome.stopped = "round limit"
+            if climb:
+                outcome.stopped = "round limit"
         outcome.after = throughput
         outcome.simulations = self.simulations
         outcome.work = self.work
         return current, outcome
+
+
+# ---- rebalance --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    label: str
+    schedule: Schedule
+    throughput: float
+    moves: int
+
+
+def _packings(
+    search: _Search,
+    old: Schedule,
+    layouts: Sequence[tuple[str, tuple[str, ...]]],
+    max_moves: int,
+    spread: bool,
+) -> tuple[list[_Candidate], dict[str, Any]]:
+    """CPU packings of each layout (label, nodes kept): at most `max_moves` moves beyond a removed node's
+    executors, then one fewer than the last packing needed, until none packs; each simulated. Returns them
+    and what the rebalance reports. Spends at most `rebalance_work` (with what the caller spent before);
+    the climb then gets `work` on top of what this spent."""
+    search.work_limit = search.budget.rebalance_work
+    try:
+        return _pack_layouts(search, old, layouts, max_moves, spread)
+    finally:
+        search.work_limit = search.work + search.budget.work
+
+
+def _pack_layouts(
+    search: _Search,
+    old: Schedule,
+    layouts: Sequence[tuple[str, tuple[str, ...]]],
+    max_moves: int,
+    spread: bool,
+) -> tuple[list[_Candidate], dict[str, Any]]:
+    topology, budget = search.topology, search.budget
+    info: dict[str, Any] = {"max_moves": max_moves, "candidates": [], "chosen": None, "stopped": ""}
+    candidates: list[_Candidate] = []
+    if search.model.node_cpu is None:
+        info["stopped"] = "no node CPU limit: moves cannot relieve a node"
+        return candidates, info
+    if search.too_large(old):
+        info["stopped"] = "one simulation of this topology does not fit twice in the work budget"
+        return candidates, info
+    try:
+        rates = RateModel.of(topology, old, search.model, frozenset(fixed_vertices(topology)))
+    except ValueError as exc:
+        info["stopped"] = f"no offered rate to rebalance for ({exc})"
+        return candidates, info
+    current = old.parallelism()
+    info["stopped"] = "done"
+    info["offered"] = rates.throughput
+    seen: dict[frozenset[tuple[str, str]], _Candidate] = {}
+    for label, nodes in layouts:
+        forced = sum(len(old.executors_on(n)) for n in old.nodes if n not in set(nodes))
+
+        def at(cap: int, label: str = label, nodes: tuple[str, ...] = nodes) -> _Candidate | None:
+            """The packing with at most `cap` extra moves, simulated (None: none packs, or no budget)."""
+            if not search.charge((budget.bisections + 2) * (1 + spread) * packing_work(old, nodes)):
+                raise _OutOfBudget
+            packing, _ = best_packing(
+                topology, rates, old, nodes, current, cap, LOWEST_FRACTION, budget.bisections, spread
+            )
+            if packing is None:
+                return None
+            key = frozenset(packing.schedule.assignment.items())
+            if key in seen:
+                return seen[key]
+            if not search.affordable(packing.schedule, reserve=1):
+                raise _OutOfBudget
+            name = f"{label + ', ' if label else ''}at most {cap} extra moves"
+            found = _Candidate(name, packing.schedule, search.simulate(packing.schedule).throughput, packing.moves)
+            seen[key] = found
+            candidates.append(found)
+            info["candidates"].append(
+                {
+                    "label": name,
+                    "fraction": round(packing.fraction, 6),
+                    "moves": found.moves,
+                    "predicted": found.throughput,
+                }
+            )
+            return found
+
+        def beaten(c: _Candidate | None, by: _Candidate) -> bool:
+            return c is None or by.throughput > c.throughput * (1.0 + budget.min_gain * max(1, by.moves - c.moves))
+
+        try:
+            top = at(max_moves)
+            if top is None:
+                continue
+            # the fewest extra moves whose packing the widest one does not beat: 0, then bisection
+            lo, hi = -1, top.moves - forced
+            if hi > 0 and beaten(at(0), top):
+                lo = 0
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if beaten(at(mid), top):
+                        lo = mid
+                    else:
+                        hi = mid
+        except _OutOfBudget:
+            info["stopped"] = "budget spent"
+            break
+    return candidates, info
+
+
+class _OutOfBudget(Exception):
+    """The work or simulation budget has no room for the next packing."""
+
+
+def _carries_offered(packings: Sequence[_Candidate], info: Mapping[str, Any]) -> bool:
+    """Some packing's prediction reaches the offered rate's throughput: no placement can do better."""
+    offered = info.get("offered")
+    return isinstance(offered, float) and any(c.throughput >= offered * (1.0 - 1e-9) for c in packings)
+
+
+def _choose(
+    search: _Search,
+    old: Schedule,
+    incumbent: Schedule,
+    outcome: _Outcome,
+    packings: Sequence[_Candidate],
+    info: dict[str, Any],
+) -> Schedule:
+    """The search's plan or a packing (`_cheapest`); records the choice in `outcome`."""
+    outcome.rebalance = info
+    outcome.simulations = search.simulations
+    outcome.work = search.work
+    if outcome.after is None:
+        return incumbent  # the model cannot evaluate Stela's plan: nothing to compare with
+    candidates = [_Candidate("the search's plan", incumbent, outcome.after, moved(old, incumbent)), *packings]
+    chosen = _cheapest(candidates, search.budget.min_gain)
+    if chosen is not candidates[0]:
+        info["chosen"] = {"label": chosen.label, "moves": chosen.moves, "predicted": chosen.throughput}
+        outcome.after = chosen.throughput
+    return chosen.schedule
+
+
+def _cheapest(candidates: Sequence[_Candidate], min_gain: float) -> _Candidate:
+    """From the fewest moves up (the first candidate, the incumbent, before others with as many), a candidate
+    replaces the one chosen so far only if it predicts more by `min_gain` per extra move (at least one)."""
+    ordered = sorted(enumerate(candidates), key=lambda item: (item[1].moves, item[0] > 0, -item[1].throughput, item[0]))
+    chosen = ordered[0][1]
+    for _, c in ordered[1:]:
+        if c.throughput > chosen.throughput * (1.0 + min_gain * max(1, c.moves - chosen.moves)):
+            chosen = c
+    return chosen
 
 
 # ---- scale-out --------------------------------------------------------------------------------------------
@@ -471,7 +736,17 @@ def _out_single(search: _Search, state: _OutState, result: SimulationResult, lim
 # ---- scale-in ---------------------------------------------------------------------------------------------
 
 
-def _in_moves(search: _Search, schedule: Schedule, result: SimulationResult) -> Iterator[_Move]:
+def _in_moves(
+    search: _Search, original: Schedule, schedule: Schedule, result: SimulationResult, limit: int
+) -> Iterator[_Move]:
+    """Moves and swaps from the two nodes using most CPU to the three using least, the saturated vertices'
+    busiest executors first; none that leaves more than `limit` executors off their original node."""
+    for move in _in_candidates(search, schedule, result):
+        if moved(original, move.schedule) <= limit:
+            yield move
+
+
+def _in_candidates(search: _Search, schedule: Schedule, result: SimulationResult) -> Iterator[_Move]:
     cpu = result.node_cpu_used
     rank = {n: i for i, n in enumerate(schedule.nodes)}
     saturated = set(search.saturated(result))
