@@ -449,10 +449,11 @@ def _packings(
     max_moves: int,
     spread: bool,
 ) -> tuple[list[_Candidate], dict[str, Any]]:
-    """CPU packings of each layout (label, nodes kept): at most `max_moves` moves beyond a removed node's
-    executors, then one fewer than the last packing needed, until none packs; each simulated. Returns them
-    and what the rebalance reports. Spends at most `rebalance_work` (with what the caller spent before);
-    the climb then gets `work` on top of what this spent."""
+    """CPU packings of each layout (label, nodes kept), each simulated: with at most `max_moves` moves
+    beyond a removed node's executors, then none, then a bisection of the cap for the fewest extra moves
+    whose packing the first does not beat by `min_gain` per move. Returns them and what the rebalance
+    reports. Spends at most `rebalance_work` (with what the caller spent before); the climb then gets
+    `work` on top of what this spent."""
     search.work_limit = search.budget.rebalance_work
     try:
         return _pack_layouts(search, old, layouts, max_moves, spread)
