@@ -1,5 +1,5 @@
 """Stela+ (`stela-plus`): Stela's plan improved by a bounded local search on the fluid model and by a
-rebalance by CPU that may move existing executors (`planner.rebalance`)."""
+rebalance by CPU that may move existing executors."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 from elastream.core.metrics import rates_from_snapshot
 from elastream.core.pareto import offered_throughput
 from elastream.core.planner import make_plan
-from elastream.core.planner.rebalance import RateModel
 from elastream.core.planner.stela import stela_scale_out
-from elastream.core.planner.stela_plus import DEFAULT_BUDGET, SearchBudget, stela_plus_scale_out
+from elastream.core.planner.stela_plus import DEFAULT_BUDGET, RateModel, SearchBudget, stela_plus_scale_out
 from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name
 from elastream.core.simulate import SimulationModel, new_slot_count, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, parse_manifest, split_executor_id
