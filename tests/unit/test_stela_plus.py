@@ -276,18 +276,23 @@ def page_load_packed(nodes: int) -> tuple[Topology, Schedule]:
     return topology, Schedule.from_placement(placement, topology.slots_per_node, names)
 
 
-def test_page_load_scale_in_removes_the_nodes_using_least_cpu() -> None:
+def test_page_load_scale_in_weighs_the_nodes_using_least_cpu_and_nears_the_cpu_bound() -> None:
     # From 8 packed nodes to 4: Stela's ETPSum removes beacons, parse, sessionize and geo (upstream of the
-    # congested sessionize, ETP 0); the four nodes using least CPU are beacons', parse's and the two tail
-    # nodes (page-count, out), and keeping the heavy executors in place while a few spread out needs fewer
-    # moves for about the same throughput: 8 cores carry at most 8 / 5.8 ms = 1,379 tuples/s.
+    # congested sessionize, ETP 0) and deals their executors round-robin, so the CPU-heavy sessionize and
+    # join executors crowd some nodes. stela-plus also packs the layout that removes the four nodes using
+    # least CPU (beacons', parse's and the two tail nodes) and keeps what predicts most for its moves; either
+    # way 8 cores carry at most 8 / 5.8 ms = 1,379 tuples/s, and it comes within 2 % of that.
     topology, schedule = page_load_packed(8)
     snap = snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
     stela = make_plan(topology, schedule, snap, 4, "stela")
     plus = make_plan(topology, schedule, snap, 4, "stela-plus")
     random_plans = [make_plan(topology, schedule, snap, 4, "random", seed=seed) for seed in (1, 2)]
     assert stela.removed_nodes == ["node-0", "node-1", "node-2", "node-3"]
-    assert plus.removed_nodes == ["node-0", "node-1", "node-6", "node-7"]
+    rebalance = plus.steps[-1]["search"]["rebalance"]
+    labels = [c["label"] for c in rebalance["candidates"]]
+    assert any(label.startswith("least CPU: node-7, node-0, node-6, node-1 removed") for label in labels)
+    assert sorted(plus.removed_nodes) in (stela.removed_nodes, ["node-0", "node-1", "node-6", "node-7"])
+    assert plus.predicted_throughput >= max(c["predicted"] for c in rebalance["candidates"]) * (1 - 1e-9)
     model = SimulationModel.from_topology(topology, snap)
     rates = RateModel.of(topology, schedule, model, frozenset())
     cpu_per_second = sum(rates.demands(schedule.parallelism(), 1.0).values())  # at the offered 2,500/s
@@ -298,7 +303,6 @@ def test_page_load_scale_in_removes_the_nodes_using_least_cpu() -> None:
     assert plus.predicted_throughput >= 2.0 * random_plans[1].predicted_throughput
     assert plus.predicted_throughput >= 1.7 * stela.predicted_throughput
     assert_valid(topology, schedule, plus.new_schedule, 4)
-    assert "least CPU" in plus.steps[-1]["search"]["rebalance"]["chosen"]["label"]
 
 
 def test_rebalance_needs_a_node_cpu_limit() -> None:

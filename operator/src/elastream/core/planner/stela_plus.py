@@ -67,17 +67,19 @@ The hill climb, in detail:
   first that gains: nearly as good as the best of the whole tier, for a fraction of the simulations.
 - **Skipped** when a packing already predicts the offered rate's throughput (nothing can do better).
 
-Bounds. The rebalance runs first, within `rebalance_work` units; the climb then gets `work` units on top
-of what the rebalance spent, and both share `simulations`. A simulation costs its fixed-point iterations ×
+Bounds. The rebalance runs first, within `rebalance_work` units; the climb then gets `work` units on top of
+what the rebalance spent, and both share `simulations`. A simulation costs its fixed-point iterations ×
 (executors + streams + vertices × executors / 200) units, about 5 µs a unit on one core of the benchmark
 machine (`simulate` is linear in the network per iteration, plus a vertices × constraints pass); a packing
-costs executors × (1 + nodes / 8) units (`packing_work`), and a rate search `bisections` + 2
-packings (twice that where it also tries the offered rate's degrees). The climb runs at most `rounds`
-rounds. A candidate is simulated only when its estimated cost (with the last simulation's iteration count)
-still fits. So large topologies get few, well-chosen candidates (about six at 1,000 vertices), and a
-topology whose one simulation does not fit twice in the budget is neither searched nor rebalanced (the step
-says so). Everything is deterministic: candidates are ordered by value, then topological position and
-names, and the budget counts work, not time.
+costs executors × (1 + nodes / 8) units (`packing_work`), and a rate search `bisections` + 2 packings (twice
+that where it also tries the offered rate's degrees). The climb runs at most `rounds` rounds; when the best
+packing predicts more than Stela's plan and budget is left, a second climb of at most `rounds` rounds
+(relocate or swap executors between any nodes, within the packing's move bound) starts from it, and its plan
+is one more candidate. A candidate is simulated only when its estimated cost (with the last simulation's
+iteration count) still fits. So large topologies get few, well-chosen candidates (about six at 1,000
+vertices), and a topology whose one simulation does not fit twice in the budget is neither searched nor
+rebalanced (the step says so). Everything is deterministic: candidates are ordered by value, then
+topological position and names, and the budget counts work, not time.
 
 **Never worse.** The climb starts from Stela's schedule itself and accepts only improvements, and a packing
 replaces it only if it predicts more, so the predicted throughput is at least Stela's under the same model;
@@ -85,8 +87,9 @@ when nothing improves, the plan is Stela's.
 
 The last step of a plan reports the search: `{"iteration", "reason", "search": {"moves", "predicted":
 [Stela's, final], "changes", "simulations", "rounds", "work", "stopped", "rebalance": {"max_moves",
-"offered", "candidates": [{"label", "fraction", "moves", "predicted"}], "chosen", "stopped"}}}`; `changes`
-are the climb's, `chosen` is null when the climb's plan (or Stela's) stands.
+"offered", "candidates": [{"label", "fraction", "moves", "predicted"}], "polished": {"from", "changes",
+"predicted"} (when the second climb moved something), "chosen", "stopped"}}}`; `changes` are the first
+climb's, `chosen` is null when the climb's plan (or Stela's) stands.
 """
 
 from __future__ import annotations
@@ -116,7 +119,8 @@ from elastream.core.topology import Topology, executor_id, split_executor_id
 
 #: a vertex processing at least this fraction of what its executors could process is saturated
 SATURATED = 1.0 - 1e-6
-#: the rebalance's rate search starts at this fraction of the offered rate
+#: the rebalance's rate search starts at this fraction of the offered rate, or at half the fraction the
+#: sinks' measured rate is when that is lower
 LOWEST_FRACTION = 0.01
 
 
@@ -182,9 +186,10 @@ def stela_plus_scale_out(
         return _out_moves(search, _OutState.of(schedule, new_nodes, base, current), result, limit)
 
     max_moves = budget.moves if budget.moves is not None else new_slot_count(schedule, len(new_nodes))
-    packings, info = _packings(search, schedule, [("", start.nodes)], max_moves, spread=True)
+    packings, info = _packings(search, schedule, rates, [("", start.nodes)], max_moves, spread=True)
     best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
-    best = _choose(search, schedule, best, outcome, packings, info)
+    polished = _polish(search, schedule, packings, outcome, info, max_moves)
+    best = _choose(search, schedule, best, outcome, [*packings, *polished], info)
     return best, [*steps, outcome.as_step(len(steps))]
 
 
@@ -209,18 +214,20 @@ def stela_plus_scale_in(
     stela_removed = [n for n in schedule.nodes if n not in set(start.nodes)]
     forced = sum(len(schedule.executors_on(n)) for n in stela_removed)
 
-    def moves(result: SimulationResult, current: Schedule) -> list[Iterator[_Move]]:
-        return [_in_moves(search, schedule, current, result, forced + max_moves)]
-
     layouts = [("Stela's nodes (ETPSum)", start.nodes)]
     search.work_limit = budget.rebalance_work
     by_cpu = _least_cpu(search, schedule, rates, congestion_rate, removed)
     if by_cpu is not None and set(by_cpu) != set(stela_removed):
         kept = tuple(n for n in schedule.nodes if n not in set(by_cpu))
         layouts.append((f"least CPU: {', '.join(by_cpu)} removed", kept))
-    packings, info = _packings(search, schedule, layouts, max_moves, spread=False)
+    packings, info = _packings(search, schedule, rates, layouts, max_moves, spread=False)
+
+    def moves(result: SimulationResult, current: Schedule) -> list[Iterator[_Move]]:
+        return [_in_moves(search, schedule, current, result, forced + max_moves)]
+
     best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
-    best = _choose(search, schedule, best, outcome, packings, info)
+    polished = _polish(search, schedule, packings, outcome, info, max_moves)
+    best = _choose(search, schedule, best, outcome, [*packings, *polished], info)
     return best, [*steps, outcome.as_step(len(steps))]
 
 
@@ -380,18 +387,19 @@ class _Search:
         start: Schedule,
         moves: Callable[[SimulationResult, Schedule], Sequence[Iterator[_Move]]],
         climb: bool = True,
+        known: SimulationResult | None = None,
     ) -> tuple[Schedule, _Outcome]:
         """Hill climb from `start`. `moves(result, schedule)` gives tiers of moves (iterators of `_Move`, most
         promising first); each round simulates up to `candidates` moves of a tier (`patience` more after the
         first that gains) and takes the best if it gains `min_gain`; the next tier is tried only when no
-        move of the tier before gained."""
+        move of the tier before gained. `known` is `start`'s simulation when it was simulated already."""
         outcome = _Outcome()
         budget = self.budget
         if 2 * simulation_work(self.topology, start, 1) > budget.work:
             outcome.stopped = "one simulation of this topology does not fit twice in the work budget"
             return start, outcome
         try:
-            result = self.simulate(start)
+            result = known or self.simulate(start)
         except ValueError as exc:
             outcome.stopped = f"the fluid model cannot evaluate it ({exc})"
             return start, outcome
@@ -446,12 +454,17 @@ class _Candidate:
     label: str
     schedule: Schedule
     throughput: float
+    #: existing executors moved, those on removed nodes included
     moves: int
+    #: the executors on the nodes it removes
+    forced: int = 0
+    result: SimulationResult | None = None
 
 
 def _packings(
     search: _Search,
     old: Schedule,
+    measured: Rates,
     layouts: Sequence[tuple[str, tuple[str, ...]]],
     max_moves: int,
     spread: bool,
@@ -463,7 +476,7 @@ def _packings(
     `work` on top of what this spent."""
     search.work_limit = search.budget.rebalance_work
     try:
-        return _pack_layouts(search, old, layouts, max_moves, spread)
+        return _pack_layouts(search, old, measured, layouts, max_moves, spread)
     finally:
         search.work_limit = search.work + search.budget.work
 
@@ -471,6 +484,7 @@ def _packings(
 def _pack_layouts(
     search: _Search,
     old: Schedule,
+    measured: Rates,
     layouts: Sequence[tuple[str, tuple[str, ...]]],
     max_moves: int,
     spread: bool,
@@ -490,19 +504,19 @@ def _pack_layouts(
         info["stopped"] = f"no offered rate to rebalance for ({exc})"
         return candidates, info
     current = old.parallelism()
+    now = sum(measured.processing[v] for v in topology.sinks) / rates.throughput if rates.throughput > 0 else 0.0
+    low = min(LOWEST_FRACTION, 0.5 * now) if now > 0 else LOWEST_FRACTION
     info["stopped"] = "done"
     info["offered"] = rates.throughput
     seen: dict[frozenset[tuple[str, str]], _Candidate] = {}
     for label, nodes in layouts:
         forced = sum(len(old.executors_on(n)) for n in old.nodes if n not in set(nodes))
 
-        def at(cap: int, label: str = label, nodes: tuple[str, ...] = nodes) -> _Candidate | None:
+        def at(cap: int, label: str = label, nodes: tuple[str, ...] = nodes, forced: int = forced) -> _Candidate | None:
             """The packing with at most `cap` extra moves, simulated (None: none packs, or no budget)."""
             if not search.charge((budget.bisections + 2) * (1 + spread) * packing_work(old, nodes)):
                 raise _OutOfBudget
-            packing, _ = best_packing(
-                topology, rates, old, nodes, current, cap, LOWEST_FRACTION, budget.bisections, spread
-            )
+            packing, _ = best_packing(topology, rates, old, nodes, current, cap, low, budget.bisections, spread)
             if packing is None:
                 return None
             key = frozenset(packing.schedule.assignment.items())
@@ -511,7 +525,8 @@ def _pack_layouts(
             if not search.affordable(packing.schedule, reserve=1):
                 raise _OutOfBudget
             name = f"{label + ', ' if label else ''}at most {cap} extra moves"
-            found = _Candidate(name, packing.schedule, search.simulate(packing.schedule).throughput, packing.moves)
+            result = search.simulate(packing.schedule)
+            found = _Candidate(name, packing.schedule, result.throughput, packing.moves, forced, result)
             seen[key] = found
             candidates.append(found)
             info["candidates"].append(
@@ -549,6 +564,36 @@ def _pack_layouts(
 
 class _OutOfBudget(Exception):
     """The work or simulation budget has no room for the next packing."""
+
+
+def _polish(
+    search: _Search,
+    old: Schedule,
+    packings: Sequence[_Candidate],
+    outcome: _Outcome,
+    info: dict[str, Any],
+    max_moves: int,
+) -> list[_Candidate]:
+    """A second climb, with the scale-in climb's moves (relocate, swap an executor between any two nodes),
+    from the best packing when it predicts more than Stela's plan and the first climb left budget: a
+    packing is a heuristic, and a few moves often take it further. Within the packing's move bound (its
+    removed nodes' executors and `max_moves`)."""
+    if outcome.before is None or not packings or outcome.stopped == "budget spent":
+        return []
+    seed = max(packings, key=lambda c: c.throughput)
+    if seed.throughput <= outcome.before or _carries_offered(packings, info):
+        return []
+
+    def moves(result: SimulationResult, current: Schedule) -> list[Iterator[_Move]]:
+        return [_in_moves(search, old, current, result, seed.forced + max_moves)]
+
+    best, polished = search.run(seed.schedule, moves, known=seed.result)
+    if polished.after is None or not polished.changes:
+        return []
+    info["polished"] = {"from": seed.label, "changes": polished.changes, "predicted": polished.after}
+    return [
+        _Candidate(f"{seed.label}, then {len(polished.changes)} climb moves", best, polished.after, moved(old, best))
+    ]
 
 
 def _carries_offered(packings: Sequence[_Candidate], info: Mapping[str, Any]) -> bool:
@@ -818,7 +863,7 @@ def _in_candidates(search: _Search, schedule: Schedule, result: SimulationResult
 #   the node that needs the fewest evictions of smaller executors makes room (those go back in the queue).
 #   Each existing executor that changes node is one move, and a packing that needs more than `max_moves`
 #   moves (those a removed node forces not counted) fails.
-# - **Rate** (`best_packing`): the largest f (bisection, `steps` packings) whose parallelism and placement
+# - **Rate** (`best_packing`): the largest f (geometric bisection, `steps` packings) whose parallelism and placement
 #   fit; the schedule then goes to the simulator, which is the judge.
 #
 # Pure and deterministic: ties go to topological order, executor index and node order.
@@ -1050,8 +1095,8 @@ def best_packing(
     steps: int,
     spread: bool = True,
 ) -> tuple[Packing | None, int]:
-    """The largest fraction in [low, 1] that packs (bisection over `steps` packings after trying 1 and
-    `low`); returns it (None: not even `low`) and the packings tried."""
+    """The largest fraction in [low, 1] that packs (geometric bisection over `steps` packings after trying
+    1 and `low`); returns it (None: not even `low`) and the packings tried."""
     cpu = rates.model.node_cpu
     if cpu is None:
         return None, 0
@@ -1083,7 +1128,7 @@ def best_packing(
         return None, tried
     lo, hi = low, 1.0
     for _ in range(steps):
-        mid = 0.5 * (lo + hi)
+        mid = math.sqrt(lo * hi)  # geometric: the same relative precision at any rate
         found = attempt(mid)
         if found is None:
             hi = mid
