@@ -4,14 +4,31 @@
    migrates mid-stream to the plan Stela makes, and runs to the end. Reported: the paper's phase durations
    (capture/drain, commit, rebalance, restore), captured events, and — from the sinks, against the exact
    multiset a correct run delivers — events lost and events duplicated (replayed). Every run takes a
-   periodic checkpoint every CHECKPOINT_S seconds (aligned barriers), as a production job would; `restart`
-   is the Storm/Flink default: every worker stops, the new schedule starts from the last checkpoint and
-   the sources replay what they emitted after it.
-2. Restore time as the in-flight volume grows: a source flooding a vertex that sleeps, so its input channels
+   periodic checkpoint every CHECKPOINT_S seconds (aligned barriers), as a production job would, before the
+   migration and after it; `restart` is the Storm/Flink default: every worker stops, the new schedule starts
+   from the last checkpoint and the sources replay what they emitted after it. `ccr-partial` (CCR that
+   pauses only the executors that move, `MigrationDriver(..., scope="moving")`) runs beside them when the
+   driver has its `scope` field.
+2. What users feel (issue 24): end-to-end latency (p50, p99, max) and sink throughput in 100 ms buckets from
+   5 s before the rescale request to 10 s after it, against the 5 s before as the steady reference, and the
+   issue's targets (p99 during a rescale ≤ 2x steady, worst 100 ms bucket ≥ 90 % of steady). Read after the
+   run from the sinks' Redis streams: an entry's latency is its entry ID's time (Redis's clock when it was
+   written) less the time the event was due at the source (so a paused source's late emissions count their
+   wait; `bench/latency.py`); throughput is entries per bucket. Only
+   the DAG's own sinks count: the `audit-*` sinks `with_audit` adds after stateful vertices are a test's
+   instrument (their counts prove the state moved), not output a user reads, and they would weigh the
+   stateful half of a DAG twice. The maths (buckets, nearest-rank percentiles, ratios) is `bench/latency.py`.
+   One figure per DAG (`migration-latency-<dag>.png`): p99 and throughput per bucket, protocols overlaid,
+   scale-out and scale-in as two rows. Runs are WARMUP_S + 5 s of sources before the request and 10 s +
+   TAIL_S after it.
+3. Restore time as the in-flight volume grows: a source flooding a vertex that sleeps, so its input channels
    fill; the volume captured is whatever the channels held (reported as measured).
-3. A timeline of input (source) and output (sink) rate around a migration, like the paper's Fig. 7.
+4. A timeline of input (source) and output (sink) rate around a migration, like the paper's Fig. 7.
 
-Writes docs/benchmarks/migration.md and migration.png. `--quick`: two DAGs, shorter runs.
+Writes migration.md, migration.png and migration-latency-<dag>.png to `--out` (default docs/benchmarks/).
+Each run takes about 25 s (18.5 s of sources, then start, drain and stop), so an estimated 13 min for the
+three protocols on a quiet 2-core machine and 17 min with `ccr-partial`; the report's header says how long it
+took. `--quick`: two DAGs, the same run length (7.5-8.5 min on a busy machine).
 
 `--cluster`: the checkpoint and migration figures on one Redis and on a 3-primary Redis Cluster side by side
 in one run (both redis-server processes on loopback TCP, persistence off; the cluster started with
@@ -26,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import shutil
 import sys
@@ -45,18 +63,54 @@ from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.core.planner import make_plan
 from elastream.core.rate_timeline import rate_timeline, recovery_times
-from elastream.core.schedule import initial_schedule
+from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import Topology
 from elastream.resources import load_manifest
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import client_for
-from support.harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle, with_audit
+from latency import (
+    AFTER_S,
+    BUCKET_S,
+    P99_TARGET,
+    STEADY_S,
+    THROUGHPUT_TARGET,
+    Sample,
+    buckets,
+    due_clock,
+    sample,
+    share_met,
+    summarize,
+)
+from support.harness import expected_copies, id_counts, sink_events, sink_key, wait_for_sinks_idle, with_audit
 
 NODES = {"ccr-grid": 4, "ccr-traffic": 3}
-PROTOCOLS = ("ccr", "dcr", "restart")
+#: partial CCR (only the executors that move pause), compared once the driver has its `scope` field
+PARTIAL = "scope" in {f.name for f in dataclasses.fields(MigrationDriver)}
+#: the protocols compared, by their labels in the report; `ccr-partial` is CCR with `scope="moving"`
+PROTOCOLS = ("ccr", "ccr-partial", "dcr", "restart") if PARTIAL else ("ccr", "dcr", "restart")
+#: the labels that are CCR (compared with DCR and restart, held to CCR's targets)
+CCR_LIKE = tuple(p for p in PROTOCOLS if p.startswith("ccr"))
 #: seconds between periodic checkpoints in every run (Flink's jobs commonly use seconds to minutes)
 CHECKPOINT_S = 2.0
+#: a run's sources emit for WARMUP_S + STEADY_S before the rescale request and AFTER_S + TAIL_S after it
+#: (at their rate: a pause or a restart's replay makes them finish later, never sooner), so the sinks still
+#: receive at the end of the 10 s after the request, and the steady window leaves out the start-up and the
+#: first periodic checkpoint (CHECKPOINT_S after the start), whose latency spikes stood out in --quick runs
+WARMUP_S = 2.5
+#: what a run offers: this share of its bottleneck's capacity under the slower of the two schedules
+LOAD = 0.7
+TAIL_S = 1.0
+#: sink stream entries read per XRANGE
+PAGE = 10_000
+
+
+def driver_options(label: str) -> tuple[str, dict[str, Any]]:
+    """The `MigrationDriver` protocol and extra fields of a protocol label (`ccr-partial` is CCR that pauses
+    only the executors that move)."""
+    if label == "ccr-partial":
+        return "ccr", {"scope": "moving"}
+    return label, {}
 
 
 def log(message: str) -> None:
@@ -70,34 +124,52 @@ def write(directory: str, doc: dict[str, Any]) -> str:
     return path
 
 
-def one_run(directory: str, url: str, name: str, direction: str, protocol: str, seconds: float) -> dict[str, Any]:
+def one_run(
+    directory: str, url: str, name: str, direction: str, protocol: str, before_s: float, after_s: float
+) -> dict[str, Any]:
+    """One migration of `name` (scale-`direction`, `protocol` a label of PROTOCOLS): the sources emit for
+    `before_s` before the request and `after_s` after it at their rate, and run to the end."""
     with open(os.path.join(REPO, "examples", f"{name}.yaml"), encoding="utf-8") as handle:
         doc = yaml.safe_load(handle)
-    rate = min(v["source"]["rate"] for v in doc["spec"]["vertices"] if "source" in v)
-    events = int(rate * seconds * 2)
-    doc = with_audit(doc, events)
     doc["metadata"]["name"] = f"{name}-{direction}-{protocol}"
     doc["spec"]["nodes"] = NODES.get(name, 2) + (1 if direction == "in" else 0)
+    # the plan is Stela's for the example as written (congested); the run offers what both schedules sustain
+    doc = with_audit(doc, 1)
+    planned = load_manifest(write(directory, doc))
+    old = initial_schedule(planned)
+    target = len(old.nodes) + (1 if direction == "out" else -1)
+    new = make_plan(planned, old, snapshot_from_simulation(planned, old, simulate(planned, old)), target, "stela")
+    share = sustainable_share(planned, [old, new.new_schedule])
+    sources = [v["source"] for v in doc["spec"]["vertices"] if "source" in v]
+    rate = min(round(source["rate"] * share, 1) for source in sources)
+    events = int(rate * (before_s + after_s))
+    for source in sources:
+        source.update(rate=round(source["rate"] * share, 1), limit=events)
     path = write(directory, doc)
     topology = load_manifest(path)
     with LocalCluster(topology, path, url, interval_s=0.5) as cluster:
-        cluster.start(initial_schedule(topology))
-        old = cluster.current_schedule()
-        target = len(old.nodes) + (1 if direction == "out" else -1)
-        snapshot = snapshot_from_simulation(topology, old, simulate(topology, old))
-        new = make_plan(topology, old, snapshot, target, "stela").new_schedule
-        checkpointer = Checkpointer(CheckpointDriver(topology, cluster, cluster.client), CHECKPOINT_S).start()
-        time.sleep(seconds)
+        cluster.start(old)
+        new = new.new_schedule
+        checkpoints = CheckpointDriver(topology, cluster, cluster.client)
+        checkpointer = Checkpointer(checkpoints, CHECKPOINT_S).start()
+        time.sleep(before_s)
         checkpointer.stop()
-        migration_at = time.time()
-        report = MigrationDriver(topology, cluster, cluster.client, protocol).migrate(new).to_status()
-        wait_for_sinks_idle(cluster, topology, quiet_s=2.0, timeout_s=6 * seconds)
+        kind, options = driver_options(protocol)
+        driver = MigrationDriver(topology, cluster, cluster.client, kind, **options)
+        migration_at = time.time()  # the rescale request: latencies and throughputs are relative to it
+        report = driver.migrate(new).to_status()
+        # periodic checkpoints go on after the migration as before it, so the 10 s after the request see the
+        # same barriers as the steady window they are compared with
+        checkpointer = Checkpointer(checkpoints, CHECKPOINT_S).start()
+        wait_for_sinks_idle(cluster, topology, quiet_s=2.0, timeout_s=2 * (before_s + after_s) + 10.0)
+        checkpointer.stop()
         lost = duplicated = 0
         for sink, expected in expected_copies(topology, range(events)).items():
             got = id_counts(sink_events(cluster.client, topology, sink))
             lost += sum((expected - got).values())
             duplicated += sum((got - expected).values())
         timeline = rates_around(cluster, topology, migration_at)
+        samples = sink_samples(cluster, topology, rate)
     phases = report.get("phases", {})
     row = {
         "dag": name,
@@ -109,27 +181,77 @@ def one_run(directory: str, url: str, name: str, direction: str, protocol: str, 
         "restoreMs": phases.get("restoreMs"),
         "pauseMs": report.get("pauseMs"),
         "prepareMs": report.get("prepareMs"),
+        "paused": f"{report.get('pausedExecutors')} of {report.get('executors')}",
         "outcome": report.get("outcome"),
         "captured": report.get("capturedEvents", 0) or 0,
         "replayed": report.get("replayed", 0) or 0,
         "lost": lost,
         "duplicated": duplicated,
         "timeline": timeline,
+        "latency": summarize(samples, migration_at),
+        "buckets": buckets(samples, migration_at),
+        # the last sink entry, relative to the request: before AFTER_S, the sinks ran dry inside the window
+        "lastEntryS": max((t for t, _ in samples), default=migration_at) - migration_at,
     }
     total = sum(row[k] or 0 for k in ("captureMs", "commitMs", "rebalanceMs", "restoreMs"))
+    felt = row["latency"]
     log(
-        f"  {name:<12} {direction:<3} {protocol:<8} {row['outcome']}: total {total:7.0f} ms, pause "
+        f"  {name:<12} {direction:<3} {protocol:<11} {row['outcome']}: total {total:7.0f} ms, pause "
         f"{row['pauseMs'] or 0:6.0f} ms, restore {row['restoreMs'] or 0:6.0f} ms, "
-        f"captured {row['captured']:6d}, lost {lost:5d}, duplicated {duplicated:5d}"
+        f"captured {row['captured']:6d}, lost {lost:5d}, duplicated {duplicated:5d}; "
+        f"p99 {ms(felt.steady_p99_s)} -> {ms(felt.during_p99_s)} ms, max {ms(felt.max_s)} ms, "
+        f"worst 100 ms {fmt2(felt.throughput_ratio)} of {fmt(felt.steady_throughput)} events/s"
     )
+    if row["lastEntryS"] < AFTER_S:
+        log(f"  warning: the sinks' last entry came {row['lastEntryS']:.1f} s after the request, inside the window")
     return row
+
+
+def sustainable_share(topology: Topology, schedules: list[Schedule]) -> float:
+    """The share of the example's source rates at which the busiest vertex runs at `LOAD` of what its
+    executors can do under every one of `schedules` (the simulator's capacities), at most 1. The CCR
+    examples are congested on purpose (the paper's experiments relieve a bottleneck); a congested run has no
+    steady state, its latency growing with the queues, and would measure a catch-up, not a rescale."""
+    share = 1.0
+    for schedule in schedules:
+        result = simulate(topology, schedule)
+        busiest = max(
+            (flow.input_rate / capacity for v, flow in result.vertices.items() if (capacity := result.capacity.get(v))),
+            default=0.0,
+        )
+        if busiest > 0:
+            share = min(share, LOAD / busiest)
+    return share
+
+
+def real_sinks(topology: Topology) -> list[str]:
+    """The sinks a user reads: the audit sinks `with_audit` adds after the stateful vertices are left out."""
+    return [s for s in topology.sinks if not s.startswith("audit-")]
+
+
+def sink_samples(cluster: LocalCluster, topology: Topology, rate: float) -> list[Sample]:
+    """Every entry of the real sinks' streams as (arrival, latency from the time it was due at the source:
+    `latency.sample`), read in pages. The CCR examples have one synthetic source, at `rate`."""
+    entries: list[tuple[Any, int, float]] = []
+    for sink in real_sinks(topology):
+        key, start = sink_key(topology, sink), "-"
+        while True:
+            page = cluster.client.xrange(key, start, "+", count=PAGE)
+            entries += [(entry_id, int(fields[b"id"]), float(fields[b"ts"])) for entry_id, fields in page]
+            if len(page) < PAGE:
+                break
+            last = page[-1][0]
+            start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+    if not entries:
+        return []
+    clock = due_clock(((event_id, ts) for _, event_id, ts in entries), rate)
+    return [sample(entry_id, event_id, clock, rate) for entry_id, event_id, _ in entries]
 
 
 def rates_around(cluster: LocalCluster, topology: Topology, at: float) -> dict[str, list[tuple[float, float]]]:
     """Source (input) and sink (output, the audit sinks left out) rates per 0.5 s, relative to the request."""
     samples = MetricStream(cluster.client, topology.redis_prefix).read_since(None)
-    sinks = [s for s in topology.sinks if not s.startswith("audit-")]
-    return rate_timeline(samples, topology.sources, sinks, at=at, bucket_s=0.5)
+    return rate_timeline(samples, topology.sources, real_sinks(topology), at=at, bucket_s=0.5)
 
 
 def inflight_rows(directory: str, url: str, volumes: list[int]) -> list[dict[str, Any]]:
@@ -240,6 +362,111 @@ def fmt2(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def ms(seconds: float | None) -> str:
+    """A latency in seconds, in ms."""
+    return "-" if seconds is None else f"{seconds * 1000:,.0f}"
+
+
+def label(protocol: str) -> str:
+    """A protocol label as the report's prose names it."""
+    return {"ccr": "CCR", "ccr-partial": "CCR-partial", "dcr": "DCR"}.get(protocol, protocol)
+
+
+def listing(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def felt_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The latency and throughput the real sinks saw around the rescale request, one row per run."""
+    lines = [
+        "",
+        "## What users feel: latency and throughput around the rescale",
+        "",
+        "Read from the real sinks' streams after each run (the `audit-*` sinks that prove the state moved are",
+        "left out: a user reads the DAG's own sink). An entry's latency is the time Redis wrote it (its entry",
+        "ID, ms) less the time the event was due at the source, on the same clock; the throughput counts",
+        f"entries per {BUCKET_S * 1000:.0f} ms bucket by the time they were written (duplicates included: a user",
+        "receives them). Buckets are aligned on the rescale request (`time.time()` just before",
+        f"`MigrationDriver.migrate`). *Steady*: the {STEADY_S:g} s before the request, all its entries pooled",
+        f"(p50, p99) or the mean of its buckets (events/s). *During*: the {AFTER_S:g} s after it: the worst",
+        "bucket's p99, the highest latency, the lowest bucket's throughput as a share of steady. Percentiles are",
+        "nearest-rank (a bucket of fewer than 100 entries has its maximum as p99); `bench/latency.py` holds the",
+        f"maths. The two *{STEADY_S:g} s before* columns take the same worst-bucket figures over the steady window",
+        "itself, where nothing rescales: the spread a bucket of this size shows at the sink's rate, which the",
+        "targets are read against.",
+        "",
+        "Due, not emitted: a source paused by a migration emits what fell due meanwhile late, stamped late (its",
+        "`ts`), so latency from `ts` would leave the pause out. Event `id` of the one synthetic source is due at",
+        "the sources' clock start + id / rate, the start being the earliest `ts` - id / rate (nothing is emitted",
+        "before it is due). Every run offers its sources at "
+        f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules (the",
+        "simulator's capacities; the examples as written are congested on purpose, and a congested run has no",
+        "steady state: its latency grows with its queues); Stela plans from the example as written.",
+        "",
+        f"| DAG | scale | protocol | steady p50 (ms) | steady p99 (ms) | p99 during (ms) | during / steady "
+        f"| max during (ms) | steady (events/s) | worst {BUCKET_S * 1000:.0f} ms / steady "
+        f"| {STEADY_S:g} s before: worst p99 / p99 | {STEADY_S:g} s before: worst {BUCKET_S * 1000:.0f} ms / steady "
+        "| met (p99, throughput) |",
+        "|---|---|---|" + "---:|" * 9 + "---|",
+    ]
+    dry = False
+    for r in runs:
+        f = r["latency"]
+        short = r["lastEntryS"] < AFTER_S
+        dry = dry or short
+        lines.append(
+            f"| {r['dag']} | {r['direction']} | {r['protocol']} | {ms(f.steady_p50_s)} | {ms(f.steady_p99_s)} | "
+            f"{ms(f.during_p99_s)} | {fmt2(f.p99_ratio)} | {ms(f.max_s)} | {fmt(f.steady_throughput)} | "
+            f"{fmt2(f.throughput_ratio)}{' †' if short else ''} | {fmt2(f.steady_p99_ratio)} | "
+            f"{fmt2(f.steady_throughput_ratio)} | {yes_no(f.p99_met)}, {yes_no(f.throughput_met)} |"
+        )
+    if dry:
+        lines += ["", f"† the sinks' last entry came before the {AFTER_S:g} s after the request were over."]
+    lines += [""]
+    for dag in dict.fromkeys(r["dag"] for r in runs):
+        lines.append(
+            f"![{dag}: p99 latency and sink throughput per {BUCKET_S * 1000:.0f} ms around the rescale request]"
+            f"({felt_png(dag)})"
+        )
+    return lines
+
+
+def yes_no(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
+
+
+def felt_targets(runs: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets for what users feel, per protocol, and the same figures with no rescale."""
+
+    def spread(values: list[float | None], unit: str) -> str:
+        measured = sorted(v for v in values if v is not None)
+        if not measured:
+            return "-"
+        return f"median {median(measured):.2f}{unit} ({measured[0]:.2f}-{measured[-1]:.2f}), {len(measured)} runs"
+
+    p99_target = f"p99 during a rescale ≤ {P99_TARGET:g} × steady p99"
+    tput_target = f"worst {BUCKET_S * 1000:.0f} ms bucket ≥ {THROUGHPUT_TARGET * 100:.0f} % of steady throughput"
+    lines = []
+    for p in PROTOCOLS:
+        mine = [r["latency"] for r in runs if r["protocol"] == p]
+        lines += [
+            f"| {p99_target}: {p} | {spread([f.p99_ratio for f in mine], '×')} | "
+            f"{share_met(f.p99_met for f in mine)} |",
+            f"| {tput_target}: {p} | {spread([f.throughput_ratio for f in mine], '')} | "
+            f"{share_met(f.throughput_met for f in mine)} |",
+        ]
+    steady = [r["latency"] for r in runs]
+    lines += [
+        f"| the same, {STEADY_S:g} s before the request (no rescale), p99: every run | "
+        f"{spread([f.steady_p99_ratio for f in steady], '×')} | "
+        f"{share_met(f.steady_p99_met for f in steady)} |",
+        f"| the same, {STEADY_S:g} s before the request (no rescale), throughput: every run | "
+        f"{spread([f.steady_throughput_ratio for f in steady], '')} | "
+        f"{share_met(f.steady_throughput_met for f in steady)} |",
+    ]
+    return lines
+
+
 def report(
     out: str, runs: list[dict[str, Any]], inflight: list[dict[str, Any]], store: list[dict[str, Any]], took: float
 ) -> None:
@@ -248,7 +475,9 @@ def report(
         "",
         f"Produced by `make bench` (`python bench/migration.py`) in {took:.0f} s on a shared 2-core machine (other",
         "jobs ran beside it: single runs vary by tens of percent), one run per row. Each run migrates mid-stream",
-        "(sources at the example's rate, finite) to the plan Stela makes, then runs to the end; lost and",
+        f"(sources at {LOAD:.0%} of what the DAG's bottleneck takes under both schedules, finite: "
+        f"{WARMUP_S + STEADY_S:g} s of events before the migration request,",
+        f"{AFTER_S + TAIL_S:g} s after it) to the plan Stela makes, then runs to the end; lost and",
         "duplicated events are counted at the sinks against the exact multiset a correct run delivers. Phase",
         "times in ms. Every run takes a periodic checkpoint every",
         f"{CHECKPOINT_S:g} s (aligned barriers); `restart` is the Storm/Flink default: every worker stops, the new",
@@ -261,64 +490,78 @@ def report(
         "`pause` is the time the sources are held: PREPARE sent (for `restart`: the workers told to stop) until",
         "every source is told to resume. `prepare` (CCR, DCR) is the work done before it, while everything",
         "runs: the nodes a scale-out adds start and bind their inboxes, staying workers bind their new",
-        "executors' inboxes. No worker that stays is restarted by CCR or DCR; `restart` restarts all of them.",
+        "executors' inboxes. No worker that stays is restarted by CCR or DCR; `restart` restarts all of them."
+        + (
+            " `ccr-partial` is CCR that pauses only the executors that move (`paused`: how many of the old"
+            " schedule's executors did): its `pause` is how long those were held, every other executor and"
+            " source running on."
+            if PARTIAL
+            else ""
+        ),
         "",
-        "| DAG | scale | protocol | prepare | capture/drain | commit | rebalance | restore | pause | catch-up (s) "
-        "| stabilization (s) | captured | replayed | lost | duplicated |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| DAG | scale | protocol | prepare | capture/drain | commit | rebalance | restore | pause | paused "
+        "| catch-up (s) | stabilization (s) | captured | replayed | lost | duplicated |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         catch_up, stable = recovery_times(r["timeline"]["output"])
         lines.append(
             f"| {r['dag']} | {r['direction']} | {r['protocol']} | {fmt(r['prepareMs'])} | {fmt(r['captureMs'])} | "
             f"{fmt(r['commitMs'])} | {fmt(r['rebalanceMs'])} | {fmt(r['restoreMs'])} | {fmt(r['pauseMs'])} | "
+            f"{r['paused']} | "
             f"{secs(catch_up)} | {secs(stable)} | "
             f"{r['captured']:,} | {r['replayed']:,} | {r['lost']:,} | {r['duplicated']:,} |"
         )
+    lines += felt_section(runs)
+    pairs = [(c, other) for c in CCR_LIKE for other in ("dcr", "restart")]
     lines += [
         "",
         "## Ratios (the paper: CCR restores Grid scale-in in 15 s against 41 s for DCR and 91 s for the default)",
         "",
         "Time to a running new schedule = capture + commit + rebalance + restore.",
         "",
-        "| DAG | scale | CCR / DCR | CCR / restart |",
-        "|---|---|---:|---:|",
+        "| DAG | scale | " + " | ".join(f"{label(c)} / {label(o)}" for c, o in pairs) + " |",
+        "|---|---|" + "---:|" * len(pairs),
     ]
     by = {(r["dag"], r["direction"], r["protocol"]): r for r in runs}
 
     def total(r: dict[str, Any]) -> float:
         return sum(r[k] or 0.0 for k in ("captureMs", "commitMs", "rebalanceMs", "restoreMs"))
 
+    def over(dag: str, direction: str, mine: str, other: str) -> str:
+        a, b = by.get((dag, direction, mine)), by.get((dag, direction, other))
+        return "-" if a is None or b is None or total(b) == 0 else f"{total(a) / total(b):.2f}"
+
     for dag, direction in sorted({(r["dag"], r["direction"]) for r in runs}):
-        ccr, dcr, rst = (by.get((dag, direction, p)) for p in PROTOCOLS)
-        if ccr and dcr and rst:
-            lines.append(f"| {dag} | {direction} | {total(ccr) / total(dcr):.2f} | {total(ccr) / total(rst):.2f} |")
+        if all((dag, direction, p) in by for p in PROTOCOLS):
+            lines.append(f"| {dag} | {direction} | " + " | ".join(over(dag, direction, *pair) for pair in pairs) + " |")
     restarts = [r["duplicated"] for r in runs if r["protocol"] == "restart"]
     exact = all(r["lost"] == 0 and r["duplicated"] == 0 for r in runs if r["protocol"] != "restart")
     pauses = {
         p: sorted(r["pauseMs"] for r in runs if r["protocol"] == p and r["pauseMs"] is not None) for p in PROTOCOLS
     }
-    ratios = sorted(
-        total(by[(d, s, "ccr")]) / total(by[(d, s, "restart")])
-        for d, s in {(r["dag"], r["direction"]) for r in runs}
-        if (d, s, "ccr") in by and (d, s, "restart") in by and total(by[(d, s, "restart")]) > 0
-    )
-    ccr_pause = median(pauses["ccr"])
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for c in CCR_LIKE:
+        ratios = sorted(
+            total(by[(d, s, c)]) / total(by[(d, s, "restart")])
+            for d, s in {(r["dag"], r["direction"]) for r in runs}
+            if (d, s, c) in by and (d, s, "restart") in by and total(by[(d, s, "restart")]) > 0
+        )
+        ccr_pause = median(pauses[c])
+        lines += [
+            f"| {label(c)} pause ≤ 250 ms (median over DAGs and directions) | {fmt(ccr_pause)} ms "
+            f"(range {fmt(min(pauses[c], default=None))}-{fmt(max(pauses[c], default=None))}) | "
+            f"{'yes' if ccr_pause is not None and ccr_pause <= 250 else 'no'} |",
+            f"| {label(c)} time to a running schedule ≤ 0.2 × restart's (same run) | {fmt2(median(ratios))} median "
+            f"({fmt2(min(ratios, default=None))}-{fmt2(max(ratios, default=None))}) | "
+            f"{'yes' if ratios and max(ratios) <= 0.2 else 'median' if ratios and median(ratios) <= 0.2 else 'no'} |",
+        ]
+    lines += felt_targets(runs)
     lines += [
         "",
-        "## Targets",
-        "",
-        "| target | measured | met |",
-        "|---|---|---|",
-        f"| CCR pause ≤ 250 ms (median over DAGs and directions) | {fmt(ccr_pause)} ms "
-        f"(range {fmt(min(pauses['ccr'], default=None))}-{fmt(max(pauses['ccr'], default=None))}) | "
-        f"{'yes' if ccr_pause is not None and ccr_pause <= 250 else 'no'} |",
-        f"| CCR time to a running schedule ≤ 0.2 × restart's (same run) | {fmt2(median(ratios))} median "
-        f"({fmt2(min(ratios, default=None))}-{fmt2(max(ratios, default=None))}) | "
-        f"{'yes' if ratios and max(ratios) <= 0.2 else 'median' if ratios and median(ratios) <= 0.2 else 'no'} |",
-        "",
-        f"Median pause: CCR {fmt(median(pauses['ccr']))} ms, DCR {fmt(median(pauses['dcr']))} ms, restart "
-        f"{fmt(median(pauses['restart']))} ms. CCR and DCR were "
+        "Median pause: "
+        + ", ".join(f"{label(p)} {fmt(median(pauses[p]))} ms" for p in PROTOCOLS)
+        + f". {listing([label(p) for p in PROTOCOLS if p != 'restart'])} were "
         f"{'exactly-once in every run' if exact else 'NOT exactly-once in some run'}; restart, which loses "
         f"nothing either (state and positions come from the checkpoint), delivered "
         f"{min(restarts, default=0):,}-{max(restarts, default=0):,} events twice per run with at-least-once sinks "
@@ -357,6 +600,7 @@ def report(
     with open(os.path.join(out, "migration.md"), "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
     plot(out, runs)
+    plot_felt(out, runs)
 
 
 def plot(out: str, runs: list[dict[str, Any]]) -> None:
@@ -379,6 +623,60 @@ def plot(out: str, runs: list[dict[str, Any]]) -> None:
     axes[0][0].legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, "migration.png"), dpi=120)
+
+
+#: one colour per protocol label in every figure, whether `ccr-partial` runs or not
+COLOURS = {"ccr": "C0", "ccr-partial": "C2", "dcr": "C1", "restart": "C3"}
+
+
+def felt_png(dag: str) -> str:
+    return f"migration-latency-{dag}.png"
+
+
+def plot_felt(out: str, runs: list[dict[str, Any]]) -> None:
+    """One figure per DAG: p99 latency and sink throughput per bucket over time relative to the rescale request,
+    protocols overlaid, a row of panels per direction; dotted: each protocol's steady level (the 5 s before)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatter
+
+    for dag in dict.fromkeys(r["dag"] for r in runs):
+        directions = [d for d in ("out", "in") if any(r["dag"] == dag and r["direction"] == d for r in runs)]
+        fig, axes = plt.subplots(len(directions), 2, figsize=(13, 3.6 * len(directions)), sharex=True, squeeze=False)
+        for (lat, tput), direction in zip(axes, directions, strict=True):
+            for r in runs:
+                if r["dag"] != dag or r["direction"] != direction:
+                    continue
+                colour, f = COLOURS.get(r["protocol"]), r["latency"]
+                # each bucket drawn over its width: the last one's value repeated at the window's end
+                edges = [b.start_s for b in r["buckets"]] + [AFTER_S]
+                p99 = [float("nan") if b.p99_s is None else b.p99_s * 1000 for b in r["buckets"]]
+                rates = [b.throughput for b in r["buckets"]]
+                lat.step(edges, p99 + p99[-1:], where="post", color=colour, linewidth=1.1, label=r["protocol"])
+                tput.step(edges, rates + rates[-1:], where="post", color=colour, linewidth=1.1)
+                if f.steady_p99_s is not None:
+                    lat.axhline(f.steady_p99_s * 1000, color=colour, linestyle=":", linewidth=0.9)
+                tput.axhline(f.steady_throughput, color=colour, linestyle=":", linewidth=0.9)
+            for ax in (lat, tput):
+                ax.axvline(0, color="grey", linewidth=0.8)
+                ax.set_xlim(-STEADY_S, AFTER_S)
+                ax.grid(alpha=0.3)
+            lat.set_yscale("log")
+            lat.yaxis.set_major_formatter(LogFormatter())
+            lat.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+            lat.set_ylabel("p99 latency (ms)")
+            tput.set_ylabel("sink events/s")
+            tput.set_ylim(bottom=0)
+            lat.set_title(f"{dag} scale-{direction}: p99 latency per {BUCKET_S * 1000:.0f} ms", fontsize=10)
+            tput.set_title(f"{dag} scale-{direction}: sink throughput per {BUCKET_S * 1000:.0f} ms", fontsize=10)
+        for ax in axes[-1]:
+            ax.set_xlabel("seconds since the rescale request")
+        axes[0][0].legend(title=f"dotted: steady ({STEADY_S:g} s before)", fontsize=8, title_fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, felt_png(dag)), dpi=110)
+        plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------ one Redis vs a cluster
@@ -457,7 +755,7 @@ def cluster_main(args: argparse.Namespace) -> int:
             for direction in ("out", "in"):
                 for name, backend in backends.items():
                     log(f" {name}")
-                    runs[name].append(one_run(directory, backend.url, dag, direction, "ccr", seconds))
+                    runs[name].append(one_run(directory, backend.url, dag, direction, "ccr", seconds, seconds))
     finally:
         cluster.stop()
         one.remove()
@@ -568,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick
         else ["ccr-linear", "ccr-diamond", "ccr-star", "ccr-grid", "ccr-traffic"]
     )
-    seconds = 3.0 if args.quick else 4.0
+    before_s, after_s = WARMUP_S + STEADY_S, AFTER_S + TAIL_S
     started = time.monotonic()
     directory = tempfile.mkdtemp(prefix="elastream-bench-")
     redis = EmbeddedRedis(directory)
@@ -578,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in dags:
             for direction in ("out", "in"):
                 for protocol in PROTOCOLS:
-                    runs.append(one_run(directory, redis.url, name, direction, protocol, seconds))
+                    runs.append(one_run(directory, redis.url, name, direction, protocol, before_s, after_s))
         log("[2/3] restore time vs in-flight volume")
         inflight = inflight_rows(
             directory, redis.url, [100, 1_000, 10_000] if args.quick else [100, 1_000, 10_000, 100_000]

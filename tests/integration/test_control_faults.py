@@ -156,9 +156,9 @@ def test_every_phase_survives_redis_going_away(tmp_path, restartable_redis: Redi
 
         prepare = cluster.prepare
 
-        def prepare_during_outage(schedule: Any) -> None:
+        def prepare_during_outage(schedule: Any, **options: Any) -> None:
             outage.begin_once()
-            prepare(schedule)
+            prepare(schedule, **options)
 
         def at(kind: ActionKind) -> Callable[[Action, MigrationCoordinator], None]:
             def hook(action: Action, coordinator: MigrationCoordinator) -> None:

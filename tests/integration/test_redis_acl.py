@@ -246,3 +246,31 @@ def test_the_embedded_redis_6_2_gets_a_topology_user_with_the_same_confinement(t
         refused(lambda: a.execute_command("SCRIPT", "FLUSH"))
     finally:
         embedded.stop()
+
+
+def test_a_worker_connecting_across_a_restart_waits_for_its_user_to_be_set_again(restartable_redis) -> None:
+    """A restarted Redis has no ACL users until the operator sets them again: a client that saw Redis away and
+    then has its credentials refused waits that out (`CREDENTIALS_GRACE_S`); on first contact it would not."""
+    import threading
+
+    from elastream.store.registry import RedisCredentialsRefused, connect
+
+    admin = client_for(restartable_redis.url)
+    url = topology_url(restartable_redis.url, topology_user("ns", "t"), "the-password")
+    with pytest.raises(RedisCredentialsRefused):  # Redis up, no such user: a configuration error, at once
+        connect(url, wait_s=30.0)
+    restartable_redis.stop()
+
+    def come_back_then_set_the_user() -> None:
+        time.sleep(1.0)
+        restartable_redis.start()
+        time.sleep(2.0)  # the user is missing meanwhile: refused
+        ensure_topology_user(admin, "ns", "t", "the-password")
+
+    threading.Thread(target=come_back_then_set_the_user, daemon=True).start()
+    retries: list[str] = []
+    client = connect(url, wait_s=60.0, on_retry=lambda reason, _: retries.append(reason))
+    assert client.ping()
+    assert any("cannot reach Redis" in r for r in retries)
+    assert any("refused the credentials" in r and "right after an outage" in r for r in retries)
+    assert "the-password" not in " ".join(retries)

@@ -13,6 +13,7 @@ from elastream.control.migration import MigrationDriver
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator, MigrationReport
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
+from elastream.core.topology.limits import MigrationScope
 
 
 def kill_during_capture(cluster: LocalCluster, node: str) -> Callable[[Action, MigrationCoordinator], None]:
@@ -35,12 +36,18 @@ class KilledDuringCapture:
 
 
 def migrate_killing_a_worker_during_capture(
-    cluster: LocalCluster, topology: Topology, new: Schedule, executor: str, checkpoint: bool
+    cluster: LocalCluster,
+    topology: Topology,
+    new: Schedule,
+    executor: str,
+    checkpoint: bool,
+    scope: MigrationScope = "all",
 ) -> KilledDuringCapture:
     """A CCR migration to `new`, mid-stream, whose worker running `executor` is killed during capture; with
     `checkpoint`, a checkpoint is taken (and must complete) half a second before the migration starts, so
     that there are events after it for the rollback to replay. The migration must abort, name the killed
-    worker and leave the old schedule running, rolled back to that checkpoint if there is one (else not)."""
+    worker and leave the old schedule running, rolled back to that checkpoint if there is one (else not).
+    `scope`: the migration's (`moving` pauses only what moves)."""
     old = cluster.current_schedule()
     victim = old.node_of(executor)
     time.sleep(1.0)  # mid-stream
@@ -50,7 +57,7 @@ def migrate_killing_a_worker_during_capture(
         assert taken.outcome == "completed", taken.reason
     time.sleep(0.5)
     driver = MigrationDriver(
-        topology, cluster, cluster.client, "ccr", before_action=kill_during_capture(cluster, victim)
+        topology, cluster, cluster.client, "ccr", before_action=kill_during_capture(cluster, victim), scope=scope
     )
     report = driver.migrate(new)
     assert report.outcome == "aborted", report

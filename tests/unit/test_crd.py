@@ -24,7 +24,7 @@ import yaml
 
 from elastream.cli import main
 from elastream.core import rates, savepoints, status, topology
-from elastream.core.topology.limits import MigrationProtocol
+from elastream.core.topology.limits import MigrationProtocol, MigrationScope
 from elastream.resources import (
     all_rules,
     cel_problems,
@@ -275,6 +275,7 @@ def test_defaults_are_the_parsers(schema: dict[str, Any]) -> None:
         "spec.scaling": {},
         "spec.scaling.strategy": scaling.strategy,
         "spec.scaling.migration": scaling.migration,
+        "spec.scaling.migrationScope": scaling.migration_scope,
         "spec.scaling.congestionRate": scaling.congestion_rate,
         "spec.scaling.window": scaling.window,
         "spec.scaling.checkpointIntervalSeconds": scaling.checkpoint_interval_s,
@@ -307,6 +308,7 @@ def test_the_crds_enums_are_what_the_code_implements(schema: dict[str, Any]) -> 
     assert enums["spec.streams[].grouping"] == get_args(topology.Grouping)
     assert enums["spec.scaling.strategy"] == topology.STRATEGIES
     assert enums["spec.scaling.migration"] == get_args(MigrationProtocol)
+    assert enums["spec.scaling.migrationScope"] == get_args(MigrationScope)
     assert enums["spec.deletionPolicy"] == savepoints.DELETION_POLICIES
     assert enums["status.phase"] == status.PHASES
 

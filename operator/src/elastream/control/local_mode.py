@@ -97,7 +97,9 @@ def local_controller(
 
     events = events or PrintEvents()
     client = cluster.client
-    driver = MigrationDriver(topology, cluster, client, topology.scaling.migration, events=events)
+    driver = MigrationDriver(
+        topology, cluster, client, topology.scaling.migration, events=events, scope=topology.scaling.migration_scope
+    )
     checkpoints = CheckpointDriver(topology, cluster, client, identity=driver.identity)
     checkpointer = Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)
     archiver = (

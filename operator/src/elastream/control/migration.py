@@ -14,6 +14,17 @@ replay their captured events, sources resume), after it goes forward (the state 
 schedule cannot be applied after COMMIT, the old one is applied again and initialised from the same
 state, so nothing is lost either way.
 
+With `scope="moving"` (CCR only) the migration pauses only what moves (`core.migration_scope`): PREPARE and
+COMMIT go to the executors that move and to the kept executors that send to them (which hold what is
+addressed to the moving ones and send COMMIT in-band into them, nothing else); every other executor and
+source runs on throughout, the workers switch only the moving executors (`SWITCH` with the scope), INIT goes
+to their new instances and RESUME to the moving sources. Its checkpoint holds only the moving executors, so
+it is not a consistent cut of the topology: it is deleted after INIT and the latest periodic checkpoint stays
+the one a failure rolls back to. That rollback is the answer to anything going wrong after COMMIT (a worker
+that dies, a schedule that does not come up): a kept executor's state lives only in its process, so the
+old schedule cannot be put back as CCR's full scope does; without a periodic checkpoint to roll back to,
+the migration takes the full scope instead.
+
 `restart` (Storm's and Flink's default, the baseline) stops every worker and starts the new schedule from
 the last periodic checkpoint (`control.checkpoints`); the sources replay what they emitted after it and the
 report counts those events. `rollback` is the same restore done in place, for recovery: the surviving
@@ -29,7 +40,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -40,6 +51,7 @@ from elastream.control.checkpoints import abandon_checkpoint
 from elastream.control.retrying import retry_within
 from elastream.core.checkpoint_protocol import replayed_events
 from elastream.core.migration_protocol import (
+    SENDER,
     Ack,
     Action,
     ActionKind,
@@ -50,12 +62,13 @@ from elastream.core.migration_protocol import (
     Phase,
     Timeouts,
 )
+from elastream.core.migration_scope import MigrationParts, migration_parts
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
-from elastream.core.topology.limits import MigrationProtocol
+from elastream.core.topology.limits import MigrationProtocol, MigrationScope
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
 from elastream.store.codec import unpack
@@ -105,6 +118,8 @@ class MigrationDriver:
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: told when Redis goes away (with why) and comes back (""), while a migration waits for it
     on_redis: Callable[[str], None] | None = None
+    #: CCR: pause every executor (`all`) or only those that move (`moving`); see the module
+    scope: MigrationScope = "all"
 
     def __post_init__(self) -> None:
         self.store = CheckpointStore(self.client, self.topology.redis_prefix)
@@ -166,12 +181,13 @@ class MigrationDriver:
         """Move the running topology to `new` with the driver's protocol; returns the report."""
         old = self.backend.current_schedule()
         mid = uuid.uuid4().hex[:12]
+        scope = self.scope_for()
         prepare_ms = None
         if self.protocol != "restart":
             # added nodes start and every worker binds its new inboxes now, while everything still runs
             started = self.clock.now()
             try:
-                self.backend.prepare(new)
+                self.backend.prepare(new, scope=scope)
             except BackendError as exc:
                 return self._not_started(mid, old, new, f"the new schedule could not be prepared: {exc}")
             prepare_ms = (self.clock.now() - started) * 1000.0
@@ -182,6 +198,7 @@ class MigrationDriver:
             "old": json.dumps(old.to_dict()),
             "new": json.dumps(new.to_dict()),
             "startedAt": self.clock.now(),
+            "scope": scope,
         }
         if self.protocol == "restart":
             latest = self.store.latest_checkpoint()
@@ -199,16 +216,25 @@ class MigrationDriver:
                 f"migration {current} of {self.topology.name} is in progress; wait for it to finish "
                 "(or let a restarted controller resume it)"
             )
-        coordinator = MigrationCoordinator(
-            mid, self.protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
-        )
-        run = _Run(self, coordinator, old, new, self._control(), restore_from=str(record.get("restoreFrom", "")))
+        parts = migration_parts(self.topology, old, new, scope)
+        coordinator = MigrationCoordinator(mid, self.protocol, parts.participants, parts.moving_new, self.timeouts)
+        run = _Run(self, coordinator, old, new, self._control(), parts, restore_from=str(record.get("restoreFrom", "")))
         run.prepare_ms = prepare_ms
         self.events.emit(
             EventReason.MIGRATION_STARTED,
             f"{self.protocol} migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes",
         )
         return run.go(coordinator.start(self.clock.now()))
+
+    def scope_for(self) -> MigrationScope:
+        """The scope this migration takes: `moving` only for CCR, and only with a periodic checkpoint to roll
+        back to should anything go wrong after COMMIT (see the module)."""
+        if self.scope != "moving" or self.protocol != "ccr":
+            return "all"
+        if self.store.latest_checkpoint() is None:
+            log.info("%s: no periodic checkpoint yet: this migration pauses every executor", self.topology.name)
+            return "all"
+        return "moving"
 
     def _begin(self, mid: str, record: dict[str, Any], new: Schedule) -> bool:
         """Claim the topology for `mid` and take the owner lease; Redis away: nothing was paused yet, so the
@@ -280,10 +306,10 @@ class MigrationDriver:
         old = Schedule.from_dict(json.loads(record["old"]))
         new = Schedule.from_dict(json.loads(record["new"]))
         protocol: MigrationProtocol = record.get("protocol", "ccr")  # type: ignore[assignment]
-        coordinator = MigrationCoordinator(
-            mid, protocol, frozenset(old.assignment), frozenset(new.assignment), self.timeouts
-        )
-        run = _Run(self, coordinator, old, new, self._control(), restore_from=record.get("restoreFrom", ""))
+        scope: MigrationScope = "moving" if record.get("scope") == "moving" else "all"
+        parts = migration_parts(self.topology, old, new, scope)
+        coordinator = MigrationCoordinator(mid, protocol, parts.participants, parts.moving_new, self.timeouts)
+        run = _Run(self, coordinator, old, new, self._control(), parts, restore_from=record.get("restoreFrom", ""))
         now = self.clock.now()
         coordinator.times.started_at = float(record.get("startedAt", now))
         phase = record.get("phase", Phase.PREPARING.value)
@@ -305,6 +331,8 @@ class _Run:
     old: Schedule
     new: Schedule
     control: ControlChannel
+    #: who takes part (`core.migration_scope`; scope `all`: everyone)
+    parts: MigrationParts
     #: `restart`: the periodic checkpoint the new schedule starts from ("" when there is none yet)
     restore_from: str = ""
     target: Schedule | None = None
@@ -316,6 +344,12 @@ class _Run:
     prepare_ms: float | None = None
     #: when RESUME went to the sources (the end of the pause)
     resumed_at: float | None = None
+    #: a partial migration that failed after COMMIT: why (the topology rolls back to the last checkpoint)
+    fell_back: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.parts.kept)
 
     def go(self, actions: list[Action]) -> MigrationReport:
         """Carry out the coordinator's actions and feed it acks until it is done or aborted. Every step that
@@ -353,6 +387,8 @@ class _Run:
             failed = driver.backend.failed_nodes()
             if failed:
                 self.rollback = recover_from_failure(driver, failed)
+            elif self.fell_back is not None:  # no worker died: the schedule did not come up
+                self.rollback = roll_back(driver)
         with contextlib.suppress(redis.RedisError):  # the lease runs out by itself
             driver.owner.release()
         return self.report()
@@ -361,11 +397,14 @@ class _Run:
         driver, coordinator = self.driver, self.coordinator
         now = driver.clock.now()
         actions: list[Action] = []
-        if coordinator.phase in (Phase.PREPARING, Phase.COMMITTING):
+        if coordinator.phase in (Phase.PREPARING, Phase.COMMITTING) or self.partial:
             try:
                 driver.backend.check_alive()
             except BackendError as exc:
-                return coordinator.on_failure(f"a worker failed during {coordinator.phase.value}: {exc}", now)
+                reason = f"a worker failed during {coordinator.phase.value}: {exc}"
+                if coordinator.phase == Phase.INITIALIZING:
+                    return self.fall_back(reason)
+                return coordinator.on_failure(reason, now)
         ack_phase = ACK_PHASES.get(coordinator.phase)
         if ack_phase is not None:
             phase = coordinator.phase
@@ -396,29 +435,27 @@ class _Run:
         mid = coordinator.migration_id
         kind = action.kind
         if kind == ActionKind.BROADCAST_PREPARE:
-            message = {"type": ControlType.PREPARE, "mid": mid, "protocol": coordinator.protocol}
-            targets = self.sources(self.old) if coordinator.protocol == "dcr" else action.executors
-            self.broadcast(targets, message)
+            self.control.send_each(self.prepare_messages(action.executors))
         elif kind == ActionKind.START_COMMIT:
             driver.store.update_record(mid, {"phase": Phase.COMMITTING.value})
-            self.broadcast(self.sources(self.old), {"type": ControlType.COMMIT, "mid": mid})
+            self.control.send_each(self.commit_messages())
         elif kind == ActionKind.APPLY_SCHEDULE:
             return self.apply()
         elif kind == ActionKind.BROADCAST_INIT:
             driver.store.update_record(mid, {"phase": Phase.INITIALIZING.value})
-            message = {"type": ControlType.INIT, "mid": mid}
-            if self.restore_from:
-                message["from"] = self.restore_from
-            self.broadcast(action.executors, message)
+            self.broadcast(action.executors, self.init_message())
         elif kind == ActionKind.RESUME_SOURCES:
-            running = self.old if coordinator.phase == Phase.ABORTED else (self.target or self.new)
-            self.broadcast(self.sources(running), {"type": ControlType.RESUME, "mid": mid})
+            aborted = coordinator.phase == Phase.ABORTED
+            running = self.old if aborted else (self.target or self.new)
+            paused = self.parts.moving_old if aborted else coordinator.new_executors
+            resumed = [e for e in self.sources(running) if e in paused]
+            self.broadcast(resumed, {"type": ControlType.RESUME, "mid": mid})
             self.resumed_at = driver.clock.now()
         elif kind == ActionKind.ABORT:
             self.broadcast(action.executors, {"type": ControlType.ABORT, "mid": mid})
             driver.events.emit(EventReason.MIGRATION_ABORTED, f"migration {mid}: {action.reason}", warning=True)
         elif kind == ActionKind.CLEANUP:
-            if coordinator.phase == Phase.DONE and coordinator.protocol != "restart":
+            if coordinator.phase == Phase.DONE and coordinator.protocol != "restart" and not self.partial:
                 # its state, captured events and positions are a consistent cut: the latest checkpoint now,
                 # committed with the exactly-once sinks' output staged at COMMIT
                 info = {"completedAt": driver.clock.now(), "schedule": (self.target or self.new).to_dict()}
@@ -427,6 +464,36 @@ class _Run:
             else:
                 driver.store.delete_migration(mid)
         return []
+
+    def prepare_messages(self, executors: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """PREPARE for each executor that moves (DCR: to the sources, which forward it in-band) and, in a
+        partial migration, PREPARE as a sender, with what to hold, for each kept executor sending to them."""
+        coordinator, parts = self.coordinator, self.parts
+        mid = coordinator.migration_id
+        message: dict[str, Any] = {"type": ControlType.PREPARE, "mid": mid, "protocol": coordinator.protocol}
+        if self.partial:
+            message["scope"] = "moving"
+        targets = self.sources(self.old) if coordinator.protocol == "dcr" else executors
+        messages = {e: message for e in targets if e in parts.moving_old}
+        for sender, holds in parts.senders.items():
+            messages[sender] = {"type": ControlType.PREPARE, "mid": mid, "role": SENDER, "hold": dict(holds)}
+        return messages
+
+    def commit_messages(self) -> dict[str, dict[str, Any]]:
+        """COMMIT for the sources that move (they forward it in-band) and for the senders of a partial one."""
+        commit: dict[str, Any] = {"type": ControlType.COMMIT, "mid": self.coordinator.migration_id}
+        messages = {e: commit for e in self.sources(self.old) if e in self.parts.moving_old}
+        for sender in self.parts.senders:
+            messages[sender] = {**commit, "role": SENDER}
+        return messages
+
+    def init_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": ControlType.INIT, "mid": self.coordinator.migration_id}
+        if self.restore_from:
+            message["from"] = self.restore_from
+        if self.parts.partly_moving:  # their new executors share what the moving ones captured
+            message["partlyMoving"] = {v: list(indices) for v, indices in self.parts.partly_moving.items()}
+        return message
 
     def apply(self) -> list[Action]:
         """Switch to the target schedule in place (`restart`: stop every worker first); if it cannot be
@@ -437,8 +504,10 @@ class _Run:
         if coordinator.protocol == "restart" and not driver.in_place:
             driver.backend.stop_workers()
         try:
-            driver.backend.apply(target, mid)
+            driver.backend.apply(target, mid, scope="moving" if self.partial else "all")
         except BackendError as exc:
+            if self.partial:
+                return self.fall_back(f"the new schedule did not come up: {exc}")
             if self.rolled_back is not None:
                 raise MigrationError(
                     f"migration {mid}: the new schedule failed ({self.rolled_back}) and so did the old one "
@@ -455,6 +524,21 @@ class _Run:
             driver.store.discard_transactions()
         self.control.update(driver.backend.current_schedule())
         return coordinator.on_rebalanced(driver.clock.now())
+
+    def fall_back(self, reason: str) -> list[Action]:
+        """A partial migration failed after COMMIT: the kept executors' state is only in their processes, so
+        the old schedule cannot be put back from the migration's checkpoint. The migration ends (its record
+        and checkpoint go) and `go` rolls the topology back to the last periodic checkpoint."""
+        coordinator = self.coordinator
+        self.fell_back = reason
+        coordinator.failure = reason
+        coordinator.phase = Phase.ABORTED
+        self.driver.events.emit(
+            EventReason.MIGRATION_ROLLING_BACK,
+            f"migration {coordinator.migration_id}: {reason}; rolling back to the last periodic checkpoint",
+            warning=True,
+        )
+        return [Action(ActionKind.CLEANUP)]
 
     def count_replay(self) -> int:
         """What the sources will replay: from the positions they reached (published every interval and by
@@ -498,6 +582,9 @@ class _Run:
             outcome=outcome,
             reason=reason,
             restored_from=self.restore_from or None,
+            scope="moving" if self.partial else "all",
+            paused_executors=len(self.parts.moving_old),
+            executors=len(self.old.assignment),
             pause_ms=None
             if self.resumed_at is None or coordinator.times.started_at is None
             else (self.resumed_at - coordinator.times.started_at) * 1000.0,
@@ -519,8 +606,7 @@ def recover_from_failure(driver: MigrationDriver, failed: dict[str, str]) -> Mig
     after it (counted as `replayed`), so nothing is lost. Without one, restart the dead workers empty and
     say what was lost (returns None)."""
     if driver.store.latest_checkpoint() is not None:
-        rollback = replace(driver, protocol="restart", in_place=True, before_action=None)
-        return rollback.migrate(driver.backend.current_schedule())
+        return roll_back(driver)
     nodes = sorted(failed)
     driver.backend.restart_nodes(nodes)
     driver.events.emit(
@@ -530,3 +616,10 @@ def recover_from_failure(driver: MigrationDriver, failed: dict[str, str]) -> Mig
         True,
     )
     return None
+
+
+def roll_back(driver: MigrationDriver) -> MigrationReport:
+    """Roll the whole topology back to the last periodic checkpoint in place (`restart`, reloading the
+    surviving workers): state from the checkpoint, the sources replaying what came after it."""
+    rollback = replace(driver, protocol="restart", in_place=True, before_action=None)
+    return rollback.migrate(driver.backend.current_schedule())

@@ -183,6 +183,7 @@ class ReconcilerBase:
             topology.scaling.migration,
             events=managed.events,
             clock=self.clock,
+            scope=topology.scaling.migration_scope,
         )
         checkpoints = CheckpointDriver(topology, backend, client, identity=migrator.identity, clock=self.clock)
         controller = TopologyController(

@@ -64,6 +64,8 @@ class ScalingRecord:
             "replayed": report.get("replayed"),
             "restoredFrom": report.get("restoredFrom"),
             "pauseMs": report.get("pauseMs"),
+            "migrationScope": report.get("scope"),
+            "pausedExecutors": report.get("pausedExecutors"),
             "analysisEngine": data["analysis_engine"],
             "trigger": data["trigger"],
             "prepareMs": report.get("prepareMs"),

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from elastream.core.outcomes import Direction, Outcome
-from elastream.core.topology.limits import MigrationProtocol
+from elastream.core.topology.limits import MigrationProtocol, MigrationScope
 
 
 class ControlType(enum.StrEnum):
@@ -56,6 +56,13 @@ class ControlType(enum.StrEnum):
     UNSTAGE = "unstage"
     #: a node's worker stops now: its backend is about to stop it (a SIGTERM that follows is no drain request)
     STOP = "stop"
+    #: a worker to one of its executors that stays in a partial migration: the new schedule's outputs and
+    #: upstream (never sent through Redis: it carries the channels)
+    REROUTE = "reroute"
+
+
+#: the `role` of PREPARE and COMMIT to an executor that stays and sends to moving ones (`core.migration_scope`)
+SENDER = "sender"
 
 
 class Phase(enum.Enum):
@@ -65,6 +72,10 @@ class Phase(enum.Enum):
     INITIALIZING = "initializing"  # INIT broadcast (and resent); waiting for every new executor's ack
     DONE = "done"
     ABORTED = "aborted"
+
+
+#: the phases that end when every expected executor has acked
+ACK_WAITING = (Phase.PREPARING, Phase.COMMITTING, Phase.INITIALIZING)
 
 
 class ActionKind(enum.Enum):
@@ -220,9 +231,12 @@ class MigrationCoordinator:
         return [Action(ActionKind.BROADCAST_INIT, tuple(sorted(self.new_executors)))]
 
     def on_tick(self, now: float) -> list[Action]:
-        """Resend INIT to the executors that have not acked; time phases out."""
+        """Resend INIT to the executors that have not acked; time phases out. A phase that waits for nobody
+        (a partial migration in which nothing moves) is over at once."""
         if self.phase in (Phase.DONE, Phase.ABORTED):
             return []
+        if self.phase in ACK_WAITING and not self._expected():
+            return self._advance(now)
         limit = {
             Phase.PREPARING: self.timeouts.prepare_s,
             Phase.COMMITTING: self.timeouts.commit_s,
@@ -365,6 +379,11 @@ class MigrationReport:
     pause_ms: float | None = None
     #: readying the new schedule before anything was paused (added nodes started, inboxes bound)
     prepare_ms: float | None = None
+    #: CCR: whether every executor paused (`all`) or only those that moved (`moving`)
+    scope: MigrationScope = "all"
+    #: executors of the old schedule that paused (captured, drained or stopped), and how many it had
+    paused_executors: int | None = None
+    executors: int | None = None
 
     def to_status(self) -> dict[str, object]:
         return {
@@ -383,4 +402,7 @@ class MigrationReport:
             "restoredFrom": self.restored_from,
             "pauseMs": self.pause_ms,
             "prepareMs": self.prepare_ms,
+            "scope": self.scope,
+            "pausedExecutors": self.paused_executors,
+            "executors": self.executors,
         }

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule
+from elastream.core.topology.limits import MigrationScope
 from elastream.core.window_analysis import Analysis
 
 
@@ -168,19 +169,21 @@ class Backend(Protocol):
         """Start every node of `schedule` from scratch and wait until all are ready."""
         ...
 
-    def prepare(self, schedule: Schedule) -> None:
+    def prepare(self, schedule: Schedule, scope: MigrationScope = "all") -> None:
         """Ready the next schedule without disturbing the running one: nodes it adds are started and ready
-        (idle, endpoints registered), nodes that stay bind the inboxes of their new executors."""
+        (idle, endpoints registered), nodes that stay bind the inboxes of their new executors (`moving`: only
+        of those that move, `core.migration_scope`)."""
         ...
 
     def discard(self, schedule: Schedule) -> None:
         """Undo `prepare(schedule)`: the added nodes stop, the staying ones drop what they bound."""
         ...
 
-    def apply(self, schedule: Schedule, migration_id: str) -> None:
+    def apply(self, schedule: Schedule, migration_id: str, scope: MigrationScope = "all") -> None:
         """Switch to `schedule` in place: a running worker that stays loads it (stops the executors it
-        loses, starts the ones it gains, waiting for INIT of `migration_id`), a node without a running
-        worker is started, a node the schedule drops stops. Returns when every node of it is ready."""
+        loses, starts the ones it gains, waiting for INIT of `migration_id`; `moving`: the executors that
+        stay as they are run on), a node without a running worker is started, a node the schedule drops
+        stops. Returns when every node of it is ready."""
         ...
 
     def failed_nodes(self) -> dict[str, str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.core.migration_protocol import ControlType, Mode
+from elastream.core.migration_protocol import SENDER, ControlType, Mode
 from elastream.runtime.operators.api import SAME, Context
 from elastream.runtime.participant import Migration
 from elastream.runtime.routing import Router
@@ -44,6 +44,12 @@ READ_AHEAD = 8
 IN_BAND = frozenset((ControlType.COMMIT, ControlType.BARRIER))
 #: test-only: `<executor>:<n>` makes that executor's loop raise `InjectedCrash` after n events (see above)
 TEST_CRASH_ENV = "ELASTREAM_TEST_CRASH"
+#: what an executor emits goes out at least this often while it works through a batch, and a source's poll
+#: emits at most this much of its own time: a costly operator's output would otherwise wait for the whole
+#: batch (seconds, after a rescale's catch-up), which users feel as latency
+FLUSH_S = 0.01
+#: a batch looks at the time every this many events (+1): cheap operators do not pay for the clock
+FLUSH_CHECK_MASK = 15
 
 
 class InjectedCrash(RuntimeError):
@@ -199,7 +205,7 @@ class ExecutorThread(ExecutorLoop):
 
     def loop(self) -> None:
         while not self.stop.is_set():
-            frame = self._next_frame()
+            frame = self._next_frame(take_input=not self.router.holding_full())
             if frame is not None:
                 self.handle(frame)
             elif self.timer is not None and self._timer_allowed():
@@ -225,9 +231,12 @@ class ExecutorThread(ExecutorLoop):
         self.router.flush()
         counters.busy_s += time.perf_counter() - start - self.router.take_blocked()
 
-    def _next_frame(self) -> list[Any] | None:
+    def _next_frame(self, take_input: bool = True) -> list[Any] | None:
         if not self.control.empty():
             return [CONTROL, CONTROLLER, self.control.get_nowait()]
+        if not take_input:  # a partial migration holds enough for moving receivers: input waits (back-pressure)
+            self.stop.wait(IDLE_POLL_MS / 1000.0)
+            return None
         if not self.ahead:
             frame = self.inbox.receive(IDLE_POLL_MS)
             if frame is None:
@@ -289,8 +298,11 @@ class ExecutorThread(ExecutorLoop):
         migration, participant = self.migration, self.migration.participant
         kind, mid = message.get("type"), str(message.get("mid"))
         log.debug("executor %s: %s of migration %s from %s", self.executor, kind, mid, sender)
+        if sender == CONTROLLER and on_sender_control(self, message):
+            return
         if kind == ControlType.PREPARE:
             participant.protocol = message.get("protocol", "ccr")
+            migration.hand_over = message.get("scope") == "moving"
             prepared = participant.on_prepare(mid, sender if participant.protocol == "dcr" else None)
             self.abandon_alignment()
             if prepared:
@@ -313,9 +325,8 @@ class ExecutorThread(ExecutorLoop):
             if migration.awaiting == mid and participant.on_init(mid):
                 context = self.context
                 source = str(message.get("from") or mid)  # `restart`: the periodic checkpoint to restore
-                events = migration.restore(
-                    source, self.operator, context.key_groups, context.index, context.parallelism
-                )
+                index, share = pending_share(message, context)
+                events = migration.restore(source, self.operator, context.key_groups, index, share)
                 # initialised: state loaded, captured events in hand. Ack now (restore ends here, as in the
                 # paper); replaying them, before any newer input, is the catch-up that follows.
                 migration.ack(mid, "initializing", replayed=len(events))
@@ -329,6 +340,7 @@ class ExecutorThread(ExecutorLoop):
                 migration.ack(mid, "initializing")  # a resent INIT: already done, ack again
         elif kind == ControlType.ABORT:
             participant.on_abort()
+            release_held(self)
             events = migration.abort(mid, self.operator)
             for start in range(0, len(events), MAX_BATCH):
                 self.process_batch(events[start : start + MAX_BATCH])
@@ -377,7 +389,7 @@ class ExecutorThread(ExecutorLoop):
         mid-batch interrupts it: the rest of the batch goes back to the front of the queue, behind that
         message, so a PREPARE captures it instead of waiting for a long batch to finish."""
         counters = self.counters
-        start = time.perf_counter()
+        start = flushed = time.perf_counter()
         process, emit = self.operator.process, self.emit
         stop, control = self.stop, self.control
         done = 0
@@ -395,6 +407,9 @@ class ExecutorThread(ExecutorLoop):
             except Exception as exc:
                 self._report(exc, event)
             done += 1
+            if not done & FLUSH_CHECK_MASK and time.perf_counter() - flushed >= FLUSH_S:
+                self.router.flush()  # a slow batch sends what it has so far (`FLUSH_S`)
+                flushed = time.perf_counter()
         events = events[:done]
         counters.received += len(events)
         counters.processed += len(events)
@@ -506,6 +521,8 @@ class SourceThread(ExecutorLoop):
         backlog = getattr(self.operator, "backlog", None)
         backlog = backlog if callable(backlog) else None
         self.opened = True
+        #: events one poll may emit: about `FLUSH_S` of this source's own time per event, measured
+        poll_cap = MAX_BATCH
         while not self.stop.is_set():
             while not self.control.empty():
                 self.on_control(CONTROLLER, self.control.get_nowait())
@@ -520,9 +537,12 @@ class SourceThread(ExecutorLoop):
                 continue
             self.now = time.time()
             before = counters.emitted
-            due = self.operator.poll(self.now, self.emit_new, budget)
+            due = self.operator.poll(self.now, self.emit_new, min(budget, poll_cap))
+            polled = time.perf_counter() - start
             self.router.flush()
             emitted = counters.emitted - before
+            if emitted:
+                poll_cap = max(1, min(MAX_BATCH, int(FLUSH_S * emitted / max(polled, 1e-6))))
             counters.processed += emitted
             if backlog is not None:  # the source tells what it was offered and what waits (`Synthetic`)
                 counters.received = max(counters.received, int(due))
@@ -538,6 +558,8 @@ class SourceThread(ExecutorLoop):
     def on_control(self, sender: str, message: Mapping[str, Any]) -> None:
         migration = self.migration
         kind, mid = message.get("type"), str(message.get("mid"))
+        if on_sender_control(self, message):
+            return
         if kind == ControlType.PREPARE:
             self.paused.set()
             migration.participant.protocol = message.get("protocol", "ccr")
@@ -571,4 +593,50 @@ class SourceThread(ExecutorLoop):
             migration.ack(mid, "initializing")
         elif kind in (ControlType.RESUME, ControlType.ABORT):
             migration.participant.on_abort()
+            release_held(self)
             self.paused.clear()
+
+
+# ---- a partial migration (scope `moving`): the part of an executor that stays and sends to moving ones -----
+
+
+def on_sender_control(thread: ExecutorLoop, message: Mapping[str, Any]) -> bool:
+    """The messages of a partial migration to an executor that stays (`core.migration_scope`); True when
+    `message` was one. PREPARE (role `sender`): hold what is addressed to the moving receivers, ack. COMMIT
+    (role `sender`): COMMIT in-band on the channels into them, ack. REROUTE (from this worker's switch): the
+    new schedule's outputs and upstream; what was held goes to the new receivers. Nothing pauses."""
+    kind, mid = message.get("type"), str(message.get("mid"))
+    migration = thread.migration
+    if kind == ControlType.REROUTE:
+        if message.get("outputs") is not None:
+            for channel in thread.router.reroute(message["outputs"]):
+                channel.close(0)
+        migration.participant.upstream = frozenset(message["upstream"])
+        migration.holding = None
+        return True
+    if message.get("role") != SENDER:
+        return False
+    if kind == ControlType.PREPARE:
+        migration.holding = mid
+        thread.router.hold(message.get("hold") or {})
+        migration.ack(mid, "preparing")
+    elif kind == ControlType.COMMIT and migration.holding == mid:
+        thread.router.send_control_held({"type": ControlType.COMMIT, "mid": mid})
+        migration.ack(mid, "committing")
+    return True
+
+
+def release_held(thread: ExecutorLoop) -> None:
+    """A partial migration was aborted: what this executor held goes to the old receivers after all."""
+    if thread.migration.holding is not None:
+        thread.migration.holding = None
+        thread.router.release()
+
+
+def pending_share(message: Mapping[str, Any], context: Context) -> tuple[int, int]:
+    """Which part of its vertex's shared captured list a new executor replays (`MigrationParts.pending_share`):
+    its index of the vertex's parallelism, or its rank among the moving executors when some stay."""
+    moving = (message.get("partlyMoving") or {}).get(context.vertex)
+    if not moving:
+        return context.index, context.parallelism
+    return sorted(moving).index(context.index), len(moving)

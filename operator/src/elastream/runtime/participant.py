@@ -49,6 +49,12 @@ class Migration:
     captured: int = 0
     #: the executor's stop event: a call waiting for Redis gives up when it is set (`RetryCancelled`)
     stop: threading.Event | None = None
+    #: the partial migration this executor, which stays, holds its output to moving receivers for
+    holding: str | None = None
+    #: this executor moves in a partial migration (PREPARE's scope `moving`): its checkpoint is not a
+    #: consistent cut of the topology, so an exactly-once sink hands its uncommitted output over instead of
+    #: staging it under the migration (the new instance commits it with the next periodic checkpoint)
+    hand_over: bool = False
 
     @property
     def vertex(self) -> str:
@@ -75,9 +81,15 @@ class Migration:
     def checkpoint(self, mid: str, operator: Any, position: Any = None) -> int:
         """Persist state (per key group), captured events and a source's position in one round trip; an
         exactly-once sink first stages its output under `mid` (committed with the checkpoint)."""
-        pre_commit = getattr(operator, "pre_commit", None)
-        if callable(pre_commit):
-            pre_commit(mid)
+        hand_over = getattr(operator, "hand_over", None)
+        if self.hand_over and callable(hand_over):
+            uncommitted = hand_over()
+            self.pending.setdefault(ANY, []).extend(uncommitted)  # any new instance of the sink may write them
+            self.captured += len(uncommitted)
+        else:
+            pre_commit = getattr(operator, "pre_commit", None)
+            if callable(pre_commit):
+                pre_commit(mid)
         state: dict[int, bytes] = {}
         snapshot = getattr(operator, "snapshot_state", None)
         if callable(snapshot):

@@ -8,6 +8,12 @@ to the same problem, its load-aware shuffle), so a vertex goes at the sum of its
 of k times its slowest one's. `balance: round-robin` keeps the plain deal in turn. Either way a channel
 stays FIFO and every event goes down exactly one channel, so the migration protocols' in-band markers and
 exactly-once accounting see no difference.
+
+During a migration that pauses only what moves (`core.migration_scope`), a router *holds* what is addressed
+to the moving receivers (`hold`): a shuffle stream sends to the receivers that stay, a keyed, broadcast or
+global one keeps the events for a moving receiver aside; COMMIT goes in-band on the held channels only
+(`send_control_held`); once the new schedule is in place `reroute` swaps in its outputs and sends what was
+held to the new receivers (or `release` sends it to the old ones after all, when the migration aborted).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ log = logging.getLogger("elastream.worker")
 
 #: how an executor opens the channel from one of its executors to a receiver: (sender, receiver, endpoint)
 OpenChannel = Callable[[str, str, str], Channel]
+#: events a router holds for moving receivers before its executor stops taking input (back-pressure)
+HOLD_LIMIT = 4 * MAX_BATCH
 
 
 def grouping_key(event: Any, field: str | None) -> Any:
@@ -56,6 +64,11 @@ class OutputStream:
         #: the pending buffer goes out when it holds this many events: the frame limit of the channel with
         #: the most free credit when the last frame went (the likely next target)
         self.pending_limit = self.channels[0].frame_limit if self.channels else MAX_BATCH
+        #: during a partial migration: the indices of the moving receivers, and whether all of them move
+        self.held: frozenset[int] = frozenset()
+        self.held_whole = False
+        #: what is held for them: (event, receiver index, or None to be routed afresh by the new schedule)
+        self.held_events: list[tuple[Any, int | None]] = []
 
     def choose(self, n: int, stop: threading.Event) -> tuple[Channel, float]:
         """The channel for the next frame of `n` events: the one with the most free credit, ties going to the
@@ -119,6 +132,9 @@ class Router:
 
     def route(self, event: Any) -> None:
         for output in self.outputs:
+            if output.held:
+                self._route_holding(output, event)
+                continue
             if output.load_aware:
                 output.pending.append(event)
                 if len(output.pending) >= output.pending_limit:
@@ -141,6 +157,88 @@ class Router:
                     self.blocked_s += output.channels[index].send_events(buffer, self.stop)
                     output.buffers[index] = []
 
+    def _route_holding(self, output: OutputStream, event: Any) -> None:
+        """`route` for a stream with moving receivers: hold what is theirs, send the rest."""
+        if output.held_whole:
+            output.held_events.append((event, None))
+            return
+        if output.grouping == "shuffle":  # any receiver may take it: deal it to those that stay
+            k = len(output.channels)
+            while output.next_index in output.held:
+                output.next_index = (output.next_index + 1) % k
+            targets: Sequence[int] = (output.next_index,)
+            output.next_index = (output.next_index + 1) % k
+        else:
+            targets = output.targets(event)
+        for index in targets:
+            if index in output.held:
+                output.held_events.append((event, index))
+                continue
+            buffer = output.buffers[index]
+            buffer.append(event)
+            if len(buffer) >= output.channels[index].frame_limit:
+                self.blocked_s += output.channels[index].send_events(buffer, self.stop)
+                output.buffers[index] = []
+
+    def hold(self, holds: Mapping[str, Sequence[int] | None]) -> None:
+        """A partial migration begins (`core.migration_scope.Holds`: child vertex -> the moving receivers'
+        indices, None when all move). What was routed before goes out first: the old receivers capture it."""
+        self.flush()
+        for output in self.outputs:
+            if output.stream.dst in holds:
+                indices = holds[output.stream.dst]
+                output.held_whole = indices is None
+                output.held = frozenset(range(len(output.channels)) if indices is None else indices)
+
+    @property
+    def holding(self) -> bool:
+        return any(output.held for output in self.outputs)
+
+    def held_count(self) -> int:
+        return sum(len(output.held_events) for output in self.outputs)
+
+    def holding_full(self) -> bool:
+        """Whether the executor should stop taking input until the migration reroutes (back-pressure)."""
+        return self.holding and self.held_count() >= HOLD_LIMIT
+
+    def send_control_held(self, message: dict[str, Any]) -> None:
+        """Send a control message (COMMIT) in-band on the held channels only, behind what they carried."""
+        self.flush()
+        for output in self.outputs:
+            for index in sorted(output.held):
+                self.blocked_s += output.channels[index].send_control(message, self.stop)
+
+    def release(self) -> None:
+        """The partial migration was aborted: what was held goes to the old receivers after all."""
+        held = [(output, output.held_events) for output in self.outputs if output.held]
+        for output, _ in held:
+            output.held, output.held_whole, output.held_events = frozenset(), False, []
+        self._deliver(held)
+
+    def reroute(self, outputs: Sequence[OutputStream]) -> list[Channel]:
+        """Switch to the new schedule's outputs (the channels to receivers that stay are the same objects)
+        and send what was held to the new receivers. Returns the channels no longer used (to close)."""
+        self.flush()
+        kept = {id(c) for output in outputs for c in output.channels}
+        dropped = [c for c in self.channels() if id(c) not in kept]
+        by_vertex = {output.stream.dst: output for output in outputs}
+        held = [(by_vertex[output.stream.dst], output.held_events) for output in self.outputs if output.held]
+        self.outputs = list(outputs)
+        self._deliver(held)
+        return dropped
+
+    def _deliver(self, held: Sequence[tuple[OutputStream, list[tuple[Any, int | None]]]]) -> None:
+        for output, events in held:
+            for event, index in events:
+                targets = output.targets(event) if index is None else (index,)
+                for target in targets:
+                    buffer = output.buffers[target]
+                    buffer.append(event)
+                    if len(buffer) >= output.channels[target].frame_limit:
+                        self.blocked_s += output.channels[target].send_events(buffer, self.stop)
+                        output.buffers[target] = []
+        self.flush()
+
     def send_control(self, message: dict[str, Any]) -> None:
         """Send a control message in-band on every output channel (behind the data already sent)."""
         self.flush()
@@ -154,8 +252,14 @@ class Router:
         batches stay large when the receivers keep up. Events are stamped when generated: generating more
         than the channels take would only make them wait, stamped, in the router's buffers."""
         budget = at_most
+        if self.holding_full():  # a partial migration holds this much for moving receivers already
+            return 0
         for output in self.outputs:
             channels = output.channels[:1] if output.grouping == "global" else output.channels
+            if output.held:  # the moving receivers' share is held (bounded above), not sent
+                channels = [c for i, c in enumerate(channels) if i not in output.held]
+                if not channels:
+                    continue
             free = sum(channel.free_credit() for channel in channels)
             window = sum(channel.window for channel in channels)
             if output.grouping == "all":

@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -271,6 +272,7 @@ class Channel:
         receiver: str,
         endpoint: str,
         keys: DataPlaneKeys | None = None,
+        window: int = INITIAL_WINDOW,
     ) -> None:
         self.sender = sender
         self.receiver = receiver
@@ -289,7 +291,9 @@ class Channel:
         #: events sent, and the highest cumulative count the receiver has acked
         self.sent = 0
         self.acked = 0
-        self.window = INITIAL_WINDOW
+        #: a channel that replaces one (a migration) starts from the window its predecessor learned: a fresh
+        #: INITIAL_WINDOW to a slow receiver queues seconds of events at once, which users feel as latency
+        self.window = max(MIN_WINDOW, min(MAX_WINDOW, window))
         self._window_started = time.monotonic()
         self._window_acked = 0
         self._next_take = 0.0
@@ -438,3 +442,12 @@ def wait_for_any_credit(channels: list[Channel], stop: threading.Event, timeout_
         if channel.socket in ready:
             channel._take_acks()
     return time.perf_counter() - start
+
+
+def learned_windows(channels: Iterable[Channel]) -> dict[tuple[str, str], int]:
+    """(sender executor, receiver vertex) -> the mean window `channels` have learned, for the channels that
+    replace them in a migration (`Channel(window=...)`)."""
+    windows: dict[tuple[str, str], list[int]] = {}
+    for channel in channels:
+        windows.setdefault((channel.sender, channel.receiver.rpartition("#")[0]), []).append(channel.window)
+    return {key: sum(found) // len(found) for key, found in windows.items()}

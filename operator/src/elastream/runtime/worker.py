@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
@@ -40,6 +40,8 @@ import zmq
 from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry
 
+from elastream.core.migration_protocol import ControlType
+from elastream.core.migration_scope import migration_parts
 from elastream.core.ports import Clock
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import split_executor_id
@@ -47,8 +49,8 @@ from elastream.runtime.executor import ExecutorThread, SourceThread
 from elastream.runtime.health import serve_health
 from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.loading import make_operator
-from elastream.runtime.routing import Router, build_outputs
-from elastream.runtime.transport import Channel, Inbox
+from elastream.runtime.routing import OpenChannel, Router, build_outputs
+from elastream.runtime.transport import INITIAL_WINDOW, Channel, Inbox
 from elastream.runtime.worker_control import ControlMessages
 from elastream.runtime.worker_drains import Drains, watched_parent
 from elastream.runtime.worker_failures import FailurePath
@@ -145,14 +147,21 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
             found = self.wait_for("the schedule in Redis (the backend writes it)", self.registry.schedule)
         return found
 
-    def stage(self, version: int, schedule: Schedule) -> Generation:
+    def stage(self, version: int, schedule: Schedule, keep: Generation | None = None) -> Generation:
         """Make this node's operators of `schedule` and bind their inboxes; register the endpoints under
-        `version`. Nothing runs yet: a migration stages the new schedule before it pauses anything."""
+        `version`. Nothing runs yet: a migration stages the new schedule before it pauses anything. With
+        `keep` (a partial migration's: the running generation) the executors it runs that stay as they are
+        (`core.migration_scope`) are not made again: their inboxes are registered under `version` too."""
         if self.node not in schedule.nodes:
             raise OperatorLoadError(f"node {self.node} is not in schedule version {version}; nothing to run")
         parallelism = schedule.parallelism()
-        mine = schedule.executors_on(self.node)
-        stop = threading.Event()  # the generation's: built-in operators waiting for Redis give up when it is set
+        kept_executors: set[str] = set()
+        if keep is not None:
+            parts = migration_parts(self.topology, keep.schedule, schedule, "moving")
+            kept_executors = {t.executor for t in keep.threads} & parts.kept
+        kept = {e: box for e, box in (keep.inboxes if keep is not None else {}).items() if e in kept_executors}
+        mine = [e for e in schedule.executors_on(self.node) if e not in kept_executors]
+        stops = {executor: threading.Event() for executor in mine}
         operators: dict[str, tuple[Any, Context]] = {}
         for executor in mine:
             vertex_name, index = split_executor_id(executor)
@@ -166,33 +175,29 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
                 config=resolve_rate_file(vertex, self.options.manifest_dir),
                 key_groups=key_group_ranges(vertex.max_parallelism, k)[index],
                 node_cpu=self.cpu,
-                stop=stop,
+                stop=stops[executor],
             )
             operators[executor] = (make_operator(vertex, self.client_factory, self.topology.redis_prefix), context)
         inboxes: dict[str, Inbox] = {}
+        receivers = [e for e in mine if self.topology.vertices[split_executor_id(e)[0]].kind != "source"]
+        ports = self._ports_for(version, len(receivers), {box.endpoint.rpartition(":")[2] for box in kept.values()})
         try:
-            for slot, executor in enumerate(mine):
-                if self.topology.vertices[split_executor_id(executor)[0]].kind != "source":
-                    inboxes[executor] = Inbox(
-                        self.zmq,
-                        self.options.host,
-                        self._port_for(version, slot),
-                        self.options.address,
-                        self.options.data_plane,
-                        self.data_plane,
-                    )
+            for executor, port in zip(receivers, ports, strict=True):
+                inboxes[executor] = Inbox(
+                    self.zmq, self.options.host, port, self.options.address, self.options.data_plane, self.data_plane
+                )
         except zmq.ZMQError:
             for inbox in inboxes.values():
                 inbox.close()
             raise
-        endpoints = {e: box.endpoint for e, box in inboxes.items()}
+        endpoints = {e: box.endpoint for e, box in (inboxes | kept).items()}
         try:
             self.redis_call("register its endpoints", lambda: self.registry.register_endpoints(version, endpoints))
         except BaseException:
             for inbox in inboxes.values():
                 inbox.close()
             raise
-        return Generation(version, schedule, operators, inboxes, stop)
+        return Generation(version, schedule, operators, inboxes, stops)
 
     def activate(self, generation: Generation) -> bool:
         """Connect `generation`'s outputs to the registered endpoints of its downstream executors, build its
@@ -200,9 +205,10 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         schedule, version = generation.schedule, generation.version
         parallelism = schedule.parallelism()
         mine = list(generation.operators)
+        senders = mine + [t.executor for t in generation.threads]  # the kept threads of a partial switch too
         needed = {
             f"{child}#{i}"
-            for executor in mine
+            for executor in senders
             for child in self.topology.children(split_executor_id(executor)[0])
             for i in range(parallelism[child])
         }
@@ -222,21 +228,22 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         endpoints = found["endpoints"]
 
         def open_channel(sender: str, receiver: str, endpoint: str) -> Channel:
-            channel = Channel(self.zmq, sender, receiver, endpoint, self.options.data_plane)
-            generation.channels.append(channel)
-            return channel
+            window = generation.windows.get((sender, split_executor_id(receiver)[0]), INITIAL_WINDOW)
+            return Channel(self.zmq, sender, receiver, endpoint, self.options.data_plane, window)
 
+        kept = list(generation.threads)
+        for running in kept:  # a partial switch: the kept threads take the new schedule's outputs and upstream
+            running.control.put(self._reroute(running, parallelism, endpoints, open_channel))
         for executor in mine:
             vertex_name, _ = split_executor_id(executor)
             operator, context = generation.operators[executor]
+            stop = generation.stops[executor]
             outputs = build_outputs(self.topology, executor, parallelism, endpoints, open_channel)
-            router = Router(outputs, generation.stop)
-            migration = self._migration_for(executor, parallelism, generation.awaiting, generation.stop)
+            router = Router(outputs, stop)
+            migration = self._migration_for(executor, parallelism, generation.awaiting, stop)
             thread: ExecutorThread | SourceThread
             if self.topology.vertices[vertex_name].kind == "source":
-                thread = SourceThread(
-                    executor, operator, context, router, generation.stop, migration, self.executor_failed
-                )
+                thread = SourceThread(executor, operator, context, router, stop, migration, self.executor_failed)
                 thread.paused.set()  # until every node is ready (and, during a migration, until RESUME)
             else:
                 is_sink = self.topology.vertices[vertex_name].kind == "sink"
@@ -247,7 +254,7 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
                     context,
                     inbox,
                     router,
-                    generation.stop,
+                    stop,
                     is_sink,
                     migration,
                     self.executor_failed,
@@ -256,7 +263,8 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         # about an hour of samples for the executors that actually run, at the actual interval
         self.metrics.maxlen = metric_stream_maxlen(len(schedule), self.options.interval_s)
         for thread in generation.threads:
-            thread.start()
+            if thread not in kept:
+                thread.start()
         self.current = generation
         info = {
             "pid": os.getpid(),
@@ -278,27 +286,69 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         )
         return True
 
-    def retire(self, generation: Generation) -> None:
-        """Stop a generation's threads and close its sockets. In a migration they are checkpointed (state and
-        captured events committed) and idle; a source's final position is published for `restart`'s count."""
-        generation.stop.set()
-        _join(generation.threads, 5.0, self.clock)
-        positions = self.source_positions(generation)
+    def _reroute(
+        self,
+        thread: ExecutorThread | SourceThread,
+        parallelism: Mapping[str, int],
+        endpoints: Mapping[str, str],
+        open_channel: OpenChannel,
+    ) -> dict[str, Any]:
+        """The REROUTE a kept thread of a partial switch gets: its outputs under the new schedule (None when
+        its receivers are the same; a channel to a receiver that stays is the same object, its credit and
+        order intact) and its upstream executors."""
+        existing = {(c.receiver, c.endpoint): c for c in thread.router.channels()}
+
+        def reuse(sender: str, receiver: str, endpoint: str) -> Channel:
+            return existing.get((receiver, endpoint)) or open_channel(sender, receiver, endpoint)
+
+        vertex = split_executor_id(thread.executor)[0]
+        wanted = {
+            (f"{child}#{i}", endpoints[f"{child}#{i}"])
+            for child in self.topology.children(vertex)
+            for i in range(parallelism[child])
+        }
+        outputs = None
+        if wanted != set(existing):
+            outputs = build_outputs(self.topology, thread.executor, parallelism, endpoints, reuse)
+        upstream = {f"{p}#{i}" for p in self.topology.parents(vertex) for i in range(parallelism[p])}
+        return {"type": ControlType.REROUTE, "outputs": outputs, "upstream": upstream}
+
+    def retire(self, generation: Generation, executors: Iterable[str] | None = None) -> None:
+        """Stop a generation's threads (or only those of `executors`: a partial switch) and close their
+        sockets. In a migration they are checkpointed (state and captured events committed) and idle; a
+        source's final position is published for `restart`'s count."""
+        if executors is None:
+            generation.halt()
+            threads = list(generation.threads)
+        else:
+            leaving = set(executors)
+            threads = [t for t in generation.threads if t.executor in leaving]
+            for executor in leaving:
+                generation.stops[executor].set()
+        _join(threads, 5.0, self.clock)
+        positions = self.source_positions(threads)
         with contextlib.suppress(RetryCancelled):  # only a stopping worker gives up on them
             self.redis_call("publish source positions", lambda: self.store.publish_positions(positions))
-        for channel in generation.channels:
-            channel.close(0)
-        for inbox in generation.inboxes.values():
-            inbox.close()
+        for thread in threads:
+            for channel in thread.router.channels():
+                channel.close(0)
+            inbox = generation.inboxes.get(thread.executor)
+            if inbox is not None:
+                inbox.close()
 
-    def _port_for(self, version: int, slot: int) -> int:
-        """Inboxes of `--bind HOST:PORT` sit at PORT+1+slot for odd schedule versions and one block of
-        `slotsPerNode` higher for even ones: a node restarted under the same version binds the same ports
-        (its peers reconnect to it), and a staged version never collides with the running one (the
-        backend gives consecutive versions different parities)."""
+    def _ports_for(self, version: int, count: int, taken: set[str]) -> list[int]:
+        """Ports for `count` new inboxes. Inboxes of `--bind HOST:PORT` sit at PORT+1+slot for odd schedule
+        versions and one block of `slotsPerNode` higher for even ones: a node restarted under the same
+        version binds the same ports (its peers reconnect to it), and a staged version never collides with
+        the running one (the backend gives consecutive versions different parities). The inboxes a partial
+        migration keeps (`taken`, as text) stay where they are; new ones take the free ports of both blocks,
+        their version's first. 0 (the OS picks) without a port."""
         if not self.options.port:
-            return 0
-        return self.options.port + 1 + (version % 2) * self.topology.slots_per_node + slot
+            return [0] * count
+        slots = self.topology.slots_per_node
+        blocks = [version % 2, 1 - version % 2]
+        ports = [self.options.port + 1 + block * slots + slot for block in blocks for slot in range(slots)]
+        return [p for p in ports if str(p) not in taken][:count]
 
     def client_factory(self) -> redis.Redis:
         """A Redis client for a built-in source or sink (timeouts: a hung Redis cannot hold an executor)."""
@@ -424,13 +474,14 @@ class Worker(ControlMessages, MetricsReporting, Drains, FailurePath):
         with self._switching:
             current, self.current = self.current, None
             if current is not None:
-                current.stop.set()
+                current.halt()
                 _join(current.threads, 5.0, self.clock)
                 with contextlib.suppress(Exception):  # best effort on the way out
                     self.metrics.publish(self.samples(current))
-                    self.store.publish_positions(self.source_positions(current))
-                for channel in current.channels:
-                    channel.close(0)
+                    self.store.publish_positions(self.source_positions(current.threads))
+                for thread in current.threads:
+                    for channel in thread.router.channels():
+                        channel.close(0)
                 for inbox in current.inboxes.values():
                     inbox.close()
             self.discard_staged()

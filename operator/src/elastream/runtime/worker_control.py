@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from elastream.core.migration_protocol import ControlType, ExecutorParticipant
+from elastream.core.migration_scope import migration_parts
 from elastream.core.topology import split_executor_id
 from elastream.runtime.participant import Migration
+from elastream.runtime.transport import learned_windows
 from elastream.runtime.worker_state import WorkerState
 from elastream.store.control import pop_control
 from elastream.store.retry import RetryCancelled
@@ -109,7 +111,9 @@ class ControlMessages(WorkerState):
             if found is None:
                 raise OperatorLoadError(f"staged schedule version {version} is not in Redis")
             self.discard_staged()
-            self.staged = self.stage(*found)
+            keep = self.current if message.get("scope") == "moving" else None
+            staged_version, schedule = found
+            self.staged = self.stage(staged_version, schedule, keep=keep)
             self.redis_call("mark itself staged", lambda: self.registry.mark_staged(version, self.node))
         elif kind == ControlType.UNSTAGE:
             if self.staged is not None and self.staged.version == version:
@@ -118,7 +122,7 @@ class ControlMessages(WorkerState):
                     log.info("node %s: staged schedule version %d discarded; stopping", self.node, version)
                     self.stop.set()
         elif kind == ControlType.SWITCH:
-            self.switch(version, message.get("mid") or None)
+            self.switch(version, message.get("mid") or None, message.get("scope") == "moving")
         elif kind == ControlType.STOP:
             self.stopped_by_backend = True  # before anything else: a SIGTERM may come between any two lines
             self.stop.set()
@@ -130,10 +134,12 @@ class ControlMessages(WorkerState):
             for inbox in staged.inboxes.values():
                 inbox.close()
 
-    def switch(self, version: int, migration_id: str | None) -> None:
+    def switch(self, version: int, migration_id: str | None, partial: bool = False) -> None:
         """Load schedule `version` in place: stop this node's executors of the running schedule (after a
         migration's COMMIT they are checkpointed and idle), start the ones the new schedule places here,
-        waiting for INIT of `migration_id`, or stop the process when the node is no longer in it."""
+        waiting for INIT of `migration_id`, or stop the process when the node is no longer in it. `partial`
+        (a migration of scope `moving`): the executors that stay as they are (`core.migration_scope`) run
+        on, untouched but for their outputs and upstream (REROUTE); only the others stop and start."""
         found = self.redis_call("read the new schedule", lambda: self.registry.schedule_version(version))
         if found is None:
             raise OperatorLoadError(f"schedule version {version} is not in Redis")
@@ -141,6 +147,7 @@ class ControlMessages(WorkerState):
         started = time.perf_counter()
         with self._switching:
             old = self.current
+            learned = learned_windows(c for t in old.threads for c in t.router.channels()) if old is not None else {}
             if old is not None and old.version == version:
                 # the controller sent this switch again (Redis went away while it applied the schedule): this
                 # node runs that version already; binding its inboxes a second time would fail
@@ -159,10 +166,22 @@ class ControlMessages(WorkerState):
             if staged is None:
                 self.discard_staged()
             self.staged = None
-            if old is not None:
-                self.retire(old)
-            generation = staged or self.stage(version, schedule)
+            if partial and old is not None:
+                generation = staged or self.stage(version, schedule, keep=old)
+                kept = migration_parts(self.topology, old.schedule, schedule, "moving").kept
+                self.retire(old, [t.executor for t in old.threads if t.executor not in kept])
+                for thread in old.threads:
+                    if thread.executor in kept:
+                        generation.threads.append(thread)
+                        generation.stops[thread.executor] = old.stops[thread.executor]
+                        if thread.executor in old.inboxes:
+                            generation.inboxes[thread.executor] = old.inboxes[thread.executor]
+            else:
+                if old is not None:
+                    self.retire(old)
+                generation = staged or self.stage(version, schedule)
             generation.awaiting = migration_id
+            generation.windows = learned
             self.activate(generation)
         log.info(
             "node %s switched to schedule version %d in %.0f ms%s",

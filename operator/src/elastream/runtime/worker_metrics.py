@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from elastream.core.metrics import MetricSample
 from elastream.core.topology import split_executor_id
-from elastream.runtime.executor import Counters, SourceThread
+from elastream.runtime.executor import Counters, ExecutorThread, SourceThread
 from elastream.runtime.worker_state import Generation, WorkerState
 from elastream.store.codec import pack
 from elastream.store.retry import REDIS, RedisAttempt
@@ -37,7 +37,7 @@ class MetricsReporting(WorkerState):
         with RedisAttempt(f"node {self.node}: cannot publish metrics", REDIS) as attempt:
             written = self.metrics.publish(self.samples())
             current = self.current
-            positions = self.source_positions(current) if current is not None else {}
+            positions = self.source_positions(current.threads) if current is not None else {}
             self.store.publish_positions(positions)
             # Redis answered only if something was written (a staged node has nothing to publish: no proof)
             attempt.reached = bool(written or positions)
@@ -61,11 +61,11 @@ class MetricsReporting(WorkerState):
             _by_reason(refused),
         )
 
-    def source_positions(self, generation: Generation) -> dict[str, bytes]:
-        """The read position of each running source (`restart` counts what the sources will replay from
-        them); a source still waiting for INIT has none yet."""
+    def source_positions(self, threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
+        """The read position of each running source of `threads` (`restart` counts what the sources will
+        replay from them); a source still waiting for INIT has none yet."""
         positions: dict[str, bytes] = {}
-        for thread in generation.threads:
+        for thread in threads:
             position = getattr(thread.operator, "position", None)
             if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
                 positions[thread.executor] = pack(position())

@@ -5,7 +5,7 @@ methods one part calls on another are declared here, so each part is type-checke
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from elastream.runtime.executor import ExecutorLoop, ExecutorThread, SourceThrea
 from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.cpu import NodeCpu
 from elastream.runtime.security import PeerAuthenticator
-from elastream.runtime.transport import Channel, DataPlaneStats, Inbox
+from elastream.runtime.transport import DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import Registry
@@ -66,16 +66,28 @@ class Generation:
 
     version: int
     schedule: Schedule
+    #: the executors this generation makes (a partial switch: only the moving ones; the kept threads join)
     operators: dict[str, tuple[Any, Context]]
     inboxes: dict[str, Inbox]
+    #: each executor's own stop (its thread, router, operator context and Redis waits), so a partial
+    #: migration stops the executors that move and leaves the others running
+    stops: dict[str, threading.Event]
+    #: the generation's own waits (endpoints, readiness); `halt` stops everything
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[ExecutorThread | SourceThread] = field(default_factory=list)
-    channels: list[Channel] = field(default_factory=list)
     #: the migration whose INIT the executors wait for before they process anything (None: run at once)
     awaiting: str | None = None
+    #: what the previous generation's channels learned (`transport.learned_windows`): new channels start there
+    windows: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def by_executor(self) -> dict[str, ExecutorThread | SourceThread]:
         return {thread.executor: thread for thread in self.threads}
+
+    def halt(self) -> None:
+        """Stop the generation and every executor of it."""
+        self.stop.set()
+        for stop in self.stops.values():
+            stop.set()
 
 
 class WorkerState:
@@ -124,13 +136,13 @@ class WorkerState:
     def redis_call(self, what: str, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
         raise NotImplementedError
 
-    def stage(self, version: int, schedule: Schedule) -> Generation:
+    def stage(self, version: int, schedule: Schedule, keep: Generation | None = None) -> Generation:
         raise NotImplementedError
 
     def activate(self, generation: Generation) -> bool:
         raise NotImplementedError
 
-    def retire(self, generation: Generation) -> None:
+    def retire(self, generation: Generation, executors: Iterable[str] | None = None) -> None:
         raise NotImplementedError
 
     def client_factory(self) -> redis.Redis:

@@ -38,9 +38,13 @@ class ControlChannel:
 
     def send_many(self, executors: Any, message: Mapping[str, Any]) -> int:
         """Send `message` to every executor in one pipelined round trip; returns how many were addressed."""
+        return self.send_each({executor: message for executor in executors})
+
+    def send_each(self, messages: Mapping[str, Mapping[str, Any]]) -> int:
+        """Send each executor its own message in one pipelined round trip; returns how many were addressed."""
         pipe = self.client.pipeline(transaction=False)
         count = 0
-        for executor in executors:
+        for executor, message in messages.items():
             node = self.schedule.assignment.get(executor)
             if node is None:
                 continue

@@ -47,6 +47,11 @@ class RedisCredentialsRefused(RedisMisconfigured):
     """Redis answered and refused the password: waiting does not help, the configuration must change."""
 
 
+#: how long `connect` waits out a refusal of the credentials that follows an outage (a restarted Redis has
+#: no users until the operator, or `elastream run`, sets them again: every second or so)
+CREDENTIALS_GRACE_S = 30.0
+
+
 def client_for(url: str, **options: Any) -> redis.Redis:
     """A client for `url` that connects when first used: 2 s to connect and 10 s per reply unless `options`
     say otherwise. A Redis Cluster URL (`redis+cluster://`, `rediss+cluster://`) gives a `ClusterClient`: a
@@ -119,6 +124,29 @@ def connect(
             "fix --redis / ELASTREAM_REDIS_URL"
         ) from None
     cluster = cluster_node_url(url) is not None
+    #: when Redis was first seen away in this call, and when it first refused the credentials after that
+    away_since: float | None = None
+    refused_since: float | None = None
+
+    def refused_after_restart(refusal: str) -> bool:
+        """A Redis that restarted has no users until the operator sets them again (within seconds): a
+        refusal right after an outage is waited out for `CREDENTIALS_GRACE_S`, one on first contact is not."""
+        nonlocal refused_since
+        if away_since is None:
+            return False
+        now = time.monotonic()
+        refused_since = refused_since if refused_since is not None else now
+        if now - refused_since >= CREDENTIALS_GRACE_S or now >= deadline:
+            return False
+        if on_retry is not None:
+            on_retry(
+                f"Redis at {redacted(url)} refused the credentials ({refusal}) right after an outage: "
+                "a restarted Redis has no users until they are set again",
+                0.2,
+            )
+        time.sleep(0.2)
+        return True
+
     for delay in backoff():
         try:
             client = client_for(url, **options)
@@ -131,6 +159,8 @@ def connect(
                 )
             return client
         except redis.AuthenticationError as exc:
+            if refused_after_restart(str(exc)):
+                continue
             raise RedisCredentialsRefused(
                 f"Redis at {redacted(url)} refused the credentials ({exc}); fix the password"
             ) from None
@@ -143,10 +173,13 @@ def connect(
             raise
         except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
             refused = _refused_credentials(exc)  # a cluster's nodes refused them (behind its client's errors)
+            if refused is not None and refused_after_restart(str(refused)):
+                continue
             if refused is not None:
                 raise RedisCredentialsRefused(
                     f"Redis Cluster at {redacted(url)} refused the credentials ({refused}); fix the password"
                 ) from None
+            away_since = away_since if away_since is not None else time.monotonic()
             reason = f"cannot reach Redis at {redacted(url)} ({_one_line(exc)})"
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -78,6 +78,7 @@ from elastream.core.acl import topology_user
 from elastream.core.ports import BackendError, Clock, CoreApi, NetworkingApi, NotOwned, PolicyApi
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
+from elastream.core.topology.limits import MigrationScope
 from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
 from elastream.store.registry import ca_file_of, with_ca_file
 from elastream.store.retry import backoff
@@ -464,8 +465,8 @@ class KubernetesBackend(NodeBackend):
         super().start(schedule)
         self.ensure_config()
 
-    def apply(self, schedule: Schedule, migration_id: str) -> None:
-        super().apply(schedule, migration_id)
+    def apply(self, schedule: Schedule, migration_id: str, scope: MigrationScope = "all") -> None:
+        super().apply(schedule, migration_id, scope)
         self.ensure_config()  # the ConfigMap shows the schedule that runs now
 
     def _delete_pod(self, name: str, refuse: bool = False) -> None:

@@ -23,6 +23,7 @@ from elastream.core.migration_protocol import ControlType
 from elastream.core.ports import BackendError, Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
+from elastream.core.topology.limits import MigrationScope
 from elastream.store.control import ControlChannel
 from elastream.store.registry import Registry
 
@@ -116,7 +117,7 @@ class NodeBackend:
             self.version = found[0]
         self.schedule = schedule
 
-    def prepare(self, schedule: Schedule) -> None:
+    def prepare(self, schedule: Schedule, scope: MigrationScope = "all") -> None:
         self.discard_prepared()
         self.preflight()
         version = self.registry.stage_schedule(schedule, after=self.version)
@@ -128,7 +129,8 @@ class NodeBackend:
             for node in added:
                 self.spawn(node, staged_version=version)
             self.control(schedule).send_nodes(
-                [n for n in schedule.nodes if n not in added], {"type": ControlType.STAGE, "version": version}
+                [n for n in schedule.nodes if n not in added],
+                {"type": ControlType.STAGE, "version": version, "scope": scope},
             )
             self._wait_for(schedule.nodes, lambda: self.registry.staged_nodes(version), "staged")
         except (BackendError, redis.RedisError) as exc:
@@ -157,7 +159,7 @@ class NodeBackend:
         finally:  # the added workers go even when Redis cannot carry the UNSTAGE (a staged inbox is harmless)
             self.stop_nodes([n for n in schedule.nodes if n not in current])
 
-    def apply(self, schedule: Schedule, migration_id: str) -> None:
+    def apply(self, schedule: Schedule, migration_id: str, scope: MigrationScope = "all") -> None:
         if self.prepared is not None and self.prepared[0] == schedule:
             version = self.prepared[1]
             self.prepared = None
@@ -168,11 +170,16 @@ class NodeBackend:
         else:
             self.discard_prepared()
             version = self.registry.stage_schedule(schedule, after=self.version)
+        alive = self.running_nodes() - set(self.failed_nodes())
+        if scope == "moving" and not set(schedule.nodes) <= alive:
+            # a partial switch keeps executors whose state is only in their process: a worker that died since
+            # PREPARE took theirs with it, and a new one could not restore them from the migration
+            dead = ", ".join(sorted(set(schedule.nodes) - alive))
+            raise BackendError(f"the worker of {dead} died during the migration")
         self.applying = (schedule, version)
         self.registry.activate_schedule(version)
-        alive = self.running_nodes() - set(self.failed_nodes())
         self.control(schedule).send_nodes(
-            sorted(alive), {"type": ControlType.SWITCH, "version": version, "mid": migration_id}
+            sorted(alive), {"type": ControlType.SWITCH, "version": version, "mid": migration_id, "scope": scope}
         )
         self.version, self.schedule = version, schedule
         if any(node not in alive for node in schedule.nodes):

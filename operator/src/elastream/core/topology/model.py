@@ -20,6 +20,7 @@ from elastream.core.topology.limits import (
     MAX_PROBLEMS,
     Grouping,
     MigrationProtocol,
+    MigrationScope,
     VertexKind,
 )
 
@@ -114,6 +115,8 @@ class AutoScalingSpec:
 class ScalingSpec:
     strategy: str = "stela"
     migration: MigrationProtocol = "ccr"
+    #: what a CCR migration pauses (`core.migration_scope`)
+    migration_scope: MigrationScope = "all"
     congestion_rate: float = DEFAULT_CONGESTION_RATE
     window: int = DEFAULT_WINDOW
     #: seconds between periodic checkpoints (aligned barriers; what `restart` and a failed worker roll back

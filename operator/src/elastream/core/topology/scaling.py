@@ -23,6 +23,7 @@ def _parse_scaling(raw: Mapping[str, Any] | None, problems: list[str]) -> Scalin
     return ScalingSpec(
         strategy=raw.get("strategy", "stela"),
         migration=raw.get("migration", "ccr"),
+        migration_scope=raw.get("migrationScope", "all"),
         congestion_rate=float(raw.get("congestionRate", DEFAULT_CONGESTION_RATE)),
         window=raw.get("window", DEFAULT_WINDOW),
         checkpoint_interval_s=raw.get("checkpointIntervalSeconds", 10),

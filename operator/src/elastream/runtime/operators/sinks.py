@@ -144,6 +144,15 @@ class RedisStreamSink(RedisStreamEnd):
         retry_redis(stage, self.what, self.stop)
         self.buffer = []
 
+    def hand_over(self) -> list[Any]:
+        """The events processed and not yet staged, taken out (exactly-once; at-least-once wrote them): a
+        partial migration carries them to this sink's new instance, which commits them with its next
+        checkpoint."""
+        if not self.exactly_once:
+            return []
+        events, self.buffer = self.buffer, []
+        return events
+
     def abort_commit(self, txn_id: str) -> None:
         """The checkpoint or migration `txn_id` was abandoned and this executor goes on: take the staged
         events back, ahead of what was processed since (they are committed with the next checkpoint)."""
