@@ -13,8 +13,9 @@ import pytest
 from elastream.core.metrics import rates_from_snapshot
 from elastream.core.pareto import offered_throughput
 from elastream.core.planner import make_plan
+from elastream.core.planner.packing import RateModel
 from elastream.core.planner.stela import stela_scale_out
-from elastream.core.planner.stela_plus import DEFAULT_BUDGET, RateModel, SearchBudget, stela_plus_scale_out
+from elastream.core.planner.stela_plus import DEFAULT_BUDGET, SearchBudget, stela_plus_scale_out
 from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name
 from elastream.core.simulate import SimulationModel, new_slot_count, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, parse_manifest, split_executor_id

@@ -1,10 +1,10 @@
-"""The rebalance by CPU Stela+ uses (`stela_plus`, its packing section): degrees a rate needs, few moves."""
+"""The rebalance by CPU Stela+ uses (`packing`: CPU packing and rate search): degrees a rate needs, few moves."""
 
 from __future__ import annotations
 
 import os
 
-from elastream.core.planner.stela_plus import RateModel, best_packing, pack
+from elastream.core.planner.packing import RateModel, best_packing, pack
 from elastream.core.schedule import Schedule, fresh_node_names, initial_schedule
 from elastream.core.simulate import SimulationModel, simulate
 from elastream.core.topology import parse_manifest
