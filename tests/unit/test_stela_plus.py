@@ -211,23 +211,37 @@ def example(name: str) -> Topology:
     return load_manifest(os.path.join(EXAMPLES, f"{name}.yaml"))
 
 
-@pytest.mark.parametrize(("name", "over_round_robin"), [("pageload", 1.5), ("processing", 1.3)])
-def test_carries_the_offered_rate_of_the_keyed_yahoo_shapes(name: str, over_round_robin: float) -> None:
-    # Stela's new executors share the new node while the old keyed executors stay on crowded nodes (Page
-    # Load's fields vertices only gain at 8 executors of 8 key groups); moving a few existing executors and
-    # growing the keyed vertices carries the offered rate, the most any plan can: Page Load 2,500/s is 1.53x
-    # round-robin's 1,633/s, Processing 4,200/s is 1.31x its 3,200/s.
+def cpu_bound(topology: Topology, schedule: Schedule, nodes: int) -> float:
+    """The most any plan on `nodes` nodes can process (the sinks' tuples/s): a source tuple costs the same CPU
+    wherever its executors run (no `all` stream here), and a node has `node_cpu` cores."""
+    model = SimulationModel.from_topology(topology)
+    assert model.node_cpu is not None
+    rates = RateModel.of(topology, schedule, model, frozenset())
+    cpu_per_second = sum(rates.demands(schedule.parallelism(), 1.0).values())  # at the offered rate
+    return rates.throughput * nodes * model.node_cpu / cpu_per_second
+
+
+@pytest.mark.parametrize("name", ["pageload", "processing"])
+def test_keyed_yahoo_shapes_scale_out_at_least_60_percent_over_round_robin(name: str) -> None:
+    """The issue's target for `make bench-paper`: Page Load (7 -> 8) and Processing (8 -> 9) scale out at least
+    +60 % over Storm's default (round-robin), at saturation: the examples offer more than the new node count
+    can process (test_examples), so the plan sets the throughput. Stela's new executors share the new node
+    while the old keyed executors stay on crowded nodes (Page Load's fields vertices only gain at 8 executors
+    of 8 key groups); moving at most M existing executors and growing the keyed vertices comes within 2 % of
+    the CPU bound: Page Load 2,712/s, 1.66x round-robin's 1,633/s (the bound, 2,759/s, is 1.69x);
+    Processing 5,722/s, 1.79x its 3,200/s (the bound, 5,740/s, is 1.79x)."""
     topology = example(name)
     target = topology.nodes + 1
     schedule, stela, plus = plans(topology, target)
     _, snap = steady(topology)
     round_robin = make_plan(topology, schedule, snap, target, "round-robin")
     offered = offered_throughput(topology, SimulationModel.from_topology(topology))
-    assert offered is not None
+    bound = cpu_bound(topology, schedule, target)
+    assert offered is not None and offered > bound
     assert stela.predicted_throughput < 1.25 * round_robin.predicted_throughput
-    assert plus.predicted_throughput >= 0.999 * offered
-    assert plus.predicted_throughput >= over_round_robin * round_robin.predicted_throughput
+    assert plus.predicted_throughput >= 1.6 * round_robin.predicted_throughput
     assert plus.predicted_throughput >= stela.predicted_throughput
+    assert 0.98 * bound <= plus.predicted_throughput <= bound * (1 + 1e-9)
     assert len(plus.moves) <= new_slot_count(schedule, 1)
     assert_valid(topology, schedule, plus.new_schedule, target)
     rebalance = plus.steps[-1]["search"]["rebalance"]
@@ -243,24 +257,27 @@ def test_page_load_grows_its_keyed_vertices_to_the_next_useful_degree() -> None:
     assert plus.parallelism["sessionize"] == plus.parallelism["join"] == 8
 
 
-@pytest.mark.parametrize("moves", [0, 1, 2])
-def test_moves_stay_within_the_budget(moves: int) -> None:
+def test_moves_stay_within_the_budget_and_each_cap_predicts_at_least_the_one_below() -> None:
+    # Page Load 7 -> 8: M = 4 (Stela's 4 new executors). Without moves the grown keyed vertices' executors
+    # crowd some node (2,424/s, 0.88 of the CPU bound); each move allowed relieves one, up to 2,712/s at 4.
     topology = example("pageload")
     schedule, snap = steady(topology)
     rates = rates_from_snapshot(topology, snap)
     model = SimulationModel.from_topology(topology, snap)
-    budget = SearchBudget(moves=moves)
-    new, steps = stela_plus_scale_out(topology, schedule, rates, 8, 1.2, model, budget=budget)
-    moved = [e for e, n in schedule.assignment.items() if new.assignment[e] != n]
-    assert len(moved) <= moves
     stela = simulate(topology, stela_scale_out(topology, schedule, rates, 8, 1.2)[0], model).throughput
-    predicted = simulate(topology, new, model).throughput
-    assert predicted == pytest.approx(steps[-1]["search"]["predicted"][1])
-    assert predicted >= stela
-    if moves == 0:
-        assert 0.95 * 2500 < predicted < 2500  # without moves the new keyed executors crowd some node
-    if moves == 2:
-        assert predicted == pytest.approx(2500)
+    bound = cpu_bound(topology, schedule, 8)
+    predictions = []
+    for moves in range(new_slot_count(schedule, 1) + 1):
+        new, steps = stela_plus_scale_out(topology, schedule, rates, 8, 1.2, model, budget=SearchBudget(moves=moves))
+        moved = [e for e, n in schedule.assignment.items() if new.assignment[e] != n]
+        assert len(moved) <= moves
+        predicted = simulate(topology, new, model).throughput
+        assert predicted == pytest.approx(steps[-1]["search"]["predicted"][1])
+        assert predicted >= stela
+        predictions.append(predicted)
+    assert predictions == sorted(predictions)
+    assert predictions[0] < 0.9 * bound
+    assert predictions[-1] >= 0.98 * bound
 
 
 def page_load_packed(nodes: int) -> tuple[Topology, Schedule]:
@@ -278,11 +295,17 @@ def page_load_packed(nodes: int) -> tuple[Topology, Schedule]:
 
 
 def test_page_load_scale_in_weighs_the_nodes_using_least_cpu_and_nears_the_cpu_bound() -> None:
-    # From 8 packed nodes to 4: Stela's ETPSum removes beacons, parse, sessionize and geo (upstream of the
-    # congested sessionize, ETP 0) and deals their executors round-robin, so the CPU-heavy sessionize and
-    # join executors crowd some nodes. stela-plus also packs the layout that removes the four nodes using
-    # least CPU (beacons', parse's and the two tail nodes) and keeps what predicts most for its moves; either
-    # way 8 cores carry at most 8 / 5.8 ms = 1,379 tuples/s, and it comes within 2 % of that.
+    """From 8 packed nodes to 4 (the paper's Page Load Scaling): Stela's ETPSum removes beacons, parse,
+    sessionize and geo (upstream of the congested sessionize, ETP 0) and deals their executors round-robin,
+    so the CPU-heavy sessionize and join executors crowd some nodes. stela-plus also packs the layout that
+    removes the four nodes using least CPU (beacons', parse's and the two tail nodes) and keeps what predicts
+    most for its moves; either way 8 cores carry at most 8 / 5.8 ms = 1,379 tuples/s, and it comes within 2 %
+    of that (1,367/s), 1.7x Stela's 796/s.
+
+    The paper has Stela 2-5x above random removal; the model forbids 2x both random groups here: random
+    group 1 (seed 1) keeps 1,040/s, 75 % of the CPU bound, so 2x it (2,080/s) is above what any plan on 4
+    nodes of 2 cores can process. What the model allows, and stela-plus reaches: 1.3x group 1, 2x group 2
+    (661/s)."""
     topology, schedule = page_load_packed(8)
     snap = snapshot_from_simulation(topology, schedule, simulate(topology, schedule))
     stela = make_plan(topology, schedule, snap, 4, "stela")
@@ -296,9 +319,11 @@ def test_page_load_scale_in_weighs_the_nodes_using_least_cpu_and_nears_the_cpu_b
     assert plus.predicted_throughput >= max(c["predicted"] for c in rebalance["candidates"]) * (1 - 1e-9)
     model = SimulationModel.from_topology(topology, snap)
     rates = RateModel.of(topology, schedule, model, frozenset())
-    cpu_per_second = sum(rates.demands(schedule.parallelism(), 1.0).values())  # at the offered 2,500/s
+    cpu_per_second = sum(rates.demands(schedule.parallelism(), 1.0).values())  # at the offered 3,500/s
     bound = rates.throughput * 4 * 2.0 / cpu_per_second
     assert bound == pytest.approx(8 / 0.0058, rel=1e-3)
+    assert bound == pytest.approx(cpu_bound(topology, schedule, 4))
+    assert 2.0 * random_plans[0].predicted_throughput > bound  # 2x random group 1: more than 4 nodes can do
     assert plus.predicted_throughput >= 0.98 * bound
     assert plus.predicted_throughput >= 1.3 * random_plans[0].predicted_throughput
     assert plus.predicted_throughput >= 2.0 * random_plans[1].predicted_throughput

@@ -14,10 +14,10 @@ makes three kinds of plan with the model `make_plan` predicts with and keeps the
    needs, every executor's CPU demand fitted to the nodes, existing executors moved off nodes whose CPU they
    exceed (and, to make room for a larger executor, smaller ones moved). Stela never moves an existing
    executor, so its new executors share the new nodes while the crowded old nodes stay crowded: on the Page
-   Load and Processing examples its plan predicts 1.02x and 1.21x Storm's round-robin, the rebalance their
-   offered rates (1.53x and 1.31x, with 2 and 0 moves). Scale-out packs on Stela's nodes (old and new);
-   scale-in packs on the nodes Stela keeps and on those kept when the nodes *using least CPU* are removed
-   (ties: lowest ETPSum), so the nodes to remove are chosen by CPU as well as by ETPSum.
+   Load and Processing examples (7 -> 8, 8 -> 9) its plan predicts 1.02x and 1.19x Storm's round-robin, the
+   rebalance 1.66x and 1.79x (4 and 3 moves, within 2 % of the nodes' CPU bound). Scale-out packs on Stela's
+   nodes (old and new); scale-in packs on the nodes Stela keeps and on those kept when the nodes *using least
+   CPU* are removed (ties: lowest ETPSum), so the nodes to remove are chosen by CPU as well as by ETPSum.
 
 Moves cost a migration: under CCR about 0.1 s of pause per moved executor and its key groups' state. So:
 
