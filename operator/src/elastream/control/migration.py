@@ -14,16 +14,13 @@ replay their captured events, sources resume), after it goes forward (the state 
 schedule cannot be applied after COMMIT, the old one is applied again and initialised from the same
 state, so nothing is lost either way.
 
-With `scope="moving"` (CCR only) the migration pauses only what moves (`core.migration_scope`): PREPARE and
-COMMIT go to the executors that move and to the kept executors that send to them (which hold what is
-addressed to the moving ones and send COMMIT in-band into them, nothing else); every other executor and
-source runs on throughout, the workers switch only the moving executors (`SWITCH` with the scope), INIT goes
-to their new instances and RESUME to the moving sources. Its checkpoint holds only the moving executors, so
-it is not a consistent cut of the topology: it is deleted after INIT and the latest periodic checkpoint stays
-the one a failure rolls back to. That rollback is the answer to anything going wrong after COMMIT (a worker
-that dies, a schedule that does not come up): a kept executor's state lives only in its process, so the
-old schedule cannot be put back as CCR's full scope does; without a periodic checkpoint to roll back to,
-the migration takes the full scope instead.
+With `scope="moving"` (CCR only) only what moves pauses (`core.migration_scope`): PREPARE and COMMIT go to
+the executors that move and to the kept ones that send to them (they hold what is addressed to the moving
+ones, COMMIT in-band into them); everything else runs on, the workers switch only the moving executors,
+INIT goes to their new instances, RESUME to the moving sources. Its checkpoint holds only the moving
+executors, not a consistent cut: it is deleted after INIT, and the last periodic checkpoint stays the one a
+failure rolls back to, which is the answer to anything going wrong after COMMIT (a kept executor's state is
+only in its process: the old schedule cannot be put back); without one, the migration takes scope `all`.
 
 `restart` (Storm's and Flink's default, the baseline) stops every worker and starts the new schedule from
 the last periodic checkpoint (`control.checkpoints`); the sources replay what they emitted after it and the
@@ -41,7 +38,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -49,6 +46,7 @@ import redis
 
 from elastream.control.checkpoints import abandon_checkpoint
 from elastream.control.retrying import retry_within
+from elastream.control.rollback import recover_from_failure, roll_back
 from elastream.core.checkpoint_protocol import replayed_events
 from elastream.core.migration_protocol import (
     SENDER,
@@ -598,28 +596,3 @@ class _Run:
             warning=outcome != Outcome.SUCCEEDED,
         )
         return report
-
-
-def recover_from_failure(driver: MigrationDriver, failed: dict[str, str]) -> MigrationReport | None:
-    """Workers died (`failed`: node -> why). With a periodic checkpoint, roll the whole topology back to it
-    in place: dead nodes start again, survivors reload their executors from it, sources replay what came
-    after it (counted as `replayed`), so nothing is lost. Without one, restart the dead workers empty and
-    say what was lost (returns None)."""
-    if driver.store.latest_checkpoint() is not None:
-        return roll_back(driver)
-    nodes = sorted(failed)
-    driver.backend.restart_nodes(nodes)
-    driver.events.emit(
-        EventReason.WORKERS_RESTARTED,
-        f"restarted {', '.join(nodes)} empty ({'; '.join(failed.values())}); no periodic checkpoint to roll back "
-        "to, so the events and state the dead workers held are lost",
-        True,
-    )
-    return None
-
-
-def roll_back(driver: MigrationDriver) -> MigrationReport:
-    """Roll the whole topology back to the last periodic checkpoint in place (`restart`, reloading the
-    surviving workers): state from the checkpoint, the sources replaying what came after it."""
-    rollback = replace(driver, protocol="restart", in_place=True, before_action=None)
-    return rollback.migrate(driver.backend.current_schedule())

@@ -66,6 +66,7 @@ class ScalingRecord:
             "pauseMs": report.get("pauseMs"),
             "migrationScope": report.get("scope"),
             "pausedExecutors": report.get("pausedExecutors"),
+            "executors": report.get("executors"),
             "analysisEngine": data["analysis_engine"],
             "trigger": data["trigger"],
             "prepareMs": report.get("prepareMs"),

@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.core.migration_protocol import SENDER, ControlType, Mode
+from elastream.core.migration_protocol import ControlType, Mode
 from elastream.runtime.operators.api import SAME, Context
+from elastream.runtime.partial_migration import on_sender_control, pending_share, release_held
 from elastream.runtime.participant import Migration
 from elastream.runtime.routing import Router
 from elastream.runtime.transport import CONTROL, DATA, MAX_BATCH, Inbox
@@ -595,48 +596,3 @@ class SourceThread(ExecutorLoop):
             migration.participant.on_abort()
             release_held(self)
             self.paused.clear()
-
-
-# ---- a partial migration (scope `moving`): the part of an executor that stays and sends to moving ones -----
-
-
-def on_sender_control(thread: ExecutorLoop, message: Mapping[str, Any]) -> bool:
-    """The messages of a partial migration to an executor that stays (`core.migration_scope`); True when
-    `message` was one. PREPARE (role `sender`): hold what is addressed to the moving receivers, ack. COMMIT
-    (role `sender`): COMMIT in-band on the channels into them, ack. REROUTE (from this worker's switch): the
-    new schedule's outputs and upstream; what was held goes to the new receivers. Nothing pauses."""
-    kind, mid = message.get("type"), str(message.get("mid"))
-    migration = thread.migration
-    if kind == ControlType.REROUTE:
-        if message.get("outputs") is not None:
-            for channel in thread.router.reroute(message["outputs"]):
-                channel.close(0)
-        migration.participant.upstream = frozenset(message["upstream"])
-        migration.holding = None
-        return True
-    if message.get("role") != SENDER:
-        return False
-    if kind == ControlType.PREPARE:
-        migration.holding = mid
-        thread.router.hold(message.get("hold") or {})
-        migration.ack(mid, "preparing")
-    elif kind == ControlType.COMMIT and migration.holding == mid:
-        thread.router.send_control_held({"type": ControlType.COMMIT, "mid": mid})
-        migration.ack(mid, "committing")
-    return True
-
-
-def release_held(thread: ExecutorLoop) -> None:
-    """A partial migration was aborted: what this executor held goes to the old receivers after all."""
-    if thread.migration.holding is not None:
-        thread.migration.holding = None
-        thread.router.release()
-
-
-def pending_share(message: Mapping[str, Any], context: Context) -> tuple[int, int]:
-    """Which part of its vertex's shared captured list a new executor replays (`MigrationParts.pending_share`):
-    its index of the vertex's parallelism, or its rank among the moving executors when some stay."""
-    moving = (message.get("partlyMoving") or {}).get(context.vertex)
-    if not moving:
-        return context.index, context.parallelism
-    return sorted(moving).index(context.index), len(moving)
