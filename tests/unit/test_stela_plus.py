@@ -190,14 +190,19 @@ def test_simulations_stay_within_the_budget() -> None:
     assert new == stela_scale_out(topology, schedule, rates, 5, 1.2)[0]
 
 
-def test_scale_in_without_a_cpu_limit_is_stelas_plan() -> None:
-    topology = parse_manifest(
+def slow_b(nodes: int) -> Topology:
+    """s -> a -> b (4 ms an event, the bottleneck) -> z on `nodes` nodes, no CPU limit."""
+    return parse_manifest(
         manifest(
             [src("s", 2, rate=2000), work("a", 2, costMs=0.2), work("b", 4, costMs=4), sink("z", 2, costMs=0.1)],
             [edge("s", "a"), edge("a", "b"), edge("b", "z")],
-            nodes=4,
+            nodes=nodes,
         )
     )
+
+
+def test_scale_in_without_a_cpu_limit_is_stelas_plan() -> None:
+    topology = slow_b(4)
     _, stela, plus = plans(topology, 2)
     assert plus.new_schedule == stela.new_schedule
     assert plus.steps[-1]["search"]["simulations"] == 0
@@ -332,13 +337,7 @@ def test_page_load_scale_in_weighs_the_nodes_using_least_cpu_and_nears_the_cpu_b
 
 
 def test_rebalance_needs_a_node_cpu_limit() -> None:
-    topology = parse_manifest(
-        manifest(
-            [src("s", 2, rate=2000), work("a", 2, costMs=0.2), work("b", 4, costMs=4), sink("z", 2, costMs=0.1)],
-            [edge("s", "a"), edge("a", "b"), edge("b", "z")],
-            nodes=2,
-        )
-    )
+    topology = slow_b(2)
     _, _, plus = plans(topology, 3)
     rebalance = plus.steps[-1]["search"]["rebalance"]
     assert rebalance["candidates"] == [] and rebalance["chosen"] is None

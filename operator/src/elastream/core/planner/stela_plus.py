@@ -218,19 +218,16 @@ def _packings(
     `work` on top of what this spent."""
     search.work_limit = search.budget.rebalance_work
     try:
-        return _pack_layouts(search, old, measured, layouts, max_moves, spread)
+        return _pack_layouts(search, old, measured, (layouts, max_moves, spread))
     finally:
         search.work_limit = search.work + search.budget.work
 
 
 def _pack_layouts(
-    search: Search,
-    old: Schedule,
-    measured: Rates,
-    layouts: Sequence[tuple[str, tuple[str, ...]]],
-    max_moves: int,
-    spread: bool,
+    search: Search, old: Schedule, measured: Rates, asked: tuple[Sequence[tuple[str, tuple[str, ...]]], int, bool]
 ) -> tuple[list[_Candidate], dict[str, Any]]:
+    """`_packings` within its work budget: `asked` is (layouts, max_moves, spread)."""
+    layouts, max_moves, spread = asked
     topology, budget = search.topology, search.budget
     info: dict[str, Any] = {"max_moves": max_moves, "candidates": [], "chosen": None, "stopped": ""}
     candidates: list[_Candidate] = []
