@@ -165,3 +165,11 @@ def test_a_router_holding_enough_asks_its_executor_for_back_pressure() -> None:
     assert not r.holding_full() and r.budget(512) > 0
     r.route(event(HOLD_LIMIT))
     assert r.holding_full() and r.budget(512) == 0
+
+
+def test_a_shuffle_stream_whose_every_receiver_is_held_holds_instead_of_spinning() -> None:
+    r, (b0, b1) = router("shuffle")
+    r.hold({"b": (0, 1)})  # every index listed rather than None: nothing to deal to
+    for i in range(4):
+        r.route(event(i))
+    assert b0.events == b1.events == [] and r.held_count() == 4

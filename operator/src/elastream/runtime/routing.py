@@ -159,7 +159,7 @@ class Router:
 
     def _route_holding(self, output: OutputStream, event: Any) -> None:
         """`route` for a stream with moving receivers: hold what is theirs, send the rest."""
-        if output.held_whole:
+        if output.held_whole or len(output.held) >= len(output.channels):  # none stays: hold it for the new ones
             output.held_events.append((event, None))
             return
         if output.grouping == "shuffle":  # any receiver may take it: deal it to those that stay
