@@ -74,6 +74,7 @@ log = logging.getLogger("elastream.worker")
 _packb = msgpack.Packer(use_bin_type=True).pack
 #: pyzmq's flags as plain ints: its enum members cost an enum construction per `&` and per call on hot paths
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
@@ -250,8 +251,10 @@ class Inbox:
 
     def ack(self, token: tuple[bytes, bytes]) -> None:
         """Return the credit of a frame taken for processing (its sender's cumulative count)."""
+        routing, count = token
         with contextlib.suppress(zmq.ZMQError):  # the sender is gone; a later (cumulative) ack supersedes
-            self.socket.send_multipart(token, _NOBLOCK)
+            self.socket.send(routing, _SNDMORE_NOBLOCK)  # (send_multipart: an enum per call for its SNDMORE)
+            self.socket.send(count, _NOBLOCK)
 
     def close(self) -> None:
         if self.monitor is not None:
