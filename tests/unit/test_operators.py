@@ -575,3 +575,10 @@ def test_a_level_run_stamps_its_events_with_the_poll_time_and_reports_what_was_d
     assert source.poll_batch(start + 1.0, events.extend, 300) == 1000
     assert [e[0] for e in events] == list(range(300)) and {e[3] for e in events} == {start + 1.0}
     assert source.backlog(start + 1.0) == 700 and source.position()[0] == 38  # lane 0: 0, 8, ..., 296
+
+
+def test_a_level_run_numbers_its_events_from_the_id_offset() -> None:
+    source = leveled(1, 2, heap_only=False, idOffset=10_000, keys=7)
+    events: list[Any] = []
+    source.poll_batch(time.time() + 3600, events.extend, 6)
+    assert [e[:3] for e in events] == [(10_000 + s, s % 7, s) for s in (4, 5, 6, 7, 12, 13)]  # lanes 4..7 of 8

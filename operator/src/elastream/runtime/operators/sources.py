@@ -120,8 +120,10 @@ class Synthetic:
         due = self._due(now)
         offset, keys = self.id_offset, self.keys
         runs = self._take(self._count(due, budget))
-        if runs:
+        if runs and offset:
             emit_events([(offset + seq, seq % keys, seq, now) for run in runs for seq in run])
+        elif runs:  # no `idOffset` (the default): an addition less per event
+            emit_events([(seq, seq % keys, seq, now) for run in runs for seq in run])
         return self._offered(due)
 
     def _count(self, due: float, budget: int) -> int:
