@@ -17,14 +17,23 @@
 
 Writes docs/benchmarks/runtime.md and runtime.png. `--quick` shortens every run. `--only data-plane` runs
 section 6 alone and replaces just that section of an existing runtime.md.
+
+Three runs print only (they write no table: a busy machine's numbers are for comparing side by side):
+`--only throughput` runs section 1 `--rounds` times, `--only latency` sections 2 and 3, and `--only profile`
+samples section 1's one-process topology with py-spy (`pip install py-spy`; the thread holding the GIL only)
+and prints the top functions by self time with their share of the samples. With `--baseline DIR` (another
+checkout, e.g. `git worktree add /tmp/base <commit>`) they also run the workers from DIR's source tree,
+alternating with this one's.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -205,6 +214,26 @@ def data_plane_section(rows: list[dict[str, Any]], alone_s: float | None = None)
     return lines
 
 
+#: a section written by hand from `--only profile` runs; a full run keeps it as it is
+PROFILE_HEADING = "## Profile of one worker process"
+
+
+def section_of(path: str, heading: str) -> list[str]:
+    """The lines of the section under `heading` in the markdown file at `path` (up to the next `## `); none
+    when the file or the section is not there."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().rstrip("\n").split("\n")
+    if heading not in text:
+        return []
+    start = text.index(heading)
+    end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+    while end > start and not text[end - 1].strip():
+        end -= 1
+    return text[start:end]
+
+
 def splice_section(path: str, heading: str, lines: list[str]) -> None:
     """Replace the section under `heading` in the markdown file at `path` (up to the next `## `), or append
     it, leaving every other section as it was."""
@@ -220,12 +249,14 @@ def splice_section(path: str, heading: str, lines: list[str]) -> None:
         handle.write("\n".join(text).rstrip("\n") + "\n")
 
 
-def raw_throughput(directory: str, url: str, seconds: float) -> list[dict[str, float]]:
+def raw_throughput(
+    directory: str, url: str, seconds: float, extra_env: dict[str, str] | None = None
+) -> list[dict[str, float]]:
     rows = []
     for nodes in (1, 2):
         path = write(directory, trivial_linear(nodes, None, "null"))
         topology = load_manifest(path)
-        with LocalCluster(topology, path, url) as cluster:
+        with LocalCluster(topology, path, url, extra_env=extra_env) as cluster:
             cluster.start(initial_schedule(topology))
             rate, cpu = sink_rate(cluster, topology, seconds, warmup=3.0)
         events = rate * seconds
@@ -242,10 +273,164 @@ def raw_throughput(directory: str, url: str, seconds: float) -> list[dict[str, f
     return rows
 
 
-def latency(directory: str, url: str, seconds: float, rate: float) -> dict[str, float]:
+def source_env(tree: str) -> dict[str, str]:
+    """The environment that makes worker processes run the elastream source tree of the checkout `tree`."""
+    path = os.path.join(os.path.abspath(tree), "operator", "src")
+    if not os.path.isdir(os.path.join(path, "elastream")):
+        raise SystemExit(f"{tree}: no operator/src/elastream")
+    return {"PYTHONPATH": path}
+
+
+def trees(baseline: str | None) -> list[tuple[str, dict[str, str]]]:
+    """(label, worker environment) of this checkout and, with `baseline`, of that one."""
+    found = [("this tree", source_env(REPO))]
+    if baseline:
+        found.insert(0, ("baseline", source_env(baseline)))
+    return found
+
+
+def throughput_rounds(directory: str, url: str, seconds: float, rounds: int, baseline: str | None) -> None:
+    """`--only throughput`: section 1 `rounds` times (alternating with `baseline`'s workers), printed."""
+    runs: dict[tuple[str, int], list[float]] = {}
+    for round_ in range(1, rounds + 1):
+        for label, env in trees(baseline):
+            log(f"round {round_}/{rounds}, {label}")
+            for row in raw_throughput(directory, url, seconds, env):
+                runs.setdefault((label, int(row["processes"])), []).append(row["events_per_s"])
+    log("")
+    log("| workers | processes | events/s at the sink (rounds in order) | median |")
+    log("|---|---:|---|---:|")
+    for (label, nodes), values in runs.items():
+        log(f"| {label} | {nodes} | {', '.join(f'{v:,.0f}' for v in values)} | {statistics.median(values):,.0f} |")
+    for label, _ in trees(baseline):
+        one, two = runs.get((label, 1)), runs.get((label, 2))
+        if one and two:
+            log(f"{label}: 2 processes / 1 process (medians) = {statistics.median(two) / statistics.median(one):.2f}x")
+
+
+def latency_rounds(directory: str, url: str, seconds: float, rounds: int, baseline: str | None) -> None:
+    """`--only latency`: sections 2 and 3 (latency at 5,000 events/s, the sink's latency under congestion)
+    `rounds` times (alternating with `baseline`'s workers), printed."""
+    rows: list[tuple[str, dict[str, float], dict[str, float]]] = []
+    for round_ in range(1, rounds + 1):
+        for label, env in trees(baseline):
+            log(f"round {round_}/{rounds}, {label}")
+            rows.append(
+                (label, latency(directory, url, seconds, 5000.0, env), congested(directory, url, 3 * seconds, env))
+            )
+    log("")
+    log("| workers | p50 (ms) | p95 (ms) | p99 (ms) | congested: source/s | bottleneck/s | sink median (ms) | max |")
+    log("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, lat, cong in rows:
+        log(
+            f"| {label} | {lat.get('p50', float('nan')):.1f} | {lat.get('p95', float('nan')):.1f} | "
+            f"{lat.get('p99', float('nan')):.1f} | {cong['source']:,.0f} | {cong['bottleneck']:,.0f} | "
+            f"{cong['latency_median_ms']:,.0f} | {cong['latency_max_ms']:,.0f} |"
+        )
+
+
+#: the sampling profiler of `--only profile` (`pip install py-spy`): it reads the worker from outside, so the
+#: worker runs at its own speed, and with `--gil` it samples only the thread holding the GIL, which is what
+#: bounds one worker process (its executors are threads of one interpreter)
+PY_SPY = "py-spy"
+#: samples per second
+PROFILE_RATE = 200
+
+
+def py_spy() -> str:
+    """The py-spy executable: beside this Python's (a virtualenv's bin/), else on PATH."""
+    found = os.path.join(os.path.dirname(sys.executable), PY_SPY)
+    if os.access(found, os.X_OK):
+        return found
+    found = shutil.which(PY_SPY) or ""
+    if not found:
+        raise SystemExit("--only profile needs py-spy: pip install py-spy")
+    return found
+
+
+def profile_one(directory: str, url: str, seconds: float, env: dict[str, str], name: str) -> tuple[str, float]:
+    """Section 1's one-process topology sampled by py-spy for `seconds` after a 3 s warm-up: the raw samples
+    (folded stacks) and the sink's rate meanwhile."""
+    out = os.path.join(directory, f"{name}.folded")
+    path = write(directory, trivial_linear(1, None, "null"))
+    topology = load_manifest(path)
+    with LocalCluster(topology, path, url, extra_env=env) as cluster:
+        cluster.start(initial_schedule(topology))
+        time.sleep(3.0)
+        (worker,) = cluster.workers.values()
+        command = [py_spy(), "record", "--pid", str(worker.process.pid), "--duration", f"{seconds:.0f}"]
+        command += ["--rate", str(PROFILE_RATE), "--gil", "--nonblocking", "--format", "raw", "--output", out]
+        spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        rate, _ = sink_rate(cluster, topology, seconds - 1.0, warmup=0.5)
+        _, errors = spy.communicate(timeout=seconds + 60)
+    if spy.returncode != 0 or not os.path.exists(out):
+        raise SystemExit(f"py-spy failed: {errors.decode(errors='replace')}")
+    return out, rate
+
+
+def profile_table(path: str, top: int) -> list[str]:
+    """The `top` functions of py-spy's folded stacks by self time (samples in which the function itself ran,
+    with the C functions it called, holding the GIL) with their share of all samples, as markdown lines."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            frames = [_function(frame) for frame in stack.split(";")]
+            total += int(count)
+            own[frames[-1]] += int(count)
+            for frame in set(frames):
+                inclusive[frame] += int(count)
+    lines = [
+        f"{total:,} samples holding the GIL ({total / PROFILE_RATE:.1f} s at {PROFILE_RATE} samples/s).",
+        "",
+        "| function | tottime (s) | share | cumulative share |",
+        "|---|---:|---:|---:|",
+    ]
+    for function, count in own.most_common(top):
+        lines.append(
+            f"| `{function}` | {count / PROFILE_RATE:.2f} | {100 * count / total:.1f} % | "
+            f"{100 * inclusive[function] / total:.1f} % |"
+        )
+    return lines
+
+
+def _function(frame: str) -> str:
+    """`Class.method (elastream/runtime/x.py)` from py-spy's `Class.method (path/elastream/runtime/x.py:12)`."""
+    name, _, where = frame.partition(" (")
+    filename = where.rsplit(":", 1)[0].rstrip(")")
+    parts = filename.replace(os.sep, "/").split("/")
+    for anchor in ("elastream", "zmq", "msgpack"):
+        if anchor in parts:
+            parts = parts[parts.index(anchor) :]
+            break
+    else:
+        parts = parts[-1:]
+    return f"{name} ({'/'.join(parts)})"
+
+
+def profiles(directory: str, url: str, seconds: float, baseline: str | None, top: int) -> None:
+    """`--only profile`: the one-process raw-throughput run sampled by py-spy (and `baseline`'s), printed."""
+    for label, env in trees(baseline):
+        log(f"profiling one worker process ({label}) for {seconds:.0f} s")
+        path, rate = profile_one(directory, url, seconds, env, label.replace(" ", "-"))
+        log("")
+        log(f"### {label}: {rate:,.0f} events/s at the sink while sampled")
+        log("")
+        for line in profile_table(path, top):
+            log(line)
+        log("")
+
+
+def latency(
+    directory: str, url: str, seconds: float, rate: float, extra_env: dict[str, str] | None = None
+) -> dict[str, float]:
     path = write(directory, trivial_linear(2, rate, "redis-stream"))
     topology = load_manifest(path)
-    with LocalCluster(topology, path, url) as cluster:
+    with LocalCluster(topology, path, url, extra_env=extra_env) as cluster:
         cluster.start(initial_schedule(topology))
         time.sleep(2.0)
         start = time.time()
@@ -264,7 +449,7 @@ def latency(directory: str, url: str, seconds: float, rate: float) -> dict[str, 
     return result
 
 
-def congested(directory: str, url: str, seconds: float) -> dict[str, float]:
+def congested(directory: str, url: str, seconds: float, extra_env: dict[str, str] | None = None) -> dict[str, float]:
     """A source offered 4,000 events/s into a vertex that manages 500 (2 executors x 4 ms): back-pressure
     must bring the source down to the bottleneck's rate, and the sink's latency shows how much waits
     between them (the credit windows bound it in events)."""
@@ -285,7 +470,7 @@ def congested(directory: str, url: str, seconds: float) -> dict[str, float]:
     }
     path = write(directory, doc)
     topology = load_manifest(path)
-    with LocalCluster(topology, path, url) as cluster:
+    with LocalCluster(topology, path, url, extra_env=extra_env) as cluster:
         cluster.start(initial_schedule(topology))
         time.sleep(seconds)
         samples = MetricStream(cluster.client, topology.redis_prefix).read_since(None)
@@ -408,7 +593,7 @@ def report(
         "",
         "One process runs all three executors; with two, the executors are spread round-robin and events",
         "cross process boundaries over TCP. CPU is the workers' user+system time over the measured span.",
-        "Target: 100,000 events/s per worker process for trivial operators.",
+        "Target: 500,000 events/s per worker process for trivial operators, and 1.9x that on two.",
         "",
         "| worker processes | events/s at the sink | CPU µs per event (3 vertices) | events/s per core |",
         "|---:|---:|---:|---:|",
@@ -517,6 +702,9 @@ def report(
                 f"range {min(ratios):.2f}-{max(ratios):.2f}."
             )
     lines += ["", *POST_SCALE_NOTES]
+    kept = section_of(os.path.join(out, "runtime.md"), PROFILE_HEADING)
+    if kept:
+        lines += ["", *kept]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "runtime.md"), "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
@@ -549,13 +737,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
     parser.add_argument(
-        "--only", choices=("data-plane",), default=None, help="run one section and splice it into runtime.md"
+        "--only",
+        choices=("data-plane", "throughput", "latency", "profile"),
+        default=None,
+        help="data-plane: run section 6 and splice it into runtime.md; the others print only (above)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--only throughput/latency: how many rounds")
+    parser.add_argument("--top", type=int, default=15, help="--only profile: how many entries")
+    parser.add_argument(
+        "--baseline", metavar="DIR", default=None, help="--only throughput/latency/profile: alternate with DIR's"
     )
     args = parser.parse_args(argv)
     seconds = 4.0 if args.quick else 10.0
     started = time.monotonic()
     directory = tempfile.mkdtemp(prefix="elastream-bench-")
     redis = EmbeddedRedis(directory)
+    if args.only in ("throughput", "latency", "profile"):
+        try:
+            if args.only == "throughput":
+                throughput_rounds(directory, redis.url, seconds, args.rounds, args.baseline)
+            elif args.only == "latency":
+                latency_rounds(directory, redis.url, seconds, args.rounds, args.baseline)
+            else:
+                profiles(directory, redis.url, seconds, args.baseline, args.top)
+        finally:
+            redis.stop()
+            shutil.rmtree(directory, ignore_errors=True)
+        log(f"took {time.monotonic() - started:.0f} s")
+        return 0
     if args.only == "data-plane":
         try:
             log("data-plane authentication: CURVE off vs on, 1 and 2 worker processes")

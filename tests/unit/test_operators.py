@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from typing import Any
@@ -519,3 +520,65 @@ def test_a_synthetic_source_offers_at_its_rate_whatever_it_emitted() -> None:
     source.poll(start + 1.0, lambda *e: None, 50)  # back-pressure let 50 of 200 through
     assert source.offered(start + 1.0) == 200 and source.backlog(start + 1.0) == 150
     assert source.offered(start + 2.0) == 400 and source.backlog(start + 2.0) == 350
+
+
+def leveled(index: int, parallelism: int, heap_only: bool, **config: Any) -> Synthetic:
+    """`synthetic`, level runs and all (`Synthetic.cursor`), or (`heap_only`) the lane-by-lane heap alone."""
+    source = Synthetic()
+    if heap_only:  # the reference
+        source._level = lambda: False  # type: ignore[method-assign]
+    source.open(Context("s", index, parallelism, 8, config, key_groups=key_group_ranges(8, parallelism)[index]))
+    return source
+
+
+def drive(steps: list[tuple[int, list[int]]], heap_only: bool, limit: int | None) -> tuple[list[Any], list[Any]]:
+    """Run `steps` (executors, budgets of their polls) one after the other, each step's sources seeking the
+    merged position of the last; what they emitted and their positions (less the clock) after each poll."""
+    now = time.time() + 3600
+    seen: list[Any] = []
+    positions: list[Any] = []
+    merged: dict[Any, Any] | None = None
+    for executors, budgets in steps:
+        sources = [leveled(i, executors, heap_only, limit=limit, keys=5) for i in range(executors)]
+        for source in sources:
+            if merged is not None:
+                source.seek(merged)
+        for budget in budgets:
+            for source in sources:
+                if budget % 2:
+                    source.poll(now, lambda i, k, v: seen.append((i, k, v)), budget)
+                else:
+                    source.poll_batch(now, lambda events: seen.extend(e[:3] for e in events), budget)
+                positions.append({k: v for k, v in source.position().items() if k != "clock"})
+        merged = {}
+        for source in sources:
+            merged.update(source.position())
+    return seen, positions
+
+
+@pytest.mark.parametrize("limit", [None, 301])
+@pytest.mark.parametrize("seed", range(4))
+def test_level_runs_emit_what_the_lane_heap_emits_across_takeovers(limit: int | None, seed: int) -> None:
+    rng = random.Random(seed)
+    steps = [(rng.choice((1, 2, 3, 5)), [rng.choice((1, 5, 13, 64, 200)) for _ in range(6)]) for _ in range(4)]
+    emitted, positions = drive(steps, heap_only=False, limit=limit)
+    assert (emitted, positions) == drive(steps, heap_only=True, limit=limit)
+    ids = [e[0] for e in emitted]
+    assert len(ids) == len(set(ids))  # nothing twice
+    assert all(e == (e[0], e[0] % 5, e[0]) for e in emitted)
+
+
+def test_a_level_run_stamps_its_events_with_the_poll_time_and_reports_what_was_due() -> None:
+    source = leveled(0, 1, heap_only=False, rate=1000)
+    start = source.clock_start
+    events: list[Any] = []
+    assert source.poll_batch(start + 1.0, events.extend, 300) == 1000
+    assert [e[0] for e in events] == list(range(300)) and {e[3] for e in events} == {start + 1.0}
+    assert source.backlog(start + 1.0) == 700 and source.position()[0] == 38  # lane 0: 0, 8, ..., 296
+
+
+def test_a_level_run_numbers_its_events_from_the_id_offset() -> None:
+    source = leveled(1, 2, heap_only=False, idOffset=10_000, keys=7)
+    events: list[Any] = []
+    source.poll_batch(time.time() + 3600, events.extend, 6)
+    assert [e[:3] for e in events] == [(10_000 + s, s % 7, s) for s in (4, 5, 6, 7, 12, 13)]  # lanes 4..7 of 8

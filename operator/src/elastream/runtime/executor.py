@@ -20,8 +20,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter, length_hint
 from typing import Any
 
 from elastream.core.migration_protocol import ControlType, Mode
@@ -43,14 +44,19 @@ CONTROLLER = "controller"
 READ_AHEAD = 8
 #: the control messages executors send each other in-band (and DCR's PREPARE, with protocol "dcr")
 IN_BAND = frozenset((ControlType.COMMIT, ControlType.BARRIER))
+#: an event's ts
+_TS = itemgetter(3)
 #: test-only: `<executor>:<n>` makes that executor's loop raise `InjectedCrash` after n events (see above)
 TEST_CRASH_ENV = "ELASTREAM_TEST_CRASH"
 #: what an executor emits goes out at least this often while it works through a batch, and a source's poll
 #: emits at most this much of its own time: a costly operator's output would otherwise wait for the whole
 #: batch (seconds, after a rescale's catch-up), which users feel as latency
 FLUSH_S = 0.01
-#: a batch looks at the time every this many events (+1): cheap operators do not pay for the clock
-FLUSH_CHECK_MASK = 15
+#: a batch is processed in parts of about this much time: between two, the executor looks at its controller
+#: messages (a PREPARE interrupts a long batch), at its stop and at whether its output is due (`FLUSH_S`). A
+#: part's size follows the operator's cost per event: one event of a costly operator, a whole frame of a
+#: cheap one, which then pays for these looks (and for the clock) once a frame, not once an event
+PART_S = 0.001
 
 
 class InjectedCrash(RuntimeError):
@@ -191,6 +197,14 @@ class ExecutorThread(ExecutorLoop):
         self.ahead: deque[list[Any]] = deque()
         self._last_error_log = 0.0
         self.timer = getattr(operator, "timer", None)
+        #: the operator's `process_batch` (`BatchOperator`), or None: `process` is called event by event
+        self.process_events: Callable[[Iterator[Any], Callable[[Any], None]], None] | None = getattr(
+            operator, "process_batch", None
+        )
+        #: what a part of a batch emitted through `process_batch`, routed when the part is done
+        self.out: list[Any] = []
+        #: events in the next part of a batch (`PART_S`); it starts at one, for an operator of unknown cost
+        self.part = 1
 
     def emit(self, value: Any, key: Any = SAME, event_id: int | None = None, ts: float | None = None) -> None:
         current = self.current
@@ -386,15 +400,16 @@ class ExecutorThread(ExecutorLoop):
             self.handle(frame)
 
     def process_batch(self, events: Sequence[Any], sender: str | None = None) -> None:
-        """Process a batch. With a `sender` (live input, not a replay) a controller message arriving
-        mid-batch interrupts it: the rest of the batch goes back to the front of the queue, behind that
-        message, so a PREPARE captures it instead of waiting for a long batch to finish."""
-        counters = self.counters
+        """Process a batch, in parts of about `PART_S` each. With a `sender` (live input, not a replay) a
+        controller message arriving mid-batch interrupts it: the rest of the batch goes back to the front of
+        the queue, behind that message, so a PREPARE captures it instead of waiting for a long batch to
+        finish. A slow batch sends what it emitted every `FLUSH_S`."""
+        counters, router = self.counters, self.router
         start = flushed = time.perf_counter()
-        process, emit = self.operator.process, self.emit
+        run = self._run_each if self.process_events is None else self._run_batched
         stop, control = self.stop, self.control
-        done = 0
-        for event in events:
+        total, done, part = len(events), 0, self.part
+        while done < total:
             if stop.is_set():  # shutting down: the rest of the batch is dropped, as a killed worker's would be
                 break
             if sender is not None and not control.empty():
@@ -402,31 +417,66 @@ class ExecutorThread(ExecutorLoop):
                 self.ahead.appendleft([DATA, sender, rest])
                 counters.queue_len += len(rest)
                 break
-            self.current = event
-            try:
-                process(event, emit)
-            except Exception as exc:
-                self._report(exc, event)
-            done += 1
-            if not done & FLUSH_CHECK_MASK and time.perf_counter() - flushed >= FLUSH_S:
-                self.router.flush()  # a slow batch sends what it has so far (`FLUSH_S`)
+            began = time.perf_counter()
+            end = min(total, done + part)
+            run(events[done:end])
+            done = end
+            now = time.perf_counter()
+            part = next_part(part, now - began)
+            if now - flushed >= FLUSH_S and done < total:
+                router.flush()  # a slow batch sends what it has so far (`FLUSH_S`)
                 flushed = time.perf_counter()
+        self.part = part
         events = events[:done]
         counters.received += len(events)
         counters.processed += len(events)
         if self.is_sink:
             now = time.time()
-            counters.latency_sum_s += sum(now - e[3] for e in events)
+            counters.latency_sum_s += len(events) * now - sum(map(_TS, events))
             counters.latency_count += len(events)
             flush = getattr(self.operator, "flush", None)
             if flush is not None:
                 flush()
-        self.router.flush()
+        router.flush()
         elapsed = time.perf_counter() - start
         if not self.is_sink:
             counters.latency_sum_s += elapsed
             counters.latency_count += len(events)
-        counters.busy_s += elapsed - self.router.take_blocked()
+        counters.busy_s += elapsed - router.take_blocked()
+
+    def _run_each(self, events: Sequence[Any]) -> None:
+        """A part of a batch through the operator's `process`, event by event (`emit` routes at once)."""
+        process, emit = self.operator.process, self.emit
+        for event in events:
+            self.current = event
+            try:
+                process(event, emit)
+            except Exception as exc:
+                self._report(exc, event)
+
+    def _run_batched(self, events: Sequence[Any]) -> None:
+        """A part of a batch through the operator's `process_batch`, then what it emitted to the router. An
+        exception is the event's the operator took last (the first one's, when it took none): one error,
+        and the operator goes on with the rest."""
+        process, out = self.process_events, self.out
+        assert process is not None
+        taking = iter(events)
+        left = len(events)
+        while left:
+            try:
+                process(taking, out.append)
+                break
+            except Exception as exc:
+                still = length_hint(taking)
+                if still == left:  # it raised before taking an event: the next one is the failing one
+                    next(taking)
+                    still -= 1
+                left = still
+                self._report(exc, events[len(events) - left - 1])
+        if out:
+            self.counters.emitted += len(out)
+            self.router.route_batch(out)
+            out.clear()
 
     def _report(self, exc: Exception, event: Any) -> None:
         self.counters.errors += 1
@@ -442,6 +492,15 @@ class ExecutorThread(ExecutorLoop):
                 event[0],
                 self.counters.errors,
             )
+
+
+def next_part(part: int, took: float) -> int:
+    """The size of the next part of a batch: about `PART_S` at the pace of the last part (`part` events in
+    `took` seconds), between 1 and `MAX_BATCH`, growing at most fourfold."""
+    grown = min(MAX_BATCH, 4 * part)
+    if took <= 0.0:
+        return grown
+    return max(1, min(grown, int(part * PART_S / took)))
 
 
 def _failed(thread: ExecutorLoop, exc: BaseException) -> None:
@@ -516,8 +575,14 @@ class SourceThread(ExecutorLoop):
         self.counters.emitted += 1
         self.router.route((event_id, key, value, self.now))
 
+    def emit_events(self, events: list[Any]) -> None:
+        """What a `poll_batch` emits: whole events, stamped with the poll's time."""
+        self.counters.emitted += len(events)
+        self.router.route_batch(events)
+
     def loop(self) -> None:
         counters = self.counters
+        poll_batch = getattr(self.operator, "poll_batch", None)
         exhausted = getattr(self.operator, "exhausted", None)
         backlog = getattr(self.operator, "backlog", None)
         backlog = backlog if callable(backlog) else None
@@ -538,7 +603,10 @@ class SourceThread(ExecutorLoop):
                 continue
             self.now = time.time()
             before = counters.emitted
-            due = self.operator.poll(self.now, self.emit_new, min(budget, poll_cap))
+            if poll_batch is not None:
+                due = poll_batch(self.now, self.emit_events, min(budget, poll_cap))
+            else:
+                due = self.operator.poll(self.now, self.emit_new, min(budget, poll_cap))
             polled = time.perf_counter() - start
             self.router.flush()
             emitted = counters.emitted - before

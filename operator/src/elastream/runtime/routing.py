@@ -99,9 +99,13 @@ class OutputStream:
                 )
             blocked += waited
 
-    def send_pending(self, stop: threading.Event) -> float:
-        """Send the pending buffer as one frame to the channel `choose` picks; returns the seconds blocked."""
-        events, self.pending = self.pending, []
+    def send_pending(self, stop: threading.Event, n: int | None = None) -> float:
+        """Send the pending buffer (its first `n` events) as one frame to the channel `choose` picks; returns
+        the seconds blocked."""
+        if n is None or n >= len(self.pending):
+            events, self.pending = self.pending, []
+        else:
+            events, self.pending = self.pending[:n], self.pending[n:]
         channel, blocked = self.choose(len(events), stop)
         blocked += channel.send_events(events, stop)
         self.pending_limit = max(self.channels, key=Channel.free_credit).frame_limit
@@ -147,6 +151,49 @@ class Router:
                 if len(buffer) >= channel.frame_limit:
                     self.blocked_s += channel.send_events(buffer, self.stop)
                     output.buffers[index] = []
+
+    def route_batch(self, events: Sequence[Any]) -> None:
+        """`route` every event of `events`, in order, with what `route` would send: where a run of events goes
+        to one buffer (a load-aware stream's pending buffer, a stream to one receiver, executor 0 of a global
+        stream, each receiver of a broadcast) it goes at once and leaves in frames of the channel's
+        `frame_limit`; a stream that deals (round-robin shuffle, fields over several receivers) or holds (a
+        partial migration) takes them one by one."""
+        for output in self.outputs:
+            if output.held:
+                for event in events:
+                    self._route_holding(output, event)
+            elif output.load_aware:
+                output.pending += events
+                while len(output.pending) >= output.pending_limit:
+                    self.blocked_s += output.send_pending(self.stop, output.pending_limit)
+            elif len(output.channels) == 1 or output.grouping == "global":
+                self._fill(output, 0, events)
+            elif output.grouping == "all":
+                for index in range(len(output.channels)):
+                    self._fill(output, index, events)
+            else:
+                buffers, channels = output.buffers, output.channels
+                for event in events:
+                    for index in output.targets(event):
+                        buffer = buffers[index]
+                        buffer.append(event)
+                        if len(buffer) >= channels[index].frame_limit:
+                            self.blocked_s += channels[index].send_events(buffer, self.stop)
+                            buffers[index] = []
+
+    def _fill(self, output: OutputStream, index: int, events: Sequence[Any]) -> None:
+        """Append `events` to the buffer of channel `index` and send every full frame of it."""
+        buffer = output.buffers[index]
+        buffer += events
+        channel = output.channels[index]
+        while len(buffer) >= channel.frame_limit:
+            limit = channel.frame_limit
+            if len(buffer) == limit:
+                frame, buffer = buffer, []
+            else:
+                frame, buffer = buffer[:limit], buffer[limit:]
+            output.buffers[index] = buffer
+            self.blocked_s += channel.send_events(frame, self.stop)
 
     def flush(self) -> None:
         for output in self.outputs:

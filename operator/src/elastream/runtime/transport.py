@@ -72,6 +72,11 @@ MAX_PEERS = 4096
 log = logging.getLogger("elastream.worker")
 
 _packb = msgpack.Packer(use_bin_type=True).pack
+#: pyzmq's flags as plain ints: its enum members cost an enum construction per `&` and per call on hot paths
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 def encode(kind: int, sender: str, payload: Any) -> bytes:
@@ -194,12 +199,15 @@ class Inbox:
         when the frame that came was dropped (counted in `stats`)."""
         if self.monitor is not None and time.monotonic() >= self._next_monitor:
             self.take_refusals()
-        if timeout_ms and not self.socket.poll(timeout_ms, zmq.POLLIN):
+        socket = self.socket
+        if timeout_ms and not socket.poll(timeout_ms, _POLLIN):
             return None
         try:
-            parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            parts = [socket.recv(_NOBLOCK, copy=False)]
         except zmq.Again:
             return None
+        while parts[-1].more:  # the parts of a message arrive together
+            parts.append(socket.recv(_NOBLOCK, copy=False))
         if len(parts) != 2 or len(parts[1]) <= _SEQ_BYTES:
             self.stats.drop("malformed")  # not a channel of ours
             return None
@@ -243,8 +251,10 @@ class Inbox:
 
     def ack(self, token: tuple[bytes, bytes]) -> None:
         """Return the credit of a frame taken for processing (its sender's cumulative count)."""
+        routing, count = token
         with contextlib.suppress(zmq.ZMQError):  # the sender is gone; a later (cumulative) ack supersedes
-            self.socket.send_multipart(token, zmq.NOBLOCK)
+            self.socket.send(routing, _SNDMORE_NOBLOCK)  # (send_multipart: an enum per call for its SNDMORE)
+            self.socket.send(count, _NOBLOCK)
 
     def close(self) -> None:
         if self.monitor is not None:
@@ -340,9 +350,9 @@ class Channel:
     def _take_acks(self) -> None:
         self._next_take = time.monotonic() + ACK_TAKE_S
         socket = self.socket
-        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while socket.getsockopt(_EVENTS) & _POLLIN:
             try:
-                ack = int.from_bytes(socket.recv(zmq.NOBLOCK), "little")
+                ack = int.from_bytes(socket.recv(_NOBLOCK), "little")
             except zmq.Again:
                 break
             if ack > self.acked:
@@ -386,7 +396,7 @@ class Channel:
     def _send(self, frame: bytes, stop: threading.Event) -> float:
         message = self.sent.to_bytes(_SEQ_BYTES, "little") + frame  # the ack to return: our count so far
         try:
-            self.socket.send(message, zmq.NOBLOCK)
+            self.socket.send(message, _NOBLOCK)
             return 0.0
         except zmq.Again:
             pass

@@ -4,7 +4,7 @@ operators (the package's docstring, `elastream.runtime.operators`, describes it 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -21,6 +21,9 @@ class Event(NamedTuple):
 
 SAME: Any = object()
 Emit = Callable[..., None]
+#: what `process_batch` and `poll_batch` emit through: a whole event ``(id, key, value, ts)`` (`process_batch`:
+#: one at a time; `poll_batch`: a list of them at once)
+EmitEvent = Callable[[Any], None]
 
 
 @dataclass
@@ -48,6 +51,21 @@ class Operator(Protocol):
     def close(self) -> None: ...
 
 
+class BatchOperator(Operator, Protocol):
+    """An operator that may also take its input many events at a time: when it has `process_batch`, the
+    executor calls that instead of `process` (which it must still have, with the same effect per event).
+
+    `events` is an iterator over events; `emit(event)` sends one whole event ``(id, key, value, ts)`` on (a
+    derived event keeps its input's id and ts, e.g. ``emit((e[0], e[1], new_value, e[3]))``; ``emit(e)`` sends
+    the input itself on). Take the events one at a time and emit what each produces before taking the next:
+    an exception is blamed on the event taken last (one error counted for it, as `process` raising for it
+    would), and `process_batch` is called again with the rest of the iterator. The executor calls it for
+    parts of a frame, each about a millisecond of processing, so that a controller message or the output's
+    `FLUSH_S` is never kept waiting by a long frame."""
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None: ...
+
+
 class SourceOperator(Protocol):
     def open(self, context: Context) -> None: ...
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
@@ -57,3 +75,12 @@ class SourceOperator(Protocol):
     def position(self) -> Any: ...
     def seek(self, position: Any) -> None: ...
     def close(self) -> None: ...
+
+
+class BatchSource(SourceOperator, Protocol):
+    """A source that may also emit many events at a time: when it has `poll_batch`, the executor calls that
+    instead of `poll`. `emit_events(events)` sends a list of whole events ``(id, key, value, now)``, stamped
+    with the `now` given; a long poll may call it several times (what it emitted goes out as frames fill).
+    It returns how many events were due, as `poll` does."""
+
+    def poll_batch(self, now: float, emit_events: EmitEvent, budget: int) -> int: ...

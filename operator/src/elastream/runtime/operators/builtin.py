@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from elastream.core.schedule import key_group_of
-from elastream.runtime.operators.api import Context, Emit
+from elastream.runtime.operators.api import Context, Emit, EmitEvent
 from elastream.runtime.operators.cpu import Cost
 
 
@@ -33,6 +33,23 @@ class Work:
         for _ in range(_passes(event[0], self.selectivity)):
             emit(event[2])
 
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        # what `process` emits is its input again (same id, key, value and ts): the event itself goes on
+        charge, selectivity = self.cost.charge, self.selectivity
+        if selectivity == 1.0:
+            if self.cost.per_event_s <= 0.0:
+                for event in events:
+                    emit(event)
+            else:
+                for event in events:
+                    charge()
+                    emit(event)
+            return
+        for event in events:
+            charge()
+            for _ in range(_passes(event[0], selectivity)):
+                emit(event)
+
     def close(self) -> None:
         self.cost.pay()
 
@@ -44,6 +61,13 @@ class Filter(Work):
         self.cost.charge()
         if _passes(event[0], min(self.selectivity, 1.0)):
             emit(event[2])
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        charge, selectivity = self.cost.charge, min(self.selectivity, 1.0)
+        for event in events:
+            charge()
+            if _passes(event[0], selectivity):
+                emit(event)
 
 
 class Count:
@@ -62,6 +86,15 @@ class Count:
         self.groups: dict[int, dict[Any, int]] = {}
 
     def process(self, event: Any, emit: Emit) -> None:
+        emit(self._count(event))
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        count = self._count
+        for event in events:
+            emit((event[0], event[1], count(event), event[3]))
+
+    def _count(self, event: Any) -> int:
+        """Count `event` in its key's running count and return that."""
         self.cost.charge()
         key = event[1]
         if self.field is not None:
@@ -71,7 +104,7 @@ class Count:
         group = self.groups.setdefault(key_group_of(key, self.context.max_parallelism), {})
         count = group.get(key, 0) + 1
         group[key] = count
-        emit(count)
+        return count
 
     def snapshot_state(self) -> dict[int, Any]:
         return {g: dict(counts) for g, counts in self.groups.items()}
@@ -102,11 +135,26 @@ class Window:
         self.groups: dict[int, dict[Any, list[Any]]] = {}
 
     def process(self, event: Any, emit: Emit) -> None:
+        if self._closing():
+            self.flush(emit)
+        self._aggregate(event)
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        for event in events:
+            if self._closing():
+                self._close(emit)
+            self._aggregate(event)
+
+    def _closing(self) -> bool:
+        """Charge an event's cost; whether the window's time is up (the next window is then set)."""
         self.cost.charge()
         now = self.wall_clock()
-        if now >= self.window_end:
-            self.flush(emit)
-            self.window_end = (now // self.size_s + 1) * self.size_s
+        if now < self.window_end:
+            return False
+        self.window_end = (now // self.size_s + 1) * self.size_s
+        return True
+
+    def _aggregate(self, event: Any) -> None:
         key = event[1]
         group = self.groups.setdefault(key_group_of(key, self.context.max_parallelism), {})
         agg = group.get(key)
@@ -128,9 +176,13 @@ class Window:
             self.window_end = (now // self.size_s + 1) * self.size_s
 
     def flush(self, emit: Emit) -> None:
+        self._close(lambda closed: emit(closed[2], key=closed[1], event_id=closed[0], ts=closed[3]))
+
+    def _close(self, emit: EmitEvent) -> None:
+        """Emit every key's aggregate, ``(last id, key, (count, sum), ts of its first event)``, and start over."""
         for group in self.groups.values():
             for key, (count, total, last_id, ts) in group.items():
-                emit((count, total), key=key, event_id=last_id, ts=ts)
+                emit((last_id, key, (count, total), ts))
         self.groups = {}
 
     def snapshot_state(self) -> dict[int, Any]:

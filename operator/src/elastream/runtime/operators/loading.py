@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from elastream.core.topology import Vertex
-from elastream.runtime.operators.api import Context, Emit, Event
+from elastream.runtime.operators.api import Context, Emit, EmitEvent, Event
 from elastream.runtime.operators.builtin import LOGIC_BUILTINS
 from elastream.runtime.operators.sinks import LogSink, NullSink, RedisStreamSink
 from elastream.runtime.operators.sources import RedisStreamSource, Synthetic
@@ -31,6 +31,9 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
         return LogSink() if kind == "log" else NullSink()
     return LOGIC_BUILTINS[str(config["builtin"])]()
 
+
+#: the types of an event's ts the data plane takes (`transport.parse`)
+_TIMESTAMPS = (float, int)
 
 #: how an executor hears of an exception in a user hook: report(hook name, exception)
 ErrorReport = Callable[[str, BaseException], None]
@@ -77,9 +80,23 @@ class UserOperator(_UserCode):
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
         self.stateful = callable(getattr(inner, "snapshot_state", None))
+        if callable(getattr(inner, "process_batch", None)):  # the executor looks for the attribute
+            self.process_batch = self._process_batch
 
     def process(self, event: Any, emit: Emit) -> None:
         self.inner.process(Event._make(event), emit)
+
+    def _process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        """The user class's `process_batch`, with `Event` named tuples in, and only events out: anything else
+        emitted raises (an error of the event being processed) instead of reaching the wire, where the
+        receiver would drop the whole frame it travels in."""
+
+        def emit_event(event: Any) -> None:
+            if not isinstance(event, tuple) or len(event) != 4 or type(event[3]) not in _TIMESTAMPS:
+                raise TypeError(f"process_batch emitted {event!r}: an event is a tuple (id, key, value, ts)")
+            emit(event)
+
+        self.inner.process_batch(map(Event._make, events), emit_event)
 
     def snapshot_state(self) -> dict[int, Any]:
         if not self.stateful:

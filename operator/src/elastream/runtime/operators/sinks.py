@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-from elastream.runtime.operators.api import Context, Emit
+from elastream.runtime.operators.api import Context, Emit, EmitEvent
 from elastream.runtime.operators.cpu import Cost
 from elastream.runtime.operators.streams import RedisStreamEnd
 from elastream.store.checkpoint import open_transactions_key, transaction_keys
@@ -24,6 +25,12 @@ class NullSink:
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        cost = self.cost
+        if cost.per_event_s > 0.0:
+            for _ in events:
+                cost.charge()
 
     def close(self) -> None:
         self.cost.pay()
@@ -43,6 +50,10 @@ class LogSink(NullSink):
         self.seen += 1
         if self.seen % self.every == 0:
             print(f"{self.name}: id={event[0]} key={event[1]!r} value={event[2]!r}", flush=True)
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        for event in events:
+            self.process(event, emit)
 
 
 #: Appends a batch to a stream unless the batch's token is already recorded, then records it, atomically.
@@ -107,6 +118,15 @@ class RedisStreamSink(RedisStreamEnd):
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
         self.buffer.append(event)
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        if self.cost.per_event_s <= 0.0:
+            self.buffer += events
+            return
+        charge, append = self.cost.charge, self.buffer.append
+        for event in events:
+            charge()
+            append(event)
 
     def flush(self) -> None:
         if not self.buffer or self.exactly_once:  # exactly-once: written when a checkpoint commits

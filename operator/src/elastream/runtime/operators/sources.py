@@ -7,7 +7,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -65,6 +65,13 @@ class Synthetic:
         self.id_offset = int(config.get("idOffset", 0))
         self.stride = context.max_parallelism
         self.lanes = list(context.key_groups)
+        #: the lanes as a range [lo, hi), when they are one (key groups are contiguous): a level run (`cursor`)
+        self.lo, self.hi = (self.lanes[0], self.lanes[-1] + 1) if self.lanes else (0, 0)
+        self.contiguous = self.lanes == list(range(self.lo, self.hi))
+        #: while the lanes are level (every lane's next sequence number within one round of the smallest) the
+        #: events leave as one run through the lane range, round after round: `cursor` is the run's next
+        #: number, and `next` and `live` are brought up to it when read (`_settle`); None otherwise
+        self.cursor: int | None = None
         self.next: dict[int, int] = dict.fromkeys(self.lanes, 0)
         self.profile = RateProfile(config, len(self.lanes) / self.stride)
         #: the profile clock's start: now for a new topology, the position's after `seek`
@@ -76,6 +83,7 @@ class Synthetic:
         executor's offered load (it was offered to the executors before it); with `owe`, what of it they
         did not emit is an inherited backlog this executor emits first, without it the lanes are paced from
         `now` on."""
+        self._settle()
         self.due_before = self._due(now)
         #: events due before the takeover and not emitted by then (0 without `owe`)
         self.inherited = 0
@@ -101,21 +109,99 @@ class Synthetic:
         """Emit what this executor's lanes owe (the inherited backlog, then what the profile offered them
         since the takeover); return the events offered to it since the takeover (`offered`)."""
         due = self._due(now)
-        count = int(min(self._owed(due), budget)) if not math.isinf(due) else budget
-        live, stride, limit = self.live, self.stride, self.limit
-        for _ in range(max(count, 0)):
+        offset, keys = self.id_offset, self.keys
+        for run in self._take(self._count(due, budget)):
+            for seq in run:
+                emit_new(offset + seq, seq % keys, seq)
+        return self._offered(due)
+
+    def poll_batch(self, now: float, emit_events: Callable[[list[Any]], None], budget: int) -> int:
+        """`poll`, emitting the events as one list of whole events (`BatchSource`)."""
+        due = self._due(now)
+        offset, keys = self.id_offset, self.keys
+        runs = self._take(self._count(due, budget))
+        if runs and offset:
+            emit_events([(offset + seq, seq % keys, seq, now) for run in runs for seq in run])
+        elif runs:  # no `idOffset` (the default): an addition less per event
+            emit_events([(seq, seq % keys, seq, now) for run in runs for seq in run])
+        return self._offered(due)
+
+    def _count(self, due: float, budget: int) -> int:
+        """How many events a poll emits: what the lanes owe, at most `budget`."""
+        return max(0, int(min(self._owed(due), budget)) if not math.isinf(due) else budget)
+
+    def _take(self, count: int) -> list[Sequence[int]]:
+        """The sequence numbers of the next `count` events (fewer when the lanes end), in the order they fall
+        due, as runs; the lanes move past them and their cost is charged."""
+        if count <= 0 or not self.live:
+            return []
+        if self.cursor is None and self._level():
+            self.cursor = self.live[0][0]
+        runs: list[Sequence[int]] = []
+        if self.cursor is not None:
+            runs = self._take_level(count)
+        else:
+            runs.append(self._take_heap(count))
+        taken = sum(map(len, runs))
+        self.emitted_here += taken
+        self.cost.charge(taken)
+        return runs
+
+    def _level(self) -> bool:
+        """Whether the lanes are level: all of them live, contiguous, each one's next number within one round
+        (`stride`) of the smallest. Then those numbers are the run's next `stride` numbers of own lanes."""
+        live = self.live
+        return self.contiguous and len(live) == len(self.lanes) and max(live)[0] < live[0][0] + self.stride
+
+    def _take_level(self, count: int) -> list[Sequence[int]]:
+        """`_take` while the lanes are level: ranges of consecutive numbers through [lo, hi) of each round."""
+        assert self.cursor is not None
+        seq, stride, lo, hi, limit = self.cursor, self.stride, self.lo, self.hi, self.limit
+        runs: list[Sequence[int]] = []
+        while count > 0:
+            base = seq - seq % stride
+            end = min(base + hi, seq + count)
+            if limit is not None:
+                end = min(end, limit)
+            if end <= seq:
+                break
+            runs.append(range(seq, end))
+            count -= end - seq
+            seq = end if end < base + hi else base + stride + lo
+        self.cursor = seq
+        if limit is not None and seq + stride > limit:  # a lane may be done: back to the heap, which drops it
+            self._settle()
+        return runs
+
+    def _take_heap(self, count: int) -> list[int]:
+        """`_take` lane by lane off the heap: the smallest next number first."""
+        live, stride, limit, positions = self.live, self.stride, self.limit, self.next
+        seqs: list[int] = []
+        for _ in range(count):
             if not live:
                 break
             seq, lane = live[0]
-            self.next[lane] += 1
+            positions[lane] += 1
             if limit is not None and seq + stride >= limit:
                 heapq.heappop(live)
             else:
                 heapq.heapreplace(live, (seq + stride, lane))
-            self.emitted_here += 1
-            self.cost.charge()
-            emit_new(self.id_offset + seq, seq % self.keys, seq)
-        return self._offered(due)
+            seqs.append(seq)
+        return seqs
+
+    def _settle(self) -> None:
+        """Bring `next` and `live` up to a level run's `cursor` (each lane's next number: the first of its
+        own at or after the cursor), and end the run."""
+        seq = self.cursor
+        if seq is None:
+            return
+        self.cursor = None
+        stride = self.stride
+        for lane in self.lanes:
+            self.next[lane] = (seq + (lane - seq) % stride - lane) // stride
+        live = [(lane + self.next[lane] * stride, lane) for lane in self.lanes if not self._lane_done(lane)]
+        heapq.heapify(live)
+        self.live = live
 
     def offered(self, now: float) -> int:
         """The events offered to this executor's lanes since it took them over, emitted or not: the rate
@@ -142,11 +228,13 @@ class Synthetic:
         return not self.live
 
     def position(self) -> Any:
+        self._settle()
         return {**self.next, self.CLOCK: self.clock_start}
 
     def seek(self, position: Any) -> None:
         """Take the positions of the lanes this executor owns (a merged map of every old executor's) and the
         topology's profile clock; what the lanes owe is this executor's to emit first (a migration)."""
+        self._settle()
         for lane, index in position.items():
             if lane == self.CLOCK:
                 self.clock_start = float(index)
