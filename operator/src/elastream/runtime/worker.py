@@ -45,11 +45,12 @@ from elastream.core.migration_scope import migration_parts
 from elastream.core.ports import Clock
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import split_executor_id
-from elastream.runtime.executor import ExecutorThread, SourceThread
+from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.health import serve_health
 from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.loading import make_operator
 from elastream.runtime.routing import OpenChannel, Router, build_outputs
+from elastream.runtime.source_thread import SourceThread
 from elastream.runtime.transport import INITIAL_WINDOW, Channel, Inbox
 from elastream.runtime.worker_control import ControlMessages
 from elastream.runtime.worker_drains import Drains, watched_parent

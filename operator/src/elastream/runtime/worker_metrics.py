@@ -17,7 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from elastream.core.metrics import MetricSample
 from elastream.core.topology import split_executor_id
-from elastream.runtime.executor import Counters, ExecutorThread, SourceThread
+from elastream.runtime.executor import Counters, ExecutorThread
+from elastream.runtime.source_thread import SourceThread
 from elastream.runtime.worker_state import Generation, WorkerState
 from elastream.store.codec import pack
 from elastream.store.retry import REDIS, RedisAttempt

@@ -15,10 +15,11 @@ import zmq
 from elastream.core.ports import Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
-from elastream.runtime.executor import ExecutorLoop, ExecutorThread, SourceThread
+from elastream.runtime.executor import ExecutorLoop, ExecutorThread
 from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.cpu import NodeCpu
 from elastream.runtime.security import PeerAuthenticator
+from elastream.runtime.source_thread import SourceThread
 from elastream.runtime.transport import DataPlaneStats, Inbox
 from elastream.store.checkpoint import CheckpointStore
 from elastream.store.metric_stream import MetricStream
