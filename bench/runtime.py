@@ -97,22 +97,28 @@ def write(directory: str, doc: dict[str, Any]) -> str:
 
 
 def trivial_linear(
-    nodes: int, rate: float | None, sink: str, work_parallelism: int = 1, balance: str = "load-aware"
+    nodes: int,
+    rate: float | None,
+    sink: str,
+    work_parallelism: int = 1,
+    balance: str = "load-aware",
+    parallelism: int = 1,
 ) -> dict[str, Any]:
+    """src -> work -> sink; `parallelism` executors of src and of the sink, `work_parallelism` of work."""
     source: dict[str, Any] = {"type": "synthetic", "keys": 1000}
     if rate is not None:
         source["rate"] = rate
     return {
         "apiVersion": "elastream.dev/v1alpha1",
         "kind": "StreamTopology",
-        "metadata": {"name": f"raw-{nodes}-{sink}-{work_parallelism}-{balance}"},
+        "metadata": {"name": f"raw-{nodes}-{sink}-{parallelism}-{work_parallelism}-{balance}"},
         "spec": {
             "nodes": nodes,
             "slotsPerNode": 4,
             "vertices": [
-                {"name": "src", "source": source},
+                {"name": "src", "parallelism": parallelism, "source": source},
                 {"name": "work", "parallelism": work_parallelism, "logic": {"builtin": "work"}},
-                {"name": "out", "sink": {"type": sink}},
+                {"name": "out", "parallelism": parallelism, "sink": {"type": sink}},
             ],
             "streams": [
                 {"from": "src", "to": "work", "balance": balance},
@@ -249,12 +255,22 @@ def splice_section(path: str, heading: str, lines: list[str]) -> None:
         handle.write("\n".join(text).rstrip("\n") + "\n")
 
 
+#: the raw-throughput layouts: (label, worker processes, parallelism of every vertex). The one pipeline split
+#: over two processes leaves one of them with two of the three executors, so it cannot double; the pipeline
+#: run twice (every vertex at parallelism 2, spread round-robin) is what a scale-out by one worker does
+RAW_LAYOUTS = (
+    ("1 process, 1 pipeline", 1, 1),
+    ("2 processes, the pipeline split", 2, 1),
+    ("2 processes, every vertex twice", 2, 2),
+)
+
+
 def raw_throughput(
     directory: str, url: str, seconds: float, extra_env: dict[str, str] | None = None
-) -> list[dict[str, float]]:
-    rows = []
-    for nodes in (1, 2):
-        path = write(directory, trivial_linear(nodes, None, "null"))
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for layout, nodes, parallelism in RAW_LAYOUTS:
+        path = write(directory, trivial_linear(nodes, None, "null", parallelism, parallelism=parallelism))
         topology = load_manifest(path)
         with LocalCluster(topology, path, url, extra_env=extra_env) as cluster:
             cluster.start(initial_schedule(topology))
@@ -262,6 +278,7 @@ def raw_throughput(
         events = rate * seconds
         rows.append(
             {
+                "layout": layout,
                 "processes": nodes,
                 "events_per_s": rate,
                 "cpu_s": cpu,
@@ -269,8 +286,15 @@ def raw_throughput(
                 "events_per_core_s": events / cpu if cpu else float("nan"),
             }
         )
-        log(f"  {nodes} process(es): {rate:,.0f} events/s, {rows[-1]['us_per_event']:.1f} µs CPU per event")
+        log(f"  {layout}: {rate:,.0f} events/s, {rows[-1]['us_per_event']:.1f} µs CPU per event")
     return rows
+
+
+def scale_out_ratio(rows: list[dict[str, Any]]) -> float | None:
+    """Events/s with every vertex twice on two processes over one pipeline in one process."""
+    by_layout = {row["layout"]: row["events_per_s"] for row in rows}
+    one, two = by_layout.get(RAW_LAYOUTS[0][0]), by_layout.get(RAW_LAYOUTS[2][0])
+    return two / one if one and two else None
 
 
 def source_env(tree: str) -> dict[str, str]:
@@ -291,21 +315,26 @@ def trees(baseline: str | None) -> list[tuple[str, dict[str, str]]]:
 
 def throughput_rounds(directory: str, url: str, seconds: float, rounds: int, baseline: str | None) -> None:
     """`--only throughput`: section 1 `rounds` times (alternating with `baseline`'s workers), printed."""
-    runs: dict[tuple[str, int], list[float]] = {}
+    runs: dict[tuple[str, str], list[float]] = {}
     for round_ in range(1, rounds + 1):
         for label, env in trees(baseline):
             log(f"round {round_}/{rounds}, {label}")
             for row in raw_throughput(directory, url, seconds, env):
-                runs.setdefault((label, int(row["processes"])), []).append(row["events_per_s"])
+                runs.setdefault((label, row["layout"]), []).append(row["events_per_s"])
     log("")
-    log("| workers | processes | events/s at the sink (rounds in order) | median |")
-    log("|---|---:|---|---:|")
-    for (label, nodes), values in runs.items():
-        log(f"| {label} | {nodes} | {', '.join(f'{v:,.0f}' for v in values)} | {statistics.median(values):,.0f} |")
+    log("| workers | layout | events/s at the sink (rounds in order) | median |")
+    log("|---|---|---|---:|")
+    for (label, layout), values in runs.items():
+        log(f"| {label} | {layout} | {', '.join(f'{v:,.0f}' for v in values)} | {statistics.median(values):,.0f} |")
     for label, _ in trees(baseline):
-        one, two = runs.get((label, 1)), runs.get((label, 2))
-        if one and two:
-            log(f"{label}: 2 processes / 1 process (medians) = {statistics.median(two) / statistics.median(one):.2f}x")
+        medians = [
+            {"layout": layout, "events_per_s": statistics.median(runs[(label, layout)])}
+            for layout, _, _ in RAW_LAYOUTS
+            if runs.get((label, layout))
+        ]
+        ratio = scale_out_ratio(medians)
+        if ratio is not None:
+            log(f"{label}: every vertex twice on 2 processes / 1 process (medians) = {ratio:.2f}x")
 
 
 def latency_rounds(directory: str, url: str, seconds: float, rounds: int, baseline: str | None) -> None:
@@ -591,21 +620,25 @@ def report(
         "",
         "## Raw throughput: src -> work (no cost) -> null sink",
         "",
-        "One process runs all three executors; with two, the executors are spread round-robin and events",
-        "cross process boundaries over TCP. CPU is the workers' user+system time over the measured span.",
+        "One process runs the three executors of one pipeline. On two processes, either that pipeline is",
+        "split (round-robin: one process runs two of its three executors, so this cannot double), or every",
+        "vertex runs twice (parallelism 2, spread round-robin: what a scale-out by one worker does; the",
+        "load-aware shuffles send events across processes too). Every channel is a TCP connection, within",
+        "a process as across. CPU is the workers' user+system time over the measured span.",
         "Target: 500,000 events/s per worker process for trivial operators, and 1.9x that on two.",
         "",
-        "| worker processes | events/s at the sink | CPU µs per event (3 vertices) | events/s per core |",
-        "|---:|---:|---:|---:|",
+        "| layout | worker processes | events/s at the sink | CPU µs per event (3 vertices) | events/s per core |",
+        "|---|---:|---:|---:|---:|",
     ]
     for row in raw:
         lines.append(
-            f"| {row['processes']} | {row['events_per_s']:,.0f} | {row['us_per_event']:.1f} | "
+            f"| {row['layout']} | {row['processes']} | {row['events_per_s']:,.0f} | {row['us_per_event']:.1f} | "
             f"{row['events_per_core_s']:,.0f} |"
         )
-    if len(raw) == 2 and raw[0]["events_per_s"]:
+    ratio = scale_out_ratio(raw)
+    if ratio is not None:
         lines.append("")
-        lines.append(f"2 processes / 1 process: {raw[1]['events_per_s'] / raw[0]['events_per_s']:.2f}x.")
+        lines.append(f"Every vertex twice on 2 processes / one pipeline in 1 process: {ratio:.2f}x.")
     if lat:
         lines += [
             "",
