@@ -218,3 +218,29 @@ def test_plan_to_the_same_node_count_is_direction_none(files, capsys) -> None:
     data = run_json(capsys, "plan", str(topo), "--metrics", str(snap), "--nodes", "2")
     assert data["direction"] == "none"
     assert data["moves"] == [] and data["new_executors"] == [] and data["added_nodes"] == []
+
+
+def test_a_worker_refuses_a_manifest_its_parser_refuses_in_one_line_naming_the_field(tmp_path) -> None:
+    doc = manifest([src("a", 1, rate=10), work("b", 1)], [edge("a", "b"), edge("b", "a")], name="cyclic")
+    topo = tmp_path / "cyclic.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    proc = _run("worker", "--topology", str(topo), "--node", "node-0", "--redis", "redis://127.0.0.1:1/0")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: ") and "spec.streams" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_worker_does_not_check_its_manifest_against_the_crd_again(files, monkeypatch, capsys) -> None:
+    """A worker's manifest was checked by its launcher; the CRD check (its CEL rules compiled) would cost every
+    starting worker about half a second of CPU. Here the check raises if called: the worker must get past the
+    manifest and stop at the next thing it lacks (the data plane's keys)."""
+    import elastream.resources
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the worker ran the CRD check")
+
+    monkeypatch.setattr(elastream.resources, "check_manifest", refused)  # what `load_manifest` calls
+    for name in [k for k in os.environ if k.startswith("ELASTREAM_DATA_PLANE")]:
+        monkeypatch.delenv(name)
+    topo, _ = files
+    assert main(["worker", "--topology", str(topo), "--node", "node-0", "--redis", "redis://127.0.0.1:1/0"]) == 1
+    assert "ELASTREAM_DATA_PLANE_SERVER_KEY and ELASTREAM_DATA_PLANE_CLIENT_KEY not set" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from elastream.control.controller import TopologyController
 from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
-from elastream.core.topology import MAX_NODES, Topology
+from elastream.core.topology import MAX_NODES, Topology, parse_manifest, read_manifest_document
 from elastream.resources import load_manifest
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
@@ -128,7 +128,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not args.redis:
         raise CommandError("--redis: no URL; pass one or set ELASTREAM_REDIS_URL")
-    topology = load_manifest(args.topology)
+    # The parser alone, within the reader's bounds: a worker's manifest is one its launcher checked against the
+    # CRD already (the API server admitted it, or `elastream run` loaded it with `load_manifest`), and the CRD
+    # check compiles its CEL rules, which cost every starting worker about half a second of CPU
+    topology = parse_manifest(read_manifest_document(args.topology))
     host, _, port = args.bind.partition(":")
     if host in ALL_INTERFACES and not args.advertise:
         raise CommandError(
