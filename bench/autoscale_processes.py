@@ -37,9 +37,9 @@ What a run measures:
   has ids never delivered: they are reported as undelivered, not as lost, and count as late.
 - Latency is measured from when the event was DUE by the rate profile, not from its emission: a
   back-pressured source holds events back, and measuring from `ts` would hide exactly what ConfMin
-  suffers. The Synthetic source deals its sequence numbers round-robin over its lanes, so event seq
-  (id - idOffset) is the (seq + 1)-th event offered (within maxParallelism events) and is due when the
-  profile's cumulative `RateProfile(config, 1.0).due(t - t0)` reaches seq + 1 (inverted by bisection).
+  suffers. The Synthetic source's events fall due in sequence order on the vertex's clock, whatever its
+  parallelism, so event seq (id - idOffset) is the (seq + 1)-th event offered and is due when the
+  profile's cumulative `RateProfile(config).due(t - t0)` reaches seq + 1 (inverted by bisection).
   t0, the profile clock's start, is estimated from the events at the stream's start, which are not
   back-pressured: the `ts` (emission stamp) of an event minus its due time, for the smallest-seq event and
   every other event due in the first `EARLY_S` seconds, the smallest of these values (no event leaves before
@@ -180,7 +180,7 @@ def build_doc(profile: str, policy: scenario.Policy, step_s: float, name: str) -
 
 def offered_events(source: Mapping[str, Any]) -> int:
     """Events the source's profile offers over one period (the run's `limit`)."""
-    profile = RateProfile(source, 1.0)
+    profile = RateProfile(source)
     return math.floor(profile.due(profile.period) + 1e-6)
 
 
@@ -328,7 +328,7 @@ def run_one(url: str, directory: str, run: Measured, tag: str) -> None:
         yaml.safe_dump(run.manifest, handle)
     topology = load_manifest(path)
     source = topology.vertices[topology.sources[0]].config
-    profile = RateProfile(source, 1.0)
+    profile = RateProfile(source)
     key = sink_key(topology)
     prefix = topology.redis_prefix
     log_path = os.path.join(directory, f"{run.manifest['metadata']['name']}.log")
@@ -619,7 +619,7 @@ class Stream:
 
 
 def stream_length(profile: str, step_s: float) -> float:
-    return RateProfile({"profile": profile, "rate": 1.0, "stepSeconds": step_s, "fluctuation": 0.0}, 1.0).period
+    return RateProfile({"profile": profile, "rate": 1.0, "stepSeconds": step_s, "fluctuation": 0.0}).period
 
 
 def run_all(url: str, directory: str, profiles: Sequence[str], policies: Sequence[scenario.Policy], step_s: float):
@@ -938,7 +938,7 @@ def plot(path: str, stream: Stream) -> None:
     fig, axes = plt.subplots(len(policies), 1, figsize=(10, 2.6 * len(policies) + 0.6), sharex=True, squeeze=False)
     length = stream_length(stream.profile, stream.step_s)
     source = vertex_block(stream.runs[policies[0]].manifest["spec"], "source")
-    profile = RateProfile(source, 1.0)
+    profile = RateProfile(source)
     seconds = list(range(math.ceil(length)))
     offered = [profile.due(k + 1) - profile.due(k) for k in seconds]
     stops = [r.stop_wall - r.t0 for r in stream.runs.values() if r.t0 is not None]

@@ -234,10 +234,8 @@ def real_sinks(topology: Topology) -> list[str]:
 def sink_samples(cluster: LocalCluster, topology: Topology, rate: float, request_at: float) -> list[Sample]:
     """Every entry of the real sinks' streams as (arrival, latency from the time it was due at the source:
     `latency.sample`), read in pages. The CCR examples have one synthetic source, at `rate`. The sources'
-    clock start is found from the events emitted before `request_at` only: a source vertex that a rescale
-    gives more executors paces each one's lanes from its own share, so some events leave up to half a round
-    of the lanes (maxParallelism / rate / 2) ahead of ``id / rate``, and taken into `due_clock` they would move every
-    latency of the run, the steady window's included, by as much."""
+    clock start is found from the events emitted before `request_at`: the steady window's own events, which
+    no pause has held back."""
     entries: list[tuple[Any, int, float]] = []
     for sink in real_sinks(topology):
         key, start = sink_key(topology, sink), "-"
@@ -405,11 +403,9 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
         "Due, not emitted: a source paused by a migration emits what fell due meanwhile late, stamped late (its",
         "`ts`), so latency from `ts` would leave the pause out. Event `id` of the one synthetic source is due at",
         "the sources' clock start + id / rate, the start being the earliest `ts` - id / rate over the events",
-        "emitted before the request (nothing is emitted before it is due while the source vertex keeps its",
-        "executors; a scale-out that gives it more paces each new executor's lanes from its own share, and some",
-        "of their events then leave up to half a round of the lanes (maxParallelism / rate / 2: 64 ms at 125",
-        "events/s and 16 lanes) ahead of id / rate and others as much later, so the latency after such a",
-        "rescale carries up to that much of the sources' pacing). Every run offers its sources at "
+        "emitted before the request (nothing is emitted before it is due: every executor of the source vertex",
+        "paces its lanes from the vertex's clock, so a rescale of the source vertex moves no event's due time).",
+        "Every run offers its sources at "
         f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules (the",
         "simulator's capacities; the examples as written are congested on purpose, and a congested run has no",
         "steady state: its latency grows with its queues); Stela plans from the example as written.",

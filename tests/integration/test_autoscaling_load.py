@@ -173,7 +173,7 @@ def test_a_steps_source_rescaled_twice_in_its_first_step_still_switches_at_the_s
     # the second step's rate (the origin is the first arrival, the profile started just before it). A source
     # whose executors restarted the profile at a rescale (at about 24 s) would still offer 100/s at 60-78 s:
     # about 8,000 events there instead of 16,000, and this fails.
-    offered = RateProfile(doc["spec"]["vertices"][0]["source"], share=1.0)
+    offered = RateProfile(doc["spec"]["vertices"][0]["source"])
     tolerance = 400.0
     inside = [(t, n) for t, n in counts if first_step_s - 12.0 <= t <= first_step_s - 2.0]
     inside += [(t, n) for t, n in counts if first_step_s + 10.0 <= t <= first_step_s + 28.0]

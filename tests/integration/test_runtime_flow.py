@@ -284,7 +284,7 @@ def test_a_step_profile_changes_the_rate_on_worker_processes(tmp_path, redis_url
     # rate: the sample's time against the source's last tick, and the executor's start against the sources'
     # clock. A source stuck at one rate is thousands of events off by the last steps (at 1,000/s throughout:
     # 16,000 by 16 s instead of 10,000; at 200/s: 3,200), a profile that stepped at other times too.
-    offered = RateProfile(profile, share=1.0)
+    offered = RateProfile(profile)
     tolerance = offered.peak * 1.0
     seen = [(s.ts - s.started_at, s.processed) for s in samples if s.ts - s.started_at <= 16.5]
     assert seen and max(t for t, _ in seen) > 13.0, seen  # the last steps are covered

@@ -88,15 +88,15 @@ def test_window_emits_count_and_sum_per_key_when_it_closes(monkeypatch) -> None:
 
 
 def test_rate_profiles_integrate_steps_and_csv(tmp_path) -> None:
-    steps = RateProfile({"steps": [{"rate": 100, "seconds": 2}, {"rate": 300, "seconds": 1}]}, share=1.0)
+    steps = RateProfile({"steps": [{"rate": 100, "seconds": 2}, {"rate": 300, "seconds": 1}]})
     assert steps.due(2.0) == pytest.approx(200)
     assert steps.due(3.0) == pytest.approx(500)
     assert steps.due(4.5) == pytest.approx(650)  # repeats: 500 + 1.5 s at 100
     assert steps.rate_at(2.5) == 300
     csv = tmp_path / "rates.csv"
     csv.write_text("# events per second\n10\n20\n")
-    profile = RateProfile({"csv": str(csv)}, share=0.5)
-    assert profile.due(2.0) == pytest.approx(15)
+    profile = RateProfile({"csv": str(csv)})
+    assert profile.due(2.0) == pytest.approx(30)
 
 
 def synthetic(index: int, parallelism: int, **config: object) -> Synthetic:
@@ -159,25 +159,23 @@ def test_window_closes_on_the_idle_timer_without_a_later_event(monkeypatch) -> N
 
 
 def test_rate_presets_have_the_autoscale_shapes() -> None:
-    three = RateProfile({"profile": "autoscale-3-step", "rate": 1000, "stepSeconds": 10, "fluctuation": 0}, 1.0)
+    three = RateProfile({"profile": "autoscale-3-step", "rate": 1000, "stepSeconds": 10, "fluctuation": 0})
     assert three.period == pytest.approx(95)
     assert three.rate_at(5) == 250 and three.rate_at(50) == 1000 and three.rate_at(90) == 250
     ramp = [three.rate_at(t) for t in range(20, 40)]
     assert ramp == sorted(ramp) and 250 < ramp[0] < ramp[-1] < 1000  # a progressive increase
-    five = RateProfile({"profile": "autoscale-5-step", "rate": 1000, "stepSeconds": 10, "fluctuation": 0}, 0.5)
-    assert [five.rate_at(t) for t in (5, 15, 25, 35, 45)] == [100, 500, 200, 500, 100]  # sudden jumps
-    assert five.due(50) == pytest.approx(10 * (100 + 500 + 200 + 500 + 100))
-    noisy = RateProfile({"profile": "autoscale-5-step", "rate": 1000}, 1.0)
+    five = RateProfile({"profile": "autoscale-5-step", "rate": 1000, "stepSeconds": 10, "fluctuation": 0})
+    assert [five.rate_at(t) for t in (5, 15, 25, 35, 45)] == [200, 1000, 400, 1000, 200]  # sudden jumps
+    assert five.due(50) == pytest.approx(10 * (200 + 1000 + 400 + 1000 + 200))
+    noisy = RateProfile({"profile": "autoscale-5-step", "rate": 1000})
     plateau = [noisy.rate_at(t) for t in range(60, 120)]
     assert 950 <= min(plateau) < max(plateau) <= 1050  # small irregular fluctuations, 5 %
-    assert plateau == [
-        RateProfile({"profile": "autoscale-5-step", "rate": 1000}, 1.0).rate_at(t) for t in range(60, 120)
-    ]
+    assert plateau == [RateProfile({"profile": "autoscale-5-step", "rate": 1000}).rate_at(t) for t in range(60, 120)]
 
 
 def test_due_is_the_integral_of_the_rate() -> None:
     profile = RateProfile(
-        {"steps": [{"rate": 10, "seconds": 1.5}, {"rate": 0, "seconds": 0.5}, {"rate": 4, "seconds": 1}]}, 1.0
+        {"steps": [{"rate": 10, "seconds": 1.5}, {"rate": 0, "seconds": 0.5}, {"rate": 4, "seconds": 1}]}
     )
     for t, expected in ((0.0, 0.0), (1.0, 10.0), (1.5, 15.0), (1.9, 15.0), (2.5, 17.0), (3.0, 19.0), (4.0, 29.0)):
         assert profile.due(t) == pytest.approx(expected), t
@@ -464,19 +462,39 @@ def test_a_steps_profile_continues_through_a_rescale_with_its_clock_in_the_posit
         if recovery:
             source.pace_replay()
         assert source.clock_start == start
-    # they take over 1 s later (the pause): a migration owes what fell due meanwhile (100, half each lane
-    # set) and emits it first; a recovery paces its lanes from the takeover, nothing owed at once
-    owed = 0 if recovery else 50
-    for source in new:
-        assert source.offered(start + 7.0) == 0 and source.backlog(start + 7.0) == owed
+    # they take over 1 s later (the pause): a migration owes what fell due meanwhile (100: 600..699, of which
+    # lanes 0..3 hold 52 and lanes 4..7 48) and emits it first; a recovery paces its lanes from the takeover,
+    # nothing owed at once
+    owed = [0, 0] if recovery else [52, 48]
+    assert [source.offered(start + 7.0) for source in new] == [0, 0]
+    assert [source.backlog(start + 7.0) for source in new] == owed
     for source in new:
         source.poll(start + 15.0, lambda i, k, v: seen.append(i), 10_000)
     # the profile went on at its clock: 7..10 s at 100/s, 10..15 s at 400/s (each executor half of it);
     # restarted at the rescale it would still be in its first step, at 100/s: 800 more, not 2300
-    assert len(seen) == 600 + 2 * owed + 300 + 2000 and len(set(seen)) == len(seen)  # nothing twice
-    assert set(range(len(seen) - 8)) <= set(seen)  # nothing skipped (the lanes end within one round of 8)
-    assert [source.offered(start + 15.0) for source in new] == [1150, 1150]  # 1500 each by 15 s, 350 by 7 s
+    assert len(seen) == 600 + sum(owed) + 300 + 2000 and len(set(seen)) == len(seen)  # nothing twice
+    if not recovery:  # exactly the events due by 15 s: 1000 in the first step, 2000 in the second
+        assert sorted(seen) == list(range(3000))
+    # 1500 each by 15 s (375 rounds of 4 lanes each), 352 and 348 of them by 7 s
+    assert [source.offered(start + 15.0) for source in new] == [1148, 1152]
     assert [source.backlog(start + 15.0) for source in new] == [0, 0]
+
+
+@pytest.mark.parametrize("executors", [1, 2, 3, 5])
+def test_synthetic_executors_emit_exactly_the_events_due_on_the_vertex_clock(executors: int) -> None:
+    # event s falls due when the vertex's profile has offered more than s events, whichever executor owns its
+    # lane: at every poll the executors together have emitted exactly 0..due-1. Paced at their share of the
+    # rate instead, the executor with lanes 4..7 of two emitted 4 and 5 when only 0..3 were due (and the one
+    # with lanes 0..3 emitted 2 and 3 half a round late), after every scale-out, for good
+    sources = [synthetic(i, executors, rate=80) for i in range(executors)]
+    for source in sources[1:]:
+        source.clock_start = sources[0].clock_start  # one topology clock (the position carries it)
+    start = sources[0].clock_start
+    seen: list[int] = []
+    for tick in range(1, 41):  # every 12.5 ms for half a second: due goes 1, 2, ..., 40
+        for source in sources:
+            source.poll(start + tick / 80 + 1e-6, lambda i, k, v: seen.append(i), 10_000)
+        assert sorted(seen) == list(range(tick)), tick
 
 
 def test_a_synthetic_source_emits_in_sequence_order_across_takeovers(monkeypatch) -> None:

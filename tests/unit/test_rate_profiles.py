@@ -70,7 +70,7 @@ def test_valid_rate_configs_pass_and_give_their_rates(config: dict, rates_at: di
     assert rate_config_problems(config, "spec.vertices[0].source") == []
     topology = parse_manifest(with_source(**config))
     assert dict(topology.vertices["src"].config) == {"type": "synthetic", **config}
-    profile = RateProfile(topology.vertices["src"].config, 1.0)
+    profile = RateProfile(topology.vertices["src"].config)
     assert {t: profile.rate_at(t) for t in rates_at} == pytest.approx(rates_at)
 
 
@@ -89,7 +89,7 @@ def test_a_relative_csv_is_read_from_the_manifest_directory(tmp_path) -> None:
     topology = load_manifest(str(path))
     config = resolve_rate_file(topology.vertices["src"], str(tmp_path))
     assert config["csv"] == str(tmp_path / "profiles" / "rates.csv")
-    assert RateProfile(config, 1.0).due(2.0) == pytest.approx(400)
+    assert RateProfile(config).due(2.0) == pytest.approx(400)
 
 
 @pytest.mark.parametrize(

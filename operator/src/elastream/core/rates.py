@@ -178,13 +178,11 @@ def rate_config_problems(config: Mapping[str, Any], path: str) -> list[str]:
 class RateProfile:
     """Offered rate over time: `rate` (constant), `steps` ([{rate, seconds}], repeated), `csv` (one rate
     per line, one line per second, repeated) or `profile` (a preset, e.g. AUTOSCALE's ``autoscale-3-step``
-    and ``autoscale-5-step`` streams, scaled to `rate`), times `share` (an executor's part of the vertex).
+    and ``autoscale-5-step`` streams, scaled to `rate`).
     `due(t)` is the number of events offered in the first t seconds (the integral of the rate). A `csv`
     needs `read_csv` (path -> rates): this module does no I/O. No `rate`: unbounded (`due` is infinite)."""
 
-    def __init__(
-        self, config: Mapping[str, Any], share: float, read_csv: Callable[[str], list[float]] | None = None
-    ) -> None:
+    def __init__(self, config: Mapping[str, Any], read_csv: Callable[[str], list[float]] | None = None) -> None:
         steps: list[tuple[float, float]]
         if "steps" in config:
             steps = [(float(s["rate"]), float(s["seconds"])) for s in config["steps"]]
@@ -202,7 +200,7 @@ class RateProfile:
         else:
             rate = config.get("rate")
             steps = [(math.inf if rate is None else float(rate), 1.0)]
-        self.steps = [(r * share, d) for r, d in steps]
+        self.steps = steps
         self.period = sum(d for _, d in self.steps)
         self.per_period = sum(r * d for r, d in self.steps)
         self.unbounded = any(math.isinf(r) for r, _ in self.steps)

@@ -173,7 +173,7 @@ def offered_rate(config: Mapping[str, Any]) -> RateProfile:
     """A source's offered rate over time, as its executors see it (`core.rates.RateProfile`): `profile`,
     `steps` or a constant `rate`. A `csv` needs reading a file: give its rates as `steps` instead."""
     try:
-        profile = RateProfile(config, 1.0)
+        profile = RateProfile(config)
     except ValueError:
         profile = None
     if profile is None or profile.unbounded:
