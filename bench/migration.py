@@ -171,7 +171,7 @@ def one_run(
             lost += sum((expected - got).values())
             duplicated += sum((got - expected).values())
         timeline = rates_around(cluster, topology, migration_at)
-        samples = sink_samples(cluster, topology, rate, migration_at)
+        samples = sink_samples(cluster, topology, rate)
     phases = report.get("phases", {})
     row = {
         "dag": name,
@@ -231,11 +231,11 @@ def real_sinks(topology: Topology) -> list[str]:
     return [s for s in topology.sinks if not s.startswith("audit-")]
 
 
-def sink_samples(cluster: LocalCluster, topology: Topology, rate: float, request_at: float) -> list[Sample]:
+def sink_samples(cluster: LocalCluster, topology: Topology, rate: float) -> list[Sample]:
     """Every entry of the real sinks' streams as (arrival, latency from the time it was due at the source:
-    `latency.sample`), read in pages. The CCR examples have one synthetic source, at `rate`. The sources'
-    clock start is found from the events emitted before `request_at`: the steady window's own events, which
-    no pause has held back."""
+    `latency.sample`), read in pages. The CCR examples have one synthetic source, at `rate`; no event leaves
+    before it is due (`Synthetic` paces every lane from the vertex's clock), so the earliest ``ts - id / rate``
+    is the sources' clock start."""
     entries: list[tuple[Any, int, float]] = []
     for sink in real_sinks(topology):
         key, start = sink_key(topology, sink), "-"
@@ -248,8 +248,7 @@ def sink_samples(cluster: LocalCluster, topology: Topology, rate: float, request
             start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
     if not entries:
         return []
-    before = [(event_id, ts) for _, event_id, ts in entries if ts < request_at]
-    clock = due_clock(before or [(event_id, ts) for _, event_id, ts in entries], rate)
+    clock = due_clock(((event_id, ts) for _, event_id, ts in entries), rate)
     return [sample(entry_id, event_id, clock, rate) for entry_id, event_id, _ in entries]
 
 
@@ -402,9 +401,9 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
         "",
         "Due, not emitted: a source paused by a migration emits what fell due meanwhile late, stamped late (its",
         "`ts`), so latency from `ts` would leave the pause out. Event `id` of the one synthetic source is due at",
-        "the sources' clock start + id / rate, the start being the earliest `ts` - id / rate over the events",
-        "emitted before the request (nothing is emitted before it is due: every executor of the source vertex",
-        "paces its lanes from the vertex's clock, so a rescale of the source vertex moves no event's due time).",
+        "the sources' clock start + id / rate, the start being the earliest `ts` - id / rate over the run's",
+        "events (nothing is emitted before it is due: every executor of the source vertex paces its lanes from",
+        "the vertex's clock, so a rescale of the source vertex moves no event's due time).",
         "Every run offers its sources at "
         f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules (the",
         "simulator's capacities; the examples as written are congested on purpose, and a congested run has no",
