@@ -51,6 +51,8 @@ class FakeCustomApi:
     def __init__(self, body: dict[str, Any]) -> None:
         self.body = body
         self.status_patches: list[dict[str, Any]] = []
+        #: the whole status after each patch: what a reader (`kubectl get -o json`) could have seen
+        self.statuses: list[dict[str, Any]] = []
         self.down = False
 
     def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_) -> None:
@@ -58,6 +60,7 @@ class FakeCustomApi:
             raise ConnectionRefusedError("API server away")
         self.status_patches.append(copy.deepcopy(body["status"]))
         apply_merge_patch(self.body.setdefault("status", {}), body["status"])
+        self.statuses.append(copy.deepcopy(self.body["status"]))
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **_) -> dict[str, Any]:
         if "spec" in body:
@@ -341,6 +344,27 @@ def test_a_failed_scale_out_leaves_the_old_schedule_running_and_retries_with_bac
     world.patch_spec(nodes=4)  # a new value is tried at once (after settling), not after the backoff
     world.run_for(2.0)
     assert world.status["nodes"] == 4 and world.condition("Degraded")["status"] == "False"
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "raise"])
+def test_a_finished_scaling_shows_its_record_phase_and_conditions_in_one_write(outcome: str) -> None:
+    # a reader that waits for lastScaling's outcome must find the phase and Degraded that go with it
+    world = running(3)
+    world.migrator.outcome = outcome
+    before = len(world.custom.statuses)
+    world.patch_spec(nodes=5)
+    world.run_for(2.0)
+    seen = world.custom.statuses[before:]
+    assert any(s.get("phase") == "Scaling" for s in seen)
+    finished = [s for s in seen if (s.get("lastScaling") or {}).get("outcome") in ("succeeded", "failed")]
+    assert finished, seen
+    for status in finished:
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        failed = status["lastScaling"]["outcome"] == "failed"
+        assert status["phase"] == "Running", status
+        assert (degraded["status"], degraded.get("reason") == "ScalingFailed") == (
+            ("True", True) if failed else ("False", False)
+        ), degraded
 
 
 def test_a_scale_out_undone_before_its_retry_clears_the_failure() -> None:

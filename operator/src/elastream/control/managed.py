@@ -116,9 +116,13 @@ class ManagedTopology:
 
     def publish(self, field_name: str, status: dict[str, Any]) -> None:
         """The controller's `StatusSink`: a record (lastScaling, lastRecovery, autoscaler) goes into the
-        status through the one writer, at once (it is news, not a rate)."""
+        status through the one writer, at once (it is news, not a rate). Within a scaling the reconciler
+        holds (`facts.scaling`) it waits for the write that ends the scaling instead: the record, the phase
+        and the conditions then change together, so no reader sees a finished scaling still in phase
+        Scaling, or a failed one not yet Degraded."""
         self.published[field_name] = dict(status)
-        self.write()
+        if not self.facts.scaling:
+            self.write()
 
     def flush(self) -> None:
         """Nothing to do: the writer sends the whole difference with the next write of the pass."""

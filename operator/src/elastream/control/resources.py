@@ -276,6 +276,7 @@ class ManagedTopologies(TopologyUpgrades):
             managed.set(scaling=False)
         self._note_store(managed)
         managed.set(scaling_failed="" if record.outcome != Outcome.FAILED else record.reason)
+        managed.write()  # the record (held back by `publish` meanwhile), the phase and Degraded in one write
         SCALINGS.labels(record.direction, record.outcome).inc()
         if record.finished_at is not None:
             SCALING_SECONDS.observe(record.finished_at - record.started_at)
