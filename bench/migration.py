@@ -403,7 +403,10 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
         "`ts`), so latency from `ts` would leave the pause out. Event `id` of the one synthetic source is due at",
         "the sources' clock start + id / rate, the start being the earliest `ts` - id / rate over the run's",
         "events (nothing is emitted before it is due: every executor of the source vertex paces its lanes from",
-        "the vertex's clock, so a rescale of the source vertex moves no event's due time).",
+        "the vertex's clock, so a rescale of the source vertex moves no event's due time). After `restart`",
+        "the sources replay from the checkpoint at the profile's rate, not in a burst (a recovery's choice,",
+        "`Synthetic.pace_replay`), so its latency stays higher by the pause plus the checkpoint's age (up to",
+        "2 s) for the rest of the run.",
         "Every run offers its sources at "
         f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules (the",
         "simulator's capacities; the examples as written are congested on purpose, and a congested run has no",
