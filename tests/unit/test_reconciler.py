@@ -349,22 +349,31 @@ def test_a_failed_scale_out_leaves_the_old_schedule_running_and_retries_with_bac
 @pytest.mark.parametrize("outcome", ["succeeded", "raise"])
 def test_a_finished_scaling_shows_its_record_phase_and_conditions_in_one_write(outcome: str) -> None:
     # a reader that waits for lastScaling's outcome must find the phase and Degraded that go with it
+    # (and, after a failure, the events that say what happens next)
     world = running(3)
     world.migrator.outcome = outcome
-    before = len(world.custom.statuses)
+    events_at_write: list[list[str]] = []  # the events posted by the time of each status write
+    patch = world.custom.patch_namespaced_custom_object_status
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        patch(*args, **kwargs)
+        events_at_write.append(world.reasons())
+
+    world.custom.patch_namespaced_custom_object_status = recording  # type: ignore[method-assign]
     world.patch_spec(nodes=5)
     world.run_for(2.0)
-    seen = world.custom.statuses[before:]
-    assert any(s.get("phase") == "Scaling" for s in seen)
-    finished = [s for s in seen if (s.get("lastScaling") or {}).get("outcome") in ("succeeded", "failed")]
+    seen = list(zip(world.custom.statuses[-len(events_at_write) :], events_at_write, strict=True))
+    assert any(s.get("phase") == "Scaling" for s, _ in seen)
+    finished = [(s, e) for s, e in seen if (s.get("lastScaling") or {}).get("outcome") in ("succeeded", "failed")]
     assert finished, seen
-    for status in finished:
+    for status, events in finished:
         degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
         failed = status["lastScaling"]["outcome"] == "failed"
         assert status["phase"] == "Running", status
         assert (degraded["status"], degraded.get("reason") == "ScalingFailed") == (
             ("True", True) if failed else ("False", False)
         ), degraded
+        assert not failed or {"ScalingFailed", "ScalingBackoff"} <= set(events), events
 
 
 def test_a_scale_out_undone_before_its_retry_clears_the_failure() -> None:

@@ -253,10 +253,12 @@ class ManagedTopologies(TopologyUpgrades):
                 f"retrying in {delay:.0f} s (a new spec is tried at once)",
                 warning=True,
             )
+            managed.write()  # the record (held back by `publish`), the phase, Degraded: one write, after the events
             return delay
         managed.attempt = None
         if parallelism is not None:
             managed.applied_parallelism = dict(parallelism)
+        managed.write()
         return self.tick_s
 
     def scale(
@@ -266,7 +268,8 @@ class ManagedTopologies(TopologyUpgrades):
         parallelism: Mapping[str, int] | None = None,
         trigger: str = "request",
     ) -> ScalingRecord:
-        """Analyse, plan, migrate to `nodes` (and `parallelism`); the status shows Scaling meanwhile."""
+        """Analyse, plan, migrate to `nodes` (and `parallelism`); the status shows Scaling meanwhile. The
+        record is written by the caller's next write, with what it decided about the outcome."""
         controller = managed.running()
         managed.set(scaling=True)
         managed.write()
@@ -276,7 +279,6 @@ class ManagedTopologies(TopologyUpgrades):
             managed.set(scaling=False)
         self._note_store(managed)
         managed.set(scaling_failed="" if record.outcome != Outcome.FAILED else record.reason)
-        managed.write()  # the record (held back by `publish` meanwhile), the phase and Degraded in one write
         SCALINGS.labels(record.direction, record.outcome).inc()
         if record.finished_at is not None:
             SCALING_SECONDS.observe(record.finished_at - record.started_at)
