@@ -164,6 +164,32 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"], status
 
 
+def test_a_round_broken_by_an_unexpected_error_releases_its_claim_and_a_migration_goes_ahead(
+    tmp_path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Stela benchmark's checkpointer thread once read the backend's workers while a migration added one
+    # ("dictionary changed size during iteration"): the round raised past its cleanup, its claim stayed,
+    # and the migration that followed gave up waiting for it. A broken round is a failed round.
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-linear"), EVENTS))
+    with running(path, redis_url) as (cluster, topology):
+        time.sleep(1.0)  # mid-stream
+        driver = CheckpointDriver(topology, cluster, cluster.client)
+
+        def broken() -> None:
+            raise RuntimeError("dictionary changed size during iteration")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(cluster, "check_alive", broken)
+            result = driver.take()
+        assert result.outcome == "failed" and "RuntimeError: dictionary changed" in result.reason, result
+        assert driver.store.current() is None  # no claim left behind
+        report = MigrationDriver(topology, cluster, cluster.client, "ccr").migrate(
+            plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        )
+        assert report.outcome == "succeeded", report.reason
+        check_exactly_once(cluster, topology)
+
+
 def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
     tmp_path, redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -105,6 +105,9 @@ class CheckpointDriver:
                 round_.on_tick(now)
         except redis.RedisError as exc:
             round_.on_failure(f"Redis: {exc}")
+        except Exception as exc:  # whatever broke the round, its claim must go: a claim left behind blocks scaling
+            log.exception("checkpoint %s: the round broke", checkpoint_id)
+            round_.on_failure(f"{type(exc).__name__}: {exc}")
         if round_.phase == CheckpointPhase.COMPLETED:
             replaced = self.store.complete_checkpoint(
                 checkpoint_id, {"completedAt": round_.completed_at, "schedule": schedule.to_dict()}

@@ -168,7 +168,7 @@ class LocalCluster(NodeBackend):
 
     def failed_nodes(self) -> dict[str, str]:
         failed = {}
-        for worker in self.workers.values():
+        for worker in list(self.workers.values()):  # a copy: a checkpointer thread reads while a migration spawns
             code = worker.process.poll()
             if code is not None:
                 failed[worker.node] = (
