@@ -253,12 +253,10 @@ class ManagedTopologies(TopologyUpgrades):
                 f"retrying in {delay:.0f} s (a new spec is tried at once)",
                 warning=True,
             )
-            managed.write()  # the record (held back by `publish`), the phase, Degraded: one write, after the events
             return delay
         managed.attempt = None
         if parallelism is not None:
             managed.applied_parallelism = dict(parallelism)
-        managed.write()
         return self.tick_s
 
     def scale(
@@ -269,7 +267,7 @@ class ManagedTopologies(TopologyUpgrades):
         trigger: str = "request",
     ) -> ScalingRecord:
         """Analyse, plan, migrate to `nodes` (and `parallelism`); the status shows Scaling meanwhile. The
-        record is written by the caller's next write, with what it decided about the outcome."""
+        record (held back by `publish`) goes out with the pass's write at its end, after this pass's events."""
         controller = managed.running()
         managed.set(scaling=True)
         managed.write()
