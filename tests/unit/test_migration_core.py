@@ -3,6 +3,8 @@ checkpoint rounds, and the rate timeline a migration is measured on."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from elastream.core.checkpoint_protocol import CheckpointPhase, CheckpointRound, replayed_events
@@ -229,3 +231,20 @@ def test_rate_timeline_buckets_rates_per_incarnation_and_fills_gaps_with_zero() 
     # two buckets in a row afterwards (0/s, then 80/s)
     assert recovery_times(timeline["output"], tolerance=0.1, hold=2) == (0.0, None)
     assert recovery_times([(-1.0, 50.0), (0.0, 10.0), (1.0, 48.0), (2.0, 50.0)], hold=2) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.1, 0.24, 0.25, 0.26, 0.3, 0.49])
+def test_a_steady_output_sampled_a_little_late_reads_steady_wherever_the_request_falls(phase: float) -> None:
+    # Workers sample on the wall clock's 0.5 s grid, each sample a few milliseconds late (more on a busy
+    # machine). Buckets placed from the request's time put an edge where the request fell: with the request a
+    # quarter interval after a grid time, a sample 11 ms late and the next 9 ms late landed in one bucket and
+    # left the next empty (200/s read as 400, then 0), and a steady output was "not stable" (issue 23's soak).
+    delays = [0.002, 0.011, 0.009, 0.030, 0.004, 0.018, 0.001, 0.040, 0.012, 0.007]
+    samples = [_sample(1000.0 + 0.5 * k + delays[k % len(delays)], "out", 100 * k) for k in range(40)]
+    at = 1005.0 + phase
+    output = rate_timeline(samples, [], ["out"], at=at, bucket_s=0.5)["output"]
+    rates = [rate for _, rate in output]
+    assert min(rates) > 150.0 and max(rates) < 250.0, rates  # 200/s give or take the delays, never 0 or 400
+    assert [t for t, _ in output][:2] == pytest.approx([1000.5 - at, 1001.0 - at])  # the grid's own times
+    first_after = math.ceil(at / 0.5) * 0.5 - at  # the first grid time at or after the request
+    assert recovery_times(output) == pytest.approx((first_after, first_after))

@@ -7,6 +7,7 @@ measures them (`control.catch_up` reports them after each rescale, bench/migrati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from elastream.core.metrics import MetricSample
@@ -22,9 +23,17 @@ def rate_timeline(
     """Input (the sources' processing rate) and output (the sinks') per `bucket_s`, times relative to `at`:
     the curves of the CCR paper's Fig. 7 and what `recovery_times` reads. Rates come from consecutive
     samples of one executor incarnation; buckets without a sample (workers stopped or starting) are rates
-    of zero, not gaps to draw across."""
+    of zero, not gaps to draw across.
+
+    Buckets lie on the wall clock's grid (multiples of `bucket_s` since the epoch), as the workers sample
+    (`runtime.worker.next_grid_time`): a sample a little late for its grid time stays in that time's bucket.
+    Buckets placed relative to `at` instead would put a bucket edge wherever `at` falls, and a sample's few
+    milliseconds of delay would move it across: two samples in one bucket and none in the next read as twice
+    the rate and then nothing. Two samples of one incarnation in one bucket (a late one and its successor)
+    count as their mean, not their sum, for the same reason."""
     source_set, sink_set = set(sources), set(sinks)
-    series: dict[str, dict[float, float]] = {"input": {}, "output": {}}
+    #: kind -> bucket index (on the wall clock's grid) -> incarnation -> its rates in that bucket
+    series: dict[str, dict[int, dict[tuple[str, float], list[float]]]] = {"input": {}, "output": {}}
     previous: dict[tuple[str, float], MetricSample] = {}
     for sample in sorted(samples, key=lambda s: s.ts):
         kind = "input" if sample.vertex in source_set else "output" if sample.vertex in sink_set else None
@@ -34,17 +43,26 @@ def rate_timeline(
         old = previous.get(key)
         previous[key] = sample
         if old is not None and sample.ts > old.ts:
-            bucket = round((sample.ts - at) / bucket_s) * bucket_s
+            bucket = grid_index(sample.ts, bucket_s)
             rate = (sample.processed - old.processed) / (sample.ts - old.ts)
-            series[kind][bucket] = series[kind].get(bucket, 0.0) + rate
-    times = [t for rates in series.values() for t in rates]
-    if not times:
+            series[kind].setdefault(bucket, {}).setdefault(key, []).append(rate)
+    indices = [i for buckets in series.values() for i in buckets]
+    if not indices:
         return {kind: [] for kind in series}
-    first, last = min(times), max(times)
-    buckets = [first + bucket_s * i for i in range(round((last - first) / bucket_s) + 1)]
     return {
-        kind: [(t, rates.get(round(t / bucket_s) * bucket_s, 0.0)) for t in buckets] for kind, rates in series.items()
+        kind: [
+            (i * bucket_s - at, sum(sum(rates) / len(rates) for rates in buckets.get(i, {}).values()))
+            for i in range(min(indices), max(indices) + 1)
+        ]
+        for kind, buckets in series.items()
     }
+
+
+def grid_index(ts: float, bucket_s: float) -> int:
+    """The bucket of the wall clock's grid a sample taken at `ts` belongs to: the grid time at or before it
+    (a worker samples at a grid time or a little after, never before; the epsilon absorbs float error in
+    `ts / bucket_s` for a sample exactly on a grid time)."""
+    return math.floor(ts / bucket_s + 1e-6)
 
 
 def recovery_times(
