@@ -22,8 +22,8 @@ $(STAMP)/venv: operator/pyproject.toml
 
 setup: system-deps $(STAMP)/venv ## install everything: system packages, virtualenv, elastream in editable mode
 
-test: setup ## run every test tier: unit, integration (real Redis, local Spark), e2e (a real Kubernetes API server)
-	$(VENV)/bin/pytest
+test: setup ## run every test tier: unit, integration (real Redis, local Spark), e2e (a real Kubernetes API server) beside them
+	bash scripts/test-lanes.sh
 
 test-unit: setup ## unit tests only (no services)
 	$(VENV)/bin/pytest tests/unit
