@@ -54,7 +54,7 @@ images: ## build the elastream-operator:dev and elastream-worker:dev images (nee
 test-e2e: setup ## the e2e tier only: a real API server, the chart, the images (builds the tools the first time)
 	$(VENV)/bin/pytest tests/e2e
 
-soak: setup ## every tier three times in a row beside a CPU-heavy process (about 3.5 h on 2 cores); stops at the first red run
+soak: setup ## every tier three times in a row beside a CPU-heavy process (about 2 h on 2 cores); stops at the first red run
 	bash scripts/soak.sh 3
 
 demo: setup ## the main job: run examples/demo.yaml on local worker processes, scale it out and in, print throughput

@@ -38,7 +38,7 @@ for run in $(seq 1 "$runs"); do
     fi
     echo "soak: run $run/$runs $status in $(( $(date +%s) - started )) s: ${summary:-no summary (see $log)}"
     if [ "$status" = red ]; then
-        grep -E '^(FAILED|ERROR) ' "$log" | head -20 || true
+        grep -E '^(FAILED|ERROR) tests/' "$log" | head -20 || true
         exit 1
     fi
 done

@@ -54,7 +54,7 @@ echo
 echo "=================================================== lanes ==================================================="
 echo "lanes: 1 (unit, integration): $(summary "$lane1_log" || true) (exit $lane1_rc)"
 echo "lanes: 2 (e2e, fault walks): $(summary "$lane2_log" || true) (exit $lane2_rc)"
-grep -hE '^(FAILED|ERROR) ' "$lane1_log" "$lane2_log" || true
+grep -hE '^(FAILED|ERROR) tests/' "$lane1_log" "$lane2_log" || true
 if [ "$lane1_rc" -eq 0 ] && [ "$lane2_rc" -eq 0 ]; then
     echo "lanes: green in $(( $(date +%s) - started )) s"
     exit 0
