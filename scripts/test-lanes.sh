@@ -5,7 +5,8 @@
 #   lane 1: tests/unit and tests/integration but the fault walks (printed as it goes)
 #   lane 2: the e2e tier (a real API server, the chart, containers: mostly waiting on pods and the operator)
 #           and tests/integration/test_control_faults.py (Redis away for 5 s and 60 s in every phase of a
-#           topology's life: 15 minutes, mostly of outage), so the lanes take about as long each (35 min)
+#           topology's life: 15 minutes, mostly of outage), so the lanes take about as long each (40 and 36
+#           minutes beside the soak's busy process)
 #
 # No test may need a quiet machine (issue 23): `scripts/soak.sh` runs these same lanes beside a busy process,
 # three times in a row.
