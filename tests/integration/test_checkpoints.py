@@ -6,6 +6,7 @@ CCR capture rolls the topology back to the last checkpoint instead of losing wha
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from test_migration import EVENTS, check_exactly_once, check_nothing_lost, load
@@ -161,11 +162,17 @@ def test_catch_up_and_stabilization_are_measured_after_a_migration(tmp_path, red
         assert done and done[0] is status
         # a steady input well below capacity and a sub-second pause: "measured" means the output came back and
         # held steady within the follow-up's 40 s bound (no wall-clock threshold of our own on top)
-        # on failure the output's timeline says which buckets strayed (1 run in about 6 beside the soak, cause
-        # not traced: the wall-clock-grid buckets removed one way to read 2x then 0, and it still happened)
-        output = rate_timeline(feed.read_since(migrated_at - 10.0), topology.sources, topology.sinks, migrated_at, 0.5)
-        assert status["catchUp"] == "measured", (status, [(round(t, 2), round(r)) for t, r in output["output"]])
+        # on failure the output's timeline (read only then) says which buckets strayed (1 run in about 6 beside
+        # the soak, cause not traced: the wall-clock-grid buckets removed one way to read 2x then 0, and it still
+        # happened)
+        assert status["catchUp"] == "measured", (status, output_timeline(feed, topology, migrated_at))
         assert 0.0 <= status["catchUpMs"] <= status["stabilizationMs"], status
+
+
+def output_timeline(feed: MetricStream, topology: Any, migrated_at: float) -> list[tuple[float, int]]:
+    """The sinks' output per 0.5 s as `measure_catch_up` reads it (from 10 s before the request), rounded."""
+    timeline = rate_timeline(feed.read_since(migrated_at - 10.0), topology.sources, topology.sinks, migrated_at, 0.5)
+    return [(round(t, 2), round(rate)) for t, rate in timeline["output"]]
 
 
 def test_a_round_broken_by_an_unexpected_error_releases_its_claim_and_a_migration_goes_ahead(

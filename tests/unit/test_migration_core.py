@@ -238,7 +238,7 @@ def test_a_steady_output_sampled_a_little_late_reads_steady_wherever_the_request
     # Workers sample on the wall clock's 0.5 s grid, each sample a few milliseconds late (more on a busy
     # machine). Buckets placed from the request's time put an edge where the request fell: with the request a
     # quarter interval after a grid time, a sample 11 ms late and the next 9 ms late landed in one bucket and
-    # left the next empty (200/s read as 400, then 0), and a steady output was "not stable" (issue 23's soak).
+    # left the next empty (200/s read as 400, then 0), and a steady output could read as "not stable".
     delays = [0.002, 0.011, 0.009, 0.030, 0.004, 0.018, 0.001, 0.040, 0.012, 0.007]
     samples = [_sample(1000.0 + 0.5 * k + delays[k % len(delays)], "out", 100 * k) for k in range(40)]
     at = 1005.0 + phase
