@@ -160,6 +160,7 @@ def one_run(
         driver = MigrationDriver(topology, cluster, cluster.client, kind, **options)
         migration_at = time.time()  # the rescale request: latencies and throughputs are relative to it
         report = driver.migrate(new).to_status()
+        returned_at = time.time()  # the pause is over: catch-up and stabilization are searched from here
         # periodic checkpoints go on after the migration as before it, so the 10 s after the request see the
         # same barriers as the steady window they are compared with
         checkpointer = Checkpointer(checkpoints, CHECKPOINT_S).start()
@@ -190,6 +191,7 @@ def one_run(
         "lost": lost,
         "duplicated": duplicated,
         "timeline": timeline,
+        "resumedS": returned_at - migration_at,
         "latency": summarize(samples, migration_at),
         "buckets": buckets(samples, migration_at),
         # the last sink entry, relative to the request: before AFTER_S, the sinks ran dry inside the window
@@ -493,8 +495,10 @@ def report(
         "schedule starts from the last checkpoint (its rebalance) and is initialised from it (its restore), and",
         "the sources replay what they emitted after it (`replayed`, counted from the sources' positions).",
         "",
-        "Catch-up and stabilization (s) follow the sinks' output rate (0.5 s buckets) back to its level before",
-        "the migration request (`recovery_times`: back to 90 %, then within ±10 % for three buckets).",
+        "Catch-up and stabilization (s, from the migration request) follow the sinks' output rate (0.5 s",
+        "buckets), from the moment the migration returned (its pause over), back to its level before the",
+        "request (`recovery_times`: the median rate before it; back to 90 %, then within ±10 % for three",
+        "buckets). A catch-up equal to the migration's own time means the output was back at once.",
         "",
         "`pause` is the time the sources are held: PREPARE sent (for `restart`: the workers told to stop) until",
         "every source is told to resume. `prepare` (CCR, DCR) is the work done before it, while everything",
@@ -513,7 +517,7 @@ def report(
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
-        catch_up, stable = recovery_times(r["timeline"]["output"])
+        catch_up, stable = recovery_times(r["timeline"]["output"], resumed_at=r["resumedS"])
         lines.append(
             f"| {r['dag']} | {r['direction']} | {r['protocol']} | {fmt(r['prepareMs'])} | {fmt(r['captureMs'])} | "
             f"{fmt(r['commitMs'])} | {fmt(r['rebalanceMs'])} | {fmt(r['restoreMs'])} | {fmt(r['pauseMs'])} | "

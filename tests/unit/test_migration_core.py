@@ -248,3 +248,22 @@ def test_a_steady_output_sampled_a_little_late_reads_steady_wherever_the_request
     assert [t for t, _ in output][:2] == pytest.approx([1000.5 - at, 1001.0 - at])  # the grid's own times
     first_after = math.ceil(at / 0.5) * 0.5 - at  # the first grid time at or after the request
     assert recovery_times(output) == pytest.approx((first_after, first_after))
+
+
+def test_a_start_up_burst_before_the_request_does_not_move_the_level_the_output_returns_to() -> None:
+    # Beside the soak, a topology started 4 s before its rescale delivered what queued while its workers
+    # started in its first bucket (a 260/s bucket among 200s on a pinned core; more on a busier machine). A mean
+    # reference moved by it more than 10 % left the steady 200/s outside the band for good: "not stable".
+    before = [(-3.5, 600.0)] + [(t / 2.0, 200.0) for t in range(-6, 0)]
+    after = [(0.0, 200.0), (0.5, 0.0), (1.0, 250.0)] + [(1.5 + t / 2.0, 200.0) for t in range(10)]
+    assert recovery_times(before + after, resumed_at=0.5) == (1.0, 1.5)
+
+
+def test_the_output_is_followed_from_the_end_of_the_pause_not_from_the_request() -> None:
+    # The request's analysis and the migration's prepare phase take seconds, the output at its old level all
+    # along: catch-up and stabilization read there would be 0 s whatever the pause did afterwards.
+    output = [(t / 2.0, 100.0) for t in range(-8, 5)] + [(2.5, 0.0), (3.0, 0.0), (3.5, 60.0)]
+    output += [(4.0 + t / 2.0, 100.0) for t in range(6)]
+    assert recovery_times(output) == (0.0, 0.0)  # from the request: the old level
+    assert recovery_times(output, resumed_at=2.5) == (4.0, 4.0)
+    assert recovery_times(output, resumed_at=9.0) == (None, None)  # nothing measured after it yet

@@ -342,7 +342,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     if record.outcome == Outcome.FAILED:
                         raise CommandError(record.reason or "scaling failed")
                     seen = watch(controller, args.phase)
-                    catch_up, stable = measure_catch_up(controller.feed, topology, record.started_at)
+                    catch_up, stable = measure_catch_up(
+                        controller.feed, topology, record.started_at, resumed_at=record.finished_at
+                    )
                     print(
                         f"  after the {label}: catch-up {_seconds(catch_up)}, "
                         f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",

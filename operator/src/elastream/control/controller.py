@@ -508,7 +508,7 @@ class TopologyController:
             now = self.clock.now()
             self.metrics.not_before = now + SETTLE_INTERVALS * self.interval_s
             self.autoscaler = self.autoscaler.changed(now, record.direction)
-            self.follow_up.follow(status, record.started_at, self._caught_up)
+            self.follow_up.follow(status, record.started_at, self._caught_up, resumed_at=record.finished_at)
         self.last_scaling = record
         self.status.publish("lastScaling", status)
         return record

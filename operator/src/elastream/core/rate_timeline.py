@@ -66,18 +66,34 @@ def grid_index(ts: float, bucket_s: float) -> int:
 
 
 def recovery_times(
-    output: Sequence[tuple[float, float]], migrated_at: float = 0.0, tolerance: float = 0.1, hold: int = 3
+    output: Sequence[tuple[float, float]],
+    migrated_at: float = 0.0,
+    tolerance: float = 0.1,
+    hold: int = 3,
+    resumed_at: float | None = None,
 ) -> tuple[float | None, float | None]:
     """Catch-up and stabilization time (seconds after `migrated_at`) from an output-rate timeline of
-    (time, rate) points, as the CCR paper measures them: the reference is the mean rate before the
-    migration; catch-up ends at the first point after it whose rate is back to at least (1 - tolerance) x
+    (time, rate) points, as the CCR paper measures them: the reference is the rate before the migration;
+    catch-up ends at the first point after the pause whose rate is back to at least (1 - tolerance) x
     reference; stabilization ends where the rate enters the ±tolerance band and stays there for `hold`
-    points. None when the timeline has no such point (or no reference)."""
-    before = [rate for t, rate in output if t < migrated_at]
-    after = [(t, rate) for t, rate in output if t >= migrated_at]
+    points. None when the timeline has no such point (or no reference).
+
+    The reference is the median of the points before `migrated_at`, not their mean: the window before a
+    rescale can hold the topology's start (a first bucket of 260/s where the steady rate is 200/s, as workers
+    deliver what queued while they started) or a previous rescale's dip, and a mean moved by either more than
+    `tolerance` leaves the steady output outside the band for good ("not stable").
+
+    Points are searched from `resumed_at` on (the same time frame; default `migrated_at`): a time at or after
+    the migration's pause ended. Between the request and the pause the output still runs at its old level
+    (the request's analysis and the migration's prepare phase take seconds), and a point there is neither a
+    catch-up nor a stabilization."""
+    before = sorted(rate for t, rate in output if t < migrated_at)
+    start = migrated_at if resumed_at is None else max(migrated_at, resumed_at)
+    after = [(t, rate) for t, rate in output if t >= start]
     if not before or not after:
         return None, None
-    reference = sum(before) / len(before)
+    middle = len(before) // 2
+    reference = before[middle] if len(before) % 2 else (before[middle - 1] + before[middle]) / 2.0
     if reference <= 0.0:
         return None, None
     catch_up = next((t - migrated_at for t, rate in after if rate >= (1.0 - tolerance) * reference), None)
