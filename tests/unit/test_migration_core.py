@@ -267,3 +267,36 @@ def test_the_output_is_followed_from_the_end_of_the_pause_not_from_the_request()
     assert recovery_times(output) == (0.0, 0.0)  # from the request: the old level
     assert recovery_times(output, resumed_at=2.5) == (4.0, 4.0)
     assert recovery_times(output, resumed_at=9.0) == (None, None)  # nothing measured after it yet
+
+
+def test_the_follow_up_bounds_its_wait_from_the_end_of_the_pause() -> None:
+    # A scaling that took 70 s (pods to start) has had no time to settle when it returns: its follow-up gives
+    # the output 60 s from there, not from the request (where it would time out at once).
+    from types import SimpleNamespace
+
+    from elastream.control.catch_up import CatchUpFollowUp
+    from support.fakes import ListFeed
+
+    clock = SimpleNamespace(t=1070.0)
+    samples = [_sample(990.0 + k, "out", 100 * k) for k in range(110)]  # 100/s from 10 s before the request
+    follow = CatchUpFollowUp(ListFeed(samples[:80]), SimpleNamespace(sources=[], sinks=["out"]), now=lambda: clock.t)
+    done: list[dict] = []
+    status: dict = {}
+    follow.follow(status, 1000.0, done.append, resumed_at=1070.0)
+    follow.tick()
+    assert status["catchUp"] == "measuring" and not done  # nothing after the pause yet, and within the bound
+    follow.feed = ListFeed(samples)
+    clock.t = 1100.0
+    follow.tick()
+    assert done and status["catchUp"] == "measured", status
+    assert status["catchUpMs"] == pytest.approx(70_000.0) and status["stabilizationMs"] == pytest.approx(70_000.0)
+
+    late: dict = {}
+    follow.feed = ListFeed(samples[:80])
+    follow.follow(late, 1000.0, done.append, resumed_at=1070.0)
+    clock.t = 1129.0
+    follow.tick()
+    assert late["catchUp"] == "measuring"
+    clock.t = 1131.0
+    follow.tick()
+    assert late["catchUp"] == "not stable within 60 s" and late["stabilizationMs"] is None, late

@@ -4,10 +4,10 @@
 how long after the request it came back to its level once the migration's pause was over (catch-up) and
 settled within ±10 % (stabilization), by `core.rate_timeline.recovery_times`. `CatchUpFollowUp` does that
 without blocking a control loop: given a scaling's status record, each `tick()` measures again until both
-times are known or `timeout_s` has passed, then writes `catchUpMs` / `stabilizationMs` (None: not within the
-timeout) into the record, `catchUp` saying where the measurement is (measuring, measured, not stable within
-the timeout). Not to be confused with the recovery from a dead worker (`status.lastRecovery`): this is the
-catch-up after a scaling.
+times are known or `timeout_s` has passed since the pause ended, then writes `catchUpMs` / `stabilizationMs`
+(None: not within the timeout) into the record, `catchUp` saying where the measurement is (measuring,
+measured, not stable within the timeout). Not to be confused with the recovery from a dead worker
+(`status.lastRecovery`): this is the catch-up after a scaling.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ class CatchUpFollowUp:
             catch_up, stable = measure_catch_up(
                 self.feed, self.topology, migrated_at, resumed_at=resumed_at, bucket_s=self.bucket_s
             )
-            timed_out = self.now() - migrated_at > self.timeout_s
+            # the bound runs from the end of the pause: a scaling that took a minute to start its pods has had
+            # no time to settle yet
+            timed_out = self.now() - resumed_at > self.timeout_s
             if stable is None and not timed_out:
                 still.append((status, migrated_at, resumed_at, on_done))
                 continue

@@ -8,6 +8,7 @@ measures them (`control.catch_up` reports them after each rescale, bench/migrati
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 
 from elastream.core.metrics import MetricSample
@@ -87,13 +88,12 @@ def recovery_times(
     the migration's pause ended. Between the request and the pause the output still runs at its old level
     (the request's analysis and the migration's prepare phase take seconds), and a point there is neither a
     catch-up nor a stabilization."""
-    before = sorted(rate for t, rate in output if t < migrated_at)
+    before = [rate for t, rate in output if t < migrated_at]
     start = migrated_at if resumed_at is None else max(migrated_at, resumed_at)
     after = [(t, rate) for t, rate in output if t >= start]
     if not before or not after:
         return None, None
-    middle = len(before) // 2
-    reference = before[middle] if len(before) % 2 else (before[middle - 1] + before[middle]) / 2.0
+    reference = statistics.median(before)
     if reference <= 0.0:
         return None, None
     catch_up = next((t - migrated_at for t, rate in after if rate >= (1.0 - tolerance) * reference), None)
