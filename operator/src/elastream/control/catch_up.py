@@ -32,10 +32,18 @@ def measure_catch_up(
     """(catch-up, stabilization) in seconds after `migrated_at` (the request), or None where not reached yet;
     `resumed_at`: a time at or after the migration's pause ended (its report's return), from which the
     output is searched (the output before it is the old level, not a catch-up)."""
-    samples = feed.read_since(migrated_at - before_s)
-    timeline = rate_timeline(samples, topology.sources, topology.sinks, at=migrated_at, bucket_s=bucket_s)
+    output = output_timeline(feed, topology, migrated_at, before_s, bucket_s)
     resumed = None if resumed_at is None else resumed_at - migrated_at
-    return recovery_times(timeline["output"], resumed_at=resumed)
+    return recovery_times(output, resumed_at=resumed)
+
+
+def output_timeline(
+    feed: SampleFeed, topology: Topology, migrated_at: float, before_s: float = 10.0, bucket_s: float = 1.0
+) -> list[tuple[float, float]]:
+    """The sinks' output rate per `bucket_s` from `before_s` before the request on (times relative to it):
+    what `measure_catch_up` reads its times off."""
+    samples = feed.read_since(migrated_at - before_s)
+    return rate_timeline(samples, topology.sources, topology.sinks, at=migrated_at, bucket_s=bucket_s)["output"]
 
 
 @dataclass
