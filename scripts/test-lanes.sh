@@ -8,6 +8,11 @@
 #           topology's life: 15 minutes, mostly of outage), so the lanes take about as long each (40 and 36
 #           minutes beside the soak's busy process)
 #
+# On a machine without the tools cache (~/.cache/elastream/tools) the chart tests of lane 1 need helm before
+# lane 2's build of the Kubernetes tools (20-30 minutes) would provide it: helm is built alone first (a few
+# minutes, `scripts/k8s-tools.sh helm`) while lane 2 starts; lane 1 starts when helm exists. With helm on PATH,
+# in $ELASTREAM_HELM or in the cache, nothing waits.
+#
 # No test may need a quiet machine (issue 23): `scripts/soak.sh` runs these same lanes beside a busy process,
 # three times in a row.
 #
@@ -27,12 +32,37 @@ lane1_log="$dir/lane-1.log"
 lane2_log="$dir/lane-2.log"
 started=$(date +%s)
 
+have_helm() {  # what tests/unit/test_chart.py's find_helm finds: $ELASTREAM_HELM, helm on PATH, a cached build
+    if [ -n "${ELASTREAM_HELM:-}" ]; then [ -x "$ELASTREAM_HELM" ]; return; fi
+    command -v helm >/dev/null 2>&1 && return 0
+    compgen -G "${ELASTREAM_TOOLS_CACHE:-$HOME/.cache/elastream/tools}/*/bin/helm" >/dev/null
+}
+helm_pid=""
+if ! have_helm; then
+    echo "tests: no helm yet: building it alone first for the chart tests (scripts/k8s-tools.sh helm, a few" \
+        "minutes; log: $dir/helm-build.log); lane 2 starts meanwhile and builds the other tools after it"
+    bash scripts/k8s-tools.sh helm >"$dir/helm-build.log" 2>&1 &
+    helm_pid=$!
+fi
+
 echo "tests: lane 1 = tests/unit + tests/integration but $faults (below);" \
     "lane 2 = tests/e2e + $faults beside it (log: $lane2_log)"
 "$python" -m pytest tests/e2e "$faults" "$@" >"$lane2_log" 2>&1 &
 lane2_pid=$!
-# a lane left running would hold ports, containers and a control plane after an interrupted run
-trap 'kill "$lane2_pid" 2>/dev/null || true' EXIT
+# a lane (or the helm build) left running would hold ports, containers and a control plane after an
+# interrupted run
+trap 'kill "$lane2_pid" $helm_pid 2>/dev/null || true' EXIT
+
+if [ -n "$helm_pid" ]; then
+    helm_started=$(date +%s)
+    if wait "$helm_pid"; then
+        echo "tests: helm built in $(( $(date +%s) - helm_started )) s: $(tail -1 "$dir/helm-build.log")/helm"
+    else  # lane 1 runs anyway: its chart tests fail saying there is no helm, and this log says why
+        echo "tests: building helm FAILED after $(( $(date +%s) - helm_started )) s; the end of its log:"
+        tail -20 "$dir/helm-build.log"
+    fi
+    helm_pid=""
+fi
 
 "$python" -m pytest tests/unit tests/integration --ignore="$faults" "$@" 2>&1 | tee "$lane1_log"
 lane1_rc=${PIPESTATUS[0]}
