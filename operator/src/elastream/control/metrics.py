@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import redis
+from prometheus_client import Counter
 
 from elastream.analysis import Analyzer
 from elastream.analysis.sources import (
@@ -42,6 +43,13 @@ from elastream.store.metric_stream import MetricStream, metric_stream_key
 from elastream.store.registry import redacted
 
 log = logging.getLogger("elastream.control")
+
+#: autoscaler evaluations that raised (analysis or policy): each decided nothing and the topology kept running
+AUTOSCALER_EVALUATION_ERRORS = Counter(
+    "elastream_autoscaler_evaluation_errors",
+    "autoscaler evaluations that raised and decided nothing (the topology kept running), by policy",
+    ["policy"],
+)
 
 #: where `elastream run` archives the metric stream when `--archive` is not given
 ARCHIVE_ENV = "ELASTREAM_METRICS_ARCHIVE"

@@ -53,6 +53,13 @@ Where the paper is silent or ambiguous, this module chooses, and says so:
   7 -> 1 -> 2 within 32 s on the 5-step stream). Sized for θmax, it lands in the medium band.
 - A vertex whose processing rate was never measured (no busy time in the window) has no capacity: with no
   input it is low (scale-in to 1), with input it is left alone ("unmeasured").
+- So is a vertex whose capacity is estimated at zero (eq. 5's ε, on a falling capacity, took it below 0) or
+  whose numbers are not finite (an estimate that overflowed): it decides nothing ("nothing", its degree
+  kept) and its reason says so ("no capacity estimated for vertex a in the window ...: nothing decided").
+  Dividing by that capacity gave GAL = ∞, "critical", and eq. 11's ⌈deg × ∞⌉ raised OverflowError out of
+  the controller's tick (issue 38). Every degree is computed by `ceil_degree`, which is total: an infinite
+  or huge level is maxParallelism, NaN keeps the degree. A window that holds NaN, infinite or negative
+  rates, or no duration, is not given to a policy at all (`core.autoscaling.window_check`).
 - A vertex fed only through `global` streams gains nothing from more executors (everything goes to
   executor 0): it is never scaled out (decision "nothing", reason "global input").
 """
@@ -114,7 +121,7 @@ class VertexEvaluation:
             "target": self.target,
             "lal": _rounded(self.lal),
             "gal": _rounded(self.gal),
-            "trend": round(self.trend, 3),
+            "trend": _rounded(self.trend, 3),
             "activity": self.activity,
             "decision": self.decision,
             "reason": self.reason,
@@ -135,8 +142,9 @@ class AutoscaleEvaluation:
         return {v: (e.parallelism, e.target) for v, e in self.vertices.items() if e.target != e.parallelism}
 
 
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    """For the status: None for a number JSON cannot carry (NaN, infinity) as for a missing one."""
+    return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
 # ---- the formulas, one function each ------------------------------------------------------------------------
@@ -160,20 +168,35 @@ def capacity(executor_rate: float, window_s: float, degree: int) -> float:
 def capacity_trend(history: Sequence[tuple[float, float]]) -> float:
     """The least-squares slope of (time, per-executor capacity rate) pairs: cov(t, c) / var(t); 0 with
     fewer than two points or no spread in time."""
-    if len(history) < 2:
+    points = [(t, c) for t, c in history if math.isfinite(t) and math.isfinite(c)]
+    if len(points) < 2:
         return 0.0
-    n = float(len(history))
-    mean_t = sum(t for t, _ in history) / n
-    mean_c = sum(c for _, c in history) / n
-    var_t = sum((t - mean_t) ** 2 for t, _ in history)
-    if var_t <= 0.0:
+    n = float(len(points))
+    mean_t = sum(t for t, _ in points) / n
+    mean_c = sum(c for _, c in points) / n
+    var_t = sum((t - mean_t) * (t - mean_t) for t, _ in points)  # not ** 2: a float power raises on overflow
+    if not math.isfinite(var_t) or var_t <= 0.0:
         return 0.0
-    return sum((t - mean_t) * (c - mean_c) for t, c in history) / var_t
+    slope = sum((t - mean_t) * (c - mean_c) for t, c in points) / var_t
+    return slope if math.isfinite(slope) else 0.0
 
 
 def estim_capacity(current: float, epsilon: float) -> float:
     """Eq. 5: the next window's capacity, never below zero."""
     return max(0.0, current + epsilon)
+
+
+def load_level(estimate: float, capacity_items: float | None) -> float | None:
+    """Eq. 6 and 10: LAL or GAL, the estimated input over the estimated capacity. None when it cannot be
+    computed: no capacity (None, zero or below: nothing was measured, or eq. 5's trend took it to 0), or
+    a number that is not finite. Never ∞: an infinite level would read as "critical" and size the vertex
+    by ⌈deg × ∞⌉."""
+    if capacity_items is None or not math.isfinite(capacity_items) or capacity_items <= 0.0:
+        return None
+    if not math.isfinite(estimate) or estimate < 0.0:
+        return None
+    level = estimate / capacity_items
+    return level if math.isfinite(level) else None
 
 
 def activity_level(level: float, theta_min: float, theta_max: float) -> Activity:
@@ -206,10 +229,23 @@ def new_degree(
     vertex shrinks to ⌈deg × GAL / θmax⌉ (see the module docstring: eq. 11's ⌈deg × GAL⌉ sizes it for
     100 % busy, in the high band, where the next rising trend adds an executor back)."""
     if activity == "high":
-        wanted = current + 1
+        return max(1, min(max_parallelism, current + 1))
+    target = gal / theta_max if activity == "low" and theta_max > 0.0 else gal
+    return ceil_degree(current, target, max_parallelism)
+
+
+def ceil_degree(current: int, level: float, max_parallelism: int) -> int:
+    """⌈current × level⌉ within [1, maxParallelism], for any float: an infinite or huge product is
+    maxParallelism (never `math.ceil(inf)`, which raises), NaN keeps the current degree (bounded)."""
+    product = current * level
+    if math.isnan(product):
+        wanted = current
+    elif product >= max_parallelism:
+        wanted = max_parallelism
+    elif product <= 0.0:
+        wanted = 1
     else:
-        target = gal / theta_max if activity == "low" else gal
-        wanted = math.ceil(round(current * target, 9))  # round: 2 × 0.5 must give 1, not 2 from 1.0000000002
+        wanted = math.ceil(round(product, 9))  # round: 2 × 0.5 must give 1, not 2 from 1.0000000002
     return max(1, min(max_parallelism, wanted))
 
 
@@ -260,16 +296,12 @@ def evaluate(
             from_parents = sum(output[p] for p in parents)
             estimate = combine_estimates(mine.estim_input, from_parents, settings.combine)
             reason = f"a critical parent: {settings.combine}(local {mine.estim_input:.0f}, parents {from_parents:.0f})"
-        if mine.estim_capacity is None or mine.executor_rate is None:
-            gal = None if estimate > 0.0 else 0.0
-            activity: Activity | None = None if gal is None else "low"
-        else:
-            gal = estimate / mine.estim_capacity if mine.estim_capacity > 0.0 else math.inf
-            activity = activity_level(gal, settings.theta_min, settings.theta_max)
+        gal, undecided = _global_level(v, estimate, mine)
+        activity: Activity | None = None if gal is None else activity_level(gal, settings.theta_min, settings.theta_max)
         if activity is None or gal is None:
             decision: Decision = "nothing"
             target = degree
-            reason = "unmeasured: input but no busy time in the window"
+            reason = undecided
         else:
             decision = decide(activity, mine.trend)
             target = (
@@ -277,10 +309,11 @@ def evaluate(
                 if decision == "nothing"
                 else new_degree(degree, gal, activity, vertex.max_parallelism, settings.theta_max)
             )
-            if decision == "scale-out" and mine.ahead_input > mine.estim_input and mine.estim_capacity:
+            if decision == "scale-out" and mine.ahead_input > mine.estim_input:
                 # sized for the rising input at the end of the stabilization interval (module docstring)
-                ahead = (estimate + mine.ahead_input - mine.estim_input) / mine.estim_capacity
-                target = max(target, min(vertex.max_parallelism, math.ceil(round(degree * ahead, 9))))
+                ahead = load_level(estimate + mine.ahead_input - mine.estim_input, mine.estim_capacity)
+                if ahead is not None:
+                    target = max(target, ceil_degree(degree, ahead, vertex.max_parallelism))
             if decision == "scale-out" and v in global_only:
                 decision, target, reason = "nothing", degree, "global input: another executor would get nothing"
             elif decision == "scale-out" and target <= degree:
@@ -306,6 +339,34 @@ def evaluate(
         else:
             output[v] = estim_output(estimate, capacity(mine.executor_rate, window_s, target), mine.selectivity)
     return AutoscaleEvaluation(result, settings)
+
+
+def _global_level(vertex: str, estimate: float, mine: _Local) -> tuple[float | None, str]:
+    """GAL (eq. 10) of one vertex, or None and why nothing can be decided for it."""
+    if not math.isfinite(estimate):
+        return None, f"the input estimate of vertex {vertex} is {estimate:g} in the window: nothing decided"
+    if mine.estim_capacity is None or mine.executor_rate is None:
+        if estimate > 0.0:
+            return None, (
+                f"unmeasured: input but no busy time in the window, no capacity measured for vertex {vertex}: "
+                "nothing decided"
+            )
+        return 0.0, ""  # no input and no capacity: low (scale-in to 1)
+    if not math.isfinite(mine.estim_capacity):
+        return None, f"the capacity of vertex {vertex} is {mine.estim_capacity:g} in the window: nothing decided"
+    if mine.estim_capacity <= 0.0:
+        if estimate > 0.0:
+            return None, (
+                f"no capacity estimated for vertex {vertex} in the window (eq. 5 gives 0 from a measured "
+                f"{mine.capacity or 0.0:.0f} and a falling trend), input {estimate:.0f}: nothing decided"
+            )
+        return 0.0, ""  # nothing to process: low, as with no capacity measured
+    level = load_level(estimate, mine.estim_capacity)
+    if level is None:
+        return None, (
+            f"vertex {vertex}'s activity level overflows ({estimate:g} / {mine.estim_capacity:g}): nothing decided"
+        )
+    return level, ""
 
 
 @dataclass(frozen=True)
@@ -335,10 +396,10 @@ def _local(
     ahead_input = forecast_input(rate, trend, settings.period_s, window_s, pending, settings.rising_horizon_s)
     selectivity = metrics.emit_rate / metrics.processing_rate if metrics.processing_rate > 0.0 else 1.0
     executor_rate = metrics.executor_rate
-    if executor_rate is None or executor_rate <= 0.0:
+    if executor_rate is None or not executor_rate > 0.0:  # not >: NaN is unmeasured too
         return _Local(estim_input, ahead_input, None, None, None, None, trend, selectivity)
     current = capacity(executor_rate, window_s, degree)
     epsilon = capacity_trend(history) * settings.period_s * window_s * degree
     estimated = estim_capacity(current, epsilon)
-    lal = estim_input / estimated if estimated > 0.0 else math.inf
+    lal = load_level(estim_input, estimated)
     return _Local(estim_input, ahead_input, executor_rate, current, estimated, lal, trend, selectivity)

@@ -18,6 +18,13 @@ policy chose degrees), within the spec's bounds, or holds. What makes it safe, i
 4. **Bounds**: nodes within [minNodes, maxNodes]; each vertex within [1, maxParallelism]. When the degrees
    a policy wants need more than maxNodes' slots, the smallest increases are dropped first.
 
+Before any of that, a window no policy can decide on (`core.autoscaling.window_check.undecidable`: NaN,
+infinite or negative rates, an empty window, no nodes, a vertex with no executors or no rates) decides
+nothing: action "none", the current node count as target, and the reason "<why>: nothing decided". It is
+not remembered for eq. 5's capacity trend, and it breaks a run of scale-in votes. `recommend` never
+raises on the numbers of a window; the controller still catches anything that escapes
+(`control.scaling.autoscale`), so an evaluation can never take it down.
+
 The clock is an argument (`now`), the state (`AutoscalerState`) is returned anew, so tests drive it cell
 by cell without processes or sleeps.
 """
@@ -31,6 +38,7 @@ from typing import Any, Literal
 
 from elastream.core.autoscaling.autoscale_policy import AutoscaleSettings, Combine, evaluate
 from elastream.core.autoscaling.rules_policy import RuleThresholds, evaluate_rules
+from elastream.core.autoscaling.window_check import undecidable
 from elastream.core.metrics import MetricSnapshot
 from elastream.core.topology import AutoScalingSpec, Topology
 
@@ -117,6 +125,9 @@ def recommend(
 ) -> tuple[Recommendation, AutoscalerState]:
     """Evaluate the spec's policy on `snapshot` and decide, or hold; returns the new state too."""
     spec = topology.scaling.auto
+    why = undecidable(topology, snapshot, window.start, window.end, parallelism, nodes, window_s, period_s)
+    if why is not None:
+        return undecided(topology, nodes, now, why), replace(state, scale_in_votes=0)
     state = _remember_capacity(topology, snapshot, state, now)
     if spec.policy == "rules":
         target_nodes, degrees, reason, vertices = _rules(topology, snapshot, parallelism, nodes, spec)
@@ -159,6 +170,14 @@ def recommend(
     else:
         state = replace(state, scale_in_votes=0)
     return verdict(action, reason), state
+
+
+def undecided(topology: Topology, nodes: int, now: float, why: str) -> Recommendation:
+    """An evaluation that decided nothing, and why (`why`, one line): action "none", the nodes kept."""
+    spec = topology.scaling.auto
+    return Recommendation(
+        now, spec.policy, "none", nodes, nodes, None, f"{why}: nothing decided", {}, None, spec.execute
+    )
 
 
 def _next_allowed(spec: AutoScalingSpec, state: AutoscalerState, action: Action) -> float | None:
@@ -222,6 +241,9 @@ def _autoscale(
         reason = f"AUTOSCALE: {listed}; {executors} executors need {needed} nodes"
     else:
         reason = f"AUTOSCALE: every vertex within [θmin {spec.theta_min:g}, θmax {spec.theta_max:g}] or steady"
+    unknown = [e.reason for e in evaluation.vertices.values() if e.reason.endswith("nothing decided")]
+    if unknown:
+        reason += "; " + "; ".join(unknown)
     # nodes follow the executors: more when slots run out, fewer when whole nodes are spare, but not while a
     # vertex grows (a scale-out is urgent, a scale-in waits for its votes: they are not decided together)
     growing = any(degrees[v] > parallelism[v] for v in degrees)
@@ -245,7 +267,7 @@ def _rules(
         v: {
             "parallelism": parallelism[v],
             "target": verdict.parallelism[v],
-            "busy": round(verdict.busy[v], 4),
+            "busy": _finite(verdict.busy[v]),
             "decision": _direction(parallelism[v], verdict.parallelism[v]),
         }
         for v in topology.order
@@ -253,6 +275,11 @@ def _rules(
     reason = f"rules: {verdict.rule}"
     degrees = dict(verdict.parallelism) if dict(verdict.parallelism) != dict(parallelism) else None
     return nodes + verdict.node_delta, degrees, reason, vertices
+
+
+def _finite(value: float, digits: int = 4) -> float | None:
+    """A number for the status: rounded, None where JSON has none (NaN, infinity)."""
+    return round(value, digits) if math.isfinite(value) else None
 
 
 def _direction(before: int, after: int) -> str:
@@ -265,8 +292,8 @@ def _remember_capacity(
     history = dict(state.capacity_history)
     for v in topology.order:
         rate = snapshot.vertices[v].executor_rate
-        if rate is None:
-            continue
+        if rate is None or not math.isfinite(rate) or rate <= 0.0:
+            continue  # unmeasured, or no number: eq. 5's trend must not learn from it
         point = (now, rate)
         history[v] = (*history.get(v, ())[-(CAPACITY_HISTORY - 1) :], point)
     return replace(state, capacity_history=history)

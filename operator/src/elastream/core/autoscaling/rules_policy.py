@@ -22,6 +22,11 @@ it, and the defaults th_cc 0.8, th_high 0.75, th_low 0.25 and th_e = slotsPerNod
 executors than it has slots). Who gets a new node's slots, and which node goes, is the planner's: Stela's
 ETP fills the slots, ETPSum picks the node. The warm-up window after each change is the autoscaler's
 stabilization interval (`core.autoscaling.decision`), shared with the AUTOSCALE policy.
+
+A window whose busy fractions or total capacity are not finite numbers (a load over a capacity that
+overflowed, a threshold of 0) decides nothing: no executor, no node, and the rule says why ("...: nothing
+decided"). `evaluate_rules` never raises on the numbers of a window; a window with NaN, infinite or
+negative rates is not given to it at all (`core.autoscaling.window_check`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,18 @@ def total_capacity(busy: Mapping[str, float], parallelism: Mapping[str, int], no
     return sum(busy[v] * parallelism[v] for v in busy) / slots if slots > 0 else 0.0
 
 
+def unusable(busy: Mapping[str, float], total: float, th: RuleThresholds, executors_per_node: int) -> str | None:
+    """Why the rules cannot act on this window's numbers (one line), None when they can."""
+    bad = [f"{v} {b:g}" for v, b in busy.items() if not math.isfinite(b) or b < 0.0]
+    if bad:
+        return f"busy fraction {', '.join(bad)} in the window"
+    if not math.isfinite(total):
+        return f"total capacity {total:g} in the window"
+    if executors_per_node < 1 or not th.capacity > 0.0:
+        return f"thresholds th_e {executors_per_node}, th_cc {th.capacity:g} leave no room"
+    return None
+
+
 def load_busy_fractions(topology: Topology, snapshot: MetricSnapshot) -> dict[str, float]:
     """Per vertex, the busy fraction its offered load implies: load / true processing rate (above 1 when
     the load exceeds what every executor busy does); the measured busy fraction where that is unknown."""
@@ -89,11 +106,14 @@ def evaluate_rules(
     th = thresholds or RuleThresholds()
     th_e = th.executors_per_node if th.executors_per_node is not None else topology.slots_per_node
     busy = load_busy_fractions(topology, snapshot)
+    total = total_capacity(busy, parallelism, nodes, topology.slots_per_node)
+    why = unusable(busy, total, th, th_e)
+    if why is not None:
+        return RulesEvaluation(busy, (), dict(parallelism), total, 0, f"{why}: nothing decided")
     over = tuple(
         v for v in topology.order if busy[v] > th.capacity and parallelism[v] < topology.vertices[v].max_parallelism
     )
     new_parallelism = {v: parallelism[v] + (1 if v in over else 0) for v in topology.order}
-    total = total_capacity(busy, parallelism, nodes, topology.slots_per_node)
     executors = sum(new_parallelism.values())
     if over:
         needed = math.ceil(executors / th_e)
@@ -133,7 +153,7 @@ def _remove_a_node(topology: Topology, window: _Window, th: RuleThresholds) -> R
     if after > th.high:
         why = f"total capacity {total:.2f} under {th.low:g}, but {nodes - 1} nodes would be at {after:.2f}"
         return RulesEvaluation(busy, (), unchanged, total, 0, why)
-    keep = {v: min(parallelism[v], max(1, math.ceil(round(busy[v] * parallelism[v] / th.capacity, 9)))) for v in busy}
+    keep = {v: _kept(busy[v], parallelism[v], th.capacity) for v in busy}
     slots = (nodes - 1) * topology.slots_per_node
     if sum(keep.values()) > slots:
         why = f"total capacity {total:.2f} under {th.low:g}, but the executors it needs do not fit {nodes - 1} nodes"
@@ -147,3 +167,12 @@ def _remove_a_node(topology: Topology, window: _Window, th: RuleThresholds) -> R
         "; " + ", ".join(f"{v} {a}->{b}" for v, (a, b) in lowered.items()) + " to fit" if lowered else ""
     )
     return RulesEvaluation(busy, (), degrees, total, -1, why)
+
+
+def _kept(busy: float, degree: int, th_cc: float) -> int:
+    """The executors that hold a vertex's busy threads under th_cc, ⌈busy × k / th_cc⌉ within [1, k]
+    (a ratio that overflows keeps them all; never `math.ceil(inf)`)."""
+    wanted = busy * degree / th_cc
+    if not wanted < degree:  # also NaN and infinity
+        return degree
+    return max(1, math.ceil(round(wanted, 9)))
