@@ -272,6 +272,104 @@ HOSTILE: list[tuple[str, Change, str]] = [
         "spec.resources.limits.cpu: '99999",
     ),
     ("cpu-nan", lambda s: s["resources"]["limits"].update(cpu=math.nan), "spec.resources.limits.cpu: nan"),
+    # quantities no pod can have (issue 38): the CRD's patterns take a sign, a 0 and any exponent
+    (
+        "memory-limit-negative",
+        lambda s: s["resources"]["limits"].update(memory="-1Gi"),
+        "spec.resources.limits.memory: '-1Gi' is negative; give the memory one worker may use, e.g. 512Mi",
+    ),
+    (
+        "memory-limit-negative-integer",
+        lambda s: s["resources"]["limits"].update(memory=-1),
+        "spec.resources.limits.memory: -1 is negative",
+    ),
+    ("memory-limit-zero", lambda s: s["resources"]["limits"].update(memory="0"), "spec.resources.limits.memory: '0'"),
+    (
+        "memory-limit-milli",
+        lambda s: s["resources"]["limits"].update(memory="512m"),
+        "spec.resources.limits.memory: '512m' is below 16Mi, too little for a worker to start (m is milli: write Mi",
+    ),
+    (
+        "memory-limit-exponent",
+        lambda s: s["resources"]["limits"].update(memory="1e999999999"),
+        "spec.resources.limits.memory: '1e999999999' is above 64Ti; give at most 64Ti",
+    ),
+    (
+        "memory-limit-exabytes",
+        lambda s: s["resources"]["limits"].update(memory="8Ei"),
+        "spec.resources.limits.memory: '8Ei' is above 64Ti",
+    ),
+    (
+        "memory-limit-fractional-exponent",
+        lambda s: s["resources"]["limits"].update(memory="1e2.5"),
+        "spec.resources.limits.memory: '1e2.5' is not a Kubernetes quantity; write e.g. 512Mi",
+    ),
+    (
+        "memory-request-negative",
+        lambda s: s["resources"]["requests"].update(memory="-128Mi"),
+        "spec.resources.requests.memory: '-128Mi' is negative",
+    ),
+    (
+        "memory-request-above-limit",
+        lambda s: s["resources"]["requests"].update(memory="1Gi"),
+        "spec.resources.requests.memory: '1Gi' is above limits.memory '512Mi' (Kubernetes refuses such a pod); "
+        "lower the request or raise the limit",
+    ),
+    (
+        "cpu-request-negative",
+        lambda s: s["resources"]["requests"].update(cpu=-1),
+        "spec.resources.requests.cpu: -1 is negative",
+    ),
+    (
+        "cpu-request-huge",
+        lambda s: s["resources"]["requests"].update(cpu=2**70),
+        "spec.resources.requests.cpu: an integer of about 22 digits is above 1024 cores",
+    ),
+    (
+        "cpu-request-above-limit",
+        lambda s: s["resources"]["requests"].update(cpu="3"),
+        "spec.resources.requests.cpu: '3' is above limits.cpu '2'",
+    ),
+    ("cpu-limit-zero", lambda s: s["resources"]["limits"].update(cpu="0m"), "spec.resources.limits.cpu: '0m' is 0"),
+    (
+        "cpu-limit-below-a-millicore",
+        lambda s: s["resources"]["limits"].update(cpu="0.5m"),
+        "spec.resources.limits.cpu: '0.5m' is below 1m",
+    ),
+    # the Pod fields of spec.placement, kept as written by the CRD: the numbers a pod may have
+    (
+        "placement-max-skew-zero",
+        lambda s: s.update(placement={"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone"}]}),
+        "spec.placement.topologySpreadConstraints[0].maxSkew: 0 is not an integer from 1 to 2147483647",
+    ),
+    (
+        "placement-weight-1000",
+        lambda s: s.update(
+            placement={
+                "affinity": {
+                    "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1000}]},
+                }
+            }
+        ),
+        "spec.placement.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight: 1000 is "
+        "not an integer from 1 to 100",
+    ),
+    (
+        "placement-toleration-seconds-huge",
+        lambda s: s.update(placement={"tolerations": [{"key": "k", "tolerationSeconds": 10**30}]}),
+        "spec.placement.tolerations[0].tolerationSeconds: an integer of about 31 digits is not an integer from",
+    ),
+    # counts the CRD bounds below only: within an int64, as the API server and Redis take them
+    (
+        "sink-max-len-huge",
+        lambda s: s["vertices"][4]["sink"].update(maxLen=2**63),
+        "spec.vertices[4].sink.maxLen: 9223372036854775808 is above 9223372036854775807",
+    ),
+    (
+        "source-limit-huge",
+        lambda s: s["vertices"][0]["source"].update(limit=10**30),
+        "spec.vertices[0].source.limit: an integer of about 31 digits is above 9223372036854775807",
+    ),
     # text that would flood a message, or break it over lines
     (
         "vertex-name-newline",
@@ -415,8 +513,12 @@ def validate(tmp_path: Any, text: str) -> subprocess.CompletedProcess[str]:
         (BILLION_LAUGHS, "error: manifest: holds more than 100000 values"),
         (HEAD + "spec: " + "[" * 10_000 + "]" * 10_000 + "\n", "error: {path}: line 4 is nested deeper than 32"),
         (yaml.safe_dump(DEMO).replace("nodes: 4", "nodes: .nan"), "error: spec.nodes: nan is not a finite number"),
+        (
+            yaml.safe_dump(DEMO).replace("memory: 512Mi", "memory: -1Gi"),
+            "error: spec.resources.limits.memory: '-1Gi' is negative; give the memory one worker may use",
+        ),
     ],
-    ids=["billion-laughs", "deep", "nan"],
+    ids=["billion-laughs", "deep", "nan", "negative-memory"],
 )
 def test_validate_refuses_a_hostile_file_in_one_line(tmp_path: Any, text: str, expected: str) -> None:
     proc = validate(tmp_path, text)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from elastream.core.topology import TopologyError, parse_cpu, parse_manifest
+from elastream.core.topology import TopologyError, parse_cpu, parse_manifest, parse_quantity
 from elastream.resources import check_manifest, load_manifest
 from support.manifests import edge, manifest, sink, src, work
 
@@ -143,6 +145,56 @@ def test_cpu_quantities() -> None:
     assert parse_cpu(1.5) == 1.5
     with pytest.raises(ValueError):
         parse_cpu("two")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("512Mi", 512 * 2**20),
+        ("2Gi", 2 * 2**30),
+        ("1.5Ki", 1536),
+        ("+1k", 1000),
+        ("1G", 1e9),
+        ("1e9", 1e9),
+        ("1E3", 1000),
+        (".5", 0.5),
+        ("5.", 5),
+        ("500m", 0.5),
+        ("-1Gi", -(2**30)),
+        ("-0", 0),
+        (1073741824, 2**30),
+        ("1e999999999", math.inf),
+        ("9" * 400, math.inf),
+        (10**400, math.inf),
+    ],
+)
+def test_memory_quantities(text: object, value: float) -> None:
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["1e2.5", "Gi", "1 Gi", " 1Gi", "1Gib", "1\n", "", "2 cores", True, None, [1]])
+def test_what_is_not_a_quantity(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(text)
+
+
+def test_an_absurd_exponent_is_refused_at_once() -> None:
+    # 1e(a million digits) is never computed: refused as above the bound, within the parser's time
+    huge = valid()
+    huge["spec"]["resources"] = {"limits": {"memory": "1e" + "9" * 1_000_000}}
+    with pytest.raises(TopologyError, match=r"^spec.resources.limits.memory: '1e9999.*' is above 64Ti"):
+        parse_manifest(huge)
+
+
+def test_quantities_that_fit_a_worker_pass() -> None:
+    doc = valid()
+    doc["spec"]["resources"] = {
+        "requests": {"cpu": 0, "memory": 0},
+        "limits": {"cpu": "1m", "memory": "16Mi"},
+    }
+    assert parse_manifest(doc).node_cpu == 0.001
+    doc["spec"]["resources"] = {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"cpu": 2, "memory": 2 * 2**30}}
+    assert check_manifest(doc).node_cpu == 2.0
 
 
 def test_unknown_builtin_and_bad_module_are_named() -> None:

@@ -91,6 +91,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "digest of it), a path ending in / (every image under it) or a glob with * ; anything else is InvalidSpec",
     )
     parser.add_argument(
+        "--worker-placement",
+        default=os.environ.get("ELASTREAM_WORKER_PLACEMENT") or None,
+        metavar="JSON",
+        help='what a topology\'s spec.placement may ask for, as JSON: {"allowedTolerations": [{"key": GLOB, '
+        '"value": GLOB, "effect": EFFECT}], "allowedNodeSelectorKeys": [GLOB], "allowAffinity": BOOL}; '
+        "anything else is refused, and the control plane's taints always (default $ELASTREAM_WORKER_PLACEMENT, the "
+        "chart's worker.placement; unset: the not-ready/unreachable tolerations, zone, region, arch, os and "
+        "instance-type labels, affinity within the topology's namespace)",
+    )
+    parser.add_argument(
         "--network-policies",
         action="store_true",
         help="keep a NetworkPolicy <topology>-workers per topology: its worker pods accept traffic from its own "
@@ -201,6 +211,7 @@ def operator_options(args: argparse.Namespace) -> Any:
     if not 0 <= args.worker_grace_period <= 3600:
         raise CommandError(f"--worker-grace-period: {args.worker_grace_period} s; give 0 to 3600 seconds")
     metrics_from = network_peers(args.metrics_from)
+    placement = worker_placement(args.worker_placement)
     if args.redis_topology_users not in ("on", "off"):  # the environment's value is not checked by argparse
         raise CommandError(f"--redis-topology-users: {args.redis_topology_users!r}; give on or off")
     main = importlib.import_module("elastream.handlers.main")
@@ -225,7 +236,20 @@ def operator_options(args: argparse.Namespace) -> Any:
         worker_grace_period_s=args.worker_grace_period,
         drains=args.drains == "on",
         disruption_budgets=args.disruption_budgets == "on",
+        worker_placement=placement,
     )
+
+
+def worker_placement(text: str | None) -> Any:
+    """`--worker-placement` (or $ELASTREAM_WORKER_PLACEMENT) as a `PlacementPolicy`; the default one when unset."""
+    from elastream.control.backends.worker_objects import PlacementPolicy
+
+    if not text:
+        return PlacementPolicy()
+    try:
+        return PlacementPolicy.from_json(text)
+    except ValueError as exc:
+        raise CommandError(f"--worker-placement ($ELASTREAM_WORKER_PLACEMENT): {exc}") from None
 
 
 PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})

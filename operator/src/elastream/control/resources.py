@@ -36,6 +36,7 @@ from typing import Any
 import redis
 from prometheus_client import Counter, Histogram
 
+from elastream.control.backends.worker_objects import placement_problems
 from elastream.control.lifecycle import (
     RESTART_FROM_SCRATCH,
     delete_keys,
@@ -126,6 +127,10 @@ class ManagedTopologies(TopologyUpgrades):
             if image and not image_allowed(image, self.allowed_images):
                 # before anything is created: no pod of a refused image, no ConfigMap or Secret for it
                 raise TopologyError([image_refusal(image, self.allowed_images)])
+            # likewise a placement outside the operator's policy (worker.placement): the control plane, another's nodes
+            refused = placement_problems(wanted.spec.get("placement"), self.settings.placement, wanted.namespace)
+            if refused:
+                raise TopologyError(refused)
         except TopologyError as exc:
             message = invalid_spec_message(exc)
             managed.set(invalid_spec=message)

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from elastream.control.backends.worker_objects import running_spec_of
+from elastream.control.backends.worker_objects import placement_problems, running_spec_of
 from elastream.control.controller import SuspendResult, TopologyController
 from elastream.control.lifecycle import (
     TopologyLifecycle,
@@ -72,6 +72,14 @@ class TopologyUpgrades(TopologyLifecycle):
                 # the ConfigMap is in the tenant's namespace: it must not bring in what the spec may not
                 log.warning(
                     "%s/%s: a spec in its ConfigMap names an image outside the allowed ones; ignored",
+                    wanted.namespace,
+                    wanted.name,
+                )
+                return None
+            if placement_problems(found.spec.get("placement"), self.settings.placement, wanted.namespace):
+                # nor a placement the operator's policy refuses (worker.placement)
+                log.warning(
+                    "%s/%s: a spec in its ConfigMap asks for a placement the operator does not allow; ignored",
                     wanted.namespace,
                     wanted.name,
                 )

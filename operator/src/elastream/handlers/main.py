@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import kopf
 
-from elastream.control.backends.worker_objects import WorkerPodSettings
+from elastream.control.backends.worker_objects import PlacementPolicy, WorkerPodSettings
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers
@@ -83,6 +83,8 @@ class OperatorOptions:
     drains: bool = True
     #: keep a PodDisruptionBudget (maxUnavailable 1) per topology
     disruption_budgets: bool = True
+    #: what a topology's spec.placement may ask for (`--worker-placement`, $ELASTREAM_WORKER_PLACEMENT)
+    worker_placement: PlacementPolicy = field(default_factory=PlacementPolicy)
 
 
 def load_kubernetes_config() -> None:
@@ -109,6 +111,7 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
         termination_grace_s=options.worker_grace_period_s,
         drains=options.drains,
         disruption_budget=options.disruption_budgets,
+        placement=options.worker_placement,
     )
 
 

@@ -13,12 +13,14 @@ import logging
 import re
 import threading
 from typing import Any
+from urllib.parse import unquote_plus
 
 import redis
 
 from elastream.core.acl import topology_acl_rules, topology_user
 from elastream.core.topology import glob_escape, topology_prefix
 from elastream.store.cluster import is_cluster
+from elastream.store.registry import QUERY_PARAMETER, is_secret_parameter
 
 log = logging.getLogger("elastream.store")
 
@@ -41,9 +43,10 @@ class AclRefused(Exception):
 
 def topology_url(url: str, user: str, password: str) -> str:
     """`url` (the operator's Redis URL) with its user info replaced by `user:password`; scheme, hosts (all of a
-    `redis+cluster://` URL's), port, database and options as written, but no `password=`/`username=` query
-    parameter (redis-py would not let them win, and they are the operator's). `user` and `password` hold no
-    character that needs escaping (`core.acl.topology_user`, a hex password)."""
+    `redis+cluster://` URL's), port, database and options as written, but no `username=` query parameter nor
+    any secret one (`registry.is_secret_parameter`: `password=`, `ssl_password=`, however cased or
+    percent-encoded): redis-py would not let them win, and they are the operator's, never a tenant's. `user`
+    and `password` hold no character that needs escaping (`core.acl.topology_user`, a hex password)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ValueError("not a Redis URL")
@@ -53,12 +56,19 @@ def topology_url(url: str, user: str, password: str) -> str:
     # the user info ends at the last @, so none of the operator's password is ever kept
     at = rest.rfind("@", 0, end) if "@" in rest[:end] else rest.rfind("@")
     host_and_rest = rest[at + 1 :] if at >= 0 else rest
-    host_and_rest = _CREDENTIAL_PARAMETER.sub(lambda m: "?" if m.group(1) == "?" else "", host_and_rest)
-    host_and_rest = re.sub(r"\?(&|$)", lambda m: "?" if m.group(1) == "&" else "", host_and_rest).replace("?&", "?")
+    host_and_rest = QUERY_PARAMETER.sub(_without_credentials, host_and_rest)
+    # a removed first parameter leaves its ?: joined to the next one, or dropped when none is left
+    host_and_rest = re.sub(r"\?[&;]+", "?", host_and_rest)
+    host_and_rest = re.sub(r"\?(?=#|$)", "", host_and_rest)
     return f"{scheme}://{user}:{password}@{host_and_rest}"
 
 
-_CREDENTIAL_PARAMETER = re.compile(r"([?&;])(?:password|username)=[^&;#]*", re.IGNORECASE)
+def _without_credentials(match: re.Match[str]) -> str:
+    """A `registry.QUERY_PARAMETER` match, gone when it names the user or holds a secret (its ? kept)."""
+    separator, name = match.group(1), match.group(2)
+    if unquote_plus(name).lower() == "username" or is_secret_parameter(name):
+        return "?" if separator == "?" else ""
+    return match.group(0)
 
 
 def _nodes(client: redis.Redis) -> list[tuple[str, Any]]:
@@ -233,12 +243,21 @@ class UserKeeper:
     per node, and sets again those Redis lost: whatever the controllers are doing meanwhile (a migration or a
     checkpoint waiting for its workers' acks), workers locked out by a Redis restarted without an ACL file get
     back in within a tick. One keeper serves every topology of a process (the operator's thousand topologies
-    cost one call per node per tick, not a thread and a call each). Errors (Redis away, ACL refused) are
-    logged at DEBUG: the next tick tries again; the reconcile passes report them."""
+    cost one call per node per tick, not a thread and a call each). No error ends the thread. Redis away or
+    ACL refused is logged at DEBUG (the reconcile passes report them) and the next tick tries again: that is
+    when users are lost, and the keeper must look again as soon as Redis is back. Anything else (a bug, a reply
+    nobody expected) is logged as a WARNING naming its type and where it was raised, never its text (which may
+    quote a password), and backed off: each such failure in a row doubles the wait before the next look, up to
+    `max_backoff_s`; the first look that does not fail so brings it back to `every_s`."""
 
-    def __init__(self, client: redis.Redis, every_s: float = 2.0) -> None:
+    def __init__(self, client: redis.Redis, every_s: float = 2.0, max_backoff_s: float = 60.0) -> None:
         self.client = client
         self.every_s = every_s
+        self.max_backoff_s = max(max_backoff_s, every_s)
+        #: looks that failed with an unexpected error in a row (what the backoff counts), and every failed look
+        #: since the keeper started (those of Redis away or ACL refused too)
+        self.failures = 0
+        self.failed_looks = 0
         self._users: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -268,11 +287,44 @@ class UserKeeper:
             thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            users = self.kept()
-            if not users:
-                continue
-            try:
-                restore_missing_users(self.client, users)
-            except (AclRefused, redis.RedisError) as exc:
-                log.debug("Redis users not checked: %s", exc)
+        while not self._stop.wait(self._delay()):
+            self.look()
+
+    def _delay(self) -> float:
+        """The wait before the next look: `every_s`, doubled by each unexpected failure in a row, at most
+        `max_backoff_s`."""
+        return min(self.every_s * 2.0 ** min(self.failures, 32), self.max_backoff_s)
+
+    def look(self) -> bool:
+        """One look at every kept user (what each tick of the thread does); never raises. False when it failed."""
+        users = self.kept()
+        if not users:
+            return True
+        try:
+            restore_missing_users(self.client, users)
+        except (AclRefused, redis.RedisError) as exc:  # their messages never hold a password
+            self.failed_looks += 1
+            self.failures = 0  # not a bug: looked at again next tick, as soon as Redis is back
+            log.debug("Redis users not checked: %s", exc)
+            return False
+        except Exception as exc:  # a bug, or a reply nobody expected: said, backed off, and the keeper goes on
+            self.failed_looks += 1
+            self.failures += 1
+            log.warning(
+                "Redis users not checked: %s at %s (failure %d in a row; next look in %.0f s)",
+                type(exc).__name__, _raised_at(exc), self.failures, self._delay(),
+            )  # fmt: skip
+            return False
+        self.failures = 0
+        return True
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where `exc` was raised (file:line of the innermost frame): enough to find the bug, and no part of its text
+    or of any frame's variables, where a password could be."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "an unknown place"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"

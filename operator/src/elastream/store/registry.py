@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
-from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -67,11 +67,13 @@ def client_for(url: str, **options: Any) -> redis.Redis:
 
 
 def redacted(url: str) -> str:
-    """`url` with its password replaced by `***`, everything else as written: what a message, a log line, an
-    event or a status may show. The password is the user info's (``redis://user:PASSWORD@host``, also when it
-    holds an unencoded / ? # or @, which ends the host part early) and a ``password=`` query parameter (the
-    form redis-py takes for ``unix://`` sockets). Plain string work, so no URL, however malformed, makes it
-    raise; when in doubt it hides more (the host too), never less."""
+    """`url` with its secrets replaced by `***`, everything else as written: what a message, a log line, an
+    event or a status may show. The secrets are the user info's password (``redis://user:PASSWORD@host``, also
+    when it holds an unencoded / ? # or @, which ends the host part early) and the value of every secret query
+    parameter (`is_secret_parameter`: ``password=``, the form redis-py takes for ``unix://`` sockets, and
+    ``ssl_password=``, the TLS client key's, however their names are cased or percent-encoded). Plain string
+    work, so no URL, however malformed, makes it raise; when in doubt it hides more (the host too, a value up to
+    the next parameter even past a #), never less."""
     scheme, sep, rest = url.partition("://")
     if sep:
         netloc_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
@@ -80,10 +82,32 @@ def redacted(url: str) -> str:
         userinfo = rest[:split] if split >= 0 else ""
         if ":" in userinfo:
             url = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{rest[split + 1 :]}"
-    return _PASSWORD_PARAMETER.sub(r"\1***", url)
+    return QUERY_PARAMETER.sub(
+        lambda m: (
+            f"{m.group(1)}{m.group(2)}=***"
+            if m.group(3) is not None and is_secret_parameter(m.group(2))
+            else m.group(0)
+        ),
+        url,
+    )
 
 
-_PASSWORD_PARAMETER = re.compile(r"([?&;]password=)[^&;#]*", re.IGNORECASE)
+#: one query parameter of a URL: its separator (? & or ;), its name as written and `=` with its value (None when
+#: it has none); the value runs to the next & or ;, past a # (a secret redis-py cut at a # is hidden whole)
+QUERY_PARAMETER = re.compile(r"([?&;])([^=&;#?]*)(=[^&;]*)?")
+
+#: the words that make a URL query parameter a secret: `password` (redis-py's form for unix sockets),
+#: `ssl_password` (the TLS client key's), and anything else so named
+_SECRET_WORDS = ("password", "passwd", "secret", "token", "credential")
+
+
+def is_secret_parameter(name: str) -> bool:
+    """Whether the URL query parameter `name` (as written) holds a secret: its name, percent-decoded and in any
+    case (as redis-py decodes it: `ssl%5Fpassword` is `ssl_password`), says password, secret, token or
+    credential. Errs on the side of hiding."""
+    decoded = unquote_plus(name).lower()
+    return any(word in decoded for word in _SECRET_WORDS)
+
 
 #: the query parameter of a Redis URL naming the CA file a TLS connection checks the server against
 CA_FILE_PARAMETER = "ssl_ca_certs"

@@ -3,17 +3,24 @@ NetworkPolicy and PodDisruptionBudget, labels, owner references and the ownershi
 delete goes through, the Redis CA the ConfigMap carries, and the spec a ConfigMap records (read back when an
 operator takes a topology over). Pure functions of the topology and `WorkerPodSettings`, except
 `running_spec_of` (one read of the ConfigMap). `control.backends.kubernetes` creates and inspects them.
+
+A topology's `spec.placement` reaches its pods only as far as the operator's `PlacementPolicy` allows (the
+chart's `worker.placement`, `ELASTREAM_WORKER_PLACEMENT`): tolerations and node labels on its allow-lists,
+affinity only when allowed, pod affinity within the topology's own namespace, and never a toleration of the
+control plane's taints. `worker_pod` refuses anything else with `PlacementRefused`, naming the field and the fix.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from elastream.core.ports import BackendError, CoreApi, NotOwned
+from elastream.core.rates import shown
 from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.worker_inputs.keys import (
@@ -41,6 +48,292 @@ PREVIOUS_SPEC_KEY = "previous-topology.yaml"
 WORKER_REDIS_CA_PATH = f"/etc/elastream/{REDIS_CA_KEY}"
 #: a CA bundle larger than this is refused (a ConfigMap holds at most 1 MiB)
 MAX_REDIS_CA_BYTES = 256 * 1024
+
+
+#: the environment variable carrying the operator's `PlacementPolicy` as JSON (the chart's worker.placement)
+PLACEMENT_ENV = "ELASTREAM_WORKER_PLACEMENT"
+#: the control plane's taints and node labels: a worker pod never tolerates nor selects them, whatever the policy
+CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class AllowedToleration:
+    """A toleration a topology may ask for: `key` and `value` are globs (`*` any characters) over the taint's key
+    and the toleration's value, `effect` one effect or "" for any. A toleration of every value of a key
+    (operator Exists) needs `value` "*"; one of every effect of a key (no effect) needs `effect` ""."""
+
+    key: str
+    value: str = "*"
+    effect: str = ""
+
+    def allows(self, key: str, value: str | None, effect: str) -> bool:
+        """Whether this entry allows the toleration of `key` with `value` (None: operator Exists) and `effect`
+        ("": every effect)."""
+        if not fnmatch.fnmatchcase(key, self.key):
+            return False
+        if value is None and self.value != "*":
+            return False
+        if value is not None and not fnmatch.fnmatchcase(value, self.value):
+            return False
+        return self.effect in ("", effect)
+
+
+#: tolerations every topology may have: how long its pods stay on a node that stopped answering (what the
+#: DefaultTolerationSeconds admission gives every pod, 300 s); they never let a pod onto a node it could not use
+DEFAULT_ALLOWED_TOLERATIONS = (
+    AllowedToleration("node.kubernetes.io/not-ready", effect="NoExecute"),
+    AllowedToleration("node.kubernetes.io/unreachable", effect="NoExecute"),
+)
+#: node labels every topology may select on: where a node is and what it is, never which node nor which pool
+DEFAULT_NODE_SELECTOR_KEYS = (
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "kubernetes.io/arch",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+)
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    """What a topology's `spec.placement` may ask of the scheduler (the chart's worker.placement): tolerations
+    each allowed by an `AllowedToleration`; nodeSelector keys, and the keys of node affinity's expressions and
+    fields, matching a glob of `allowed_node_selector_keys`; `affinity` at all only with `allow_affinity`, and
+    its pod (anti-)affinity only over the topology's own namespace (no namespaceSelector, no other namespace:
+    a required anti-affinity over every namespace would keep other tenants' pods off the nodes it runs on).
+    The control plane's taints and labels (`CONTROL_PLANE_KEYS`) and a toleration of every taint (no key) are
+    refused whatever the lists say. topologySpreadConstraints only spread the topology's own pods: free."""
+
+    allowed_tolerations: tuple[AllowedToleration, ...] = DEFAULT_ALLOWED_TOLERATIONS
+    allowed_node_selector_keys: tuple[str, ...] = DEFAULT_NODE_SELECTOR_KEYS
+    allow_affinity: bool = True
+
+    @classmethod
+    def from_json(cls, text: str) -> PlacementPolicy:
+        """The policy of the chart's worker.placement as JSON (`{"allowedTolerations": [{"key", "value",
+        "effect"}], "allowedNodeSelectorKeys": [...], "allowAffinity": true}`; a field not given keeps its
+        default). Raises ValueError naming the field and the fix."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError("give a JSON object of allowedTolerations, allowedNodeSelectorKeys and allowAffinity")
+        unknown = sorted(set(raw) - {"allowedTolerations", "allowedNodeSelectorKeys", "allowAffinity"})
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: unknown; use allowedTolerations, allowedNodeSelectorKeys, allowAffinity"
+            )
+        default = cls()
+        tolerations = default.allowed_tolerations
+        if "allowedTolerations" in raw:
+            tolerations = tuple(_allowed_toleration(e, i) for i, e in enumerate(_listed(raw, "allowedTolerations")))
+        keys = default.allowed_node_selector_keys
+        if "allowedNodeSelectorKeys" in raw:
+            keys = tuple(_listed(raw, "allowedNodeSelectorKeys"))
+            for i, key in enumerate(keys):
+                if not isinstance(key, str) or not key.strip():
+                    raise ValueError(f"allowedNodeSelectorKeys[{i}]: {key!r}; give a node label key or a glob")
+        affinity = raw.get("allowAffinity", default.allow_affinity)
+        if not isinstance(affinity, bool):
+            raise ValueError(f"allowAffinity: {affinity!r}; give true or false")
+        return cls(tolerations, keys, affinity)
+
+    def to_values(self) -> dict[str, Any]:
+        """The policy in the chart's worker.placement shape (what `from_json` reads)."""
+        return {
+            "allowedTolerations": [
+                {
+                    "key": t.key,
+                    **({"value": t.value} if t.value != "*" else {}),
+                    **({"effect": t.effect} if t.effect else {}),
+                }
+                for t in self.allowed_tolerations
+            ],
+            "allowedNodeSelectorKeys": list(self.allowed_node_selector_keys),
+            "allowAffinity": self.allow_affinity,
+        }
+
+    def key_allowed(self, key: str) -> bool:
+        return key not in CONTROL_PLANE_KEYS and any(
+            fnmatch.fnmatchcase(key, pattern) for pattern in self.allowed_node_selector_keys
+        )
+
+
+def _listed(raw: Mapping[str, Any], name: str) -> list[Any]:
+    value = raw[name]
+    if not isinstance(value, list):
+        raise ValueError(f"{name}: {value!r} is not a list")
+    return value
+
+
+def _allowed_toleration(entry: Any, index: int) -> AllowedToleration:
+    where = f"allowedTolerations[{index}]"
+    if not isinstance(entry, dict) or not set(entry) <= {"key", "value", "effect"}:
+        raise ValueError(f"{where}: {entry!r}; give an object of key (a glob), value (a glob) and effect")
+    key, value, effect = entry.get("key"), entry.get("value", "*"), entry.get("effect", "")
+    if not isinstance(key, str) or not key.strip():
+        raise ValueError(
+            f"{where}.key: {key!r}; give a taint key or a glob (a toleration of every taint is never allowed)"
+        )
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.value: {value!r}; give a glob (* any value)")
+    if effect not in ("", *TAINT_EFFECTS):
+        raise ValueError(f"{where}.effect: {effect!r}; give one of {', '.join(TAINT_EFFECTS)}, or none for any")
+    return AllowedToleration(key, value, effect)
+
+
+class PlacementRefused(BackendError):
+    """A topology's spec.placement asks for what the operator's `PlacementPolicy` does not allow: no pod is
+    created; the message names each field and the fix."""
+
+
+#: at most this many refused fields in one message, and allowed entries shown in each
+_MAX_SHOWN = 3
+
+
+def _text(value: Any) -> str:
+    """A name from the spec as a message shows it: as written when it is a short plain word, else its repr cut
+    short (a tenant's text never floods nor breaks a condition's line)."""
+    if isinstance(value, str) and 0 < len(value) <= 100 and value.isprintable() and " " not in value:
+        return value
+    return shown(value)
+
+
+def _listing(items: Sequence[str]) -> str:
+    listed = ", ".join(items[:_MAX_SHOWN]) or "none"
+    return listed + (f" and {len(items) - _MAX_SHOWN} more" if len(items) > _MAX_SHOWN else "")
+
+
+def placement_problems(placement: Any, policy: PlacementPolicy, namespace: str) -> list[str]:
+    """Why `placement` (a topology's spec.placement) may not reach its pods under `policy`: one line per
+    refused field, naming it and the fix; empty when it may. `namespace` is the topology's (its pods')."""
+    if not isinstance(placement, Mapping):
+        return []
+    problems: list[str] = []
+    tolerations = placement.get("tolerations")
+    if tolerations is not None:
+        if not isinstance(tolerations, list):
+            problems.append("spec.placement.tolerations: is not a list; write it as in a Pod")
+        else:
+            for i, toleration in enumerate(tolerations):
+                problems.extend(_toleration_problems(toleration, f"spec.placement.tolerations[{i}]", policy))
+    selector = placement.get("nodeSelector")
+    if selector is not None:
+        if not isinstance(selector, Mapping):
+            problems.append("spec.placement.nodeSelector: is not a mapping; write it as in a Pod")
+        else:
+            for key in selector:
+                problems.extend(_node_key_problems(key, f"spec.placement.nodeSelector[{_text(key)}]", policy))
+    affinity = placement.get("affinity")
+    if affinity is not None:
+        if not policy.allow_affinity:
+            problems.append(
+                "spec.placement.affinity: the operator allows no affinity (worker.placement.allowAffinity: false); "
+                "remove it (spec.placement.nodeSelector on an allowed label places pods too)"
+            )
+        else:
+            problems.extend(_affinity_problems(affinity, namespace, policy))
+    return problems
+
+
+def _toleration_problems(toleration: Any, where: str, policy: PlacementPolicy) -> list[str]:
+    if not isinstance(toleration, Mapping):
+        return [f"{where}: is not a toleration; write it as in a Pod (key, operator, value, effect)"]
+    key, operator, value, effect = (toleration.get(k) for k in ("key", "operator", "value", "effect"))
+    if not all(v is None or isinstance(v, str) for v in (key, operator, value, effect)):
+        return [f"{where}: key, operator, value and effect must be strings; write it as in a Pod"]
+    if not key:
+        return [
+            f"{where}: tolerates every taint (no key), the control plane's too; name the taint's key, one the "
+            "operator allows (worker.placement.allowedTolerations)"
+        ]
+    if key in CONTROL_PLANE_KEYS:
+        return [f"{where}: tolerates the control plane's taint {key}; worker pods never run there: remove it"]
+    exists = operator == "Exists"
+    if any(entry.allows(key, None if exists else (value or ""), effect or "") for entry in policy.allowed_tolerations):
+        return []
+    asked = f"{_text(key)}{'' if exists else '=' + _text(value or '')}:{_text(effect) if effect else '(every effect)'}"
+    allowed = [
+        f"{e.key}{'' if e.value == '*' else '=' + e.value}:{e.effect or '*'}" for e in policy.allowed_tolerations
+    ]
+    return [
+        f"{where}: the toleration {asked} is not one the operator allows (worker.placement.allowedTolerations: "
+        f"{_listing(allowed)}); remove it, or have the operator's list extended"
+    ]
+
+
+def _node_key_problems(key: Any, where: str, policy: PlacementPolicy) -> list[str]:
+    if not isinstance(key, str):
+        return [f"{where}: is not a node label key; write it as in a Pod"]
+    if key in CONTROL_PLANE_KEYS:
+        return [f"{where}: selects the control plane's nodes ({key}); worker pods never run there: remove it"]
+    if policy.key_allowed(key):
+        return []
+    return [
+        f"{where}: the node label {_text(key)} is not one the operator allows selecting on "
+        f"(worker.placement.allowedNodeSelectorKeys: {_listing(list(policy.allowed_node_selector_keys))}); remove "
+        "it, or have the operator's list extended"
+    ]
+
+
+def _affinity_problems(affinity: Any, namespace: str, policy: PlacementPolicy) -> list[str]:
+    """Node affinity's keys as nodeSelector's; pod (anti-)affinity over the topology's own namespace only."""
+    where = "spec.placement.affinity"
+    if not isinstance(affinity, Mapping):
+        return [f"{where}: is not a mapping; write it as in a Pod"]
+    problems: list[str] = []
+    node = affinity.get("nodeAffinity")
+    if node is not None:
+        at = f"{where}.nodeAffinity"
+        required = [
+            (f"{at}.{_REQUIRED}.nodeSelectorTerms[{i}]", t)
+            for i, t in _each(_field(node, _REQUIRED), "nodeSelectorTerms")
+        ]
+        for path, term in required + _preferred(node, at, "preference"):
+            for part in ("matchExpressions", "matchFields"):
+                for j, expression in enumerate(_items(_field(term, part))):
+                    problems.extend(_node_key_problems(_field(expression, "key"), f"{path}.{part}[{j}].key", policy))
+    for kind in ("podAffinity", "podAntiAffinity"):
+        pods = affinity.get(kind)
+        at = f"{where}.{kind}"
+        required = [(f"{at}.{_REQUIRED}[{i}]", t) for i, t in enumerate(_items(_field(pods, _REQUIRED)))]
+        for path, term in required + _preferred(pods, at, "podAffinityTerm"):
+            if _field(term, "namespaceSelector") is not None:
+                problems.append(
+                    f"{path}.namespaceSelector: reaches pods of other namespaces; remove it (a worker's pod affinity "
+                    f"may only name pods of its own namespace, {namespace})"
+                )
+            for name in _items(_field(term, "namespaces")):
+                if name != namespace:
+                    problems.append(
+                        f"{path}.namespaces: names {shown(name)}, another namespace; name only {namespace} (a worker's "
+                        "pod affinity may only name pods of its own namespace)"
+                    )
+    return problems
+
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _each(obj: Any, key: str) -> list[tuple[int, Any]]:
+    return list(enumerate(_items(_field(obj, key))))
+
+
+def _preferred(block: Any, at: str, inner: str) -> list[tuple[str, Any]]:
+    """(path, term) of each preferred term of an affinity `block` (its `inner` field: preference, podAffinityTerm)."""
+    return [(f"{at}.{_PREFERRED}[{i}].{inner}", _field(p, inner)) for i, p in _each(block, _PREFERRED)]
+
+
+def _field(obj: Any, key: str) -> Any:
+    """`obj[key]` of a mapping, None otherwise (a malformed affinity is the API server's to refuse)."""
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
 
 
 @dataclass(frozen=True)
@@ -71,6 +364,8 @@ class WorkerPodSettings:
     drains: bool = True
     #: keep a PodDisruptionBudget `<topology>-workers` (maxUnavailable 1): evictions take one worker at a time
     disruption_budget: bool = True
+    #: what a topology's spec.placement may ask for (the chart's worker.placement)
+    placement: PlacementPolicy = field(default_factory=PlacementPolicy)
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -326,6 +621,11 @@ def worker_pod(
         pod_spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     placement = spec.get("placement")
     if isinstance(placement, Mapping):
+        # every worker pod passes here, whatever made its spec (the resource, the ConfigMap an upgrade reads)
+        refused = placement_problems(placement, settings.placement, topology.namespace)
+        if refused:
+            more = f" (and {len(refused) - _MAX_SHOWN} more)" if len(refused) > _MAX_SHOWN else ""
+            raise PlacementRefused(f"{'; '.join(refused[:_MAX_SHOWN])}{more}")
         for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
             if key in placement:
                 pod_spec[key] = placement[key]

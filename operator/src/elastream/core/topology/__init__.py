@@ -28,11 +28,13 @@ from elastream.core.topology.limits import (
     MAX_EXECUTORS,
     MAX_MANIFEST_BYTES,
     MAX_NODE_CPU,
+    MAX_NODE_MEMORY,
     MAX_NODES,
     MAX_PROBLEM_CHARS,
     MAX_PROBLEMS,
     MAX_TEXT_CHARS,
     MAX_VALUES,
+    MIN_NODE_MEMORY,
     STRATEGIES,
     STREAM_NAME_RULE,
     Grouping,
@@ -57,6 +59,7 @@ from elastream.core.topology.parse import (
 )
 from elastream.core.topology.scaling import (
     parse_cpu,
+    parse_quantity,
 )
 
 __all__ = [
@@ -72,10 +75,12 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_NODES",
     "MAX_NODE_CPU",
+    "MAX_NODE_MEMORY",
     "MAX_PROBLEMS",
     "MAX_PROBLEM_CHARS",
     "MAX_TEXT_CHARS",
     "MAX_VALUES",
+    "MIN_NODE_MEMORY",
     "STRATEGIES",
     "STREAM_NAME_RULE",
     "AutoScalingSpec",
@@ -91,6 +96,7 @@ __all__ = [
     "manifest_document_from_text",
     "parse_cpu",
     "parse_manifest",
+    "parse_quantity",
     "read_manifest_document",
     "split_executor_id",
     "stream_key",

@@ -34,6 +34,14 @@ MAX_NODES = 1000
 MAX_EXECUTORS = 10_000
 #: spec.resources.limits.cpu in cores
 MAX_NODE_CPU = 1024
+#: the smallest CPU quantity Kubernetes takes (1m); a finer one is not a CPU amount it can give
+MIN_CPU = 0.001
+#: spec.resources.{limits,requests}.memory in bytes: at most 64Ti (more than any machine has), and a limit of at
+#: least 16Mi (a worker, a Python interpreter with its libraries, cannot start in less)
+MAX_NODE_MEMORY = 64 * 2**40
+MIN_NODE_MEMORY = 16 * 2**20
+#: the largest integer the API server (int64) and Redis (a long long) take, for counts the CRD bounds below only
+MAX_INT64 = 2**63 - 1
 #: the manifest as a document: bytes of its file, nesting levels, values (after YAML aliases are expanded)
 #: and characters of text; beyond them it is refused before anything walks it
 MAX_MANIFEST_BYTES = 1_048_576
@@ -45,5 +53,8 @@ MAX_PROBLEM_CHARS = 500
 MAX_PROBLEMS = 100
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _CPU_RE = re.compile(r"^(\d+(\.\d+)?)(m?)$")
+#: a Kubernetes quantity (resource.Quantity's grammar): sign, number, then a binary-SI, decimal-SI or exponent
+#: suffix; the exponent an integer, as the API server reads it (the CRD's pattern also lets `1e2.5` through)
+_QUANTITY_RE = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([KMGTPE]i)|([numkMGTPE])|[eE]([+-]?[0-9]+))?")
 
 STREAM_NAME_RULE = "use 1-100 letters, digits, '.', '_', '-' or ':'"

@@ -29,6 +29,7 @@ from elastream.core.topology.limits import (
     DEFAULT_SLOTS_PER_NODE,
     KIND,
     MAX_EXECUTORS,
+    MAX_INT64,
     Grouping,
     VertexKind,
 )
@@ -79,6 +80,7 @@ def _parse(document: Mapping[str, Any], problems: list[str], max_executors: int 
     streams, unresolved = _parse_streams(spec.get("streams") or [], entries, problems)
     scaling = _parse_scaling(spec.get("scaling"), problems)
     node_cpu = _parse_node_cpu(spec.get("resources"), problems)
+    problems.extend(_placement_count_problems(spec.get("placement")))
     initial_savepoint = parse_initial_savepoint(spec.get("initialSavepoint"), namespace, name)
 
     graph, order = _graph(entries, streams, unresolved, problems)
@@ -156,6 +158,48 @@ def _slot_problems(entries: Mapping[str, _Entry], nodes: int, slots: int, max_ex
     ]
 
 
+def _placement_count_problems(placement: Any) -> list[str]:
+    """The numbers of spec.placement that no pod may have (the CRD keeps its Pod fields as written): a
+    toleration's tolerationSeconds an integer, a topology spread constraint's maxSkew and minDomains at least 1,
+    a preferred affinity term's weight 1 to 100, as the API server checks a pod's, so the spec is refused where it
+    is written and not when its pods are created. Which tolerations, labels and affinity the operator allows is
+    its policy's (`control.backends.worker_objects.PlacementPolicy`)."""
+    if not isinstance(placement, Mapping):
+        return []
+    problems: list[str] = []
+
+    def check(value: Any, where: str, low: int, high: int, fix: str) -> None:
+        if value is None:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            problems.append(f"{where}: {shown(value)} is not an integer from {low} to {high}; {fix}")
+
+    for i, toleration in enumerate(_list(placement.get("tolerations"))):
+        if isinstance(toleration, Mapping):
+            check(
+                toleration.get("tolerationSeconds"), f"spec.placement.tolerations[{i}].tolerationSeconds",
+                -MAX_INT64, MAX_INT64, "give the seconds a pod stays on a node with the taint, or remove it",
+            )  # fmt: skip
+    for i, constraint in enumerate(_list(placement.get("topologySpreadConstraints"))):
+        if isinstance(constraint, Mapping):
+            where = f"spec.placement.topologySpreadConstraints[{i}]"
+            check(constraint.get("maxSkew"), f"{where}.maxSkew", 1, 2**31 - 1, "give at least 1")
+            check(constraint.get("minDomains"), f"{where}.minDomains", 1, 2**31 - 1, "give at least 1, or remove it")
+    affinity = placement.get("affinity")
+    for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+        block = affinity.get(kind) if isinstance(affinity, Mapping) else None
+        terms = block.get("preferredDuringSchedulingIgnoredDuringExecution") if isinstance(block, Mapping) else None
+        for i, term in enumerate(_list(terms)):
+            if isinstance(term, Mapping):
+                where = f"spec.placement.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution[{i}].weight"
+                check(term.get("weight"), where, 1, 100, "give a weight from 1 to 100")
+    return problems
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 @dataclass(frozen=True)
 class _Entry:
     """A named vertex of the manifest as validation sees it: where it is written, what kind it is, its
@@ -212,11 +256,27 @@ def _block_code(kind: VertexKind, config: Mapping[str, Any], where: str, problem
 
 
 def _block_io(kind: VertexKind, config: Mapping[str, Any], where: str, problems: list[str]) -> None:
-    """A synthetic source's rate profile and a delivery mode only on a redis-stream sink."""
+    """A synthetic source's rate profile, a delivery mode only on a redis-stream sink, and the counts the CRD
+    bounds below only within what the API server (an int64) and Redis (a long long) take."""
     if kind == "source" and config.get("type") == "synthetic":
         problems.extend(rate_config_problems(config, where))
     if kind == "sink" and "delivery" in config and config.get("type") != "redis-stream":
         problems.append(f"{where}.delivery: only a redis-stream sink has a delivery mode; remove it")
+    for key in _UNBOUNDED_COUNTS[kind]:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT64:
+            problems.append(
+                f"{where}.{key}: {shown(value)} is above {MAX_INT64}, the largest integer the API server and Redis "
+                "take; lower it"
+            )
+
+
+#: the integer fields of a vertex's block whose CRD schema has a minimum and no maximum
+_UNBOUNDED_COUNTS: dict[VertexKind, tuple[str, ...]] = {
+    "source": ("limit", "idOffset"),
+    "logic": (),
+    "sink": ("maxLen", "every"),
+}
 
 
 @dataclass
