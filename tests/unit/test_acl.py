@@ -28,7 +28,7 @@ def test_the_rules_confine_keys_and_channels_to_the_prefix_and_take_away_what_li
     assert "allkeys" not in rules and "allchannels" not in rules
     assert rules[rules.index("&elastream:{prod/payments}:*") + 1 :] == list(TOPOLOGY_COMMAND_RULES)
     for denied in ("-@dangerous", "-scan", "-randomkey", "-dbsize", "-keys", "-flushall", "-config", "-info",
-                   "-pubsub", "-memory", "-function", "-script|flush", "-select", "-migrate", "-restore"):  # fmt: skip
+                   "-pubsub", "-memory", "-function", "-script", "-select", "-migrate", "-restore"):  # fmt: skip
         assert denied in TOPOLOGY_COMMAND_RULES, denied
     assert TOPOLOGY_COMMAND_RULES.index("-acl") < TOPOLOGY_COMMAND_RULES.index("+acl|whoami")
     assert TOPOLOGY_COMMAND_RULES.index("-cluster") < TOPOLOGY_COMMAND_RULES.index("+cluster|slots")
@@ -42,10 +42,10 @@ def test_redis_6_rules_name_only_what_6_2_has_and_take_away_the_same() -> None:
     # 6.2 cannot take a subcommand away, and has no functions nor CLUSTER SHARDS (ACL SETUSER refuses them)
     assert not any(r.startswith("-") and "|" in r for r in REDIS_6_COMMAND_RULES)
     assert not {"-function", "-fcall", "-fcall_ro", "+cluster|shards"} & set(REDIS_6_COMMAND_RULES)
-    # SCRIPT as a whole is taken (FLUSH, KILL), LOAD and EXISTS given back (redis-py's Script needs them)
-    assert REDIS_6_COMMAND_RULES.index("-script") < REDIS_6_COMMAND_RULES.index("+script|load")
-    assert "+script|exists" in REDIS_6_COMMAND_RULES
-    seven = {r for r in TOPOLOGY_COMMAND_RULES if not r.startswith("-script|")} - {"-function", "-fcall", "-fcall_ro"}
+    # no scripts there either: EVAL, EVALSHA and SCRIPT (all of it) taken, nothing of them given back
+    assert {"-@scripting", "-eval", "-evalsha", "-script"} <= set(REDIS_6_COMMAND_RULES)
+    assert not any(r.startswith(("+script", "+eval", "+@scripting")) for r in REDIS_6_COMMAND_RULES)
+    seven = set(TOPOLOGY_COMMAND_RULES) - {"-function", "-fcall", "-fcall_ro", "-eval_ro", "-evalsha_ro"}
     assert seven - {"+cluster|shards"} <= set(REDIS_6_COMMAND_RULES)  # every other denial kept
     assert topology_acl_rules("a", "b", PASSWORD, server_major=8) == topology_acl_rules("a", "b", PASSWORD)
 
@@ -94,3 +94,24 @@ def test_a_refusal_names_the_fix_and_never_a_rule() -> None:
     assert "+acl" in str(refused) and "--redis-topology-users off" in str(refused) and "acl|getuser" in str(refused)
     leaky = _refused("SETUSER", redis.ResponseError(f"Error in ACL SETUSER modifier '>{PASSWORD}': Syntax error"))
     assert PASSWORD not in str(leaky) and PASSWORD not in leaky.reason
+
+
+@pytest.mark.parametrize("server_major", [6, 7, 8])
+def test_no_topology_user_runs_code_on_the_server(server_major: int) -> None:
+    """A script that writes and then loops holds every client of the Redis at BUSY until SHUTDOWN NOSAVE (SCRIPT
+    KILL refuses it once it wrote): tenants get no EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT, FUNCTION, FCALL or
+    FCALL_RO, by category and by name, and nothing later gives any of them (or a subcommand) back."""
+    from elastream.core.acl import REDIS_7_ONLY, SCRIPTING_COMMANDS
+
+    rules = topology_acl_rules("prod", "payments", PASSWORD, server_major=server_major)
+    commands = rules[rules.index("&elastream:{prod/payments}:*") + 1 :]
+    scripting = {"eval", "evalsha", "eval_ro", "evalsha_ro", "script", "function", "fcall", "fcall_ro"}
+    assert {f"-{c}" for c in scripting} == set(SCRIPTING_COMMANDS)
+    expected = {"-@scripting"} | {f"-{c}" for c in scripting}
+    if server_major < 7:  # 6.2 knows only EVAL, EVALSHA and SCRIPT (ACL SETUSER refuses the others)
+        expected -= REDIS_7_ONLY
+    assert expected <= set(commands)
+    last = max(commands.index(rule) for rule in expected)
+    assert commands.index("+@all") < commands.index("-@scripting") <= last
+    given_back = [r for r in commands[commands.index("-@scripting") :] if r.startswith("+")]
+    assert not any(r[1:].split("|")[0] in scripting or r == "+@scripting" for r in given_back), given_back

@@ -626,6 +626,87 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
     assert image_allowed("ghcr.io/acme/worker:1.2", allowed) and not image_allowed("ghcr.io/acme/evil:1", allowed)
 
 
+def test_the_charts_default_placement_is_the_operators() -> None:
+    """worker.placement's defaults are the operator's own (`PlacementPolicy()`): an operator run without the chart
+    allows what the chart's does, and both read the same shape."""
+    from elastream.control.backends.worker_objects import PlacementPolicy
+
+    assert load_values()["worker"]["placement"] == PlacementPolicy().to_values()
+    jsonschema.validate(
+        PlacementPolicy().to_values(), load_values_schema()["properties"]["worker"]["properties"]["placement"]
+    )
+
+
+def test_placement_settings_reach_the_operator_and_refuse_the_control_plane(helm: str, monkeypatch) -> None:
+    """worker.placement, read through the operator's own command line and environment as the rendered Deployment
+    runs it: the policy it enforces on every worker pod."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.worker_objects import (
+        AllowedToleration,
+        PlacementPolicy,
+        PlacementRefused,
+        worker_pod,
+    )
+    from elastream.handlers.main import worker_pod_settings
+    from elastream.resources import check_manifest, load_manifest
+
+    values = [
+        "worker.placement.allowedTolerations[0].key=dedicated",
+        "worker.placement.allowedTolerations[0].value=streams",
+        "worker.placement.allowedTolerations[0].effect=NoSchedule",
+        "worker.placement.allowedNodeSelectorKeys={topology.kubernetes.io/zone,pool.example.com/*}",
+        "worker.placement.allowAffinity=false",
+    ]
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    with open(os.path.join(REPO, "examples", "demo.yaml"), encoding="utf-8") as handle:
+        demo = yaml.safe_load(handle)
+    for scenario, expected in (
+        ([], PlacementPolicy()),
+        (
+            values,
+            PlacementPolicy(
+                (AllowedToleration("dedicated", "streams", "NoSchedule"),),
+                ("topology.kubernetes.io/zone", "pool.example.com/*"),
+                False,
+            ),
+        ),
+    ):
+        proc = run_helm(helm, "template", RELEASE, CHART, "--namespace", NAMESPACE, *set_args(scenario))
+        operator = container(tuple(d for d in yaml.safe_load_all(proc.stdout) if d))
+        assert operator["args"] == [a for a in operator["args"] if "placement" not in a]  # the environment's
+        monkeypatch.setenv("ELASTREAM_WORKER_PLACEMENT", env_of(operator)["ELASTREAM_WORKER_PLACEMENT"])
+        options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
+        assert options.worker_placement == expected
+        settings = worker_pod_settings(options)
+        zoned = {**demo, "spec": {**demo["spec"], "placement": {"nodeSelector": {"topology.kubernetes.io/zone": "z"}}}}
+        assert worker_pod(check_manifest(zoned), "node-0", {"name": "demo", "uid": "u"}, settings)["spec"][
+            "nodeSelector"
+        ]
+        control_plane = {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+        hostile = {**demo, "spec": {**demo["spec"], "placement": {"tolerations": [control_plane]}}}
+        with pytest.raises(PlacementRefused, match="control plane"):
+            worker_pod(check_manifest(hostile), "node-0", {"name": "demo", "uid": "u"}, settings)
+    assert load_manifest(os.path.join(REPO, "examples", "demo.yaml")).spec.get("placement") is None
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["worker.placement.allowedTolerations[0].effect=Sometimes"], "/worker/placement/allowedTolerations/0"),
+        (["worker.placement.allowedTolerations[0].value=x"], "/worker/placement/allowedTolerations/0"),  # no key
+        (["worker.placement.allowedTolerations[0].key=a b"], "/worker/placement/allowedTolerations/0/key"),
+        (["worker.placement.allowedNodeSelectorKeys={a b}"], "/worker/placement/allowedNodeSelectorKeys/0"),
+        (["worker.placement.allowAffinity=maybe"], "/worker/placement/allowAffinity"),
+        (["worker.placement.allowedTaints={x}"], "allowedTaints"),
+    ],
+)
+def test_the_values_schema_rejects_a_wrong_placement(helm: str, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr, proc.stderr
+
+
 NETWORK_POLICY_RULE = ("networking.k8s.io", "networkpolicies")
 
 
@@ -1053,3 +1134,131 @@ def test_an_external_redis_with_a_private_ca_gets_it_mounted_in_the_operator(ren
     assert ca["secret"] == {"secretName": "corp-ca", "items": [{"key": "root.pem", "path": "ca.crt"}]}
     [container] = operator["containers"]
     assert {"name": "redis-ca", "mountPath": "/etc/elastream/redis-tls", "readOnly": True} in container["volumeMounts"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the bundled Redis cannot be held by a tenant nor filled until it dies (issue 38)
+
+
+def liveness_script(redis: Mapping[str, Any]) -> str:
+    """The shell script of the Redis container's exec liveness probe."""
+    probe = redis["livenessProbe"]
+    assert "tcpSocket" not in probe and "httpGet" not in probe, probe
+    command = probe["exec"]["command"]
+    assert command[:2] == ["sh", "-c"] and len(command) == 3, command
+    return str(command[2])
+
+
+def run_probe(script: str, tmp_path: Any, reply: str) -> tuple[int, list[str], str]:
+    """Run the probe's `script` with a stand-in `redis-cli` on PATH that prints `reply` (and exits 0, as the
+    real one does for an error reply) and records its arguments and REDISCLI_AUTH; the password file is a
+    temporary one. Returns (exit code, the stand-in's arguments, the password it was given)."""
+    import shlex
+
+    bin_dir, password = tmp_path / "bin", tmp_path / "password"
+    bin_dir.mkdir(exist_ok=True)
+    password.write_text("pw-from-the-file")
+    cli = bin_dir / "redis-cli"
+    cli.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$@" > {tmp_path}/args\n'
+        f'printf "%s" "$REDISCLI_AUTH" > {tmp_path}/auth\n'
+        f"printf '%s\\n' {shlex.quote(reply)}\n"
+    )
+    cli.chmod(0o755)
+    script = script.replace("/etc/redis-auth/password", str(password))
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "POD_IP": "10.1.2.3"}
+    proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    args = (tmp_path / "args").read_text().split("\n")[:-1]
+    return proc.returncode, args, (tmp_path / "auth").read_text()
+
+
+@pytest.mark.parametrize(
+    ("reply", "alive"),
+    [
+        ("PONG", True),
+        ("LOADING Redis is loading the dataset in memory", True),  # reading its append-only file after a restart
+        ("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", False),
+        ("NOAUTH Authentication required.", False),
+        ("Could not connect to Redis at localhost:6379: Connection refused", False),
+        ("", False),
+    ],
+)
+def test_the_bundled_redis_liveness_probe_is_a_ping_that_fails_on_busy(
+    render: Any, tmp_path: Any, reply: str, alive: bool
+) -> None:
+    """A TCP check passes while a script holds Redis (every client gets BUSY): the probe PINGs, with the
+    password from the Secret's file and over TLS with the CA, and only PONG (or LOADING) keeps the container."""
+    redis = redis_pod(render("default"))[2]
+    code, args, auth = run_probe(liveness_script(redis), tmp_path, reply)
+    assert (code == 0) is alive, (reply, code)
+    assert auth == "pw-from-the-file"  # REDISCLI_AUTH: not on the command line, not in the pod spec
+    assert args[-1] == "ping" and args[args.index("-h") + 1] == "localhost" and args[args.index("-p") + 1] == "6379"
+    assert "--tls" in args and args[args.index("--cacert") + 1] == "/etc/redis-tls/ca.crt"
+    mounts = {m["mountPath"] for m in redis["volumeMounts"]}
+    assert {"/etc/redis-auth", "/etc/redis-tls"} <= mounts  # the files it reads are there
+    probe = redis["livenessProbe"]
+    assert probe["timeoutSeconds"] <= probe["periodSeconds"] and probe["failureThreshold"] >= 2
+    assert probe["initialDelaySeconds"] >= 10
+
+
+def test_the_liveness_probe_follows_tls_and_the_listening_address(render: Any, tmp_path: Any) -> None:
+    _, _, redis = redis_pod(render("no-redis-tls"))
+    code, args, _ = run_probe(liveness_script(redis), tmp_path, "PONG")
+    assert code == 0 and "--tls" not in args and "--cacert" not in args
+    _, _, redis = redis_pod(render("listen-on-pod-ip"))  # Redis binds the pod IP only: localhost would be refused
+    code, args, _ = run_probe(liveness_script(redis), tmp_path, "PONG")
+    assert code == 0 and args[args.index("-h") + 1] == "10.1.2.3"
+    for scenario in ("default", "no-persistence", "listen-on-pod-ip", "no-redis-tls"):
+        script = liveness_script(redis_pod(render(scenario))[2])
+        assert subprocess.run(["sh", "-n", "-c", script], timeout=30).returncode == 0, script  # valid shell
+        _, _, redis = redis_pod(render(scenario))
+        assert redis["readinessProbe"] == {"tcpSocket": {"port": "redis"}, "periodSeconds": 5}
+
+
+def test_the_bundled_redis_gets_three_quarters_of_its_memory_limit_and_refuses_writes_past_it(render: Any) -> None:
+    """Without maxmemory one tenant fills Redis until its memory limit OOM-kills it (and an append-only file
+    that no longer fits makes it crash-loop): 75 % of the limit, and noeviction (evicting would drop checkpoints)."""
+    for scenario in ("default", "no-persistence", "no-redis-tls", "listen-on-pod-ip"):
+        command = redis_pod(render(scenario))[2]["command"]
+        assert option(command, "maxmemory") == str(1024**3 * 3 // 4)  # of the default 1Gi
+        assert option(command, "maxmemory-policy") == "noeviction"
+
+
+@pytest.mark.parametrize(
+    ("values", "maxmemory"),
+    [
+        (["redis.resources.limits.memory=2Gi"], str(2 * 1024**3 * 3 // 4)),
+        (["redis.resources.limits.memory=1.5Gi"], str(int(1.5 * 1024**3 * 0.75))),
+        (["redis.resources.limits.memory=4G"], "3000000000"),
+        (["redis.resources.limits.memory=512Mi"], str(512 * 1024**2 * 3 // 4)),
+        (["redis.resources.limits.memory=1000000000"], "750000000"),
+        (["redis.maxmemory=2gb"], "2gb"),
+        (["redis.maxmemory=805306368"], "805306368"),
+        (["redis.maxmemory=0"], "0"),  # no limit, as asked
+        (["redis.resources.limits=null"], None),  # no limit to take it from
+    ],
+)
+def test_redis_maxmemory_follows_the_limit_or_the_value(helm: str, values: list[str], maxmemory: str | None) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, "--namespace", NAMESPACE, *set_args(values))
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    command = redis_pod(docs)[2]["command"]
+    if maxmemory is None:
+        assert "--maxmemory" not in command
+    else:
+        assert option(command, "maxmemory") == maxmemory
+    assert option(command, "maxmemory-policy") == "noeviction"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["redis.maxmemory=lots"], "/redis/maxmemory"),
+        (["redis.maxmemory=-1"], "/redis/maxmemory"),
+        (["redis.maxmemoryPolicy=allkeys-lru"], "maxmemoryPolicy"),  # no evicting policy to choose
+        (["redis.resources.limits.memory=1e9"], "set redis.maxmemory"),  # a limit the chart cannot read
+    ],
+)
+def test_a_maxmemory_that_cannot_work_fails_the_render(helm: str, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr

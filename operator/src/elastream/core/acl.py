@@ -2,17 +2,25 @@
 
 Every key of the topology NAMESPACE/NAME starts with `topology_prefix` (`elastream:{namespace/name}:`), so a
 user whose key and channel patterns are that prefix (glob-escaped) followed by `*` reaches nothing of another
-topology. Its commands are everything a worker sends (strings, hashes, lists, sets, streams, EVAL/EVALSHA,
-SCRIPT LOAD/EXISTS, MULTI/EXEC/WATCH, the read-only slot map of a Redis Cluster) and nothing that lists the
-keyspace, reads or changes the server, or reaches another client: `+@all -@dangerous -@admin`, then the
-commands neither category holds that still list or affect other tenants, then the few subcommands of
-CLIENT, ACL and CLUSTER a client library needs. Redis checks the same rules inside Lua scripts.
+topology. Its commands are everything a worker sends (strings, hashes, lists, sets, streams, MULTI/EXEC/WATCH,
+the read-only slot map of a Redis Cluster) and nothing that lists the keyspace, reads or changes the server,
+reaches another client or runs code on the server: `+@all -@dangerous -@admin`, then the commands neither
+category holds that still list or affect other tenants, then the few subcommands of CLIENT, ACL and CLUSTER a
+client library needs.
 
-The rules were checked against redis-server 7.0 (`ACL CAT dangerous`, `ACL CAT admin`); every command named
-exists there, since ACL SETUSER refuses unknown ones. Redis 6.2 (the embedded Redis of `elastream run`, many
-managed services) has no functions and no CLUSTER SHARDS and cannot take a subcommand away (`-script|flush` is
-a syntax error there), so its rules (`REDIS_6_COMMAND_RULES`) remove SCRIPT and give back LOAD and EXISTS, and
-name only what 6.2 has. Redis before 6.2 (no channel rules) is not supported.
+No scripts and no functions (`-@scripting`, and EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT, FUNCTION, FCALL,
+FCALL_RO by name): Redis runs one script at a time and serves nobody meanwhile, and a script that has written
+and then loops cannot be stopped (SCRIPT KILL and FUNCTION KILL refuse once it wrote; only SHUTDOWN NOSAVE ends
+it), so one tenant's EVAL could hold every client of a shared Redis at BUSY. What a worker needs done
+atomically on the server is a MULTI/EXEC transaction (the at-least-once sink's token-guarded batch, an
+exactly-once sink's staging); the operator's own scripts run on its own connection, not as a topology user.
+
+The rules were checked against redis-server 7.0 (`ACL CAT dangerous`, `ACL CAT admin`, `ACL CAT scripting`);
+every command named exists there, since ACL SETUSER refuses unknown ones. Redis 6.2 (the embedded Redis of
+`elastream run`, many managed services) has no functions, no EVAL_RO/EVALSHA_RO and no CLUSTER SHARDS, and
+cannot take a subcommand away (`-script|flush` is a syntax error there), so its rules (`REDIS_6_COMMAND_RULES`)
+name only what 6.2 has; `-@scripting` there takes EVAL, EVALSHA and SCRIPT. Redis before 6.2 (no channel rules)
+is not supported.
 """
 
 from __future__ import annotations
@@ -21,6 +29,22 @@ from elastream.core.topology import glob_escape, topology_prefix
 
 #: the first part of every topology user's name
 USER_PREFIX = "elastream"
+
+#: the commands that run code on the server (Redis 7.0's `ACL CAT scripting`), taken away by name as well as by
+#: category, whatever a later Redis files them under
+SCRIPTING_COMMANDS: tuple[str, ...] = (
+    "-eval",
+    "-evalsha",
+    "-eval_ro",
+    "-evalsha_ro",
+    "-script",
+    "-function",
+    "-fcall",
+    "-fcall_ro",
+)
+
+#: the commands of Redis 7 that Redis 6.2 does not know (its ACL SETUSER refuses them)
+REDIS_7_ONLY = frozenset({"-eval_ro", "-evalsha_ro", "-function", "-fcall", "-fcall_ro", "+cluster|shards"})
 
 #: what a topology's user may run, in order (later rules override earlier ones)
 TOPOLOGY_COMMAND_RULES: tuple[str, ...] = (
@@ -37,13 +61,10 @@ TOPOLOGY_COMMAND_RULES: tuple[str, ...] = (
     "-select",
     "-move",
     "-copy",
-    # other tenants' code and scripts: functions, SCRIPT FLUSH/KILL (KILL stops another client's script)
-    "-function",
-    "-fcall",
-    "-fcall_ro",
-    "-script|flush",
-    "-script|kill",
-    "-script|debug",
+    # code run on the server: a script or function that wrote and then loops holds every client at BUSY until
+    # SHUTDOWN NOSAVE (SCRIPT KILL refuses it); and SCRIPT FLUSH/KILL reach other clients' scripts
+    "-@scripting",
+    *SCRIPTING_COMMANDS,
     # who publishes and subscribes to what (PUBSUB CHANNELS / NUMSUB / NUMPAT / SHARD*)
     "-pubsub",
     # the server's memory, per key or in total
@@ -76,17 +97,9 @@ TOPOLOGY_COMMAND_RULES: tuple[str, ...] = (
 )
 
 
-#: the same for Redis 6.2: no FUNCTION/FCALL and no CLUSTER SHARDS there, and no `-command|subcommand`
-REDIS_6_COMMAND_RULES: tuple[str, ...] = (
-    *(
-        rule
-        for rule in TOPOLOGY_COMMAND_RULES
-        if rule not in ("-function", "-fcall", "-fcall_ro", "+cluster|shards") and not rule.startswith("-script|")
-    ),
-    "-script",
-    "+script|load",
-    "+script|exists",
-)
+#: the same for Redis 6.2: no FUNCTION/FCALL, EVAL_RO/EVALSHA_RO nor CLUSTER SHARDS there, and no
+#: `-command|subcommand` (none of the 7.0 rules takes one away)
+REDIS_6_COMMAND_RULES: tuple[str, ...] = tuple(rule for rule in TOPOLOGY_COMMAND_RULES if rule not in REDIS_7_ONLY)
 
 
 def command_rules(server_major: int) -> tuple[str, ...]:

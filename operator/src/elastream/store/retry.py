@@ -6,6 +6,14 @@ unreachable (refused, reset, timed out), loading its data after a restart (LOADI
 outage to wait out, never a reason to drop a write or let a thread die. `RedisOutage` logs an outage once
 when it starts and once when it ends, however many threads and attempts wait on it; a `stop` event ends the
 wait (`RetryCancelled`), so a stopping process is never held by an unreachable Redis.
+
+Two replies say that the server itself is held rather than away, and are waited out for a bounded time only
+(`BLOCKED_WAIT_S`): BUSY (a script or function has run past Redis' busy-reply threshold; if it wrote and then
+loops, nothing but SHUTDOWN NOSAVE ends it) and OOM (used memory over `maxmemory` under `noeviction`: every
+write is refused until memory is freed). A call that keeps getting one of them for that long raises
+`RedisBusy` or `RedisOutOfMemory`, whose names are the reasons (`core.status.REDIS_BUSY`,
+`REDIS_OUT_OF_MEMORY`) the operator reports them with, in a condition and an event: an error to report, never
+an endless, silent wait.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import redis
 from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
 
 from elastream.core.ports import StopSignal
+from elastream.core.status import REDIS_BUSY, REDIS_OUT_OF_MEMORY
 
 T = TypeVar("T")
 
@@ -29,8 +38,22 @@ _CLUSTER_UNREACHABLE = ("Redis Cluster cannot be connected", "All slots are not 
 
 #: the first word of Redis error replies that mean "not now, try again": a Redis loading its data set after
 #: a restart, a replica whose primary is away, a failover in progress, a script running too long, a blocking
-#: read (BLPOP, XREAD BLOCK) released because its primary became a replica (nothing was read)
-TRANSIENT_REPLIES = frozenset({"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN", "UNBLOCKED"})
+#: read (BLPOP, XREAD BLOCK) released because its primary became a replica (nothing was read); and the replies of
+#: a held server (`BLOCKED_REPLIES`: a script running too long, memory full), which are waited out for a bounded
+#: time only
+TRANSIENT_REPLIES = frozenset(
+    {"LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "CLUSTERDOWN", "UNBLOCKED", "OOM"}
+)
+
+#: the replies that say the server is held, not away, and the reason each is reported with: BUSY (a script or
+#: function running past Redis' busy-reply threshold: one that wrote and then loops ends only with SHUTDOWN
+#: NOSAVE) and OOM (used memory over `maxmemory` with `noeviction`: writes refused until memory is freed)
+BLOCKED_REPLIES = {"BUSY": REDIS_BUSY, "OOM": REDIS_OUT_OF_MEMORY}
+
+#: how long `retry_redis` waits out a server that keeps answering BUSY or OOM before it raises `RedisBusy` or
+#: `RedisOutOfMemory` (seconds): longer than a slow script of the operator's (a checkpoint's commit) holds the
+#: server, short enough that a held server is an error the operator reports, not a stall
+BLOCKED_WAIT_S = 30.0
 
 
 def backoff(first_s: float = 0.2, factor: float = 2.0, cap_s: float = 5.0) -> Iterator[float]:
@@ -45,6 +68,25 @@ def redis_backoff() -> Iterator[float]:
     """The delays of `retry_redis`: `backoff` from 0.1 s doubling to 1 s (a refused connection costs
     nothing, and a Redis that is back is noticed within a second)."""
     return backoff(0.1, 2.0, 1.0)
+
+
+def _first_word(exc: BaseException) -> str | None:
+    """The error code of a Redis error reply (READONLY, OOM, BUSY): redis-py takes it off the message of the
+    replies it maps to a class (READONLY -> ReadOnlyError "You can't write against a read only replica.", OOM
+    -> OutOfMemoryError) and keeps it as `status_code`; other replies keep it as the message's first word."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, str) and code:
+        return code
+    words = str(exc).split(maxsplit=1)
+    return words[0] if words else None
+
+
+def blocked_reply(exc: BaseException) -> str | None:
+    """The reply (BUSY or OOM) of a held server that `exc` is (`BLOCKED_REPLIES`), else None."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    code = _first_word(exc)
+    return code if code in BLOCKED_REPLIES else None
 
 
 def is_redis_outage(exc: BaseException) -> bool:
@@ -63,12 +105,44 @@ def is_redis_outage(exc: BaseException) -> bool:
     if type(exc) is RedisClusterException:
         return str(exc).startswith(_CLUSTER_UNREACHABLE)
     if isinstance(exc, redis.ResponseError):
-        # redis-py takes the error code off the message of the replies it maps to a class (READONLY ->
-        # ReadOnlyError "You can't write against a read only replica."): it keeps it as `status_code`
-        code = getattr(exc, "status_code", None)
-        words = str(exc).split(maxsplit=1)
-        return code in TRANSIENT_REPLIES or (bool(words) and words[0] in TRANSIENT_REPLIES)
+        return _first_word(exc) in TRANSIENT_REPLIES
     return False
+
+
+class RedisBlocked(redis.RedisError):
+    """Redis kept answering BUSY or OOM (`BLOCKED_REPLIES`) to a call for `BLOCKED_WAIT_S`: the server is held
+    (a script that does not end, memory full), which waiting longer does not fix. A `redis.RedisError`, so the
+    operator's handlers of Redis errors report it; not an outage (`is_redis_outage` is False), so no retry
+    around it waits again. The subclasses' names are the reasons the operator reports."""
+
+    #: the reply (BUSY, OOM), the reason (`core.status`) and what ends it, for each subclass
+    reply = ""
+    reason = ""
+    advice = ""
+
+    def __init__(self, what: str, waited_s: float, last: BaseException) -> None:
+        super().__init__(f"{what}: Redis answered {self.reply} for {waited_s:.0f} s ({last}); {self.advice}")
+        self.what = what
+        self.waited_s = waited_s
+
+
+class RedisBusy(RedisBlocked):
+    reply = "BUSY"
+    reason = REDIS_BUSY
+    advice = (
+        "a script or function holds the server; if it wrote and then loops, only SCRIPT KILL (it refuses once "
+        "the script wrote) or SHUTDOWN NOSAVE by an administrator ends it"
+    )
+
+
+class RedisOutOfMemory(RedisBlocked):
+    reply = "OOM"
+    reason = REDIS_OUT_OF_MEMORY
+    advice = "its used memory is over maxmemory (noeviction): free memory or raise maxmemory"
+
+
+#: the exception `retry_redis` raises for each blocked reply
+_BLOCKED_ERRORS: dict[str, type[RedisBlocked]] = {"BUSY": RedisBusy, "OOM": RedisOutOfMemory}
 
 
 class RetryLater:
@@ -142,6 +216,17 @@ class RedisOutage:
                 return
             self.since = time.monotonic()
             self.count += 1
+        reply = blocked_reply(exc)
+        if reply is not None:
+            self.log.warning(
+                "%s: Redis answers %s (%s: %s): the server is held; calls wait for at most %.0f s, then fail",
+                what,
+                reply,
+                type(exc).__name__,
+                exc,
+                BLOCKED_WAIT_S,
+            )
+            return
         self.log.warning(
             "%s: Redis unreachable (%s: %s); everything that needs it waits and retries until it is back, "
             "nothing is dropped",
@@ -210,6 +295,8 @@ def retry_redis(
     stop: StopSignal | None = None,
     outage: RedisOutage | None = None,
     delays: Iterator[float] | None = None,
+    blocked_s: float = BLOCKED_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """`call()` until Redis answers it, waiting out outages (`RedisAttempt`) with `redis_backoff` for as long
     as the caller runs; other exceptions propagate. `what` ("sink out#0: cannot write stream S") leads the
@@ -217,13 +304,25 @@ def retry_redis(
     With `stop` (every caller in the runtime passes its executor's or its worker's), its being set ends the
     wait with `RetryCancelled` (checked between attempts), so the wait is bounded by the caller's life and
     each pause by the backoff's cap. The call must be safe to repeat: a reply lost in an outage may hide a
-    write that was applied."""
+    write that was applied.
+    A server that answers BUSY or OOM (`BLOCKED_REPLIES`) to every attempt for `blocked_s` seconds (on
+    `clock`) makes it raise `RedisBusy` or `RedisOutOfMemory`: a held server is an error, not a wait without
+    end. Any other reply or failure in between starts that count again."""
     delays = redis_backoff() if delays is None else delays
     stop = _NEVER if stop is None else stop
+    blocked_since: float | None = None
     while True:
         with RedisAttempt(what, outage) as attempt:
             result = call()
         if attempt.failure is None:
             return result
+        reply = blocked_reply(attempt.failure)
+        if reply is None:
+            blocked_since = None
+        else:
+            now = clock()
+            blocked_since = now if blocked_since is None else blocked_since
+            if now - blocked_since >= blocked_s:
+                raise _BLOCKED_ERRORS[reply](what, now - blocked_since, attempt.failure) from attempt.failure
         if stop.wait(next(delays)):
             raise RetryCancelled(f"{what}: stopped while waiting for Redis") from attempt.failure

@@ -1,5 +1,6 @@
 """The built-in sinks: `null`, `log`, and `redis-stream`, the transactional Redis sink (at-least-once batches
-written once by a Lua script, or exactly-once through a two-phase commit with the checkpoints)."""
+written once by a token-guarded MULTI/EXEC transaction, or exactly-once through a two-phase commit with the
+checkpoints). Nothing here runs a script: a topology's Redis user may not (`core.acl`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+
+import redis
 
 from elastream.runtime.operators.api import Context, Emit, EmitEvent
 from elastream.runtime.operators.cpu import Cost
@@ -56,25 +59,45 @@ class LogSink(NullSink):
             self.process(event, emit)
 
 
-#: Appends a batch to a stream unless the batch's token is already recorded, then records it, atomically.
-#: KEYS: stream, the writer's token key. ARGV: token, MAXLEN (0: none), token TTL (s), then id/key/value/ts
-#: of each event.
-_XADD_BATCH_ONCE = """
-if redis.call('GET', KEYS[2]) == ARGV[1] then return 0 end
-local maxlen = tonumber(ARGV[2])
-local n = 0
-for i = 4, #ARGV, 4 do
-  if maxlen > 0 then
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*',
-               'id', ARGV[i], 'key', ARGV[i + 1], 'value', ARGV[i + 2], 'ts', ARGV[i + 3])
-  else
-    redis.call('XADD', KEYS[1], '*', 'id', ARGV[i], 'key', ARGV[i + 1], 'value', ARGV[i + 2], 'ts', ARGV[i + 3])
-  end
-  n = n + 1
-end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', tonumber(ARGV[3]))
-return n
-"""
+def xadd_batch_once(
+    client: Any,
+    stream: str,
+    token_key: str,
+    token: str,
+    entries: list[Any],
+    maxlen: int,
+    token_ttl_s: int,
+    retry: bool = True,
+) -> int:
+    """Append `entries` (id, key, value, ts) to `stream` unless `token` is already recorded under `token_key`, and
+    record it, in one MULTI/EXEC transaction: all the entries land or none, and a repeat with the same token
+    (a retry after a lost reply) writes nothing. Returns the entries appended (0 for a repeat).
+
+    WATCH on the token key makes the check and the transaction one: an earlier attempt of the same batch whose
+    EXEC lands late (its reply lost, the command still in flight) either shows in the token or aborts this
+    EXEC, which then looks again. `retry` False says that no attempt with this token was ever sent (its first):
+    the token cannot be there, and the read is saved. `stream` and `token_key` must share a hash slot
+    (`slot_mate`) on a Redis Cluster. The shape is `CheckpointStore.save`'s with a token."""
+    fields = [{"id": e[0], "key": str(e[1]), "value": str(e[2]), "ts": repr(e[3])} for e in entries]
+    while True:
+        with client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(token_key)
+                if retry:
+                    applied = pipe.get(token_key)
+                    if applied is not None and text(applied) == token:
+                        return 0  # an earlier attempt of this batch was applied (its reply was lost)
+                pipe.multi()
+                for entry in fields:
+                    if maxlen > 0:
+                        pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)
+                    else:
+                        pipe.xadd(stream, entry)
+                pipe.set(token_key, token, ex=token_ttl_s)
+                pipe.execute()
+                return len(fields)
+            except redis.WatchError:  # the token key changed since the WATCH: look again
+                retry = True
 
 
 class RedisStreamSink(RedisStreamEnd):
@@ -85,8 +108,9 @@ class RedisStreamSink(RedisStreamEnd):
     `at-least-once` (the default) writes every processed batch at once: the lowest latency, and CCR and DCR
     migrations never duplicate anything, but after a rollback to a checkpoint (a worker died, or the
     `restart` protocol) the events replayed since that checkpoint reach the stream a second time. A batch is
-    written by one Lua script that also records the batch's token under a key of this executor, so it lands
-    all or nothing, and a retry after a lost reply (Redis stopped after applying it) writes nothing. While
+    written by one MULTI/EXEC transaction that also records the batch's token under a key of this executor
+    (`xadd_batch_once`), so it lands all or nothing, and a retry after a lost reply (Redis stopped after
+    applying it) writes nothing. While
     Redis is away (refused, timed out, LOADING after a restart) every write waits it out and is retried, never
     skipped (the executor holds its batch and its inputs back-pressure); it gives up only when the executor
     stops.
@@ -110,10 +134,9 @@ class RedisStreamSink(RedisStreamEnd):
         self.buffer: list[Any] = []
         self.writer = f"{context.vertex}#{context.index}"
         self.what = f"sink {self.writer}: cannot write stream {self.stream}"
-        # in the stream's hash slot (the topology's: the stream is under its prefix), which the script writes
-        # with the stream and an exactly-once commit with the checkpoint, on one shard of a Redis Cluster
+        # in the stream's hash slot (the topology's: the stream is under its prefix), which the transaction
+        # writes with the stream and an exactly-once commit with the checkpoint, on one shard of a Redis Cluster
         self.token_key = slot_mate(self.stream, f":writer:{self.writer}")
-        self.script = self.client.register_script(_XADD_BATCH_ONCE)
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
@@ -132,10 +155,15 @@ class RedisStreamSink(RedisStreamEnd):
         if not self.buffer or self.exactly_once:  # exactly-once: written when a checkpoint commits
             return
         token = uuid.uuid4().hex  # the same token on every retry of this batch
-        args: list[Any] = [token, self.maxlen, self.TOKEN_TTL_S]
-        for event in self.buffer:
-            args += [event[0], str(event[1]), str(event[2]), repr(event[3])]
-        retry_redis(lambda: self.script(keys=[self.stream, self.token_key], args=args), self.what, self.stop)
+        batch, attempts = self.buffer, [0]
+
+        def write() -> int:
+            attempts[0] += 1  # from the second on, an earlier attempt may have been applied
+            return xadd_batch_once(
+                self.client, self.stream, self.token_key, token, batch, self.maxlen, self.TOKEN_TTL_S, attempts[0] > 1
+            )
+
+        retry_redis(write, self.what, self.stop)
         self.buffer = []
 
     def pre_commit(self, txn_id: str) -> None:
