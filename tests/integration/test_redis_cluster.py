@@ -21,7 +21,14 @@ from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import topology_prefix
 from elastream.resources import load_manifest
-from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint, open_transactions_key, transaction_keys
+from elastream.store.checkpoint import (
+    CheckpointScope,
+    CheckpointStore,
+    ExactlyOnceSink,
+    ExecutorCheckpoint,
+    open_transactions_key,
+    transaction_keys,
+)
 from elastream.store.claim import OwnerLease
 from elastream.store.cluster import is_cluster
 from elastream.store.control import ControlChannel, pop_control
@@ -136,9 +143,15 @@ def test_the_checkpoint_store_lease_and_control_channel_work_on_a_cluster(redis_
     pipe.sadd(members, staging)
     pipe.zadd(open_transactions_key(prefix), {"m1": 1.0})
     pipe.execute()
-    store.complete_checkpoint("m1", {"completedAt": 1.0})
+    store.complete_checkpoint(
+        "m1", {"completedAt": 1.0}, CheckpointScope(sinks=(ExactlyOnceSink("out", f"{prefix}sink:out", 1),))
+    )
     assert [f[b"id"] for _, f in client.xrange(f"{prefix}sink:out")] == [b"7"]
-    assert store.latest_checkpoint() == {"id": "m1", "completedAt": 1.0}
+    assert store.latest_checkpoint() == {
+        "id": "m1",
+        "completedAt": 1.0,
+        "contents": {"state": [], "positions": 0, "pending": 2},
+    }
     lease = OwnerLease(client, prefix, "me")
     assert lease.renew() and lease.holder() == "me"
     assert not OwnerLease(client, prefix, "other").renew()

@@ -5,7 +5,9 @@ the topology like a migration does (so checkpoints and migrations never overlap)
 checkpoint, waits for every executor's ack, then makes the round the latest checkpoint in Redis and deletes
 the one before (a suspend takes one the same way, on demand, before it stops the workers). A round that
 times out or loses a worker is abandoned: the executors are told to stop aligning, its keys go, and the
-previous checkpoint stays the latest. `Checkpointer` runs `take()` every
+previous checkpoint stays the latest. With `ELASTREAM_DURABLE_COMMITS=on` (`store.checkpoint.DurableCommits`)
+a completed round whose commit Redis does not confirm on disk in time is reported failed (it is the latest
+all the same: nothing is abandoned), so what waits for a checkpoint tries again. `Checkpointer` runs `take()` every
 `spec.scaling.checkpointIntervalSeconds` on a thread of the controller process.
 """
 
@@ -24,7 +26,7 @@ from elastream.core.checkpoint_protocol import CheckpointPhase, CheckpointRound
 from elastream.core.migration_protocol import ControlType
 from elastream.core.ports import Backend, BackendError, Clock, SystemClock
 from elastream.core.topology import Topology, split_executor_id
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint import CheckpointScope, CheckpointStore, DurableCommits
 from elastream.store.claim import OwnerLease, controller_identity
 from elastream.store.control import ControlChannel
 
@@ -64,9 +66,12 @@ class CheckpointDriver:
     poll_s: float = 0.02
     #: the controller as the owner of the claim (the migration driver's identity: one owner per controller)
     identity: str = field(default_factory=controller_identity)
+    #: whether a completion waits for its commit to be on disk (`ELASTREAM_DURABLE_COMMITS`)
+    durability: DurableCommits = field(default_factory=DurableCommits.from_env)
 
     def __post_init__(self) -> None:
-        self.store = CheckpointStore(self.client, self.topology.redis_prefix)
+        self.store = CheckpointStore(self.client, self.topology.redis_prefix, durability=self.durability)
+        self.scope = CheckpointScope.of(self.topology)
         self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity)
 
     def latest(self) -> str | None:
@@ -109,11 +114,19 @@ class CheckpointDriver:
             log.exception("checkpoint %s: the round broke", checkpoint_id)
             round_.on_failure(f"{type(exc).__name__}: {exc}")
         if round_.phase == CheckpointPhase.COMPLETED:
-            replaced = self.store.complete_checkpoint(
-                checkpoint_id, {"completedAt": round_.completed_at, "schedule": schedule.to_dict()}
+            done = self.store.complete_checkpoint(
+                checkpoint_id, {"completedAt": round_.completed_at, "schedule": schedule.to_dict()}, self.scope
             )
             self.store.release(checkpoint_id)
-            log.debug("checkpoint %s completed in %.0f ms (replaced %s)", checkpoint_id, round_.duration_ms, replaced)
+            if done.not_durable:
+                # committed and the latest (nothing to abandon), but not known to survive a Redis crash: what
+                # waits for a checkpoint (a suspend, a savepoint) tries again rather than count on it
+                reason = f"checkpoint {checkpoint_id}: {done.not_durable}"
+                log.warning("%s; the round counts as failed", reason)
+                return CheckpointResult(checkpoint_id, "failed", round_.duration_ms, round_.state_bytes, reason)
+            log.debug(
+                "checkpoint %s completed in %.0f ms (replaced %s)", checkpoint_id, round_.duration_ms, done.replaced
+            )
             return CheckpointResult(checkpoint_id, "completed", round_.duration_ms, round_.state_bytes)
         reason = round_.failure or "failed"
         log.warning("%s; the previous checkpoint stays the latest", reason)

@@ -70,6 +70,7 @@ class TopologyLifecycle(ReconcilerBase):
         except StateLost as exc:
             with contextlib.suppress(Exception):
                 controller.close(stop_workers=False)  # the workers run on, in memory, until the user decides
+            self._state_lost_event(managed, controller, exc)
             managed.set(state_lost=str(exc))
             managed.write()
             return self.tick_s
@@ -246,6 +247,7 @@ class TopologyLifecycle(ReconcilerBase):
         try:
             controller.resume()
         except StateLost as exc:
+            self._state_lost_event(managed, controller, exc)
             managed.set(state_lost=str(exc))
             managed.write()
             return self.tick_s
@@ -265,6 +267,13 @@ class TopologyLifecycle(ReconcilerBase):
             redis_user_refused="",
         )
         return None
+
+    @staticmethod
+    def _state_lost_event(managed: ManagedTopology, controller: TopologyController, exc: StateLost) -> None:
+        """One StateLost event for a restore that found its checkpoint's (or savepoint's) keys gone; a lost
+        epoch was announced by the controller already (`controller.state_lost`)."""
+        if not controller.state_lost and managed.facts.state_lost != str(exc):
+            managed.events.emit(EventReason.STATE_LOST, str(exc), warning=True)
 
     def _check_redis_user(self, managed: ManagedTopology) -> None:
         """The topology's Redis user is there (one ACL GETUSER per Redis node), set again when Redis lost it (a

@@ -67,7 +67,7 @@ from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
 from elastream.core.topology.limits import MigrationProtocol, MigrationScope
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint import CheckpointScope, CheckpointStore, DurableCommits
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
 from elastream.store.codec import unpack
 from elastream.store.control import ControlChannel
@@ -118,9 +118,11 @@ class MigrationDriver:
     on_redis: Callable[[str], None] | None = None
     #: CCR: pause every executor (`all`) or only those that move (`moving`); see the module
     scope: MigrationScope = "all"
+    #: whether a completed migration (the latest checkpoint then) waits for its commit to be on disk
+    durability: DurableCommits = field(default_factory=DurableCommits.from_env)
 
     def __post_init__(self) -> None:
-        self.store = CheckpointStore(self.client, self.topology.redis_prefix)
+        self.store = CheckpointStore(self.client, self.topology.redis_prefix, durability=self.durability)
         self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity, self.owner_ttl_s)
 
     def redis_step(self, step: Callable[[], Any], what: str) -> Any:
@@ -201,6 +203,10 @@ class MigrationDriver:
         if self.protocol == "restart":
             latest = self.store.latest_checkpoint()
             record["restoreFrom"] = latest["id"] if latest else ""
+            if latest:
+                # its state and positions must all be there: restored missing, they would be empty state and
+                # sources from their beginning, with nothing said (StateLost instead, before anything stops)
+                self.store.ensure_restorable(latest, self.topology.order)
         deadline = self.clock.now() + self.timeouts.prepare_s
         while not self._begin(mid, record, new):
             current = self.store.current()
@@ -457,8 +463,10 @@ class _Run:
                 # its state, captured events and positions are a consistent cut: the latest checkpoint now,
                 # committed with the exactly-once sinks' output staged at COMMIT
                 info = {"completedAt": driver.clock.now(), "schedule": (self.target or self.new).to_dict()}
-                driver.store.complete_checkpoint(mid, info)
+                done = driver.store.complete_checkpoint(mid, info, CheckpointScope.of(driver.topology))
                 driver.store.release(mid)
+                if done.not_durable:  # the migration is done all the same: only its durability is in doubt
+                    log.warning("migration %s: %s", mid, done.not_durable)
             else:
                 driver.store.delete_migration(mid)
         return []

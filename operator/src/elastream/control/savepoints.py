@@ -45,7 +45,7 @@ from elastream.core.savepoints import (
 from elastream.core.schedule import initial_schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, stream_key
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint import CheckpointScope, CheckpointStore
 from elastream.store.epoch import RedisEpoch
 from elastream.store.savepoint import SavepointStore
 
@@ -138,15 +138,24 @@ def committed_output(client: redis.Redis, topology: Topology) -> dict[str, str]:
     return found
 
 
+def unavailable(name: str, namespace: str, topology: str, reader: str) -> str:
+    """Why a topology of namespace `reader` cannot start from savepoint `name` of another namespace's
+    `namespace/topology`: one message whether it does not exist or is not shared with `reader`, so a
+    reference cannot tell another namespace's savepoints apart from nothing (no existence oracle)."""
+    return (
+        f"spec.initialSavepoint: savepoint {name} of {namespace}/{topology} does not exist or is not shared with "
+        f"namespace {reader}; its owners take it with the annotations {SAVEPOINT_ANNOTATION}={name} and "
+        f"{SHARE_ANNOTATION}={reader} on {namespace}/{topology}"
+    )
+
+
 def check_restorable(meta: SavepointMeta, topology: Topology) -> None:
     """Raise `SavepointError` (the user's to fix: no retry) when `topology` may not start from `meta`: another
-    namespace's savepoint not shared with it, or other vertex names or key spaces."""
-    refused = access_problem(meta, topology.namespace)
-    problems = (
-        [refused]
-        if refused
-        else compatibility_problems(meta, {v: topology.vertices[v].max_parallelism for v in topology.order})
-    )
+    namespace's savepoint not shared with it (said as `unavailable` says it), or other vertex names or key
+    spaces (said only to a topology that may read it)."""
+    if access_problem(meta, topology.namespace):
+        raise SavepointError(unavailable(meta.name, meta.namespace, meta.topology, topology.namespace), retry=False)
+    problems = compatibility_problems(meta, {v: topology.vertices[v].max_parallelism for v in topology.order})
     if problems:
         raise SavepointError("; ".join(problems), retry=False)
 
@@ -156,20 +165,31 @@ def restore_initial_savepoint(
 ) -> SavepointMeta | None:
     """Seed `topology` from its `spec.initialSavepoint` when it has no state of its own (see the module);
     returns the savepoint used, None when there is none to use (no reference, or state of its own). Raises
-    `SavepointError` (missing: retry; not shared or incompatible: the user's to fix) or `redis.RedisError`."""
+    `SavepointError`, `StateLost` (its state or positions are gone) or `redis.RedisError`.
+
+    Who may read it is checked on its meta alone, before anything of its state is read. A savepoint of the
+    topology's own namespace that is missing is retried (it may be taken yet); one of another namespace that
+    is missing or not shared with this one gives the same message either way (`unavailable`, InvalidSpec: the
+    user's to fix, by another reference or a grant; the start is tried again every pass all the same)."""
     ref = topology.initial_savepoint
     if ref is None or RedisEpoch(client, topology.redis_prefix).read() is not None:
         return None
-    loaded = SavepointStore(client, ref.namespace, ref.topology).load(ref.name)
-    if loaded is None:
+    store = SavepointStore(client, ref.namespace, ref.topology)
+    meta = store.meta(ref.name)
+    foreign = ref.namespace != topology.namespace
+    if meta is not None and (meta.name, meta.namespace, meta.topology) != (ref.name, ref.namespace, ref.topology):
+        meta = None  # not the savepoint its key names: as good as none
+    if foreign and (meta is None or access_problem(meta, topology.namespace)):
+        raise SavepointError(unavailable(ref.name, ref.namespace, ref.topology, topology.namespace), retry=False)
+    if meta is None:
         raise SavepointError(
             f"spec.initialSavepoint: no savepoint {ref.name} of {ref.namespace}/{ref.topology}; take it first "
             f"(annotation elastream.dev/savepoint={ref.name} on that topology) or name one that exists "
             "(status.savepoints lists them)",
             retry=True,
         )
-    meta, state, positions = loaded
     check_restorable(meta, topology)
+    state, positions = store.load_data(meta)  # only now: it may be read; StateLost if its keys are gone
     working = CheckpointStore(client, topology.redis_prefix)
     checkpoint_id = working.next_checkpoint_id()
     working.import_checkpoint(checkpoint_id, state, positions)
@@ -181,6 +201,7 @@ def restore_initial_savepoint(
             "schedule": initial_schedule(topology).to_dict(),
             "savepoint": ref.key,
         },
+        CheckpointScope.of(topology),
     )
     log.info("%s/%s seeded from savepoint %s as %s", topology.namespace, topology.name, ref.key, checkpoint_id)
     return meta

@@ -4,7 +4,8 @@ and acks, under the topology's prefix.
 Key layout (`P` = `elastream:{namespace/name}:`, braces included, `M` = `P + "mig:" + id`):
 
     P mig:current                the id of the migration in progress (absent when none)
-    P ckpt:latest                hash: id, completedAt, schedule (JSON) of the last complete periodic checkpoint
+    P ckpt:latest                hash: id, completedAt, schedule, contents (JSON) of the last complete checkpoint
+    P ckpt:durable               the last checkpoint a durable-commit wait was made for (`DurableCommits`)
     P positions                  hash: source executor -> its latest read position (published every interval)
     M                            hash: id, protocol, phase, old/new schedule (JSON), started_at, reason
     M :state:<vertex>            hash: key group -> state bytes (msgpack by the caller)
@@ -15,7 +16,8 @@ Key layout (`P` = `elastream:{namespace/name}:`, braces included, `M` = `P + "mi
     M :saved:<executor>          the token of the executor's save (a retried save is applied once)
 
 Writes are pipelined (one round trip per executor's checkpoint), every key gets a TTL so an abandoned
-migration's keys expire, and `delete_migration` removes them when the migration is done. A periodic
+migration's keys expire (until a completion makes them the latest checkpoint's: see below), and
+`delete_migration` removes them when the migration is done. A periodic
 checkpoint `ckpt-<n>` is stored like a migration `M` (state, position, acks; no pending events), so INIT
 restores from either the same way; a completed CCR/DCR migration becomes the latest checkpoint.
 `P txn:<id>` (a set) and `P txn:<id>:<sink executor>` (lists) hold the exactly-once sinks' events staged with
@@ -23,19 +25,46 @@ checkpoint or migration `<id>` until `complete_checkpoint` commits them; `P txn:
 they were staged) lists the transactions staged and not yet committed, so a round that was abandoned without
 its abort reaching the sinks (the controller lost Redis) is committed with the next checkpoint instead of
 being left to expire. Values are bytes: the store does not interpret events or state.
+
+The commit runs on the operator's connection, but every key it touches is derived by the operator, never read
+out of what the tenant's workers wrote: the transaction ids of `P txn:open` are taken only in the shapes the
+operator itself makes (`ckpt-<n>`, a migration's 12 hex digits), the staging lists are named from the
+topology's spec (`P txn:<id>:<v>#<i>` for every exactly-once redis-stream sink `v` and every `i` below its
+maxParallelism, so executors a rescale removed are covered) and each list's events go to `v`'s own stream
+(`core.topology.stream_key`), whatever stream name the list begins with; the script also refuses any key
+outside the prefix. The set `P txn:<id>` is deleted by name, never read.
+
+The completion that makes a checkpoint the latest removes the TTL of every key of it (`PERSIST`, in the
+same transaction), records what it holds (`contents`: the vertices with state, the number of source
+positions and of captured-event lists) and deletes the one it replaces, so the latest checkpoint never
+expires: a topology suspended for days, or whose later rounds keep failing, still restores from it, and
+`missing_state` tells a restore when its keys are gone (deleted by hand, a partial restore of Redis) rather
+than letting it start from empty state.
+
+`DurableCommits` (the `ELASTREAM_DURABLE_COMMITS*` settings) makes a completion wait until Redis has written
+the commit to its append-only file (`WAITAOF`, Redis 7.2 and later; before 7.2 `WAIT` for replicas): see
+docs/rescaling.md ("How durable a commit is") for the guarantee with and without it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
+from elastream.core.ports import StateLost
+from elastream.core.topology import glob_escape, stream_key
+from elastream.store.cluster import is_cluster
 from elastream.store.codec import as_bytes, text
+
+if TYPE_CHECKING:
+    from elastream.core.topology import Topology
 
 DEFAULT_TTL_S = 24 * 3600
 ANY = "any"
@@ -43,22 +72,151 @@ ANY = "any"
 log = logging.getLogger("elastream.checkpoint")
 
 
-#: moves every staging list of a transaction (KEYS[1], a set) into its stream: a list holds the stream name,
-#: then id, key, value, ts per event (what `RedisStreamSink.pre_commit` writes)
+#: Commits one transaction: moves the staging lists of each exactly-once sink into that sink's stream and
+#: deletes them and the transaction's set. Every key is the operator's: KEYS[1] the set `P txn:<id>`, then per
+#: sink its stream followed by its staging lists `P txn:<id>:<v>#<i>`; ARGV[1] the topology's prefix (every key
+#: must start with it), then per sink how many staging lists follow its stream. A list holds a stream name
+#: (what the sink wrote: ignored, the stream is the one passed) then id, key, value, ts per event (what
+#: `RedisStreamSink.pre_commit` writes); a list that is not one, or a trailing incomplete event, is skipped.
 _COMMIT_TRANSACTION = """
-local moved = 0
-for _, staging in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local items = redis.call('LRANGE', staging, 0, -1)
-  local stream = items[1]
-  for i = 2, #items, 4 do
-    redis.call('XADD', stream, '*', 'id', items[i], 'key', items[i + 1], 'value', items[i + 2], 'ts', items[i + 3])
-    moved = moved + 1
+local prefix = ARGV[1]
+for i = 1, #KEYS do
+  if string.sub(KEYS[i], 1, #prefix) ~= prefix then
+    return redis.error_reply('ERR elastream commit: key outside the topology prefix')
   end
-  redis.call('DEL', staging)
+end
+local k = 2
+for s = 2, #ARGV do
+  local kind = redis.call('TYPE', KEYS[k])['ok']
+  if kind ~= 'stream' and kind ~= 'none' then
+    return redis.error_reply('ERR elastream commit: the sink stream ' .. KEYS[k] .. ' is a ' .. kind)
+  end
+  k = k + 1 + tonumber(ARGV[s])
+end
+local moved = 0
+k = 2
+for s = 2, #ARGV do
+  local stream = KEYS[k]
+  local n = tonumber(ARGV[s])
+  for j = k + 1, k + n do
+    if redis.call('TYPE', KEYS[j])['ok'] == 'list' then
+      local items = redis.call('LRANGE', KEYS[j], 0, -1)
+      for i = 2, #items - 3, 4 do
+        redis.call('XADD', stream, '*', 'id', items[i], 'key', items[i + 1], 'value', items[i + 2],
+                   'ts', items[i + 3])
+        moved = moved + 1
+      end
+    end
+    redis.call('DEL', KEYS[j])
+  end
+  k = k + n + 1
 end
 redis.call('DEL', KEYS[1])
 return moved
 """
+
+#: the transaction ids the operator makes: a periodic checkpoint's `ckpt-<n>` (`next_checkpoint_id`, an INCR)
+#: and a migration's 12 lower-case hex digits (`control.migration.MigrationDriver.migrate`); an id of any
+#: other shape in `P txn:open` was not staged by a sink of this operator and is dropped
+TRANSACTION_ID = re.compile(r"ckpt-[1-9][0-9]{0,18}|[0-9a-f]{12}")
+#: the most abandoned transactions one completion commits besides its own (oldest first; more wait for the
+#: next completion): a real backlog is one or two rounds whose abort never reached the sinks
+MAX_LEFTOVERS = 16
+
+
+def is_transaction_id(value: str) -> bool:
+    """Whether `value` has the shape of a transaction id this operator makes (see `TRANSACTION_ID`)."""
+    return TRANSACTION_ID.fullmatch(value) is not None
+
+
+@dataclass(frozen=True)
+class ExactlyOnceSink:
+    """An exactly-once redis-stream sink as the commit sees it: all derived from the spec."""
+
+    vertex: str
+    #: its stream's key (`core.topology.stream_key`: under the topology's prefix)
+    stream: str
+    #: its executors are `vertex#0` .. `vertex#<max_parallelism - 1>` at most, whatever rescales did
+    max_parallelism: int
+
+
+@dataclass(frozen=True)
+class CheckpointScope:
+    """What a checkpoint's completion and restore touch of a topology, derived from its spec (never read from
+    Redis): its vertices (whose state a checkpoint may hold) and its exactly-once sinks (whose staged output
+    it commits)."""
+
+    vertices: tuple[str, ...] = ()
+    sinks: tuple[ExactlyOnceSink, ...] = ()
+
+    @classmethod
+    def of(cls, topology: Topology) -> CheckpointScope:
+        prefix = topology.redis_prefix
+        sinks = []
+        for name in topology.order:
+            vertex = topology.vertices[name]
+            config = vertex.config
+            if vertex.kind != "sink" or config.get("type") != "redis-stream":
+                continue
+            if config.get("delivery", "at-least-once") != "exactly-once":
+                continue
+            # the name the sink's own `open_stream` gives its stream
+            sinks.append(
+                ExactlyOnceSink(
+                    name, stream_key(prefix, "sink", str(config.get("stream", name))), vertex.max_parallelism
+                )
+            )
+        return cls(tuple(topology.order), tuple(sinks))
+
+
+@dataclass(frozen=True)
+class DurableCommits:
+    """Whether a completed checkpoint waits until its commit is on disk before it counts as taken: the one
+    settings object of these environment variables (read once, where a controller is built).
+
+    - `ELASTREAM_DURABLE_COMMITS`: `off` (the default) or `on`. On, each completion runs
+      `WAITAOF 1 <replicas> <timeout>` on the connection of the Redis node that holds the topology's keys
+      (Redis 7.2 and later; Redis must run with `appendonly yes`), so the commit is fsynced to the primary's
+      append-only file (and that many replicas'); Redis before 7.2 has no WAITAOF, so it falls back to
+      `WAIT <max(replicas, 1)> <timeout>`: the commit reached that many replicas (in memory: no fsync).
+      A wait that times out or is refused makes the round failed (the commit is visible, the checkpoint is
+      the latest, but a suspend or a savepoint waiting for it tries again), never a silent success.
+    - `ELASTREAM_DURABLE_COMMITS_REPLICAS`: replicas that must confirm too (default 0).
+    - `ELASTREAM_DURABLE_COMMITS_TIMEOUT_MS`: how long a completion waits (default 1000, at least 1).
+
+    Off, a committed checkpoint is as durable as Redis' own `appendfsync` makes it: with the default
+    `everysec`, a Redis crash (not a clean restart) may lose up to about a second of committed output, and a
+    restore after it replays that second from the previous checkpoint (so exactly-once holds only as far as
+    `appendfsync` does)."""
+
+    enabled: bool = False
+    replicas: int = 0
+    timeout_ms: int = 1000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DurableCommits:
+        env = os.environ if environ is None else environ
+        raw = env.get("ELASTREAM_DURABLE_COMMITS", "off").strip().lower()
+        if raw not in ("on", "off", "true", "false", "1", "0", ""):
+            raise ValueError(f"ELASTREAM_DURABLE_COMMITS={raw[:40]!r}: use on or off")
+        numbers = {}
+        for name, default, least in (("REPLICAS", 0, 0), ("TIMEOUT_MS", 1000, 1)):
+            value = env.get(f"ELASTREAM_DURABLE_COMMITS_{name}", "").strip() or str(default)
+            if not value.isdigit() or int(value) < least:
+                raise ValueError(
+                    f"ELASTREAM_DURABLE_COMMITS_{name}={value[:40]!r}: use a whole number of at least {least}"
+                )
+            numbers[name] = int(value)
+        return cls(raw in ("on", "true", "1"), numbers["REPLICAS"], numbers["TIMEOUT_MS"])
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What `complete_checkpoint` did: the checkpoint it replaced (deleted), and why its commit is not known
+    to be durable ("" when it is, or when `DurableCommits` is off)."""
+
+    replaced: str | None = None
+    not_durable: str = ""
 
 
 def transaction_keys(prefix: str, txn_id: str, writer: str) -> tuple[str, str]:
@@ -103,10 +261,19 @@ class ExecutorCheckpoint:
 
 
 class CheckpointStore:
-    def __init__(self, client: redis.Redis, prefix: str, ttl_s: int = DEFAULT_TTL_S) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        ttl_s: int = DEFAULT_TTL_S,
+        durability: DurableCommits | None = None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self.durability = durability or DurableCommits()
+        #: whether the server knows WAITAOF (None: not asked yet)
+        self._waitaof: bool | None = None
 
     # ---- keys -------------------------------------------------------------------------------------------
     def _m(self, migration_id: str) -> str:
@@ -250,33 +417,59 @@ class CheckpointStore:
     def next_checkpoint_id(self) -> str:
         return f"ckpt-{int(self.client.incr(f'{self.prefix}ckpt:seq'))}"
 
-    def complete_checkpoint(self, checkpoint_id: str, info: Mapping[str, Any]) -> str | None:
+    def complete_checkpoint(self, checkpoint_id: str, info: Mapping[str, Any], scope: CheckpointScope) -> Completion:
         """Make `checkpoint_id` the latest, commit the exactly-once sinks' events staged with it (in the same
-        transaction: a reader sees them exactly when they can no longer be replayed) and delete the
-        checkpoint it replaces (returned). A completed CCR or DCR migration is a checkpoint too.
+        transaction: a reader sees them exactly when they can no longer be replayed), remove the TTL of its
+        keys and record what it holds (same transaction), then delete the checkpoint it replaces. A completed
+        CCR or DCR migration is a checkpoint too. `scope` (`CheckpointScope.of(topology)`) names every key
+        the commit touches: nothing is read out of what the workers wrote.
 
         Transactions still open from earlier rounds are committed first, in the order they were staged: a
         sink stages what it processed between two of its barriers, so what it staged under an abandoned
         round whose abort it never got (or got before that round's late barrier) precedes, in its input,
         everything this checkpoint commits, and the sources' positions are past it. Left uncommitted, it
-        was lost. (A sink that got the abort in time took its staging back: that transaction is empty.)"""
+        was lost. (A sink that got the abort in time took its staging back: that transaction is empty.)
+        Only ids in the operator's own shapes are taken from `P txn:open`; others are dropped from it."""
         previous = self.latest_checkpoint()
         index = open_transactions_key(self.prefix)
-        open_ids = [text(m) for m in self.client.zrange(index, 0, -1)]  # type: ignore[arg-type]
-        leftovers = [t for t in open_ids if t != checkpoint_id]
+        leftovers, forged = self._leftovers(index, checkpoint_id)
+        keys, contents = self._contents(checkpoint_id, scope.vertices, info)
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.latest_key)
-        pipe.hset(self.latest_key, mapping={"id": checkpoint_id, **{k: json.dumps(v) for k, v in info.items()}})
+        fields: dict[Any, Any] = {
+            "id": checkpoint_id,
+            **{k: json.dumps(v) for k, v in info.items()},
+            "contents": json.dumps(contents),
+        }
+        pipe.hset(self.latest_key, mapping=fields)
+        for key in keys:
+            pipe.persist(key)
         for txn_id in [*leftovers, checkpoint_id]:
             # EVAL, not EVALSHA: inside MULTI a script the server does not know (a Redis Cluster's primary
             # that was a replica a moment ago, a restarted Redis) fails alone at EXEC while the rest applies;
             # redis-py loads scripts ahead only for a one-Redis pipeline (and its cluster pipeline has no
-            # eval(): the command itself is queued)
-            pipe.execute_command("EVAL", _COMMIT_TRANSACTION, 1, f"{self.prefix}txn:{txn_id}")  # type: ignore[no-untyped-call]
-        pipe.zrem(index, checkpoint_id, *leftovers)
-        results = pipe.execute()
+            # eval(): the command itself is queued). Every key shares the topology's hash tag: one slot.
+            txn_keys, txn_args = self._commit_arguments(txn_id, scope.sinks)
+            pipe.execute_command("EVAL", _COMMIT_TRANSACTION, len(txn_keys), *txn_keys, *txn_args)  # type: ignore[no-untyped-call]
+        pipe.zrem(index, checkpoint_id, *leftovers, *forged)
+        # applied whole (MULTI); a commit that failed (a sink's stream made into another type) must not keep
+        # the replaced checkpoint from being deleted
+        results = pipe.execute(raise_on_error=False)
+        first = 2 + len(keys)
+        commits = results[first : first + len(leftovers) + 1]
+        for txn_id, result in zip([*leftovers, checkpoint_id], commits, strict=True):
+            if isinstance(result, Exception):
+                log.error(
+                    "checkpoint %s: the sink output staged under %s was not committed: %s",
+                    checkpoint_id,
+                    txn_id,
+                    result,
+                )
+        failed = [r for r in [*results[:first], *results[first + len(commits) :]] if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
         # the events each leftover moved (0: its sinks took their staging back with the abort)
-        moved = {t: int(n) for t, n in zip(leftovers, results[2 : 2 + len(leftovers)], strict=True) if int(n)}
+        moved = {t: int(n) for t, n in zip(leftovers, commits, strict=False) if not isinstance(n, Exception) and int(n)}
         if moved:
             log.warning(
                 "checkpoint %s also committed the sink output staged under abandoned rounds whose abort did not "
@@ -285,9 +478,200 @@ class CheckpointStore:
                 ", ".join(f"{t} ({n} events)" for t, n in moved.items()),
             )
         old = previous.get("id") if previous else None
-        if old and old != checkpoint_id:
+        if previous and old and old != checkpoint_id:
+            self._delete_replaced(previous, scope.vertices)
+        return Completion(old, self._await_durable(checkpoint_id))
+
+    def _leftovers(self, index: str, checkpoint_id: str) -> tuple[list[str], list[str]]:
+        """The abandoned transactions of `P txn:open` to commit before `checkpoint_id` (oldest first, at most
+        `MAX_LEFTOVERS`), and the members that are no transaction of this operator (dropped, logged)."""
+        members = [text(m) for m in self.client.zrange(index, 0, MAX_LEFTOVERS + 64)]  # type: ignore[arg-type]
+        forged = [t for t in members if t != checkpoint_id and not is_transaction_id(t)]
+        if forged:
+            log.warning(
+                "%s: %d entries of %s are no transaction id of this operator; dropped: %s",
+                self.prefix,
+                len(forged),
+                index,
+                ", ".join(repr(t[:40]) for t in forged[:5]),
+            )
+        leftovers = [t for t in members if t != checkpoint_id and is_transaction_id(t)]
+        return leftovers[:MAX_LEFTOVERS], forged
+
+    def _commit_arguments(self, txn_id: str, sinks: Sequence[ExactlyOnceSink]) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of `_COMMIT_TRANSACTION` for `txn_id`: all computed from the prefix and the spec."""
+        keys = [f"{self.prefix}txn:{txn_id}"]
+        args: list[Any] = [self.prefix]
+        for sink in sinks:
+            keys.append(sink.stream)
+            keys += [
+                transaction_keys(self.prefix, txn_id, f"{sink.vertex}#{i}")[0] for i in range(sink.max_parallelism)
+            ]
+            args.append(sink.max_parallelism)
+        return keys, args
+
+    def _contents(
+        self, checkpoint_id: str, vertices: Sequence[str], info: Mapping[str, Any]
+    ) -> tuple[list[str], dict[str, Any]]:
+        """Every key of the checkpoint (to PERSIST) and what it holds (recorded with it, checked by a restore):
+        the vertices with state, the number of source positions and of captured-event lists.
+
+        A periodic round's (`ckpt-<n>`, also a seeded savepoint's) keys are named, not searched: its record-less
+        layout has state per vertex, positions, acks and each executor's save marker (the executors of the
+        schedule in `info`), and no captured events; a completed migration's captured-event lists are found
+        by a SCAN of its own keys (`M:*`, as `delete_migration` finds them: rare, not every interval)."""
+        m = self._m(checkpoint_id)
+        pipe = self.client.pipeline(transaction=False)
+        for vertex in vertices:
+            pipe.exists(f"{m}:state:{vertex}")
+        pipe.hlen(f"{m}:position")
+        found = pipe.execute()
+        state = [v for v, there in zip(vertices, found[: len(vertices)], strict=True) if there]
+        positions = int(found[-1])
+        if checkpoint_id.startswith("ckpt-"):
+            return self._periodic_keys(checkpoint_id, vertices, info), {
+                "state": state,
+                "positions": positions,
+                "pending": 0,
+            }
+        keys = {text(k) for k in self.client.scan_iter(match=f"{glob_escape(m)}:*", count=1000)} | {m}
+        pending = sum(1 for k in keys if k.startswith(f"{m}:pending:"))
+        return sorted(keys), {"state": state, "positions": positions, "pending": pending}
+
+    def _periodic_keys(self, checkpoint_id: str, vertices: Iterable[str], info: Mapping[str, Any]) -> list[str]:
+        """The keys a periodic round `checkpoint_id` may have: named from the vertices and the executors of the
+        schedule in `info` (its completion's record)."""
+        m = self._m(checkpoint_id)
+        schedule = info.get("schedule")
+        placement = schedule.get("placement") if isinstance(schedule, Mapping) else None
+        executors = {str(e) for group in placement.values() for e in group} if isinstance(placement, Mapping) else set()
+        keys = {
+            m,
+            *(f"{m}:state:{v}" for v in vertices),
+            f"{m}:position",
+            f"{m}:acks:checkpointing",
+            *(f"{m}:saved:{e}" for e in executors),
+        }
+        return sorted(keys)
+
+    def _delete_replaced(self, previous: Mapping[str, Any], vertices: Iterable[str]) -> None:
+        """Delete the checkpoint the latest replaced: a periodic round's keys by name (the vertices it recorded
+        state for, and today's), anything else (a migration, a record from before `contents`) as
+        `delete_migration` finds them."""
+        old = str(previous["id"])
+        contents = previous.get("contents")
+        if not old.startswith("ckpt-") or not isinstance(contents, Mapping):
             self.delete_migration(old)
-        return old
+            return
+        recorded = [str(v) for v in contents.get("state") or []]
+        self.client.unlink(*self._periodic_keys(old, [*recorded, *vertices], previous))
+        current = self.client.get(self.current_key)
+        if current is not None and text(current) == old:
+            self.client.delete(self.current_key)
+
+    def missing_state(self, checkpoint: Mapping[str, Any], vertices: Iterable[str]) -> str | None:
+        """Why the checkpoint `checkpoint` (`latest_checkpoint()`) cannot be restored: what it held when it
+        completed (its `contents`) is no longer all there. None when it is. A checkpoint completed before
+        `contents` was recorded is taken as lost only when none of its state and positions is left."""
+        checkpoint_id = str(checkpoint["id"])
+        m = self._m(checkpoint_id)
+        contents = checkpoint.get("contents")
+        if not isinstance(contents, Mapping):
+            names = list(vertices)
+            pipe = self.client.pipeline(transaction=False)
+            for vertex in names:
+                pipe.exists(f"{m}:state:{vertex}")
+            pipe.exists(f"{m}:position")
+            pipe.exists(f"{m}:acks:checkpointing")
+            pipe.exists(m)
+            if any(pipe.execute()):
+                return None
+            return self._lost(checkpoint_id, "none of its state, positions or acks is left")
+        state = [str(v) for v in contents.get("state") or []]
+        pipe = self.client.pipeline(transaction=False)
+        for vertex in state:
+            pipe.exists(f"{m}:state:{vertex}")
+        pipe.hlen(f"{m}:position")
+        found = pipe.execute()
+        problems = []
+        gone = [v for v, there in zip(state, found[:-1], strict=True) if not there]
+        if gone:
+            problems.append(f"the state of {', '.join(gone)} is gone")
+        positions = int(contents.get("positions") or 0)
+        if int(found[-1]) < positions:
+            problems.append(f"{positions - int(found[-1])} of its {positions} source positions are gone")
+        pending = int(contents.get("pending") or 0)
+        if pending:
+            left = sum(1 for _ in self.client.scan_iter(match=f"{glob_escape(m)}:pending:*", count=1000))
+            if left < pending:
+                problems.append(f"{pending - left} of its {pending} lists of captured events are gone")
+        return self._lost(checkpoint_id, "; ".join(problems)) if problems else None
+
+    def _lost(self, checkpoint_id: str, what: str) -> str:
+        return (
+            f"checkpoint {checkpoint_id}, the latest, no longer holds what it held when it completed ({what}): its "
+            "keys were deleted, or Redis was restored without them; nothing restarts from it, since empty state "
+            "and sources from their beginning would duplicate or lose output. Restore them, or annotate the "
+            "topology elastream.dev/restart-from-scratch=true to start over from the sources' beginning"
+        )
+
+    def ensure_restorable(self, checkpoint: Mapping[str, Any], vertices: Iterable[str]) -> None:
+        """Raise `StateLost` when `missing_state` finds something missing."""
+        problem = self.missing_state(checkpoint, vertices)
+        if problem is not None:
+            raise StateLost(problem)
+
+    def _await_durable(self, checkpoint_id: str) -> str:
+        """With `DurableCommits` on: wait until the commit just made is on disk (WAITAOF) or at enough replicas
+        (WAIT, before Redis 7.2); "" when it is (or the setting is off), else why not. The wait runs on one
+        connection to the node holding the topology's keys, right after a write of its own on that same
+        connection (`P ckpt:durable`): WAITAOF and WAIT wait for a connection's own writes, and Redis writes
+        and replicates its commands in order, so that write's offset covers the commit."""
+        settings = self.durability
+        if not settings.enabled:
+            return ""
+        marker = f"{self.prefix}ckpt:durable"
+        try:
+            node = self._node_client(marker)
+            if self._waitaof is not False:
+                pipe = node.pipeline(transaction=False)
+                pipe.set(marker, checkpoint_id)
+                pipe.execute_command("WAITAOF", 1, settings.replicas, settings.timeout_ms)
+                reply = pipe.execute(raise_on_error=False)[-1]
+                if isinstance(reply, redis.ResponseError) and "unknown command" in str(reply).lower():
+                    self._waitaof = False
+                    log.warning("Redis has no WAITAOF (before 7.2): durable commits wait for replicas (WAIT)")
+                elif isinstance(reply, Exception):
+                    return f"WAITAOF refused: {reply}"
+                else:
+                    self._waitaof = True
+                    local, replicas = (int(n) for n in reply)
+                    if local >= 1 and replicas >= settings.replicas:
+                        return ""
+                    return (
+                        f"the commit of {checkpoint_id} was not confirmed on disk within {settings.timeout_ms} ms "
+                        f"(WAITAOF: fsynced locally {local}, by {replicas} of {settings.replicas} replicas)"
+                    )
+            wanted = max(settings.replicas, 1)
+            pipe = node.pipeline(transaction=False)
+            pipe.set(marker, checkpoint_id)
+            pipe.execute_command("WAIT", wanted, settings.timeout_ms)
+            acked = int(pipe.execute()[-1])
+            if acked >= wanted:
+                return ""
+            return (
+                f"the commit of {checkpoint_id} reached {acked} of {wanted} replicas within {settings.timeout_ms} ms "
+                "(WAIT: this Redis is before 7.2, so it has no WAITAOF and only replicas can confirm a commit)"
+            )
+        except redis.RedisError as exc:
+            return f"the durability of the commit of {checkpoint_id} could not be confirmed: {exc}"
+
+    def _node_client(self, key: str) -> Any:
+        """A client of the one Redis node that holds `key` (the client itself on a single Redis)."""
+        if not is_cluster(self.client):
+            return self.client
+        cluster = self.client.cluster()  # type: ignore[call-arg]
+        return cluster.get_redis_connection(cluster.get_node_from_key(key))
 
     def discard_transactions(self) -> int:
         """Drop every staged, uncommitted sink transaction (a rollback replays what they held)."""

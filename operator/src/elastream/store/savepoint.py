@@ -8,7 +8,11 @@ topology that took them, so its savepoints live on the shard of its own keys):
     S <name>:state:<vertex>      hash: key group -> state bytes (as the checkpoint held them)
     S <name>:position            hash: source executor -> read position
 
-No key has a TTL: a savepoint stays until it is deleted (`delete`). A savepoint is complete when its meta
+No key has a TTL: a savepoint stays until it is deleted (`delete`). Its meta also records what it holds
+(`contents`: the vertices with state and the number of source positions), and `load_data` refuses, as
+`StateLost`, a savepoint whose keys no longer hold that (deleted by hand, a partial restore of Redis) rather
+than seeding a topology with empty state. `meta` reads the meta alone, so a caller checks who may read a
+savepoint before anything of its state is read. A savepoint is complete when its meta
 and its index entry exist; both are written after its state and positions, in one transaction, so a copy
 cut short (the operator stopped, Redis went away) is never listed nor restored, and the next take of that
 name removes what it left. `S` never starts with a topology's prefix (`elastream:{`), so a topology's Redis
@@ -18,17 +22,24 @@ operator's connection copies them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import redis
 
+from elastream.core.ports import StateLost
 from elastream.core.savepoints import SavepointMeta
 from elastream.core.topology import glob_escape
 from elastream.store.checkpoint import read_state_and_positions
 from elastream.store.codec import text
 
 log = logging.getLogger("elastream.savepoint")
+
+
+#: the field of a savepoint's meta hash recording what it holds (besides `SavepointMeta.to_redis()`)
+CONTENTS = "contents"
 
 
 def savepoints_prefix(namespace: str, topology: str) -> str:
@@ -81,17 +92,46 @@ class SavepointStore:
                 pipe.hset(f"{s}:state:{vertex}", mapping=dict(groups))  # type: ignore[arg-type]
         if positions:
             pipe.hset(f"{s}:position", mapping=dict(positions))  # type: ignore[arg-type]
-        pipe.hset(f"{s}:meta", mapping=meta.to_redis())  # type: ignore[arg-type]
+        contents = {"state": sorted(v for v, groups in state.items() if groups), "positions": len(positions)}
+        fields: dict[Any, Any] = {**meta.to_redis(), CONTENTS: json.dumps(contents)}
+        pipe.hset(f"{s}:meta", mapping=fields)
         pipe.sadd(self.index_key, meta.name)
         pipe.execute()
 
     def load(self, name: str) -> tuple[SavepointMeta, dict[str, dict[str, bytes]], dict[str, bytes]] | None:
-        """A complete savepoint: its meta, state ({vertex: {key group: bytes}}) and positions; None if absent."""
+        """A complete savepoint: its meta, state ({vertex: {key group: bytes}}) and positions; None if absent.
+        Raises `StateLost` as `load_data` does. (A restore into another topology checks `meta` first.)"""
         meta = self.meta(name)
         if meta is None:
             return None
-        state, positions = read_state_and_positions(self.client, self._s(name), sorted(meta.vertices))
+        state, positions = self.load_data(meta)
         return meta, state, positions
+
+    def load_data(self, meta: SavepointMeta) -> tuple[dict[str, dict[str, bytes]], dict[str, bytes]]:
+        """The state and positions of the savepoint `meta` (read with `meta`): raises `StateLost` when they
+        are not what it held when it was taken (its `contents`; for a savepoint taken before those were
+        recorded: no state at all although it had some)."""
+        s = self._s(meta.name)
+        state, positions = read_state_and_positions(self.client, s, sorted(meta.vertices))
+        raw = self.client.hget(f"{s}:meta", CONTENTS)
+        contents: Any = json.loads(text(raw)) if raw is not None else None
+        problems = []
+        if isinstance(contents, Mapping):
+            gone = sorted(str(v) for v in contents.get("state") or [] if not state.get(str(v)))
+            if gone:
+                problems.append(f"the state of {', '.join(gone)} is gone")
+            wanted = int(contents.get("positions") or 0)
+            if len(positions) < wanted:
+                problems.append(f"{wanted - len(positions)} of its {wanted} source positions are gone")
+        elif meta.state_bytes > 0 and not state:
+            problems.append("its state is gone")
+        if problems:
+            raise StateLost(
+                f"savepoint {meta.name} of {meta.namespace}/{meta.topology} no longer holds what it held when it "
+                f"was taken ({'; '.join(problems)}): nothing starts from it; take another one, or name another "
+                "savepoint in spec.initialSavepoint"
+            )
+        return state, positions
 
     def delete(self, name: str) -> bool:
         """Remove a savepoint (unlisted first, so it is never seen half deleted); False if there was none."""
