@@ -58,13 +58,17 @@ from elastream.core.ports import (
     SystemClock,
 )
 from elastream.core.schedule import Schedule, initial_schedule
-from elastream.core.status import EventReason
+from elastream.core.status import REDIS_BUSY, REDIS_OUT_OF_MEMORY, EventReason, redis_reason
 from elastream.core.topology import Topology
 
 log = logging.getLogger("elastream.control")
 
 #: intervals after a schedule change whose samples the analysis skips (the switch and the first catch-up)
 SETTLE_INTERVALS = 2
+
+
+#: an OOM noted by `note_store` lasts at least this long after the last call that met it (seconds)
+OOM_HOLD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,8 @@ class TopologyController:
         #: why Redis cannot be used now ("" when it can), and since when
         self.store_error = ""
         self.store_down_since: float | None = None
+        #: when a call last met Redis' OOM reply (`note_store`)
+        self.store_oom_at = float("-inf")
         #: failed recoveries in a row, and when the next may start
         self.recovery_failures = 0
         self.recovery_due = 0.0
@@ -410,11 +416,27 @@ class TopologyController:
         return record
 
     def note_store(self, error: str) -> None:
-        """Redis went away (`error` says how) or is back (""): one event each way, `store_error` meanwhile."""
+        """Redis went away (`error` says how) or is back (""): one event each way, `store_error` meanwhile. A
+        server that is held rather than away is said as what it is, with its own reason (`redis_reason`): BUSY
+        (RedisBusy: a script holds it) or OOM (RedisOutOfMemory: writes refused); a change of reason is a new
+        event. An OOM refuses writes only, so a read that succeeds does not end it: it stays noted until no call
+        met it for `OOM_HOLD_S` (or two checkpoint intervals, when longer)."""
         now = self.clock.now()
-        if error and not self.store_error:
-            self.store_down_since = now
-            self.events.emit(EventReason.REDIS_UNAVAILABLE, f"Redis cannot be reached: {error}; retrying", warning=True)
+        reason = redis_reason(error) if error else ""
+        if reason == REDIS_OUT_OF_MEMORY:
+            self.store_oom_at = now
+        elif not error and redis_reason(self.store_error) == REDIS_OUT_OF_MEMORY:
+            hold = max(OOM_HOLD_S, 2.0 * self.topology.scaling.checkpoint_interval_s)
+            if now - self.store_oom_at < hold:
+                return
+        if error and (not self.store_error or reason != redis_reason(self.store_error)):
+            if not self.store_error:
+                self.store_down_since = now
+            said = {
+                REDIS_BUSY: f"Redis answers BUSY: a script holds the server ({error}); retrying",
+                REDIS_OUT_OF_MEMORY: f"Redis is out of memory: writes are refused ({error}); retrying",
+            }.get(reason, f"Redis cannot be reached: {error}; retrying")
+            self.events.emit(reason, said, warning=True)
         elif not error and self.store_error:
             down = now - (self.store_down_since or now)
             self.store_down_since = None

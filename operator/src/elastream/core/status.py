@@ -52,6 +52,10 @@ SCALING_FAILED = "ScalingFailed"
 WORKER_LOST = "WorkerLost"
 BACKEND_ERROR = "BackendError"
 REDIS_UNAVAILABLE = "RedisUnavailable"
+#: Redis answers BUSY: a script or function holds the server (only SCRIPT KILL or SHUTDOWN NOSAVE ends it)
+REDIS_BUSY = "RedisBusy"
+#: Redis answers OOM: its used memory is over `maxmemory` (noeviction), so every write is refused
+REDIS_OUT_OF_MEMORY = "RedisOutOfMemory"
 STATE_LOST = "StateLost"
 OBJECT_NOT_OWNED = "ObjectNotOwned"
 REDIS_USER_REFUSED = "RedisUserRefused"
@@ -90,6 +94,8 @@ class EventReason(enum.StrEnum):
     CATCH_UP_MEASURED = "CatchUpMeasured"
     REDIS_UNAVAILABLE = REDIS_UNAVAILABLE
     REDIS_AVAILABLE = "RedisAvailable"
+    REDIS_BUSY = REDIS_BUSY
+    REDIS_OUT_OF_MEMORY = REDIS_OUT_OF_MEMORY
     STATE_LOST = STATE_LOST
     STATE_RESTORED = "StateRestored"
     STATE_RESET = "StateReset"
@@ -118,6 +124,21 @@ class EventReason(enum.StrEnum):
     SAVEPOINT_DELETED = "SavepointDeleted"
     RESTORED_FROM_SAVEPOINT = "RestoredFromSavepoint"
     RETAINED_STATE_ADOPTED = "RetainedStateAdopted"
+    #: the controller skipped malformed or oversized entries of the topology's metric stream (rate-limited)
+    METRIC_SAMPLES_SKIPPED = "MetricSamplesSkipped"
+
+
+def redis_reason(error: str) -> str:
+    """The reason for a Redis error as the control plane notes it (`"<exception type>: <message>"`):
+    REDIS_BUSY for a BUSY reply, REDIS_OUT_OF_MEMORY for an OOM reply (redis-py's OutOfMemoryError), either
+    of them for `store.retry`'s exceptions of those names, REDIS_UNAVAILABLE for anything else."""
+    kind, _, message = error.partition(": ")
+    first = message.split(maxsplit=1)[0] if message.strip() else ""
+    if kind == REDIS_BUSY or first == "BUSY":
+        return REDIS_BUSY
+    if kind in (REDIS_OUT_OF_MEMORY, "OutOfMemoryError") or first == "OOM":
+        return REDIS_OUT_OF_MEMORY
+    return REDIS_UNAVAILABLE
 
 
 #: Redis away this long (seconds) makes the topology Degraded; shorter, it only shows in Progressing
@@ -352,7 +373,9 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
     elif facts.upgrading:
         progressing = _condition(PROGRESSING, True, UPGRADING, f"upgrading: {facts.upgrading}")
     elif facts.redis_unavailable:
-        progressing = _condition(PROGRESSING, True, REDIS_UNAVAILABLE, f"waiting for Redis: {facts.redis_unavailable}")
+        progressing = _condition(
+            PROGRESSING, True, redis_reason(facts.redis_unavailable), f"waiting for Redis: {facts.redis_unavailable}"
+        )
     elif facts.suspending:
         progressing = _condition(PROGRESSING, True, SUSPENDING, f"suspending: {facts.suspending}")
     elif facts.resuming:
@@ -375,7 +398,7 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
         (UPGRADE_REFUSED, "" if facts.upgrading else facts.upgrade_refused),
         (UPGRADE_FAILED, "" if facts.upgrading else facts.upgrade_failed),
         (
-            REDIS_UNAVAILABLE,
+            redis_reason(facts.redis_unavailable),
             f"Redis unreachable for over {REDIS_GRACE_S:.0f} s: {facts.redis_unavailable}" if redis_away else "",
         ),
         (WORKER_LOST, facts.worker_lost),
