@@ -127,4 +127,5 @@ def local_controller(
         drains=RedisDrainRequests(client, topology.redis_prefix),
     )
     driver.on_redis = controller.note_store
+    driver.before_claim = checkpoints.abandon_open
     return controller

@@ -116,6 +116,9 @@ class MigrationDriver:
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: told when Redis goes away (with why) and comes back (""), while a migration waits for it
     on_redis: Callable[[str], None] | None = None
+    #: called before a migration (a rescale, a drain, a recovery's rollback) claims the topology: this
+    #: controller's own checkpoint round, which spans reconcile passes, gives way (`CheckpointDriver.abandon_open`)
+    before_claim: Callable[[str], object] | None = None
     #: CCR: pause every executor (`all`) or only those that move (`moving`); see the module
     scope: MigrationScope = "all"
     #: whether a completed migration (the latest checkpoint then) waits for its commit to be on disk
@@ -181,6 +184,10 @@ class MigrationDriver:
         """Move the running topology to `new` with the driver's protocol; returns the report."""
         old = self.backend.current_schedule()
         mid = uuid.uuid4().hex[:12]
+        if self.before_claim is not None:
+            # the claim loop below waits only for a round of another thread; this controller's own round would
+            # not end while it waits (it is followed by the same pass), so it is given up first
+            self.before_claim(f"{self.protocol} migration {mid} claims the topology")
         scope = self.scope_for()
         prepare_ms = None
         if self.protocol != "restart":

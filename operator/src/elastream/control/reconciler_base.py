@@ -205,6 +205,7 @@ class ReconcilerBase:
             drains=RedisDrainRequests(client, topology.redis_prefix),
         )
         migrator.on_redis = controller.note_store
+        migrator.before_claim = checkpoints.abandon_open
         backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)
         return controller
 
