@@ -1262,3 +1262,43 @@ def test_redis_maxmemory_follows_the_limit_or_the_value(helm: str, values: list[
 def test_a_maxmemory_that_cannot_work_fails_the_render(helm: str, values: list[str], message: str) -> None:
     proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_durable_commits_reach_the_operator_and_a_bad_value_stops_it_in_one_line(helm: str, monkeypatch) -> None:
+    """redis.durableCommits becomes the operator's ELASTREAM_DURABLE_COMMITS settings, read as the controllers read
+    them; an unreadable value stops `elastream operator` at start with one line naming the variable."""
+    from elastream.cli import CommandError, build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.store.checkpoint import DurableCommits
+
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    for scenario, expected in (
+        ([], DurableCommits(False, 0, 1000)),
+        (
+            [
+                "redis.durableCommits.enabled=true",
+                "redis.durableCommits.replicas=1",
+                "redis.durableCommits.timeoutMs=250",
+            ],
+            DurableCommits(True, 1, 250),
+        ),
+    ):
+        proc = run_helm(helm, "template", RELEASE, CHART, "--namespace", NAMESPACE, *set_args(scenario))
+        env = env_of(container(tuple(d for d in yaml.safe_load_all(proc.stdout) if d)))
+        durable = {k: v for k, v in env.items() if k.startswith("ELASTREAM_DURABLE_COMMITS")}
+        assert DurableCommits.from_env(durable) == expected
+    monkeypatch.setenv("ELASTREAM_DURABLE_COMMITS", "sometimes")
+    with pytest.raises(CommandError, match="ELASTREAM_DURABLE_COMMITS='sometimes': use on or off"):
+        operator_options(build_parser().parse_args(["operator"]))
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "redis.durableCommits.timeoutMs=0",
+        check=False,
+    )
+    assert proc.returncode != 0 and "/redis/durableCommits/timeoutMs" in proc.stderr

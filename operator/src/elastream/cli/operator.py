@@ -212,6 +212,7 @@ def operator_options(args: argparse.Namespace) -> Any:
         raise CommandError(f"--worker-grace-period: {args.worker_grace_period} s; give 0 to 3600 seconds")
     metrics_from = network_peers(args.metrics_from)
     placement = worker_placement(args.worker_placement)
+    durable_commits()
     if args.redis_topology_users not in ("on", "off"):  # the environment's value is not checked by argparse
         raise CommandError(f"--redis-topology-users: {args.redis_topology_users!r}; give on or off")
     main = importlib.import_module("elastream.handlers.main")
@@ -250,6 +251,17 @@ def worker_placement(text: str | None) -> Any:
         return PlacementPolicy.from_json(text)
     except ValueError as exc:
         raise CommandError(f"--worker-placement ($ELASTREAM_WORKER_PLACEMENT): {exc}") from None
+
+
+def durable_commits() -> None:
+    """$ELASTREAM_DURABLE_COMMITS* checked at start: a value the operator cannot read stops it with one line,
+    rather than failing every topology's controller later (each reads them when it is built)."""
+    from elastream.store.checkpoint import DurableCommits
+
+    try:
+        DurableCommits.from_env()
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
