@@ -51,19 +51,31 @@ REPORTING_INTERVALS = 2.0
 class SampleStream(Protocol):
     """What the hot-window reader needs from `MetricStream`."""
 
-    def read_last(self, count: int) -> list[MetricSample]: ...
+    def read_last(self, count: int) -> list[MetricSample]:
+        """The valid samples among the newest `count` entries, oldest first."""
+        ...
 
-    def read_since(self, since_ts: float | None = None, count: int | None = None) -> list[MetricSample]: ...
+    def read_since(self, since_ts: float | None = None, count: int | None = None) -> list[MetricSample]:
+        """The valid samples of the entries added at or after `since_ts` (all when None), oldest first: of the
+        newest `count` of them at most (None: the stream's own budget)."""
+        ...
 
 
 def read_hot_window(
-    stream: SampleStream, window: int, interval_s: float, not_before: float | None = None
+    stream: SampleStream,
+    window: int,
+    interval_s: float,
+    not_before: float | None = None,
+    budget: int | None = None,
 ) -> list[MetricSample]:
     """The samples the analysis of the newest window needs: ts ≥ newest ts − (1 + HISTORY_WINDOWS) windows.
 
     The stream is ordered by arrival, so the newest entry gives the window end; the read starts a window
     before the window start so that each incarnation's baseline (its last sample before the window) is there
-    even when the samples around the window start are missing.
+    even when the samples around the window start are missing. Entries older than that start are not read
+    (the read begins at the stream id of the start, less `CLOCK_SKEW_S`), and at most `budget` entries are
+    (None: the stream's own budget), the newest: a stream its workers flooded costs a bounded read, whose
+    oldest part is cut, never the window's end.
 
     `not_before` (a controller's cut-off: when the current schedule started running) limits the *window*,
     not the baselines: with it, no sample newer than the cut-off gives [] (nothing ran since), else analyse
@@ -78,10 +90,118 @@ def read_hot_window(
     if not_before is not None and end < not_before:
         return []
     since = end - (1.0 + HISTORY_WINDOWS) * window * interval_s
-    samples = [s for s in stream.read_since(since - CLOCK_SKEW_S) if s.ts >= since]
-    if not samples:  # stream ids and sample clocks disagree: read everything the stream holds
-        samples = [s for s in stream.read_since(None) if s.ts >= since]
+    samples = [s for s in stream.read_since(since - CLOCK_SKEW_S, count=budget) if s.ts >= since]
+    if not samples:  # stream ids and sample clocks disagree: the newest entries the budget allows
+        samples = [s for s in stream.read_since(None, count=budget) if s.ts >= since]
     return samples
+
+
+class ForwardRead(Protocol):
+    """What `FollowedStream.read_forward` returns (`store.metric_stream.StreamRead`)."""
+
+    samples: list[MetricSample]
+    truncated: bool
+    next_start: str
+
+
+class FollowedStream(Protocol):
+    """What `HotWindow` needs from `MetricStream`: reads bounded by entry ids."""
+
+    def newest_id(self) -> str | None: ...
+
+    def read_since(
+        self, since_ts: float | None = None, count: int | None = None, end: str = "+"
+    ) -> list[MetricSample]: ...
+
+    def read_forward(self, start: str, max_entries: int | None = None) -> ForwardRead: ...
+
+
+#: the newest samples (in arrival order) whose newest timestamp is the window's end, as `read_hot_window`'s
+#: `read_last(64)`
+NEWEST_SAMPLES = 64
+
+
+class HotWindow:
+    """`read_hot_window` kept between analyses, so that each entry of the stream is read once, by entry id.
+
+    The first `read` reads the window as `read_hot_window` does (up to the newest entry then, at most
+    `budget` entries, the newest) and remembers that entry's id; each later one reads only the entries added
+    after it (`read_forward`), appends their samples, and drops those older than the window's history start.
+    It reads the window afresh when it cannot go on: a read that met its budget (a flood), a window that grew
+    past what it kept, more samples than `budget`, or a stream whose newest entry lies before the position
+    (the stream was replaced). Samples are kept in arrival order, as a fresh read returns them."""
+
+    def __init__(self, stream: FollowedStream, budget: int | None = None) -> None:
+        self.stream = stream
+        self.budget = budget
+        self.samples: list[MetricSample] = []
+        #: where the next read goes on from (None: read afresh), and the oldest history start kept whole
+        self.position: str | None = None
+        self.covers = float("inf")
+
+    def reset(self) -> None:
+        self.samples, self.position, self.covers = [], None, float("inf")
+
+    def read(self, window: int, interval_s: float, not_before: float | None = None) -> list[MetricSample]:
+        check_window_args(window, interval_s, 1.0)
+        span = (1.0 + HISTORY_WINDOWS) * window * interval_s
+        fresh = False
+        if self.position is not None and not self._go_on():
+            self.reset()
+        if self.position is None:
+            if not self._afresh(span):
+                return []
+            fresh = True
+        since = self._end() - span
+        if since < self.covers and not fresh:  # the window grew past what is kept: read it afresh
+            self.reset()
+            if not self._afresh(span):
+                return []
+            since = self._end() - span
+        if not_before is not None and since + span < not_before:
+            return []
+        self.samples = [s for s in self.samples if s.ts >= since]
+        self.covers = max(self.covers, since)
+        return list(self.samples)
+
+    def _end(self) -> float:
+        """The window's end: the newest timestamp of the newest samples (arrival order)."""
+        return max((s.ts for s in self.samples[-NEWEST_SAMPLES:]), default=float("-inf"))
+
+    def _go_on(self) -> bool:
+        """Append the entries added since the position; False when the window must be read afresh."""
+        assert self.position is not None
+        read = self.stream.read_forward(self.position, self.budget)
+        if read.truncated:
+            return False
+        if not read.samples and read.next_start == self.position:
+            newest = self.stream.newest_id()
+            if newest is not None and _id_key(newest) < _id_key(self.position):
+                return False  # the stream was replaced by one whose entries lie before the position
+        self.samples.extend(read.samples)
+        self.position = read.next_start
+        return self.budget is None or len(self.samples) <= self.budget
+
+    def _afresh(self, span: float) -> bool:
+        """Read the window as `read_hot_window` does, up to the newest entry now; False for an empty stream."""
+        newest = self.stream.newest_id()
+        if newest is None:
+            return False
+        recent = self.stream.read_since(None, count=NEWEST_SAMPLES, end=newest)
+        if not recent:
+            return False
+        since = max(s.ts for s in recent) - span
+        samples = [s for s in self.stream.read_since(since - CLOCK_SKEW_S, self.budget, end=newest) if s.ts >= since]
+        if not samples:  # stream ids and sample clocks disagree: the newest entries the budget allows
+            samples = [s for s in self.stream.read_since(None, self.budget, end=newest) if s.ts >= since]
+        self.samples, self.position, self.covers = samples, f"({newest}", since
+        return True
+
+
+def _id_key(bound: str) -> tuple[int, int]:
+    """A stream id (or an exclusive bound `(<id>`) as a sort key."""
+    ms, _, seq = bound.lstrip("(").partition("-")
+    return (int(ms), int(seq or 0))
 
 
 def reported_by_all(samples: Sequence[MetricSample], interval_s: float) -> list[MetricSample]:

@@ -8,6 +8,11 @@ times are known or `timeout_s` has passed since the pause ended, then writes `ca
 (None: not within the timeout) into the record, `catchUp` saying where the measurement is (measuring,
 measured, not stable within the timeout). Not to be confused with the recovery from a dead worker
 (`status.lastRecovery`): this is the catch-up after a scaling.
+
+From the Redis metric stream (a feed read by entry id, `control.monitor.ForwardFeed`) the follow-up reads
+each entry once: from the stream id of the earliest request's `before_s` on, then only what was added since,
+at most `FOLLOW_BUDGET_ENTRIES` a tick, keeping the sources' and sinks' samples only (at most
+`KEPT_SAMPLES`). Other feeds (test doubles) are read by time on every tick.
 """
 
 from __future__ import annotations
@@ -16,9 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastream.control.monitor import FOLLOW_BUDGET_ENTRIES, ForwardFeed
+from elastream.core.metrics import MetricSample
 from elastream.core.ports import SampleFeed, SystemClock
 from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.topology import Topology
+from elastream.store.metric_stream import stream_start
+
+#: the sources' and sinks' samples a follow-up keeps at most (the oldest go first): a minute and more of
+#: hundreds of them each second
+KEPT_SAMPLES = 200_000
+#: how long before the request the output is read (its level before the request)
+BEFORE_S = 10.0
 
 
 def measure_catch_up(
@@ -26,24 +40,32 @@ def measure_catch_up(
     topology: Topology,
     migrated_at: float,
     resumed_at: float | None = None,
-    before_s: float = 10.0,
+    before_s: float = BEFORE_S,
     bucket_s: float = 1.0,
+    samples: list[MetricSample] | None = None,
 ) -> tuple[float | None, float | None]:
     """(catch-up, stabilization) in seconds after `migrated_at` (the request), or None where not reached yet;
     `resumed_at`: a time at or after the migration's pause ended (its report's return), from which the
-    output is searched (the output before it is the old level, not a catch-up)."""
-    output = output_timeline(feed, topology, migrated_at, before_s, bucket_s)
+    output is searched (the output before it is the old level, not a catch-up). `samples`: what was read
+    already (else the feed is read)."""
+    output = output_timeline(feed, topology, migrated_at, before_s, bucket_s, samples)
     resumed = None if resumed_at is None else resumed_at - migrated_at
     return recovery_times(output, resumed_at=resumed)
 
 
 def output_timeline(
-    feed: SampleFeed, topology: Topology, migrated_at: float, before_s: float = 10.0, bucket_s: float = 1.0
+    feed: SampleFeed,
+    topology: Topology,
+    migrated_at: float,
+    before_s: float = BEFORE_S,
+    bucket_s: float = 1.0,
+    samples: list[MetricSample] | None = None,
 ) -> list[tuple[float, float]]:
     """The sinks' output rate per `bucket_s` from `before_s` before the request on (times relative to it):
-    what `measure_catch_up` reads its times off."""
-    samples = feed.read_since(migrated_at - before_s)
-    return rate_timeline(samples, topology.sources, topology.sinks, at=migrated_at, bucket_s=bucket_s)["output"]
+    what `measure_catch_up` reads its times off (from `samples` when given, else from the feed)."""
+    since = migrated_at - before_s
+    window = feed.read_since(since) if samples is None else [s for s in samples if s.ts >= since]
+    return rate_timeline(window, topology.sources, topology.sinks, at=migrated_at, bucket_s=bucket_s)["output"]
 
 
 @dataclass
@@ -55,6 +77,10 @@ class CatchUpFollowUp:
     now: Callable[[], float] = field(default=SystemClock().now)
     #: (status record, migrated at, resumed at, on_done) of the scalings still being followed
     pending: list[tuple[dict[str, Any], float, float, Callable[[dict[str, Any]], None]]] = field(default_factory=list)
+    #: read from a stream by entry id: the sources' and sinks' samples since `_since`, and where to go on
+    _kept: list[MetricSample] = field(default_factory=list, repr=False)
+    _since: float | None = field(default=None, repr=False)
+    _position: str = field(default="-", repr=False)
 
     def follow(
         self,
@@ -69,10 +95,11 @@ class CatchUpFollowUp:
         self.pending.append((status, migrated_at, self.now() if resumed_at is None else resumed_at, on_done))
 
     def tick(self) -> None:
+        samples = self._read()
         still = []
         for status, migrated_at, resumed_at, on_done in self.pending:
             catch_up, stable = measure_catch_up(
-                self.feed, self.topology, migrated_at, resumed_at=resumed_at, bucket_s=self.bucket_s
+                self.feed, self.topology, migrated_at, resumed_at=resumed_at, bucket_s=self.bucket_s, samples=samples
             )
             # the bound runs from the end of the pause: a scaling that took a minute to start its pods has had
             # no time to settle yet
@@ -85,3 +112,19 @@ class CatchUpFollowUp:
             status["catchUp"] = "measured" if stable is not None else f"not stable within {self.timeout_s:g} s"
             on_done(status)
         self.pending = still
+
+    def _read(self) -> list[MetricSample] | None:
+        """The samples of the scalings followed, read by entry id (None: the feed is read by time)."""
+        if not self.pending or not isinstance(self.feed, ForwardFeed):
+            self._kept, self._since = [], None
+            return None
+        since = min(migrated_at for _, migrated_at, _, _ in self.pending) - BEFORE_S
+        if self._since is None or since < self._since:
+            self._kept, self._since, self._position = [], since, stream_start(since)
+        read = self.feed.read_forward(self._position, FOLLOW_BUDGET_ENTRIES)
+        self._position = read.next_start
+        wanted = {*self.topology.sources, *self.topology.sinks}
+        self._kept.extend(s for s in read.samples if s.vertex in wanted)
+        if len(self._kept) > KEPT_SAMPLES:
+            del self._kept[: len(self._kept) - KEPT_SAMPLES]
+        return self._kept

@@ -33,7 +33,8 @@ import redis
 from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import Checkpoints
 from elastream.control.drains import take_drain
-from elastream.control.monitor import LiveRates
+from elastream.control.metrics import SkippedSamples
+from elastream.control.monitor import LiveRates, SampleFollower
 from elastream.control.retrying import backoff_delay
 from elastream.control.scaling import PrintEvents, ScalingRecord, autoscale, planned_message
 from elastream.core.autoscaling.decision import AutoscalerState, Recommendation
@@ -130,6 +131,8 @@ class TopologyController:
             self.feed, self.topology, bucket_s=self.interval_s, timeout_s=self.catch_up_timeout_s, now=self.clock.now
         )
         self._since: float | None = None
+        #: the tick's read of the metric stream, by entry id; what it skips is counted and told (rate-limited)
+        self.follower = SampleFollower(SkippedSamples(self.topology, self.events, self.clock), 3 * self.interval_s)
         self._started: list[Background] = []
         self.evaluated_at: float | None = None
         #: why Redis cannot be used now ("" when it can), and since when
@@ -380,14 +383,13 @@ class TopologyController:
         refresh the live rates and the recovery measurements. Redis away is not an error here: it is noted
         (`store_error`, a RedisUnavailable event) and the next tick tries again."""
         try:
-            samples = self.feed.read_since(self._since)  # the first read of the tick: also tells if Redis is up
+            samples = self.follower.read(self.feed, self._since)  # the tick's first read: also tells if Redis is up
             self.note_store("")
             record = self._tick()
         except redis.RedisError as exc:
             self.note_store(f"{type(exc).__name__}: {exc}")
             return None
         if samples:
-            self._since = max(s.ts for s in samples) + 0.001
             self.live.add(samples)
         return record
 
