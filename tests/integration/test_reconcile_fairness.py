@@ -1,0 +1,417 @@
+"""Fairness of the operator's reconcile pool (issue 38): eight topologies whose workers never acknowledge a
+checkpoint beside one healthy topology, which still scales out within 30 s of the request.
+
+One `ManagedTopologies` serves nine StreamTopology resources, each driven by the real kopf handler coroutines
+of `elastream.handlers.topology` (`reconcile_loop`, one asyncio task per resource as kopf's daemons are, and
+`changed`, which wakes a loop when its resource changes), every pass on one pool of threads of the operator's
+default size (`OperatorOptions.reconcile_workers`), with real threads, a real Redis and the wall clock.
+
+Real: the handlers, `ManagedTopologies` and its passes, the status writer, the controllers, the epochs, the
+savepoint listing, the registry and metric-stream reads on Redis; for the silent topologies (as many as the
+pool has threads) the real `CheckpointDriver` and `Checkpointer` (the operator's wiring: no thread of their
+own, the default 30 s round deadline, a round every second) and the real `MigrationDriver` as the owner of
+their claim. Not real: the Kubernetes API (`support.operator_fakes`: the resources and events in memory);
+kopf's watch (the test changes the resource and calls `changed`, as a watch event would); the workers: the
+silent topologies' are alive and never acknowledge (`SilentWorkers`: the barriers wait on their control lists
+in Redis, unread), the healthy topology's are `support.fakes`' (an instant migration, checkpoints on demand,
+metrics from the simulator).
+
+Before 7d2a23f a round was waited for inside the pass (`CheckpointDriver.take`), so each silent topology held
+a thread for its round's 30 s and the healthy one's passes queued behind them. Besides the scaling's deadline,
+the test checks what fails then: the scaling went through while every silent round was still open, the silent
+passes returned within their round (it spanned passes) and no pass of any topology waited long for a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.controller import TopologyController
+from elastream.control.managed import ManagedTopology
+from elastream.control.migration import MigrationDriver
+from elastream.control.resource_api import NoRequests
+from elastream.control.resources import ManagedTopologies
+from elastream.core.status import EventReason
+from elastream.core.topology import Topology, topology_prefix
+from elastream.handlers import topology as handlers
+from elastream.handlers.main import OperatorOptions
+from elastream.store.checkpoint import CheckpointStore
+from elastream.store.epoch import RedisEpoch
+from elastream.store.metric_stream import MetricStream
+from elastream.store.registry import connect
+from support.fakes import FakeBackend, FakeCheckpoints, FakeMigrator, SimulatedMetrics
+from support.manifests import edge, manifest, sink, src, work
+from support.operator_fakes import InMemoryEvents, InMemoryStreamTopologies, SilentWorkers
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE = "fairness"
+HEALTHY = "healthy"
+#: seconds between a silent topology's checkpoint rounds (the spec's checkpointIntervalSeconds)
+CHECKPOINT_INTERVAL_S = 1
+#: the default deadline of a round (`CheckpointDriver.timeout_s`), which the silent rounds run into
+ROUND_TIMEOUT_S = 30.0
+#: how long every silent round has been open when the healthy topology's scale-out is requested
+OPEN_BEFORE_REQUEST_S = 3.0
+#: the requirement: the healthy topology's status shows the new node count within this of the request
+SCALE_WITHIN_S = 30.0
+#: no pass holds a pool thread, nor waits for one, longer than this (a pass that looks once at a round takes
+#: milliseconds; before 7d2a23f a silent pass held its thread for the round's 30 s)
+PASS_BOUND_S = 5.0
+
+
+def shown(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What a failure message shows of a status."""
+    return {
+        k: status[k]
+        for k in ("phase", "nodes", "readyNodes", "observedGeneration", "lastScalingSummary")
+        if k in status
+    }
+
+
+def silent_resource(index: int) -> dict[str, Any]:
+    document = manifest(
+        [src("source", 1, rate=10), sink("sink", 1)],
+        [edge("source", "sink")],
+        name=f"silent-{index}",
+        nodes=1,
+        slotsPerNode=2,
+        scaling={"checkpointIntervalSeconds": CHECKPOINT_INTERVAL_S},
+    )
+    document["metadata"].update(namespace=NAMESPACE, uid=f"uid-silent-{index}", generation=1)
+    return document
+
+
+def healthy_resource() -> dict[str, Any]:
+    document = manifest(
+        [src("s", 2, rate=4000), work("parse", 2, costMs=2), sink("z", 1, costMs=0.05)],
+        [edge("s", "parse"), edge("parse", "z")],
+        name=HEALTHY,
+        nodes=2,
+        slotsPerNode=6,
+    )
+    document["metadata"].update(namespace=NAMESPACE, uid="uid-healthy", generation=1)
+    return document
+
+
+class NoWarmUp:
+    """The analysis session: nothing here analyses a metric window (the healthy topology's plan reads the
+    simulator), so a start has nothing to warm up."""
+
+    def start_warm_up(self, topology: Topology, report: Any = None) -> None:
+        return None
+
+
+class Wiring:
+    """`ManagedTopologies.build`: each topology's controller as `ReconcilerBase._build` wires it, over the
+    workers of this test (and the custom API's in-memory resources)."""
+
+    def __init__(self) -> None:
+        self.checkpointers: dict[str, Checkpointer] = {}
+        self.healthy: FakeBackend | None = None
+
+    def build(
+        self, owner: ManagedTopologies, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
+    ) -> TopologyController:
+        client = owner.redis_client
+        common: dict[str, Any] = {
+            "topology": topology,
+            "feed": MetricStream(client, topology.redis_prefix),
+            "requests": NoRequests(),
+            "status": managed,
+            "events": managed.events,
+            "clock": owner.clock,
+            "interval_s": owner.interval_s,
+            "epochs": RedisEpoch(client, topology.redis_prefix),
+            "expected_epoch": managed.state_epoch,
+            "on_nodes_changed": lambda nodes: owner._autoscaled(managed, nodes),
+        }
+        if topology.name == HEALTHY:
+            backend = self.healthy = FakeBackend()
+            return TopologyController(
+                backend=backend,  # type: ignore[arg-type]
+                metrics=SimulatedMetrics(topology, backend),
+                migrator=FakeMigrator(backend),
+                checkpoints=FakeCheckpoints(backend),
+                **common,
+            )
+        silent = SilentWorkers()
+        # the owner of the topology's claim, as in the operator (it never migrates here)
+        migrator = MigrationDriver(
+            topology,
+            silent,  # type: ignore[arg-type]
+            client,
+            topology.scaling.migration,
+            events=managed.events,
+            clock=owner.clock,
+            scope=topology.scaling.migration_scope,
+        )
+        driver = CheckpointDriver(topology, silent, client, identity=migrator.identity, clock=owner.clock)  # type: ignore[arg-type]
+        assert driver.timeout_s == ROUND_TIMEOUT_S  # the default deadline, not one made short for the test
+        checkpointer = Checkpointer(driver, float(topology.scaling.checkpoint_interval_s), own_thread=False)
+        self.checkpointers[topology.name] = checkpointer
+        controller = TopologyController(
+            backend=silent,  # type: ignore[arg-type]
+            metrics=SimulatedMetrics(topology, silent),
+            migrator=migrator,
+            background=[checkpointer],
+            checkpoints=driver,
+            **common,
+        )
+        migrator.on_redis = controller.note_store
+        return controller
+
+
+@dataclass
+class Pass:
+    name: str
+    submitted: float
+    started: float
+    ended: float | None = None
+
+    def held(self, now: float) -> float:
+        """Seconds it held (or, still running, holds) its thread."""
+        return (now if self.ended is None else self.ended) - self.started
+
+
+class RecordingPool(ThreadPoolExecutor):
+    """The operator's reconcile pool (`handlers.POOL`, its threads and its queue as they are), noting for each
+    pass which topology it is of, when it was submitted, started and ended."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix="reconcile")
+        self._lock = threading.Lock()
+        self.passes: list[Pass] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        body = args[0] if args and isinstance(args[0], Mapping) else {}
+        name = str((body.get("metadata") or {}).get("name"))
+        submitted = time.monotonic()
+
+        def recorded() -> Any:
+            noted = Pass(name, submitted, time.monotonic())
+            with self._lock:
+                self.passes.append(noted)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                noted.ended = time.monotonic()
+
+        return super().submit(recorded)
+
+    def of(self, name: str) -> list[Pass]:
+        with self._lock:
+            return [p for p in self.passes if p.name == name]
+
+
+class Stopped:
+    """kopf's `DaemonStopped`: false until the daemon is told to stop."""
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def __bool__(self) -> bool:
+        return self.flag
+
+
+def shows(status: Mapping[str, Any], nodes: int, generation: int) -> bool:
+    return (
+        status.get("phase") == "Running"
+        and status.get("nodes") == nodes
+        and status.get("readyNodes") == nodes
+        and int(status.get("observedGeneration") or 0) >= generation
+    )
+
+
+async def until(probe: Callable[[], Any], timeout_s: float, what: str, detail: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}\n{detail()}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(240)
+def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: str) -> None:
+    workers = OperatorOptions(redis_url=redis_url).reconcile_workers  # the pool's default size
+    silent = [silent_resource(i) for i in range(workers)]
+    bodies = {b["metadata"]["name"]: b for b in [*silent, healthy_resource()]}
+    silent_names = [b["metadata"]["name"] for b in silent]
+
+    client = connect(redis_url, wait_s=5.0)  # the operator's one connection
+    look = redis.Redis.from_url(redis_url)  # the test's own
+    api, events, wiring = InMemoryStreamTopologies(), InMemoryEvents(), Wiring()
+    topologies = ManagedTopologies(
+        redis_client=client,
+        redis_url=redis_url,
+        core_api=events,  # type: ignore[arg-type]
+        custom_api=api,
+        analyzer=NoWarmUp(),  # type: ignore[arg-type]
+        running_spec=lambda topology, metadata: (None, None),  # no ConfigMap: new topologies
+        topology_users=False,
+        build=wiring.build,  # type: ignore[arg-type]
+    )
+    pool = RecordingPool(workers)
+    saved = handlers.TOPOLOGIES, handlers.POOL
+    handlers.TOPOLOGIES, handlers.POOL = topologies, pool
+
+    def claim(name: str) -> str | None:
+        """The checkpoint round holding the topology in Redis (its claim), if any."""
+        current = CheckpointStore(look, topology_prefix(NAMESPACE, name)).current()
+        return current if current is not None and current.startswith("ckpt-") else None
+
+    def detail() -> str:
+        now = time.monotonic()
+        lines = []
+        for name in [*silent_names, HEALTHY]:
+            passes = pool.of(name)
+            lines.append(
+                f"  {name}: {len(passes)} passes, longest held {max((p.held(now) for p in passes), default=0):.1f} s, "
+                f"longest queued {max((p.started - p.submitted for p in passes), default=0):.1f} s; "
+                f"round {claim(name) if name != HEALTHY else '-'}; "
+                f"status {shown(api.status(NAMESPACE, name))}"
+            )
+        return "\n".join(lines)
+
+    async def scenario() -> dict[str, Any]:
+        memos: dict[str, dict[str, Any]] = {name: {} for name in bodies}
+        stops = {name: Stopped() for name in bodies}
+        tasks = []
+        for name, body in bodies.items():  # as kopf hands them over: the resource listed, its daemon started
+            api.add(body)
+            tasks.append(asyncio.create_task(handlers.reconcile_loop(body=body, memo=memos[name], stopped=stops[name])))
+            await handlers.changed(event={"type": None, "object": body}, memo=memos[name])
+        try:
+            await until(
+                lambda: all(shows(api.status(NAMESPACE, n), int(bodies[n]["spec"]["nodes"]), 1) for n in bodies),
+                20.0,
+                "every topology Running",
+                detail,
+            )
+
+            # every silent topology's round begins (its sources told to checkpoint; nothing will acknowledge)
+            def every_round_open() -> dict[str, str] | None:
+                rounds = {n: claim(n) for n in silent_names}
+                return rounds if all(rounds.values()) else None  # type: ignore[return-value]
+
+            opened = await until(
+                every_round_open,
+                10.0 + CHECKPOINT_INTERVAL_S,
+                "a checkpoint round of every silent topology",
+                detail,
+            )
+            opened_at = time.monotonic()
+            await asyncio.sleep(OPEN_BEFORE_REQUEST_S)
+
+            # the user scales the healthy topology out: the API server moves the generation on, the watch wakes it
+            body = bodies[HEALTHY]
+            target = int(body["spec"]["nodes"]) + 1
+            generation = api.set_spec(NAMESPACE, HEALTHY, {**body["spec"], "nodes": target})
+            body["spec"] = {**body["spec"], "nodes": target}
+            body["metadata"]["generation"] = generation
+            requested = time.monotonic()
+            await handlers.changed(event={"type": "MODIFIED", "object": body}, memo=memos[HEALTHY])
+
+            def scaled() -> float | None:
+                return next(
+                    (
+                        at
+                        for at, s in api.history(NAMESPACE, HEALTHY)
+                        if at >= requested and shows(s, target, generation)
+                    ),
+                    None,
+                )
+
+            with contextlib.suppress(AssertionError):  # the requirement is asserted below, with the figures
+                await until(scaled, SCALE_WITHIN_S + 1.0, "the healthy topology's scale-out", detail)
+            done_at = scaled()
+            during = {n: claim(n) for n in silent_names}  # the silent rounds as the scale-out was seen done
+            at_scale = detail()
+
+            # the silent rounds run into their deadline, one look per pass, and fail then
+            def failed() -> dict[str, Any] | None:
+                results = {n: wiring.checkpointers[n].last for n in silent_names}
+                return results if all(r is not None and r.outcome == "failed" for r in results.values()) else None
+
+            results = await until(failed, ROUND_TIMEOUT_S + 15.0, "every silent round to fail at its deadline", detail)
+            failed_at = time.monotonic()
+            return {
+                "opened": opened,
+                "opened_at": opened_at,
+                "requested": requested,
+                "done_at": done_at,
+                "during": during,
+                "at_scale": at_scale,
+                "results": results,
+                "failed_at": failed_at,
+                "target": target,
+            }
+        finally:
+            for name in bodies:  # kopf stopping the daemons: each loop ends after its pass in progress
+                stops[name].flag = True
+                memos[name]["wake"].set()
+            _, left = await asyncio.wait(tasks, timeout=ROUND_TIMEOUT_S + 15.0)
+            for task in left:
+                task.cancel()
+
+    try:
+        run = asyncio.run(scenario())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for name in bodies:  # the delete path: controllers closed (an open round abandoned), keys deleted
+            topologies.remove(NAMESPACE, name)
+        handlers.TOPOLOGIES, handlers.POOL = saved
+        leftover = [k for name in bodies for k in look.scan_iter(match=f"{topology_prefix(NAMESPACE, name)}*")]
+        if leftover:
+            look.delete(*leftover)
+        client.close()
+        look.close()
+
+    requested, done_at, opened_at, failed_at = run["requested"], run["done_at"], run["opened_at"], run["failed_at"]
+    now = time.monotonic()
+    during_rounds = {n: sum(opened_at <= p.started <= failed_at for p in pool.of(n)) for n in silent_names}
+    held = {n: max(p.held(now) for p in pool.of(n)) for n in bodies}
+    queued = {n: max(p.started - p.submitted for p in pool.of(n)) for n in bodies}
+    summary = (
+        f"scale-out {run['target'] - 1} -> {run['target']} requested {OPEN_BEFORE_REQUEST_S:g} s into "
+        f"{len(silent_names)} open silent rounds, shown "
+        + (f"{done_at - requested:.2f} s after the request" if done_at is not None else "never")
+        + f"; silent passes started during their rounds: {sorted(during_rounds.values())}; longest pass "
+        f"{max(held.values()):.2f} s; longest wait for a thread {max(queued.values()):.2f} s "
+        f"(the healthy topology's {queued[HEALTHY]:.2f} s)\nat the scale-out:\n{run['at_scale']}"
+    )
+    print(summary)
+
+    # the requirement: the healthy topology scaled out within 30 s of the request (status and generation)
+    assert done_at is not None and done_at - requested <= SCALE_WITHIN_S, summary
+    assert wiring.healthy is not None and len(wiring.healthy.current_schedule().nodes) == run["target"]
+    assert EventReason.SCALED in events.reasons(HEALTHY)
+
+    # ... while every silent round that was open at the request was still open, unanswered: the healthy
+    # topology was served beside them, not after them
+    assert run["during"] == run["opened"], f"silent rounds at the scale-out: {run['during']}\n{summary}"
+
+    # the silent passes returned while their rounds ran on (each round spanned passes), none held a thread
+    # for long, and no pass (the healthy one's above all) waited long for a thread
+    assert min(during_rounds.values()) >= 3, summary
+    assert max(held.values()) < PASS_BOUND_S, summary
+    assert max(queued.values()) < PASS_BOUND_S, summary
+
+    # the silent rounds failed at their deadline (never acknowledged), each after the scale-out was done
+    for name, result in run["results"].items():
+        assert "timed out" in result.reason, (name, result)
+        assert result.checkpoint_id == run["opened"][name], (name, result, run["opened"])
