@@ -159,6 +159,7 @@ class Wiring:
         )
         driver = CheckpointDriver(topology, silent, client, identity=migrator.identity, clock=owner.clock)  # type: ignore[arg-type]
         assert driver.timeout_s == ROUND_TIMEOUT_S  # the default deadline, not one made short for the test
+        migrator.before_claim, migrator.own_round = driver.abandon_open, driver.open_round  # as `_build` wires them
         checkpointer = Checkpointer(driver, float(topology.scaling.checkpoint_interval_s), own_thread=False)
         self.checkpointers[topology.name] = checkpointer
         controller = TopologyController(

@@ -187,9 +187,6 @@ class FakeCheckpoints:
         self.discarded += 1
         return 0
 
-    def open_round(self) -> str | None:
-        return None  # a take completes at once: no round spans ticks
-
 
 class SimulatedMetrics:
     def __init__(self, topology, backend: FakeBackend) -> None:

@@ -62,8 +62,6 @@ class Checkpoints(Protocol):
 
     def discard_uncommitted(self) -> int: ...
 
-    def open_round(self) -> str | None: ...
-
 
 @dataclass
 class CheckpointDriver:

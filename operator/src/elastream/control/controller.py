@@ -210,7 +210,7 @@ class TopologyController:
         try:
             if not self._check_epoch():
                 return SuspendResult(False, reason=self.state_lost)
-            if self._left_unfinished():
+            if self.migrator.unfinished() is not None:
                 self._resume()  # a migration nobody drives: finished or rolled back before the checkpoint
             if self.backend.failed_nodes():
                 checkpoint = self.checkpoints.latest() if self.checkpoints is not None else None
@@ -290,7 +290,7 @@ class TopologyController:
         (`migrator.recover`), or from the sources' beginning when there is none; then the periodic work.
         Workers that already run it (an earlier attempt's restore, finished by `_resume`) are left alone."""
         report: MigrationReport | None = None
-        if self._left_unfinished():
+        if self.migrator.unfinished() is not None:
             self._resume()  # an earlier attempt's restore left (Redis went away): finished from its record
         schedule = self.backend.current_schedule()
         if not (set(schedule.nodes) <= self.backend.running_nodes() and not self.backend.failed_nodes()):
@@ -398,7 +398,7 @@ class TopologyController:
             return None  # no worker runs: nothing to recover, scale or checkpoint until `resume`
         if not self._check_epoch():
             return None  # no recovery, scaling or checkpoint may write over (or restart from) an empty store
-        if self._left_unfinished():
+        if self.migrator.unfinished() is not None:
             self._resume()
         # before the recovery: a drained worker that exits is out of the schedule, not lost
         take_drain(self)
@@ -416,13 +416,6 @@ class TopologyController:
         self.follow_up.tick()
         self.status.flush()
         return record
-
-    def _left_unfinished(self) -> bool:
-        """Whether a migration or checkpoint round holds the topology with nobody driving it (`_resume` then
-        finishes or abandons it). This controller's own checkpoint round, which spans ticks, is driven."""
-        current = self.migrator.unfinished()
-        own = self.checkpoints.open_round() if self.checkpoints is not None else None
-        return current is not None and current != own
 
     def note_store(self, error: str) -> None:
         """Redis went away (`error` says how) or is back (""): one event each way, `store_error` meanwhile. A

@@ -128,4 +128,5 @@ def local_controller(
     )
     driver.on_redis = controller.note_store
     driver.before_claim = checkpoints.abandon_open
+    driver.own_round = checkpoints.open_round
     return controller

@@ -119,6 +119,9 @@ class MigrationDriver:
     #: called before a migration (a rescale, a drain, a recovery's rollback) claims the topology: this
     #: controller's own checkpoint round, which spans reconcile passes, gives way (`CheckpointDriver.abandon_open`)
     before_claim: Callable[[str], object] | None = None
+    #: the id of this controller's own checkpoint round in progress (`CheckpointDriver.open_round`): driven, so
+    #: never "unfinished" (a round spans reconcile passes and holds the topology's claim meanwhile)
+    own_round: Callable[[], str | None] | None = None
     #: CCR: pause every executor (`all`) or only those that move (`moving`); see the module
     scope: MigrationScope = "all"
     #: whether a completed migration (the latest checkpoint then) waits for its commit to be on disk
@@ -169,9 +172,12 @@ class MigrationDriver:
 
     def unfinished(self) -> str | None:
         """The id of a migration or checkpoint that holds the topology with no live owner driving it (its
-        controller died, or gave up waiting for Redis): `resume` finishes or abandons it. None otherwise."""
+        controller died, or gave up waiting for Redis): `resume` finishes or abandons it. None otherwise, and
+        for this controller's own checkpoint round in progress (`own_round`)."""
         current = self.store.current()
-        if current is None or self.owner.held_by_another() is not None:
+        if current is None or (self.own_round is not None and current == self.own_round()):
+            return None
+        if self.owner.held_by_another() is not None:
             return None
         return current
 

@@ -206,6 +206,7 @@ class ReconcilerBase:
         )
         migrator.on_redis = controller.note_store
         migrator.before_claim = checkpoints.abandon_open
+        migrator.own_round = checkpoints.open_round
         backend.on_waiting = lambda pending: self.report_pending(managed, pending, write=True)
         return controller
 
