@@ -30,19 +30,9 @@ from support.fakes import (
     SimulatedMetrics,
 )
 from support.manifests import edge, manifest, sink, src, work
+from support.operator_fakes import apply_merge_patch
 
 # ------------------------------------------------------------------------------------------- the fakes
-
-
-def apply_merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            apply_merge_patch(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
-    return target
 
 
 class FakeCustomApi:
