@@ -3,7 +3,7 @@
 The operator's own reconcile machinery, driven as `elastream operator` drives it: the kopf handlers of
 `elastream.handlers.topology` (`reconcile_loop`, one asyncio task per resource as kopf's daemons are, and
 `changed`, which wakes a loop when its spec changes) on one asyncio loop, each pass
-(`ManagedTopologies.reconcile`) on the one pool of `reconcile_workers` (8) threads, over the real controller,
+(`ManagedTopologies.reconcile`) on the reconcile pool of `reconcile_workers` (8) slots, over the real controller,
 Kubernetes backend, migration and checkpoint drivers, status writer and a real Redis (with a Redis ACL user
 per topology and the operator's `UserKeeper`). What is not real:
 - the Kubernetes API is in memory (`InMemoryApi`): pods, ConfigMaps, Secrets, PodDisruptionBudgets, events and
@@ -59,12 +59,12 @@ import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))  # support/
 sys.path.insert(0, os.path.join(HERE, os.pardir, "operator", "src"))
+from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots  # noqa: E402
 from support.paths import REPO  # noqa: E402
 
 WORKERS_SCRIPT = os.path.join(HERE, "operator_scale_workers.py")
@@ -547,14 +547,14 @@ def _prefix(namespace: str, name: str) -> str:
 # -------------------------------------------------------------------------------------- the timed thread pool
 
 
-class TimedPool(ThreadPoolExecutor):
-    """The operator's reconcile pool (`handlers.POOL`), timing each pass: how long it waited for a thread
-    (queued) and ran, and the time since the same topology's last pass started (its period). While
-    `recording`, the figures go into compact arrays (a few hundred KiB at the largest size); the passes of
-    `probe` (a topology's key) are kept apart with wall-clock times, whenever they run."""
+class TimedPool(ReconcilePool):
+    """The operator's reconcile pool (`handlers.POOL`, `handlers.main.reconcile_pool`), timing each pass: how
+    long it waited for a thread (queued) and ran, and the time since the same topology's last pass started
+    (its period). While `recording`, the figures go into compact arrays (a few hundred KiB at the largest
+    size); the passes of `probe` (a topology's key) are kept apart with wall-clock times, whenever they run."""
 
-    def __init__(self, max_workers: int, probe: str = "") -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix="reconcile")
+    def __init__(self, slots: ReconcileSlots, waiting: int, probe: str = "") -> None:
+        super().__init__(slots, waiting)
         self.probe = probe
         self.recording = False
         self.passes = 0
@@ -666,6 +666,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
     round_trips = count_round_trips(redis_client)
     api = InMemoryApi(lambda op: pods_client.rpush(POD_QUEUE, json.dumps(op)))
     options = OperatorOptions(redis_url=args.redis)
+    slots = ReconcileSlots(options.reconcile_workers)
     topologies = ManagedTopologies(
         redis_client=redis_client,
         redis_url=args.redis,
@@ -679,8 +680,9 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
         volatile_every_s=options.status_every_s,
+        slots=slots,
     )
-    pool = TimedPool(options.reconcile_workers, probe=PROBE)
+    pool = TimedPool(slots, options.waiting_passes, probe=PROBE)
     handlers.TOPOLOGIES, handlers.POOL = topologies, pool
     warnings = WarningCounter()
     logging.getLogger().addHandler(warnings)
@@ -1121,8 +1123,9 @@ def render(results: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str
         "Real: the operator's reconcile machinery as `elastream operator` wires it (`handlers/main.py`): the kopf "
         "handlers of `handlers/topology.py` (`reconcile_loop`, one asyncio task per resource as kopf's daemons "
         "are, and `changed`, which wakes a loop when its spec changes), each pass "
-        "(`ManagedTopologies.reconcile`, `control/resources.py`, `lifecycle.py`, `reconciler_base.py`) on the one "
-        "pool of `reconcile_workers` = 8 threads, the controller, the Kubernetes backend (`backends/kubernetes.py`: "
+        "(`ManagedTopologies.reconcile`, `control/resources.py`, `lifecycle.py`, `reconciler_base.py`) on the "
+        "reconcile pool of `reconcile_workers` = 8 slots (`control/reconcile_slots.py`), the controller, the "
+        "Kubernetes backend (`backends/kubernetes.py`: "
         "ConfigMap, Secret, PodDisruptionBudget and worker pods per topology), the migration (CCR) and checkpoint "
         "drivers, the status writer (`status_writer.py`, one merge patch per change, the rates at most every "
         "15 s), events, a real redis-server (one per size) with a Redis ACL user per topology and the operator's "
@@ -1513,7 +1516,7 @@ def findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
     out = [
         "## What limits scale",
         f"**The reconcile pool.** At {n:,} topologies the one pool of 8 reconcile threads is the bottleneck. An "
-        f"idle topology asks for a pass every `tick_s` = 2 s (control/reconciler_base.py:76), {n / 2:,.0f} passes "
+        f"idle topology asks for a pass every `tick_s` = 2 s (control/reconciler_base.py:77), {n / 2:,.0f} passes "
         f"per second in all; the pool ran {rate:,.0f} per second, so a pass waited "
         f"{_f(s['queued_ms']['p50'] / 1000.0, 1)} s (median) for a thread and a topology got one every "
         f"{_f(s['period_s']['p50'], 1)} s instead of 2 s. The "
@@ -1524,17 +1527,19 @@ def findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
         f"machine (Redis PING; Redis itself used {_f(p['redis_cpu_cores'], 2)} cores), that is most of the "
         f"{_f(s['pass_ms']['p50'], 0)} ms a pass took (median). The pool's throughput is about `reconcile_workers` / "
         "(round trips x round-trip time + processor time per pass): a quieter machine goes further, but the bound "
-        "is the same, and every topology shares one first-in first-out queue (handlers/topology.py:53, "
-        "`loop.run_in_executor(POOL, ...)`; the pool: handlers/main.py:235, `reconcile_workers` = 8 at "
-        "handlers/main.py:77), so a topology whose spec changed waits behind every idle tick.",
+        "is the same, and every topology shares one first-in first-out queue (handlers/topology.py:54, "
+        "`loop.run_in_executor(POOL, ...)`; the pool: handlers/main.py:218, `reconcile_workers` = 8 slots at "
+        "handlers/main.py:77), so a topology whose spec changed waits behind every idle tick. (A pass that waits "
+        "for pods gives its slot back, control/reconcile_slots.py; an idle topology's pass never waits, so here "
+        "the pool kept its 8 threads.)",
         f"**A scaling waits twice.** A change of `spec.nodes` is acted on two passes later: the pass that sees it "
-        "notes the new spec and comes back after `settle_s` = 1 s (control/resources.py:244, "
-        "control/reconciler_base.py:78), and the next pass scales; both wait for a thread in that queue. So at "
+        "notes the new spec and comes back after `settle_s` = 1 s (control/resources.py:247, "
+        "control/reconciler_base.py:79), and the next pass scales; both wait for a thread in that queue. So at "
         f"{n:,} topologies spec.nodes -> status took {_median_range([v / 1000.0 for v in latency], 1)} s, of "
         f"which the scaling itself (analysis, plan, CCR migration) {_median_range(scaling)} ms; at {small['n']:,} "
         f"topology it is the settle second plus the scaling, {_median_range(small_latency)} ms.",
         "**What a pass reads.** In order (control/resources.py `_reconcile`): the topology's Redis user, with an "
-        "ACL GETUSER on every pass that compares its rules (control/resources.py:168 -> control/lifecycle.py:284 "
+        "ACL GETUSER on every pass that compares its rules (control/resources.py:171 -> control/lifecycle.py:284 "
         "-> store/acl.py:187), although the operator's `UserKeeper` already sets a lost user again within 2 s "
         f"with one ACL USERS for all of them (store/acl.py:219, 241); {getuser}; then the controller's tick "
         "(control/controller.py:386-415): the metric stream (a Lua "
@@ -1557,7 +1562,7 @@ def findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
         "analysis waits behind them.",
         f"**API requests.** {per_minute(s['status_writes'], s['window_s']) / n:,.1f} status writes per topology "
         "per minute: the rates change a little every interval and are written at most every `status_every_s` = "
-        "15 s (control/status_writer.py:70; handlers/main.py:79), fewer when passes are further apart; "
+        "15 s (control/status_writer.py:70; handlers/main.py:82), fewer when passes are further apart; "
         f"{per_minute(s['status_writes'], s['window_s']):,.0f} a minute to the API server at {n:,}. Every pass "
         f"also lists the topology's pods ({per_minute(lists, s['window_s']):,.0f} lists a minute at {n:,}: the "
         "backend's pod cache, `POD_CACHE_S` = 0.5 s at control/backends/kubernetes.py:94, is shorter than the time "

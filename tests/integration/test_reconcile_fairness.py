@@ -29,7 +29,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +39,7 @@ from elastream.control.checkpoints import CheckpointDriver, Checkpointer
 from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.migration import MigrationDriver
+from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.resource_api import NoRequests
 from elastream.control.resources import ManagedTopologies
 from elastream.core.status import EventReason
@@ -52,7 +52,7 @@ from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import connect
 from support.fakes import FakeBackend, FakeCheckpoints, FakeMigrator, SimulatedMetrics
 from support.manifests import edge, manifest, sink, src, work
-from support.operator_fakes import InMemoryEvents, InMemoryStreamTopologies, SilentWorkers
+from support.operator_fakes import InMemoryEvents, InMemoryStreamTopologies, SilentWorkers, UnreadyWorkers
 
 pytestmark = pytest.mark.integration
 
@@ -174,6 +174,27 @@ class Wiring:
         return controller
 
 
+def operator_loop(
+    client: redis.Redis, redis_url: str, api: InMemoryStreamTopologies, events: InMemoryEvents, build: Any
+) -> tuple[ManagedTopologies, RecordingPool]:
+    """`ManagedTopologies` and its pool as `elastream operator` makes them (`handlers.main.reconcile_pool`:
+    the default slots and waiting passes), over the test's in-memory API and `build`."""
+    options = OperatorOptions(redis_url=redis_url)
+    slots = ReconcileSlots(options.reconcile_workers)
+    topologies = ManagedTopologies(
+        redis_client=client,
+        redis_url=redis_url,
+        core_api=events,  # type: ignore[arg-type]
+        custom_api=api,
+        analyzer=NoWarmUp(),  # type: ignore[arg-type]
+        running_spec=lambda topology, metadata: (None, None),  # no ConfigMap: new topologies
+        topology_users=False,
+        build=build,
+        slots=slots,
+    )
+    return topologies, RecordingPool(slots, options.waiting_passes)
+
+
 @dataclass
 class Pass:
     name: str
@@ -186,12 +207,12 @@ class Pass:
         return (now if self.ended is None else self.ended) - self.started
 
 
-class RecordingPool(ThreadPoolExecutor):
+class RecordingPool(ReconcilePool):
     """The operator's reconcile pool (`handlers.POOL`, its threads and its queue as they are), noting for each
     pass which topology it is of, when it was submitted, started and ended."""
 
-    def __init__(self, max_workers: int) -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix="reconcile")
+    def __init__(self, slots: ReconcileSlots, waiting: int) -> None:
+        super().__init__(slots, waiting)
         self._lock = threading.Lock()
         self.passes: list[Pass] = []
 
@@ -256,17 +277,7 @@ def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: 
     client = connect(redis_url, wait_s=5.0)  # the operator's one connection
     look = redis.Redis.from_url(redis_url)  # the test's own
     api, events, wiring = InMemoryStreamTopologies(), InMemoryEvents(), Wiring()
-    topologies = ManagedTopologies(
-        redis_client=client,
-        redis_url=redis_url,
-        core_api=events,  # type: ignore[arg-type]
-        custom_api=api,
-        analyzer=NoWarmUp(),  # type: ignore[arg-type]
-        running_spec=lambda topology, metadata: (None, None),  # no ConfigMap: new topologies
-        topology_users=False,
-        build=wiring.build,  # type: ignore[arg-type]
-    )
-    pool = RecordingPool(workers)
+    topologies, pool = operator_loop(client, redis_url, api, events, wiring.build)
     saved = handlers.TOPOLOGIES, handlers.POOL
     handlers.TOPOLOGIES, handlers.POOL = topologies, pool
 
@@ -416,3 +427,188 @@ def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: 
     for name, result in run["results"].items():
         assert "timed out" in result.reason, (name, result)
         assert result.checkpoint_id == run["opened"][name], (name, result, run["opened"])
+
+
+def unready_resource(index: int) -> dict[str, Any]:
+    document = manifest(
+        [src("source", 1, rate=10), sink("sink", 1)], [edge("source", "sink")], name=f"unready-{index}", nodes=2
+    )
+    document["metadata"].update(namespace=NAMESPACE, uid=f"uid-unready-{index}", generation=1)
+    return document
+
+
+class UnreadyWiring(Wiring):
+    """`Wiring`, but the other topologies' worker pods never become ready (`UnreadyWorkers`: the real
+    `NodeBackend`, its start waiting the operator's default `start_timeout_s` of 180 s), wired as `_build`
+    wires a backend (the pending pods reported while a start waits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unready: dict[str, UnreadyWorkers] = {}
+
+    def build(
+        self, owner: ManagedTopologies, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
+    ) -> TopologyController:
+        if topology.name == HEALTHY:
+            return super().build(owner, topology, metadata, managed)
+        client = owner.redis_client
+        backend = UnreadyWorkers(topology, client, owner.start_timeout_s, clock=owner.clock)
+        self.unready[topology.name] = backend
+        migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, clock=owner.clock)
+        controller = TopologyController(
+            topology=topology,
+            backend=backend,
+            metrics=SimulatedMetrics(topology, backend),
+            migrator=migrator,
+            feed=MetricStream(client, topology.redis_prefix),
+            requests=NoRequests(),
+            status=managed,
+            events=managed.events,
+            clock=owner.clock,
+            interval_s=owner.interval_s,
+            epochs=RedisEpoch(client, topology.redis_prefix),
+            expected_epoch=managed.state_epoch,
+        )
+        backend.on_waiting = lambda pending: owner.report_pending(managed, pending, write=True)
+        return controller
+
+
+@pytest.mark.timeout(240)
+def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis_url: str) -> None:
+    """As many topologies as the pool has slots, whose worker pods never become ready (a start waits up to
+    180 s, then fails and is retried with backoff, for as long as the image cannot be pulled), beside one
+    healthy topology: it still scales out within 30 s of the request. Before `control.reconcile_slots` each
+    waiting start held one of the pool's 8 threads for 180 s, so the healthy topology's pass queued
+    behind them."""
+    options = OperatorOptions(redis_url=redis_url)
+    waiting = [unready_resource(i) for i in range(options.reconcile_workers)]
+    waiting_names = [b["metadata"]["name"] for b in waiting]
+    healthy = healthy_resource()
+    bodies = {b["metadata"]["name"]: b for b in [healthy, *waiting]}
+
+    client = connect(redis_url, wait_s=5.0)
+    api, events, wiring = InMemoryStreamTopologies(), InMemoryEvents(), UnreadyWiring()
+    topologies, pool = operator_loop(client, redis_url, api, events, wiring.build)
+    assert topologies.start_timeout_s == 180.0  # the operator's default wait, not one made short for the test
+    saved = handlers.TOPOLOGIES, handlers.POOL
+    handlers.TOPOLOGIES, handlers.POOL = topologies, pool
+    slots = topologies.slots
+    assert slots is not None
+
+    def detail() -> str:
+        now = time.monotonic()
+        lines = [f"  slots: {slots.running_now} running, {slots.parked_now} parked, most {slots.running_most}"]
+        for name in [HEALTHY, *waiting_names]:
+            passes = pool.of(name)
+            lines.append(
+                f"  {name}: {len(passes)} passes, longest held {max((p.held(now) for p in passes), default=0):.1f} s, "
+                f"longest queued {max((p.started - p.submitted for p in passes), default=0):.1f} s; "
+                f"status {shown(api.status(NAMESPACE, name))}"
+            )
+        return "\n".join(lines)
+
+    async def scenario() -> dict[str, Any]:
+        memos: dict[str, dict[str, Any]] = {name: {} for name in bodies}
+        stops = {name: Stopped() for name in bodies}
+        tasks: list[asyncio.Task[None]] = []
+
+        async def add(name: str) -> None:  # as kopf hands a resource over: listed, its daemon started
+            api.add(bodies[name])
+            tasks.append(
+                asyncio.create_task(handlers.reconcile_loop(body=bodies[name], memo=memos[name], stopped=stops[name]))
+            )
+            await handlers.changed(event={"type": None, "object": bodies[name]}, memo=memos[name])
+
+        try:
+            await add(HEALTHY)
+            await until(lambda: shows(api.status(NAMESPACE, HEALTHY), 2, 1), 20.0, "the healthy one Running", detail)
+            for name in waiting_names:
+                await add(name)
+            # every other topology's start is waiting for its pods
+            await until(
+                lambda: (
+                    len(wiring.unready) == len(waiting_names)
+                    and all(b.waiting.is_set() for b in wiring.unready.values())
+                ),
+                20.0,
+                "every other topology's start waiting for its pods",
+                detail,
+            )
+            pending = {n: api.status(NAMESPACE, n) for n in waiting_names}
+            await asyncio.sleep(OPEN_BEFORE_REQUEST_S)
+
+            body = bodies[HEALTHY]
+            target = int(body["spec"]["nodes"]) + 1
+            generation = api.set_spec(NAMESPACE, HEALTHY, {**body["spec"], "nodes": target})
+            body["spec"] = {**body["spec"], "nodes": target}
+            body["metadata"]["generation"] = generation
+            requested = time.monotonic()
+            await handlers.changed(event={"type": "MODIFIED", "object": body}, memo=memos[HEALTHY])
+
+            def scaled() -> float | None:
+                return next(
+                    (
+                        at
+                        for at, s in api.history(NAMESPACE, HEALTHY)
+                        if at >= requested and shows(s, target, generation)
+                    ),
+                    None,
+                )
+
+            with contextlib.suppress(AssertionError):  # the requirement is asserted below, with the figures
+                await until(scaled, SCALE_WITHIN_S + 1.0, "the healthy topology's scale-out", detail)
+            return {
+                "requested": requested,
+                "done_at": scaled(),
+                "target": target,
+                "pending": pending,
+                "parked_at_scale": slots.parked_now,
+                "still_waiting": [n for n, b in wiring.unready.items() if not b.gone.is_set() and b.running_nodes()],
+                "at_scale": detail(),
+            }
+        finally:
+            for backend in wiring.unready.values():  # the pods go: each wait ends as a worker that died
+                backend.gone.set()
+            for name in bodies:
+                stops[name].flag = True
+                if "wake" in memos[name]:
+                    memos[name]["wake"].set()
+            _, left = await asyncio.wait(tasks, timeout=30.0)
+            for task in left:
+                task.cancel()
+
+    try:
+        run = asyncio.run(scenario())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for name in bodies:
+            topologies.remove(NAMESPACE, name)
+        handlers.TOPOLOGIES, handlers.POOL = saved
+        client.close()
+
+    requested, done_at = run["requested"], run["done_at"]
+    queued = max(p.started - p.submitted for p in pool.of(HEALTHY))
+    summary = (
+        f"{pool.threads} threads; scale-out {run['target'] - 1} -> {run['target']} requested beside "
+        f"{len(waiting_names)} starts waiting for their pods, shown "
+        + (f"{done_at - requested:.2f} s after the request" if done_at is not None else "never")
+        + f"; {run['parked_at_scale']} passes parked at the scale-out; the healthy topology's longest wait for a "
+        f"thread {queued:.2f} s; at most {slots.running_most} passes held a slot\nat the scale-out:\n{run['at_scale']}"
+    )
+    print(summary)
+
+    assert done_at is not None and done_at - requested <= SCALE_WITHIN_S, summary
+    assert wiring.healthy is not None and len(wiring.healthy.current_schedule().nodes) == run["target"]
+    # ... while every other start still waited for its pods, parked, its slot given back
+    assert run["parked_at_scale"] == len(waiting_names), summary
+    assert sorted(run["still_waiting"]) == sorted(waiting_names), summary
+    # they said why while they waited: the pods' reason in their status (the Available condition)
+    for name, status in run["pending"].items():
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        assert status.get("phase") != "Running", (name, status)
+        assert "ImagePullBackOff" in str(conditions.get("Available", {}).get("message")), (name, status)
+    # the slots bounded the passes doing work, and the healthy one never queued long for a thread
+    assert slots.running_most <= options.reconcile_workers, summary
+    assert queued < PASS_BOUND_S, summary
+    # one thread more per parked pass, no more: an idle pool keeps its slots' threads
+    assert pool.threads <= options.reconcile_workers + len(waiting_names) + 1, (pool.threads, summary)

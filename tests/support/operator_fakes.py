@@ -1,7 +1,8 @@
 """In-memory stand-ins for an operator serving many StreamTopology resources: the custom-objects API of several
 resources (`InMemoryStreamTopologies`, what `tests/unit/test_reconciler.py`'s `FakeCustomApi` is for one), the
-core API's events (`InMemoryEvents`), and workers that are alive but never acknowledge a checkpoint
-(`SilentWorkers`, a `support.fakes.FakeBackend`).
+core API's events (`InMemoryEvents`), workers that are alive but never acknowledge a checkpoint
+(`SilentWorkers`, a `support.fakes.FakeBackend`), and pods that never become ready (`UnreadyWorkers`, the
+real `NodeBackend` over Redis with pods the scheduler cannot place).
 
 Every call is thread-safe: the operator's reconcile passes run on a pool of threads."""
 
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from elastream.control.backends.nodes import NodeBackend
 from support.fakes import FakeBackend
 
 
@@ -118,3 +120,40 @@ class SilentWorkers(FakeBackend):
 
     def check_alive(self) -> None:
         return None
+
+
+class UnreadyWorkers(NodeBackend):
+    """The real `NodeBackend` (the schedule published in Redis, the readiness wait of `start`) whose worker
+    pods are created and never become ready, as pods of an image that cannot be pulled are: pending, with
+    the kubelet's reason, until the test ends them (`gone`: each wait ends then as a worker that died)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pods: set[str] = set()
+        self.gone = threading.Event()
+        #: set once a wait for these pods began (the start published its schedule and created them)
+        self.waiting = threading.Event()
+
+    def running_nodes(self) -> set[str]:
+        return set(self._pods)
+
+    def spawn(self, node: str, staged_version: int = 0) -> None:
+        self._pods.add(node)
+
+    def stop_nodes(self, nodes: Any) -> None:
+        self._pods.difference_update(nodes)
+
+    def release_nodes(self, nodes: Any) -> None:
+        self._pods.difference_update(nodes)
+
+    def stop_workers(self) -> None:
+        self._pods.clear()
+
+    def failed_nodes(self) -> dict[str, str]:
+        if self.gone.is_set():
+            return {n: f"pod of {n} deleted (the test is over)" for n in sorted(self._pods)}
+        return {}
+
+    def pending_nodes(self) -> dict[str, str]:
+        self.waiting.set()
+        return {n: f"pod of {n}: ImagePullBackOff (the image cannot be pulled)" for n in sorted(self._pods)}

@@ -247,7 +247,7 @@ def test_the_benchmark_topology_is_a_valid_streamtopology() -> None:
 
 
 def test_the_pool_times_passes_and_keeps_the_probes_apart() -> None:
-    pool = bench.TimedPool(2, probe="t0000")
+    pool = bench.TimedPool(bench.ReconcileSlots(2), 0, probe="t0000")
     pool.start_recording()
     bodies = [bench.topology_resource(0), bench.topology_resource(1), bench.topology_resource(0)]
     futures = [pool.submit(lambda body: body["metadata"]["name"], body) for body in bodies]

@@ -116,6 +116,10 @@ def test_simulate_schedule_from_plan_output(files, capsys, tmp_path) -> None:
             ["operator", "--redis", "redis://127.0.0.1:1/0", "--worker-start-timeout", "0"],
             "--worker-start-timeout: 0 s; give 1 to 3600 seconds",
         ),
+        (
+            ["operator", "--redis", "redis://127.0.0.1:1/0", "--waiting-passes", "-1"],
+            "--waiting-passes: -1; give 0 to 4096 threads",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(files, tmp_path, argv, message) -> None:

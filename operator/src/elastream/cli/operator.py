@@ -141,7 +141,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=8,
         metavar="N",
-        help="threads every topology's reconcile passes share; a migration holds one while it runs (8)",
+        help="reconcile passes doing work at once, shared by every topology; a pass that waits (pods not ready, "
+        "a migration's barriers) gives its slot back while it waits (8)",
+    )
+    parser.add_argument(
+        "--waiting-passes",
+        type=int,
+        default=256,
+        metavar="N",
+        help="passes that may wait at once beside them, each on a thread of its own; past this, passes queue "
+        "for a thread (256)",
     )
     parser.add_argument(
         "--status-every",
@@ -202,7 +211,9 @@ def operator_options(args: argparse.Namespace) -> Any:
     if not 0 < args.worker_start_timeout <= 3600:
         raise CommandError(f"--worker-start-timeout: {args.worker_start_timeout:g} s; give 1 to 3600 seconds")
     if not 1 <= args.reconcile_workers <= 256:
-        raise CommandError(f"--reconcile-workers: {args.reconcile_workers}; give 1 to 256 threads")
+        raise CommandError(f"--reconcile-workers: {args.reconcile_workers}; give 1 to 256 slots")
+    if not 0 <= args.waiting_passes <= 4096:
+        raise CommandError(f"--waiting-passes: {args.waiting_passes}; give 0 to 4096 threads")
     if not 1 <= args.status_every <= 3600:
         raise CommandError(f"--status-every: {args.status_every:g} s; give 1 to 3600 seconds")
     for pattern in args.allowed_image:
@@ -233,6 +244,7 @@ def operator_options(args: argparse.Namespace) -> Any:
         listen_on_pod_ip=args.listen_on_pod_ip,
         worker_start_timeout_s=args.worker_start_timeout,
         reconcile_workers=args.reconcile_workers,
+        waiting_passes=args.waiting_passes,
         status_every_s=args.status_every,
         worker_grace_period_s=args.worker_grace_period,
         drains=args.drains == "on",

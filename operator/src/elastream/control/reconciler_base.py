@@ -22,6 +22,7 @@ from elastream.control.managed import (
     UPGRADE_ROLLED_BACK,
     ManagedTopology,
 )
+from elastream.control.reconcile_slots import ReconcileSlots
 from elastream.control.resource_api import (
     KubernetesEvents,
     NoRequests,
@@ -95,8 +96,17 @@ class ReconcilerBase:
     ) = None
     #: every deadline, backoff, settling and wait of the loop and of the controllers it builds (tests: fake)
     clock: Clock = field(default_factory=SystemClock)
+    #: how many passes do work at once (`control.reconcile_slots`); a pass that waits gives its slot back
+    #: (None: as many as call `reconcile`, e.g. tests that drive one topology)
+    slots: ReconcileSlots | None = None
     topologies: dict[str, ManagedTopology] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.slots is not None:
+            # every wait of a pass goes through this clock (the controllers and backends it builds get it):
+            # waiting, a pass gives its slot back to the passes of other topologies
+            self.clock = self.slots.clock(self.clock)
 
     def key(self, namespace: str, name: str) -> str:
         return f"{namespace}/{name}"

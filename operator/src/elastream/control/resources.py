@@ -27,6 +27,7 @@ converge, scale) and the delete.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -105,7 +106,9 @@ class ManagedTopologies(TopologyUpgrades):
         if not managed.lock.acquire(timeout=1.0):
             return 1.0  # a delete (or a pass of another thread) holds it
         try:
-            return self._reconcile(managed, body)
+            # one of the slots every topology shares (its waits give it back)
+            with self.slots.running() if self.slots is not None else contextlib.nullcontext():
+                return self._reconcile(managed, body)
         except Exception as exc:  # a bug must not stop the loop of every later pass: say it, back off
             log.exception("reconcile of %s failed", managed.key)
             managed.set(backend_error=f"internal error: {type(exc).__name__}: {exc}")

@@ -14,7 +14,6 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ import kopf
 
 from elastream.control.backends.worker_objects import PlacementPolicy, WorkerPodSettings
 from elastream.control.leader import LEASE_NAME, LeaderElector
+from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.resources import ManagedTopologies
 from elastream.handlers import topology as handlers
 from elastream.store.acl import UserKeeper
@@ -73,8 +73,11 @@ class OperatorOptions:
     listen_on_pod_ip: bool = False
     #: how long a worker pod may take to be scheduled, started and ready before a start or scale fails
     worker_start_timeout_s: float = 180.0
-    #: threads the topologies' reconcile passes share (a pass that migrates holds one for its duration)
+    #: reconcile passes doing work at once, shared by every topology (`control.reconcile_slots`)
     reconcile_workers: int = 8
+    #: passes that may wait at once beside them (pods not ready yet, a migration's barriers), each on a thread
+    #: of its own with its slot given back; past this, passes queue for a thread
+    waiting_passes: int = 256
     #: seconds between status writes for the rates alone (everything else is written when it changes)
     status_every_s: float = 15.0
     #: worker pods' terminationGracePeriodSeconds, the time a drain has before the worker is killed
@@ -208,6 +211,13 @@ def redis_at_start(url: str, wait_s: float = 10.0) -> Any:
         return client_for(url)
 
 
+def reconcile_pool(options: OperatorOptions) -> tuple[ReconcileSlots, ReconcilePool]:
+    """The slots every topology's passes share and the threads the kopf daemons run them on
+    (`control.reconcile_slots`): `reconcile_workers` passes doing work, up to `waiting_passes` more waiting."""
+    slots = ReconcileSlots(options.reconcile_workers)
+    return slots, ReconcilePool(slots, options.waiting_passes)
+
+
 def run(options: OperatorOptions) -> int:
     from kubernetes import client
     from prometheus_client import start_http_server
@@ -216,6 +226,7 @@ def run(options: OperatorOptions) -> int:
 
     load_kubernetes_config()
     redis_client = redis_at_start(options.redis_url)
+    slots, pool = reconcile_pool(options)
     handlers.TOPOLOGIES = ManagedTopologies(
         redis_client=redis_client,
         redis_url=options.redis_url,
@@ -231,8 +242,9 @@ def run(options: OperatorOptions) -> int:
         interval_s=options.interval_s,
         start_timeout_s=options.worker_start_timeout_s,
         volatile_every_s=options.status_every_s,
+        slots=slots,
     )
-    handlers.POOL = ThreadPoolExecutor(max_workers=options.reconcile_workers, thread_name_prefix="reconcile")
+    handlers.POOL = pool
     host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
         start_http_server(options.metrics_port, addr=host)
@@ -254,9 +266,7 @@ def run(options: OperatorOptions) -> int:
     finally:
         if elector is not None:
             # no pass may still run when the standby takes over: asyncio.run (in kopf.run) joined the loop's
-            # default executor; a pool of the handlers' own is drained here
-            pool = getattr(handlers, "POOL", None)
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+            # default executor; the reconcile pool is drained here
+            pool.shutdown(wait=True, cancel_futures=True)
             elector.release()
     return 0

@@ -1,9 +1,9 @@
 """kopf handlers for StreamTopology resources: thin, every decision is in `elastream.control.resources`.
 
 - a daemon per resource runs its level-triggered reconcile loop: each pass (`ManagedTopologies.reconcile`,
-  on the operator's bounded thread pool, so a thousand topologies are a thousand asyncio tasks, not a
-  thousand threads) compares the resource's spec with what runs and acts; it sleeps until the next pass is
-  due or the resource changes;
+  on the operator's reconcile pool, so a thousand topologies are a thousand asyncio tasks, not a thousand
+  threads; a pass that waits for pods gives its slot back: `control.reconcile_slots`) compares the
+  resource's spec with what runs and acts; it sleeps until the next pass is due or the resource changes;
 - a change of the resource (its spec or annotations: a new generation) only wakes the loop;
 - delete: kopf's finalizer keeps the resource until a migration in flight stopped (bounded), the pods are
   stopped and its Redis keys deleted.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 import kopf
@@ -25,8 +25,9 @@ from elastream.control.resources import ManagedTopologies
 
 #: set by `elastream operator` before kopf starts
 TOPOLOGIES: ManagedTopologies | None = None
-#: the threads passes run on (every topology shares them; a pass that migrates holds one for its duration)
-POOL: ThreadPoolExecutor | None = None
+#: the threads passes run on (`control.reconcile_slots.ReconcilePool`: every topology shares its slots; a pass
+#: that waits gives its slot back)
+POOL: Executor | None = None
 
 
 def topologies() -> ManagedTopologies:
