@@ -1,5 +1,6 @@
 """Fairness of the operator's reconcile pool (issue 38): eight topologies whose workers never acknowledge a
-checkpoint beside one healthy topology, which still scales out within 30 s of the request.
+checkpoint, or whose worker pods never become ready, beside one healthy topology, which still scales out
+within 30 s of the request.
 
 One `ManagedTopologies` serves nine StreamTopology resources, each driven by the real kopf handler coroutines
 of `elastream.handlers.topology` (`reconcile_loop`, one asyncio task per resource as kopf's daemons are, and
@@ -16,6 +17,7 @@ silent topologies' are alive and never acknowledge (`SilentWorkers`: the barrier
 in Redis, unread), the healthy topology's are `support.fakes`' (an instant migration, checkpoints on demand,
 metrics from the simulator).
 
+The pool and its slots are the operator's (`handlers.main.reconcile_pool`: `control.reconcile_slots`).
 Before 7d2a23f a round was waited for inside the pass (`CheckpointDriver.take`), so each silent topology held
 a thread for its round's 30 s and the healthy one's passes queued behind them. Besides the scaling's deadline,
 the test checks what fails then: the scaling went through while every silent round was still open, the silent

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -75,9 +75,13 @@ class CheckpointDriver:
     identity: str = field(default_factory=controller_identity)
     #: whether a completion waits for its commit to be on disk (`ELASTREAM_DURABLE_COMMITS`)
     durability: DurableCommits = field(default_factory=DurableCommits.from_env)
+    #: the topology's own Redis user's connection, which a completion runs on (`CheckpointStore.commit_as`)
+    commit_as: Callable[[], redis.Redis | None] | None = None
 
     def __post_init__(self) -> None:
-        self.store = CheckpointStore(self.client, self.topology.redis_prefix, durability=self.durability)
+        self.store = CheckpointStore(
+            self.client, self.topology.redis_prefix, durability=self.durability, commit_as=self.commit_as
+        )
         self.scope = CheckpointScope.of(self.topology)
         self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity)
         self._open: _OpenRound | None = None

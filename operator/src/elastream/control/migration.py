@@ -126,9 +126,13 @@ class MigrationDriver:
     scope: MigrationScope = "all"
     #: whether a completed migration (the latest checkpoint then) waits for its commit to be on disk
     durability: DurableCommits = field(default_factory=DurableCommits.from_env)
+    #: the topology's own Redis user's connection, which a completion runs on (`CheckpointStore.commit_as`)
+    commit_as: Callable[[], redis.Redis | None] | None = None
 
     def __post_init__(self) -> None:
-        self.store = CheckpointStore(self.client, self.topology.redis_prefix, durability=self.durability)
+        self.store = CheckpointStore(
+            self.client, self.topology.redis_prefix, durability=self.durability, commit_as=self.commit_as
+        )
         self.owner = OwnerLease(self.client, self.topology.redis_prefix, self.identity, self.owner_ttl_s)
 
     def redis_step(self, step: Callable[[], Any], what: str) -> Any:

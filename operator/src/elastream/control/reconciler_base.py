@@ -194,8 +194,16 @@ class ReconcilerBase:
             events=managed.events,
             clock=self.clock,
             scope=topology.scaling.migration_scope,
+            commit_as=backend.topology_connection,
         )
-        checkpoints = CheckpointDriver(topology, backend, client, identity=migrator.identity, clock=self.clock)
+        checkpoints = CheckpointDriver(
+            topology,
+            backend,
+            client,
+            identity=migrator.identity,
+            clock=self.clock,
+            commit_as=backend.topology_connection,
+        )
         controller = TopologyController(
             topology=topology,
             backend=backend,

@@ -8,12 +8,15 @@ reaches another client or runs code on the server: `+@all -@dangerous -@admin`, 
 category holds that still list or affect other tenants, then the few subcommands of CLIENT, ACL and CLUSTER a
 client library needs.
 
-No scripts and no functions (`-@scripting`, and EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT, FUNCTION, FCALL,
+No code of its own on the server (`-@scripting`, and EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT, FUNCTION,
 FCALL_RO by name): Redis runs one script at a time and serves nobody meanwhile, and a script that has written
 and then loops cannot be stopped (SCRIPT KILL and FUNCTION KILL refuse once it wrote; only SHUTDOWN NOSAVE ends
 it), so one tenant's EVAL could hold every client of a shared Redis at BUSY. What a worker needs done
 atomically on the server is a MULTI/EXEC transaction (the at-least-once sink's token-guarded batch, an
-exactly-once sink's staging); the operator's own scripts run on its own connection, not as a topology user.
+exactly-once sink's staging). FCALL alone is given back (Redis 7): it runs only functions loaded by FUNCTION
+LOAD, which only the operator may run, and the operator runs a checkpoint's commit as the topology's user
+through it (`store.commit_function`), so Redis' ACLs bound that commit to the topology's keys. The operator's
+other scripts run on its own connection.
 
 The rules were checked against redis-server 7.0 (`ACL CAT dangerous`, `ACL CAT admin`, `ACL CAT scripting`);
 every command named exists there, since ACL SETUSER refuses unknown ones. Redis 6.2 (the embedded Redis of
@@ -43,8 +46,13 @@ SCRIPTING_COMMANDS: tuple[str, ...] = (
     "-fcall_ro",
 )
 
+#: given back after `SCRIPTING_COMMANDS` on Redis 7: FCALL of the functions the operator loaded (see the module)
+OPERATOR_FUNCTIONS = "+fcall"
+
 #: the commands of Redis 7 that Redis 6.2 does not know (its ACL SETUSER refuses them)
-REDIS_7_ONLY = frozenset({"-eval_ro", "-evalsha_ro", "-function", "-fcall", "-fcall_ro", "+cluster|shards"})
+REDIS_7_ONLY = frozenset(
+    {"-eval_ro", "-evalsha_ro", "-function", "-fcall", "-fcall_ro", OPERATOR_FUNCTIONS, "+cluster|shards"}
+)
 
 #: what a topology's user may run, in order (later rules override earlier ones)
 TOPOLOGY_COMMAND_RULES: tuple[str, ...] = (
@@ -65,6 +73,7 @@ TOPOLOGY_COMMAND_RULES: tuple[str, ...] = (
     # SHUTDOWN NOSAVE (SCRIPT KILL refuses it); and SCRIPT FLUSH/KILL reach other clients' scripts
     "-@scripting",
     *SCRIPTING_COMMANDS,
+    OPERATOR_FUNCTIONS,
     # who publishes and subscribes to what (PUBSUB CHANNELS / NUMSUB / NUMPAT / SHARD*)
     "-pubsub",
     # the server's memory, per key or in total

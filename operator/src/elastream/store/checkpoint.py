@@ -26,13 +26,16 @@ they were staged) lists the transactions staged and not yet committed, so a roun
 its abort reaching the sinks (the controller lost Redis) is committed with the next checkpoint instead of
 being left to expire. Values are bytes: the store does not interpret events or state.
 
-The commit runs on the operator's connection, but every key it touches is derived by the operator, never read
-out of what the tenant's workers wrote: the transaction ids of `P txn:open` are taken only in the shapes the
+Every key the commit touches is derived by the operator, never read out of what the tenant's workers wrote:
+the transaction ids of `P txn:open` are taken only in the shapes the
 operator itself makes (`ckpt-<n>`, a migration's 12 hex digits), the staging lists are named from the
 topology's spec (`P txn:<id>:<v>#<i>` for every exactly-once redis-stream sink `v` and every `i` below its
 maxParallelism, so executors a rescale removed are covered) and each list's events go to `v`'s own stream
-(`core.topology.stream_key`), whatever stream name the list begins with; the script also refuses any key
-outside the prefix. The set `P txn:<id>` is deleted by name, never read.
+(`core.topology.stream_key`), whatever stream name the list begins with; the commit also refuses any key
+outside the prefix. The set `P txn:<id>` is deleted by name, never read. Where the topology has a Redis user
+of its own (`commit_as`), the whole completion runs as that user, the commit as a Redis Function the operator
+loads (`store.commit_function`), so Redis' ACLs hold every key of it to the topology's too; otherwise (no
+topology users, a Redis before 7.0) it runs on the operator's connection, the commit by EVAL.
 
 The completion that makes a checkpoint the latest removes the TTL of every key of it (`PERSIST`, in the
 same transaction), records what it holds (`contents`: the vertices with state, the number of source
@@ -52,7 +55,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +65,7 @@ from elastream.core.ports import StateLost
 from elastream.core.topology import glob_escape, stream_key
 from elastream.store.cluster import is_cluster
 from elastream.store.codec import as_bytes, text
+from elastream.store.commit_function import COMMIT_FUNCTION, COMMIT_SCRIPT, ensure_library
 
 if TYPE_CHECKING:
     from elastream.core.topology import Topology
@@ -71,49 +75,6 @@ ANY = "any"
 
 log = logging.getLogger("elastream.checkpoint")
 
-
-#: Commits one transaction: moves the staging lists of each exactly-once sink into that sink's stream and
-#: deletes them and the transaction's set. Every key is the operator's: KEYS[1] the set `P txn:<id>`, then per
-#: sink its stream followed by its staging lists `P txn:<id>:<v>#<i>`; ARGV[1] the topology's prefix (every key
-#: must start with it), then per sink how many staging lists follow its stream. A list holds a stream name
-#: (what the sink wrote: ignored, the stream is the one passed) then id, key, value, ts per event (what
-#: `RedisStreamSink.pre_commit` writes); a list that is not one, or a trailing incomplete event, is skipped.
-_COMMIT_TRANSACTION = """
-local prefix = ARGV[1]
-for i = 1, #KEYS do
-  if string.sub(KEYS[i], 1, #prefix) ~= prefix then
-    return redis.error_reply('ERR elastream commit: key outside the topology prefix')
-  end
-end
-local k = 2
-for s = 2, #ARGV do
-  local kind = redis.call('TYPE', KEYS[k])['ok']
-  if kind ~= 'stream' and kind ~= 'none' then
-    return redis.error_reply('ERR elastream commit: the sink stream ' .. KEYS[k] .. ' is a ' .. kind)
-  end
-  k = k + 1 + tonumber(ARGV[s])
-end
-local moved = 0
-k = 2
-for s = 2, #ARGV do
-  local stream = KEYS[k]
-  local n = tonumber(ARGV[s])
-  for j = k + 1, k + n do
-    if redis.call('TYPE', KEYS[j])['ok'] == 'list' then
-      local items = redis.call('LRANGE', KEYS[j], 0, -1)
-      for i = 2, #items - 3, 4 do
-        redis.call('XADD', stream, '*', 'id', items[i], 'key', items[i + 1], 'value', items[i + 2],
-                   'ts', items[i + 3])
-        moved = moved + 1
-      end
-    end
-    redis.call('DEL', KEYS[j])
-  end
-  k = k + n + 1
-end
-redis.call('DEL', KEYS[1])
-return moved
-"""
 
 #: the transaction ids the operator makes: a periodic checkpoint's `ckpt-<n>` (`next_checkpoint_id`, an INCR)
 #: and a migration's 12 lower-case hex digits (`control.migration.MigrationDriver.migrate`); an id of any
@@ -267,13 +228,19 @@ class CheckpointStore:
         prefix: str,
         ttl_s: int = DEFAULT_TTL_S,
         durability: DurableCommits | None = None,
+        commit_as: Callable[[], redis.Redis | None] | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.durability = durability or DurableCommits()
+        #: a connection logged in as the topology's own Redis user (None while its password is not known):
+        #: a completion runs on it, so Redis' ACLs hold its keys to the topology's (`store.commit_function`)
+        self.commit_as = commit_as
         #: whether the server knows WAITAOF (None: not asked yet)
         self._waitaof: bool | None = None
+        #: False once the server said it has no functions (before 7.0): the commit goes by EVAL
+        self._functions = True
 
     # ---- keys -------------------------------------------------------------------------------------------
     def _m(self, migration_id: str) -> str:
@@ -434,7 +401,8 @@ class CheckpointStore:
         index = open_transactions_key(self.prefix)
         leftovers, forged = self._leftovers(index, checkpoint_id)
         keys, contents = self._contents(checkpoint_id, scope.vertices, info)
-        pipe = self.client.pipeline(transaction=True)
+        as_topology = self._topology_connection()
+        pipe = (as_topology or self.client).pipeline(transaction=True)
         pipe.delete(self.latest_key)
         fields: dict[Any, Any] = {
             "id": checkpoint_id,
@@ -445,12 +413,16 @@ class CheckpointStore:
         for key in keys:
             pipe.persist(key)
         for txn_id in [*leftovers, checkpoint_id]:
-            # EVAL, not EVALSHA: inside MULTI a script the server does not know (a Redis Cluster's primary
-            # that was a replica a moment ago, a restarted Redis) fails alone at EXEC while the rest applies;
+            # as the topology's user: FCALL of the function loaded ahead (`_topology_connection`). Otherwise
+            # EVAL, not EVALSHA: inside MULTI a script the server does not know (a Redis Cluster's primary that
+            # was a replica a moment ago, a restarted Redis) fails alone at EXEC while the rest applies;
             # redis-py loads scripts ahead only for a one-Redis pipeline (and its cluster pipeline has no
             # eval(): the command itself is queued). Every key shares the topology's hash tag: one slot.
             txn_keys, txn_args = self._commit_arguments(txn_id, scope.sinks)
-            pipe.execute_command("EVAL", _COMMIT_TRANSACTION, len(txn_keys), *txn_keys, *txn_args)  # type: ignore[no-untyped-call]
+            if as_topology is not None:
+                pipe.execute_command("FCALL", COMMIT_FUNCTION, len(txn_keys), *txn_keys, *txn_args)  # type: ignore[no-untyped-call]
+            else:
+                pipe.execute_command("EVAL", COMMIT_SCRIPT, len(txn_keys), *txn_keys, *txn_args)  # type: ignore[no-untyped-call]
         pipe.zrem(index, checkpoint_id, *leftovers, *forged)
         # applied whole (MULTI); a commit that failed (a sink's stream made into another type) must not keep
         # the replaced checkpoint from being deleted
@@ -482,6 +454,25 @@ class CheckpointStore:
             self._delete_replaced(previous, scope.vertices)
         return Completion(old, self._await_durable(checkpoint_id))
 
+    def _topology_connection(self) -> redis.Redis | None:
+        """The topology's own user's connection for a completion, the commit function loaded where the
+        topology's keys are (`store.commit_function.ensure_library`); None (the operator's connection, the
+        commit by EVAL) without a user for the topology, before its password is known, or on a Redis with
+        no functions (before 7.0) or whose FUNCTION the operator's own user may not run."""
+        if self.commit_as is None or not self._functions:
+            return None
+        connection = self.commit_as()
+        if connection is None:
+            return None
+        try:
+            self._functions = ensure_library(self._node_client(self.latest_key))
+        except redis.ResponseError as exc:  # the operator's own user may not run FUNCTION
+            log.warning("%s: the commit function cannot be loaded (%s); commits run as the operator", self.prefix, exc)
+            self._functions = False
+        if not self._functions:
+            log.warning("%s: commits run on the operator's connection (no Redis Functions)", self.prefix)
+        return connection if self._functions else None
+
     def _leftovers(self, index: str, checkpoint_id: str) -> tuple[list[str], list[str]]:
         """The abandoned transactions of `P txn:open` to commit before `checkpoint_id` (oldest first, at most
         `MAX_LEFTOVERS`), and the members that are no transaction of this operator (dropped, logged)."""
@@ -499,7 +490,7 @@ class CheckpointStore:
         return leftovers[:MAX_LEFTOVERS], forged
 
     def _commit_arguments(self, txn_id: str, sinks: Sequence[ExactlyOnceSink]) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of `_COMMIT_TRANSACTION` for `txn_id`: all computed from the prefix and the spec."""
+        """KEYS and ARGV of the commit (`store.commit_function`) for `txn_id`: computed from the prefix and the spec."""
         keys = [f"{self.prefix}txn:{txn_id}"]
         args: list[Any] = [self.prefix]
         for sink in sinks:

@@ -38,6 +38,7 @@ worker at a time.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import secrets
@@ -80,7 +81,7 @@ from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology
 from elastream.core.topology.limits import MigrationScope
 from elastream.store.acl import UserKeeper, delete_topology_user, ensure_topology_user, topology_url
-from elastream.store.registry import ca_file_of, with_ca_file
+from elastream.store.registry import ca_file_of, client_for, with_ca_file
 from elastream.store.retry import backoff
 from elastream.worker_inputs.keys import (
     SECRET_CLIENT_KEY,
@@ -122,6 +123,8 @@ class KubernetesBackend(NodeBackend):
         self._redis_password: str | None = None
         #: set the user unconditionally the first time (rules of an older operator are replaced)
         self._user_set = False
+        #: `topology_connection`'s client (None until first used, and again once the workers are stopped)
+        self._as_topology: redis.Redis | None = None
         #: the operator's one `store.acl.UserKeeper`: it looks at the user every few seconds, also while a pass is
         #: held (a migration waiting for its workers, who need the user)
         self.user_keeper = user_keeper
@@ -240,6 +243,18 @@ class KubernetesBackend(NodeBackend):
     def _forget_user(self) -> None:
         if self.user_keeper is not None:
             self.user_keeper.forget(self.topology.namespace, self.topology.name)
+
+    def topology_connection(self) -> redis.Redis | None:
+        """A connection to Redis as the topology's own user (made on first use), for the operator's work that
+        concerns this topology alone: a checkpoint's completion (`store.checkpoint.CheckpointStore.commit_as`),
+        so Redis' ACLs hold it to the topology's keys. None without topology users, or before the password
+        is known (`ensure_config`)."""
+        if not self.topology_users or self._redis_password is None:
+            return None
+        if self._as_topology is None:
+            user = topology_user(self.topology.namespace, self.topology.name)
+            self._as_topology = client_for(topology_url(self.redis_url, user, self._redis_password))
+        return self._as_topology
 
     def ensure_network_policy(self) -> None:
         """The topology's NetworkPolicy (with `settings.network_policy`), created or brought back to what it
@@ -412,6 +427,10 @@ class KubernetesBackend(NodeBackend):
         from kubernetes.client.exceptions import ApiException
 
         self._forget_user()  # no worker left to keep the user for (the next start keeps it again)
+        if self._as_topology is not None:  # nor a completion to run as it (the next one connects again)
+            connection, self._as_topology = self._as_topology, None
+            with contextlib.suppress(Exception):
+                connection.close()
         # one by one: the operator's RBAC grants `delete` on pods, not `deletecollection`
         self.stop_nodes(sorted(self.pods(fresh=True)))
         deadline = self.clock.monotonic() + timeout_s
