@@ -5,6 +5,7 @@ sets, so nothing depends on timing)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -133,6 +134,12 @@ def test_the_pool_adds_a_thread_when_a_pass_parks_and_none_is_idle() -> None:
             failing.result(BOUND_S)
         inner.gate.set()
         assert waiting.result(BOUND_S) == "started at last"
+        # the pass is back: the thread added for it leaves, and passes queue in order for the one again
+        deadline = time.monotonic() + BOUND_S
+        while pool.threads > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.threads == 1
+        assert pool.submit(quick_pass).result(BOUND_S) == "scaled"
     finally:
         inner.gate.set()
         pool.shutdown(wait=True)

@@ -106,8 +106,9 @@ class ReconcileSlots:
 class ReconcilePool(Executor):
     """The threads reconcile passes run on (the kopf daemons' `run_in_executor`): `slots.size` threads, one
     more whenever a pass parks while none is idle (so the passes still queued find a thread while the slot
-    it gave back is free), at most `waiting` more in all; one first-in first-out queue. A pass takes its slot
-    itself (`ManagedTopologies.reconcile`): an idle thread holds none."""
+    it gave back is free), at most `waiting` more in all, each leaving again after a pass once the parked
+    passes are back; one first-in first-out queue. A pass takes its slot itself
+    (`ManagedTopologies.reconcile`): an idle thread holds none."""
 
     def __init__(self, slots: ReconcileSlots, waiting: int, name: str = "reconcile") -> None:
         self.slots = slots
@@ -181,6 +182,13 @@ class ReconcilePool(Executor):
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+            del future, fn, args, kwargs, item
+            with self._lock:
+                # a thread added for a parked pass goes once that pass is back: left idle, such threads would
+                # take passes from the queue only to wait for a slot (unordered), not in the queue (in order)
+                if len(self._threads) > self.slots.size + self.slots.parked_now:
+                    self._threads.remove(threading.current_thread())
+                    return
 
 
 class _ParkingClock:
