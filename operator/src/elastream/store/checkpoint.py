@@ -66,6 +66,7 @@ from elastream.core.topology import glob_escape, stream_key
 from elastream.store.cluster import is_cluster
 from elastream.store.codec import as_bytes, text
 from elastream.store.commit_function import COMMIT_FUNCTION, COMMIT_SCRIPT, ensure_library
+from elastream.store.once import apply_once
 
 if TYPE_CHECKING:
     from elastream.core.topology import Topology
@@ -321,24 +322,13 @@ class CheckpointStore:
             if touched:
                 pipe.execute()
             return
-        marker = f"{m}:saved:{checkpoint.executor}"
-        while True:
-            with self.client.pipeline(transaction=True) as watched:
-                try:
-                    watched.watch(marker)  # type: ignore[no-untyped-call]
-                    applied = watched.get(marker)
-                    if applied is not None and text(applied) == token:
-                        return  # an earlier attempt of this save was applied (its reply was lost)
-                    watched.multi()
-                    touched.clear()
-                    writes(watched)
-                    if not touched:
-                        return
-                    watched.set(marker, token, ex=self.ttl_s)
-                    watched.execute()
-                    return
-                except redis.WatchError:  # an earlier attempt landed meanwhile: look again
-                    continue
+
+        def writes_once(pipe: Any) -> bool:
+            touched.clear()
+            writes(pipe)
+            return bool(touched)
+
+        apply_once(self.client, f"{m}:saved:{checkpoint.executor}", token, self.ttl_s, writes_once)
 
     def load_state(self, migration_id: str, vertex: str, key_groups: Iterable[int]) -> dict[int, bytes]:
         groups = list(key_groups)

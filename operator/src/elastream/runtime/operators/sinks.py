@@ -9,14 +9,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import redis
-
 from elastream.runtime.operators.api import Context, Emit, EmitEvent
 from elastream.runtime.operators.cpu import Cost
 from elastream.runtime.operators.streams import RedisStreamEnd
 from elastream.store.checkpoint import open_transactions_key, transaction_keys
 from elastream.store.cluster import slot_mate
 from elastream.store.codec import text
+from elastream.store.once import apply_once
 from elastream.store.retry import retry_redis
 
 
@@ -70,34 +69,22 @@ def xadd_batch_once(
     retry: bool = True,
 ) -> int:
     """Append `entries` (id, key, value, ts) to `stream` unless `token` is already recorded under `token_key`, and
-    record it, in one MULTI/EXEC transaction: all the entries land or none, and a repeat with the same token
-    (a retry after a lost reply) writes nothing. Returns the entries appended (0 for a repeat).
-
-    WATCH on the token key makes the check and the transaction one: an earlier attempt of the same batch whose
-    EXEC lands late (its reply lost, the command still in flight) either shows in the token or aborts this
-    EXEC, which then looks again. `retry` False says that no attempt with this token was ever sent (its first):
-    the token cannot be there, and the read is saved. `stream` and `token_key` must share a hash slot
-    (`slot_mate`) on a Redis Cluster. The shape is `CheckpointStore.save`'s with a token."""
+    record it, in one MULTI/EXEC transaction (`store.once.apply_once`): all the entries land or none, and a
+    repeat with the same token (a retry after a lost reply) writes nothing. Returns the entries appended (0 for
+    a repeat). `retry` False says that no attempt with this token was ever sent (its first): the token cannot
+    be there, and the read is saved. `stream` and `token_key` must share a hash slot (`slot_mate`) on a Redis
+    Cluster."""
     fields = [{"id": e[0], "key": str(e[1]), "value": str(e[2]), "ts": repr(e[3])} for e in entries]
-    while True:
-        with client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(token_key)
-                if retry:
-                    applied = pipe.get(token_key)
-                    if applied is not None and text(applied) == token:
-                        return 0  # an earlier attempt of this batch was applied (its reply was lost)
-                pipe.multi()
-                for entry in fields:
-                    if maxlen > 0:
-                        pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)
-                    else:
-                        pipe.xadd(stream, entry)
-                pipe.set(token_key, token, ex=token_ttl_s)
-                pipe.execute()
-                return len(fields)
-            except redis.WatchError:  # the token key changed since the WATCH: look again
-                retry = True
+
+    def appends(pipe: Any) -> bool:
+        for entry in fields:
+            if maxlen > 0:
+                pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)
+            else:
+                pipe.xadd(stream, entry)
+        return True
+
+    return len(fields) if apply_once(client, token_key, token, token_ttl_s, appends, look_first=retry) else 0
 
 
 class RedisStreamSink(RedisStreamEnd):
