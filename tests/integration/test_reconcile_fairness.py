@@ -238,6 +238,13 @@ class RecordingPool(ReconcilePool):
         with self._lock:
             return [p for p in self.passes if p.name == name]
 
+    def passes_of(self, name: str, now: float) -> str:
+        """What a failure message says of a topology's passes: how many, the longest held and queued."""
+        passes = self.of(name)
+        held = max((p.held(now) for p in passes), default=0)
+        queued = max((p.started - p.submitted for p in passes), default=0)
+        return f"{len(passes)} passes, longest held {held:.1f} s, longest queued {queued:.1f} s"
+
 
 class Stopped:
     """kopf's `DaemonStopped`: false until the daemon is told to stop."""
@@ -314,11 +321,8 @@ def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: 
         now = time.monotonic()
         lines = []
         for name in [*silent_names, HEALTHY]:
-            passes = pool.of(name)
             lines.append(
-                f"  {name}: {len(passes)} passes, longest held {max((p.held(now) for p in passes), default=0):.1f} s, "
-                f"longest queued {max((p.started - p.submitted for p in passes), default=0):.1f} s; "
-                f"round {claim(name) if name != HEALTHY else '-'}; "
+                f"  {name}: {pool.passes_of(name, now)}; round {claim(name) if name != HEALTHY else '-'}; "
                 f"status {shown(api.status(NAMESPACE, name))}"
             )
         return "\n".join(lines)
@@ -502,12 +506,7 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
         now = time.monotonic()
         lines = [f"  slots: {slots.running_now} running, {slots.parked_now} parked, most {slots.running_most}"]
         for name in [HEALTHY, *waiting_names]:
-            passes = pool.of(name)
-            lines.append(
-                f"  {name}: {len(passes)} passes, longest held {max((p.held(now) for p in passes), default=0):.1f} s, "
-                f"longest queued {max((p.started - p.submitted for p in passes), default=0):.1f} s; "
-                f"status {shown(api.status(NAMESPACE, name))}"
-            )
+            lines.append(f"  {name}: {pool.passes_of(name, now)}; status {shown(api.status(NAMESPACE, name))}")
         return "\n".join(lines)
 
     async def scenario() -> dict[str, Any]:
