@@ -459,8 +459,9 @@ class CheckpointStore:
         except redis.ResponseError as exc:  # the operator's own user may not run FUNCTION
             log.warning("%s: the commit function cannot be loaded (%s); commits run as the operator", self.prefix, exc)
             self._functions = False
-        if not self._functions:
-            log.warning("%s: commits run on the operator's connection (no Redis Functions)", self.prefix)
+        else:
+            if not self._functions:
+                log.warning("%s: commits run on the operator's connection (no Redis Functions)", self.prefix)
         return connection if self._functions else None
 
     def _leftovers(self, index: str, checkpoint_id: str) -> tuple[list[str], list[str]]:
