@@ -358,7 +358,7 @@ def crd_rules(schema: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
     rules = all_rules(schema)
-    assert len(rules) == len(crd_rules(schema)) == 7
+    assert len(rules) == len(crd_rules(schema)) == 9
     for rule in rules:
         compiled(rule.text)  # raises RuleError naming the rule when the CEL library cannot compile it
         # no messageExpression: kube-apiserver 1.34 estimated each one this CRD had (values turned into strings)
@@ -426,7 +426,11 @@ def mutated(document: dict[str, Any], change: Callable[[dict[str, Any]], object]
         (lambda s: s["scaling"].update(migration="teleport"), "spec.scaling.migration: 'teleport' is unknown"),
         (lambda s: s["scaling"].update(auto={"policy": "magic"}), "spec.scaling.auto.policy: 'magic' is unknown"),
         (lambda s: s["vertices"][1]["logic"].update(builtin="map"), "spec.vertices[1].logic.builtin: 'map' is unknown"),
-        (lambda s: s["vertices"][0]["source"].update(type="kafka"), "spec.vertices[0].source.type: 'kafka' is unknown"),
+        (lambda s: s["vertices"][0]["source"].update(type="pulsar"), "spec.vertices[0].source.type: 'pulsar'"),
+        (
+            lambda s: s["vertices"][0].update(source={"type": "kafka", "topic": "a b", "bootstrapServers": "k:9092"}),
+            "spec.vertices[0].source.topic: 'a b'",
+        ),
         (lambda s: s["vertices"][4]["sink"].update(type="s3"), "spec.vertices[4].sink.type: 's3' is unknown"),
         (lambda s: s["vertices"][1]["logic"].update(costMs=-1), "spec.vertices[1].logic.costMs: -1 is below 0"),
         (lambda s: s["vertices"][1].update(name="Parse_1"), "spec.vertices[1].name: 'Parse_1' is not a DNS-1123 label"),
@@ -513,6 +517,14 @@ BOUNDS_LINE = "spec.scaling.auto.maxNodes: maxNodes is below minNodes; raise max
         (lambda s: s["scaling"].update(auto={"minNodes": 21}), BOUNDS_LINE),
         (lambda s: s["vertices"][1].update(sink={"type": "log"}), "spec.vertices[1]: one block per vertex"),
         (lambda s: s["vertices"][1].pop("logic"), "spec.vertices[1]: one block per vertex"),
+        (
+            lambda s: s["vertices"][0].update(source={"type": "kafka", "topic": "clicks"}),
+            "spec.vertices[0].source: a kafka source reads source.topic from source.bootstrapServers; set both",
+        ),
+        (
+            lambda s: s["vertices"][4].update(sink={"type": "kafka", "bootstrapServers": "kafka:9092"}),
+            "spec.vertices[4].sink: a kafka sink writes sink.topic to sink.bootstrapServers; set both",
+        ),
     ],
 )
 def test_bad_manifests_break_a_cel_rule(

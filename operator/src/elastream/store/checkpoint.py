@@ -29,7 +29,7 @@ being left to expire. Values are bytes: the store does not interpret events or s
 Every key the commit touches is derived by the operator, never read out of what the tenant's workers wrote:
 the transaction ids of `P txn:open` are taken only in the shapes the
 operator itself makes (`ckpt-<n>`, a migration's 12 hex digits), the staging lists are named from the
-topology's spec (`P txn:<id>:<v>#<i>` for every exactly-once redis-stream sink `v` and every `i` below its
+topology's spec (`P txn:<id>:<v>#<i>` for every exactly-once redis-stream or kafka sink `v` and every `i` below its
 maxParallelism, so executors a rescale removed are covered) and each list's events go to `v`'s own stream
 (`core.topology.stream_key`), whatever stream name the list begins with; the commit also refuses any key
 outside the prefix. The set `P txn:<id>` is deleted by name, never read. Where the topology has a Redis user
@@ -93,10 +93,10 @@ def is_transaction_id(value: str) -> bool:
 
 @dataclass(frozen=True)
 class ExactlyOnceSink:
-    """An exactly-once redis-stream sink as the commit sees it: all derived from the spec."""
+    """An exactly-once redis-stream or kafka sink as the commit sees it: all derived from the spec."""
 
     vertex: str
-    #: its stream's key (`core.topology.stream_key`: under the topology's prefix)
+    #: its stream's key (`core.topology.stream_key`: under the topology's prefix); a kafka sink's outbox
     stream: str
     #: its executors are `vertex#0` .. `vertex#<max_parallelism - 1>` at most, whatever rescales did
     max_parallelism: int
@@ -118,16 +118,17 @@ class CheckpointScope:
         for name in topology.order:
             vertex = topology.vertices[name]
             config = vertex.config
-            if vertex.kind != "sink" or config.get("type") != "redis-stream":
+            if vertex.kind != "sink" or config.get("type") not in ("redis-stream", "kafka"):
                 continue
             if config.get("delivery", "at-least-once") != "exactly-once":
                 continue
-            # the name the sink's own `open_stream` gives its stream
-            sinks.append(
-                ExactlyOnceSink(
-                    name, stream_key(prefix, "sink", str(config.get("stream", name))), vertex.max_parallelism
-                )
-            )
+            # the stream the sink's own `open` names: a redis-stream sink's stream, a kafka sink's outbox
+            # (`runtime.operators.kafka`: its publisher forwards what the commit put there to Kafka)
+            if config["type"] == "kafka":
+                stream = stream_key(prefix, "outbox", name)
+            else:
+                stream = stream_key(prefix, "sink", str(config.get("stream", name)))
+            sinks.append(ExactlyOnceSink(name, stream, vertex.max_parallelism))
         return cls(tuple(topology.order), tuple(sinks))
 
 

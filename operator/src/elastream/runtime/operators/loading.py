@@ -10,6 +10,7 @@ from typing import Any
 from elastream.core.topology import Vertex
 from elastream.runtime.operators.api import Context, Emit, EmitEvent, Event
 from elastream.runtime.operators.builtin import LOGIC_BUILTINS
+from elastream.runtime.operators.kafka import KafkaSink, KafkaSource
 from elastream.runtime.operators.sinks import LogSink, NullSink, RedisStreamSink
 from elastream.runtime.operators.sources import RedisStreamSource, Synthetic
 from elastream.store.retry import RetryLater, backoff
@@ -23,11 +24,15 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
         instance = load_class(vertex)()
         return UserSource(instance) if vertex.kind == "source" else UserOperator(instance)
     if vertex.kind == "source":
+        if config["type"] == "kafka":
+            return KafkaSource(prefix)
         return Synthetic() if config["type"] == "synthetic" else RedisStreamSource(client_factory, prefix)
     if vertex.kind == "sink":
         kind = config["type"]
         if kind == "redis-stream":
             return RedisStreamSink(client_factory, prefix)
+        if kind == "kafka":
+            return KafkaSink(client_factory, prefix)
         return LogSink() if kind == "log" else NullSink()
     return LOGIC_BUILTINS[str(config["builtin"])]()
 

@@ -124,6 +124,7 @@ class RedisStreamSink(RedisStreamEnd):
         # in the stream's hash slot (the topology's: the stream is under its prefix), which the transaction
         # writes with the stream and an exactly-once commit with the checkpoint, on one shard of a Redis Cluster
         self.token_key = slot_mate(self.stream, f":writer:{self.writer}")
+        self.staging = StagedOutput(self.client, self.prefix, self.writer, self.stream, self.what, self.stop)
 
     def process(self, event: Any, emit: Emit) -> None:
         self.cost.charge()
@@ -156,13 +157,56 @@ class RedisStreamSink(RedisStreamEnd):
     def pre_commit(self, txn_id: str) -> None:
         """Stage the events processed since the last checkpoint under transaction `txn_id` (the checkpoint's
         or migration's id); the controller commits them with it."""
-        if not self.exactly_once or not self.buffer:
-            return
-        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
-        items: list[Any] = [self.stream]
-        for event in self.buffer:
-            items += [event[0], str(event[1]), str(event[2]), repr(event[3])]
+        if self.exactly_once and self.buffer:
+            self.staging.stage(txn_id, self.buffer)
+            self.buffer = []
 
+    def hand_over(self) -> list[Any]:
+        """The events processed and not yet staged, taken out (exactly-once; at-least-once wrote them): a
+        partial migration carries them to this sink's new instance, which commits them with its next
+        checkpoint."""
+        if not self.exactly_once:
+            return []
+        events, self.buffer = self.buffer, []
+        return events
+
+    def abort_commit(self, txn_id: str) -> None:
+        """The checkpoint or migration `txn_id` was abandoned and this executor goes on: take the staged
+        events back, ahead of what was processed since (they are committed with the next checkpoint)."""
+        if self.exactly_once:
+            self.buffer = self.staging.take_back(txn_id) + self.buffer
+
+    def close(self) -> None:
+        # exactly-once: what was not staged belongs to no checkpoint; a restore replays it
+        self.flush()
+        self.cost.pay()
+        self.client.close()
+
+
+#: staged sink events of a checkpoint that never completes expire after this
+STAGED_TTL_S = 24 * 3600
+
+
+class StagedOutput:
+    """The first phase of an exactly-once sink's two-phase commit, in Redis: one sink executor's output of a
+    checkpoint or migration, staged under its transaction id (`store.checkpoint.transaction_keys`) for the
+    controller's completion to commit into `target` (a redis-stream sink's stream; a kafka sink's outbox,
+    which its publisher then forwards to Kafka), or taken back when the round is abandoned. Every call waits
+    out a Redis outage (`retry_redis`) until `stop` is set; a repeated call after a lost reply changes nothing.
+
+    Events are staged as text: (id, key, value, ts) with key and value as `str` makes them (a kafka sink
+    encodes its values before they are staged)."""
+
+    def __init__(self, client: Any, prefix: str, writer: str, target: str, what: str, stop: Any) -> None:
+        self.client, self.prefix, self.writer, self.target = client, prefix, writer, target
+        self.what, self.stop = what, stop
+
+    def stage(self, txn_id: str, events: list[Any]) -> None:
+        """Stage `events` under `txn_id` in one MULTI/EXEC (a retry replaces what an earlier attempt staged)."""
+        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
+        items: list[Any] = [self.target]
+        for event in events:
+            items += [event[0], str(event[1]), str(event[2]), repr(event[3])]
         index = open_transactions_key(self.prefix)
 
         def stage() -> None:
@@ -177,22 +221,10 @@ class RedisStreamSink(RedisStreamEnd):
             pipe.execute()
 
         retry_redis(stage, self.what, self.stop)
-        self.buffer = []
 
-    def hand_over(self) -> list[Any]:
-        """The events processed and not yet staged, taken out (exactly-once; at-least-once wrote them): a
-        partial migration carries them to this sink's new instance, which commits them with its next
-        checkpoint."""
-        if not self.exactly_once:
-            return []
-        events, self.buffer = self.buffer, []
-        return events
-
-    def abort_commit(self, txn_id: str) -> None:
-        """The checkpoint or migration `txn_id` was abandoned and this executor goes on: take the staged
-        events back, ahead of what was processed since (they are committed with the next checkpoint)."""
-        if not self.exactly_once:
-            return
+    def take_back(self, txn_id: str) -> list[Any]:
+        """The events staged under `txn_id` (abandoned), removed from Redis: read, then delete, so each step
+        may be repeated after a lost reply without losing them."""
         staging, members = transaction_keys(self.prefix, txn_id, self.writer)
 
         def drop() -> None:
@@ -201,21 +233,10 @@ class RedisStreamSink(RedisStreamEnd):
             pipe.srem(members, staging)
             pipe.execute()
 
-        # read, then delete: each step may be repeated after a lost reply without losing the events
         items = retry_redis(lambda: list(self.client.lrange(staging, 1, -1)), self.what, self.stop)
         events = [
             (text(items[i]), text(items[i + 1]), text(items[i + 2]), float(text(items[i + 3])))
             for i in range(0, len(items), 4)
         ]
-        self.buffer = events + self.buffer
         retry_redis(drop, self.what, self.stop)
-
-    def close(self) -> None:
-        # exactly-once: what was not staged belongs to no checkpoint; a restore replays it
-        self.flush()
-        self.cost.pay()
-        self.client.close()
-
-
-#: staged sink events of a checkpoint that never completes expire after this
-STAGED_TTL_S = 24 * 3600
+        return events
