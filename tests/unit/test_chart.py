@@ -707,6 +707,92 @@ def test_the_values_schema_rejects_a_wrong_placement(helm: str, values: list[str
     assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr, proc.stderr
 
 
+def test_the_charts_default_pod_template_policy_is_the_operators() -> None:
+    """worker.podTemplate's defaults are the operator's own (`PodTemplatePolicy()`), in the same shape."""
+    from elastream.control.backends.worker_objects import NEVER_VOLUME_TYPES, VOLUME_TYPES, PodTemplatePolicy
+
+    assert load_values()["worker"]["podTemplate"] == PodTemplatePolicy().to_values()
+    schema = load_values_schema()["properties"]["worker"]["properties"]["podTemplate"]
+    jsonschema.validate(PodTemplatePolicy().to_values(), schema)
+    # the chart offers every volume type the operator knows, but the two it never allows
+    assert schema["properties"]["allowedVolumeTypes"]["items"]["enum"] == [
+        t for t in VOLUME_TYPES if t not in NEVER_VOLUME_TYPES
+    ]
+
+
+def test_pod_template_settings_reach_the_operator_and_refuse_hostpath(helm: str, monkeypatch) -> None:
+    """worker.podTemplate, read through the operator's environment as the rendered Deployment sets it: the policy
+    it enforces on every worker pod."""
+    from elastream.cli import build_parser
+    from elastream.cli.operator import operator_options
+    from elastream.control.backends.worker_objects import PodTemplatePolicy, PodTemplateRefused, worker_pod
+    from elastream.core.topology import parse_manifest
+    from elastream.handlers.main import worker_pod_settings
+    from elastream.resources import check_manifest
+
+    values = [
+        "worker.podTemplate.allowedVolumeTypes={secret,persistentVolumeClaim}",
+        "worker.podTemplate.allowedMountPaths={/var/lib/app/*}",
+        "worker.podTemplate.allowedServiceAccounts={streams-*}",
+        "worker.podTemplate.allowedPriorityClasses={streaming}",
+        "worker.podTemplate.allowedLabelKeys={team}",
+        "worker.podTemplate.allowedAnnotationKeys=null",
+    ]
+    monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
+    with open(os.path.join(REPO, "examples", "demo.yaml"), encoding="utf-8") as handle:
+        demo = yaml.safe_load(handle)
+    claimed = {
+        "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": "state"}}],
+        "volumeMounts": [{"name": "state", "mountPath": "/var/lib/app/state"}],
+        "serviceAccountName": "streams-reader",
+        "labels": {"team": "payments"},
+    }
+    for scenario, expected, allowed in (
+        ([], PodTemplatePolicy(), False),
+        (
+            values,
+            PodTemplatePolicy(
+                ("secret", "persistentVolumeClaim"), ("/var/lib/app/*",), ("streams-*",), ("streaming",), ("team",)
+            ),
+            True,
+        ),
+    ):
+        proc = run_helm(helm, "template", RELEASE, CHART, "--namespace", NAMESPACE, *set_args(scenario))
+        operator = container(tuple(d for d in yaml.safe_load_all(proc.stdout) if d))
+        monkeypatch.setenv("ELASTREAM_WORKER_POD_TEMPLATE", env_of(operator)["ELASTREAM_WORKER_POD_TEMPLATE"])
+        options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
+        assert options.worker_pod_template == expected
+        settings = worker_pod_settings(options)
+        with_claim = check_manifest({**demo, "spec": {**demo["spec"], "podTemplate": claimed}})
+        if allowed:
+            made = worker_pod(with_claim, "node-0", {"name": "demo", "uid": "u"}, settings)
+            assert made["spec"]["serviceAccountName"] == "streams-reader"
+        else:
+            with pytest.raises(PodTemplateRefused, match="persistentVolumeClaim: not a volume type"):
+                worker_pod(with_claim, "node-0", {"name": "demo", "uid": "u"}, settings)
+        host = {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}
+        hostile = parse_manifest({**demo, "spec": {**demo["spec"], "podTemplate": host}})
+        with pytest.raises(PodTemplateRefused, match="hostPath: never allowed"):
+            worker_pod(hostile, "node-0", {"name": "demo", "uid": "u"}, settings)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["worker.podTemplate.allowedVolumeTypes={hostPath}"], "/worker/podTemplate/allowedVolumeTypes/0"),
+        (["worker.podTemplate.allowedVolumeTypes={gitRepo}"], "/worker/podTemplate/allowedVolumeTypes/0"),
+        (["worker.podTemplate.allowedMountPaths={/*}"], "/worker/podTemplate/allowedMountPaths/0"),
+        (["worker.podTemplate.allowedMountPaths={mnt}"], "/worker/podTemplate/allowedMountPaths/0"),
+        (["worker.podTemplate.allowedServiceAccounts={a b}"], "/worker/podTemplate/allowedServiceAccounts/0"),
+        (["worker.podTemplate.allowHostPath=true"], "allowHostPath"),
+    ],
+)
+def test_the_values_schema_rejects_a_wrong_pod_template_policy(helm: str, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, *set_args(values), check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr, proc.stderr
+
+
 NETWORK_POLICY_RULE = ("networking.k8s.io", "networkpolicies")
 
 

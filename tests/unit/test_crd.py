@@ -358,7 +358,7 @@ def crd_rules(schema: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
     rules = all_rules(schema)
-    assert len(rules) == len(crd_rules(schema)) == 9
+    assert len(rules) == len(crd_rules(schema)) == 11
     for rule in rules:
         compiled(rule.text)  # raises RuleError naming the rule when the CEL library cannot compile it
         # no messageExpression: kube-apiserver 1.34 estimated each one this CRD had (values turned into strings)
@@ -524,6 +524,14 @@ BOUNDS_LINE = "spec.scaling.auto.maxNodes: maxNodes is below minNodes; raise max
         (
             lambda s: s["vertices"][4].update(sink={"type": "kafka", "bootstrapServers": "kafka:9092"}),
             "spec.vertices[4].sink: a kafka sink writes sink.topic to sink.bootstrapServers; set both",
+        ),
+        (
+            lambda s: s.update(podTemplate={"labels": {"example.com/" + "k" * 400: "v"}}),
+            "spec.podTemplate.labels: a label key is too long: at most 317 characters",
+        ),
+        (
+            lambda s: s.update(podTemplate={"annotations": {"a" * 318: "v"}}),
+            "spec.podTemplate.annotations: an annotation key is too long: at most 317 characters",
         ),
     ],
 )

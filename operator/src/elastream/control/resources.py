@@ -37,7 +37,7 @@ from typing import Any
 import redis
 from prometheus_client import Counter, Histogram
 
-from elastream.control.backends.worker_objects import placement_problems
+from elastream.control.backends.worker_objects import placement_problems, pod_template_problems
 from elastream.control.lifecycle import (
     RESTART_FROM_SCRATCH,
     delete_keys,
@@ -132,6 +132,9 @@ class ManagedTopologies(TopologyUpgrades):
                 raise TopologyError([image_refusal(image, self.allowed_images)])
             # likewise a placement outside the operator's policy (worker.placement): the control plane, another's nodes
             refused = placement_problems(wanted.spec.get("placement"), self.settings.placement, wanted.namespace)
+            # and a podTemplate (or a connector's Secret) outside its policy (worker.podTemplate): hostPath, a
+            # mount over the image's code, the operator's env or labels, a service account it did not allow
+            refused += pod_template_problems(wanted.spec, self.settings)
             if refused:
                 raise TopologyError(refused)
         except TopologyError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from elastream.control.backends.worker_objects import placement_problems, running_spec_of
+from elastream.control.backends.worker_objects import placement_problems, pod_template_problems, running_spec_of
 from elastream.control.controller import SuspendResult, TopologyController
 from elastream.control.lifecycle import (
     TopologyLifecycle,
@@ -80,6 +80,14 @@ class TopologyUpgrades(TopologyLifecycle):
                 # nor a placement the operator's policy refuses (worker.placement)
                 log.warning(
                     "%s/%s: a spec in its ConfigMap asks for a placement the operator does not allow; ignored",
+                    wanted.namespace,
+                    wanted.name,
+                )
+                return None
+            if pod_template_problems(found.spec, self.settings):
+                # nor a podTemplate (or a connector's Secret) its policy refuses (worker.podTemplate)
+                log.warning(
+                    "%s/%s: a spec in its ConfigMap asks for a pod template the operator does not allow; ignored",
                     wanted.namespace,
                     wanted.name,
                 )

@@ -19,7 +19,12 @@ from typing import Any, Literal
 
 import kopf
 
-from elastream.control.backends.worker_objects import PlacementPolicy, WorkerPodSettings
+from elastream.control.backends.worker_objects import (
+    POD_TEMPLATE_ENV,
+    PlacementPolicy,
+    PodTemplatePolicy,
+    WorkerPodSettings,
+)
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.resources import ManagedTopologies
@@ -43,6 +48,19 @@ class LeaderElection:
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     name: str = LEASE_NAME
+
+
+def pod_template_policy_from_env() -> PodTemplatePolicy:
+    """What a topology's spec.podTemplate may ask for: $ELASTREAM_WORKER_POD_TEMPLATE (the chart's
+    worker.podTemplate as JSON), the default policy when unset. A value it cannot read stops the operator at start
+    with one line naming the variable (rather than every topology's pods failing later)."""
+    text = os.environ.get(POD_TEMPLATE_ENV)
+    if not text:
+        return PodTemplatePolicy()
+    try:
+        return PodTemplatePolicy.from_json(text)
+    except ValueError as exc:
+        raise SystemExit(f"error: ${POD_TEMPLATE_ENV} (the chart's worker.podTemplate): {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,8 @@ class OperatorOptions:
     disruption_budgets: bool = True
     #: what a topology's spec.placement may ask for (`--worker-placement`, $ELASTREAM_WORKER_PLACEMENT)
     worker_placement: PlacementPolicy = field(default_factory=PlacementPolicy)
+    #: what a topology's spec.podTemplate may add to its pods ($ELASTREAM_WORKER_POD_TEMPLATE)
+    worker_pod_template: PodTemplatePolicy = field(default_factory=pod_template_policy_from_env)
 
 
 def load_kubernetes_config() -> None:
@@ -115,6 +135,7 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
         drains=options.drains,
         disruption_budget=options.disruption_budgets,
         placement=options.worker_placement,
+        pod_template=options.worker_pod_template,
     )
 
 

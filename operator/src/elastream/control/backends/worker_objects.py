@@ -8,13 +8,23 @@ A topology's `spec.placement` reaches its pods only as far as the operator's `Pl
 chart's `worker.placement`, `ELASTREAM_WORKER_PLACEMENT`): tolerations and node labels on its allow-lists,
 affinity only when allowed, pod affinity within the topology's own namespace, and never a toleration of the
 control plane's taints. `worker_pod` refuses anything else with `PlacementRefused`, naming the field and the fix.
+
+A topology's `spec.podTemplate` (labels, annotations, env, envFrom, volumes, volumeMounts, serviceAccountName,
+priorityClassName) is merged into its pods (`merge_pod_template`: the operator's own labels, environment, volumes,
+service account, image, resources and security contexts win) as far as the operator's `PodTemplatePolicy` allows
+(the chart's `worker.podTemplate`, `ELASTREAM_WORKER_POD_TEMPLATE`); `worker_pod` refuses anything else with
+`PodTemplateRefused`, naming the field and the fix and never a value. The Secrets the topology's connectors name
+(`secretRef`) are mounted read-only at `/etc/elastream/secrets/<name>/`, one volume each; the operator never
+reads them.
 """
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +40,7 @@ from elastream.worker_inputs.keys import (
     SECRET_SERVER_KEY,
     SERVER_KEY_ENV,
 )
+from elastream.worker_inputs.secrets import DEFAULT_SECRETS_DIR
 
 log = logging.getLogger("elastream.kubernetes")
 
@@ -201,9 +212,9 @@ def _text(value: Any) -> str:
     return shown(value)
 
 
-def _listing(items: Sequence[str]) -> str:
-    listed = ", ".join(items[:_MAX_SHOWN]) or "none"
-    return listed + (f" and {len(items) - _MAX_SHOWN} more" if len(items) > _MAX_SHOWN else "")
+def _listing(items: Sequence[str], most: int = _MAX_SHOWN) -> str:
+    listed = ", ".join(items[:most]) or "none"
+    return listed + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
 def placement_problems(placement: Any, policy: PlacementPolicy, namespace: str) -> list[str]:
@@ -336,6 +347,558 @@ def _items(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
+# ---------------------------------------------------------------------------------------------- spec.podTemplate
+
+#: the environment variable carrying the operator's `PodTemplatePolicy` as JSON (the chart's worker.podTemplate)
+POD_TEMPLATE_ENV = "ELASTREAM_WORKER_POD_TEMPLATE"
+#: where the Secret a connector's `secretRef` names is mounted in every worker pod of its topology, read-only:
+#: `<SECRETS_DIR>/<Secret>/<key>` (what `elastream.worker_inputs.secrets` reads, $ELASTREAM_SECRETS_DIR's default)
+SECRETS_DIR = DEFAULT_SECRETS_DIR
+#: the files of those mounts: the worker (runAsUser and fsGroup WORKER_UID) reads them through its group; nobody
+#: writes them
+SECRET_MODE = 0o440
+#: the operator's volumes and where the worker container mounts them (the connectors' Secrets under the first);
+#: a tenant's volume is never named like them, nor mounted at, under or above them
+OPERATOR_VOLUMES = ("topology", "tmp")
+OPERATOR_VOLUME_PREFIX = "elastream-"
+OPERATOR_MOUNT_PATHS = ("/etc/elastream", "/tmp")
+#: every volume type of a Pod (`VolumeSource`'s fields), and the two never allowed whatever the policy says: a
+#: node's own files (hostPath), and a git clone the kubelet runs on the node (gitRepo, deprecated, CVE-2024-10220)
+VOLUME_TYPES = (
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi", "downwardAPI",
+    "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs", "hostPath",
+    "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume", "projected",
+    "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume",
+)  # fmt: skip
+NEVER_VOLUME_TYPES = {"hostPath": "a node's own files", "gitRepo": "a git clone the kubelet runs on the node"}
+#: what the default policy allows: the namespace's own ConfigMaps and Secrets, scratch space, the pod's own fields
+DEFAULT_VOLUME_TYPES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI")
+#: where a tenant's volumes may be mounted by default: never over the image's code, libraries or /etc
+DEFAULT_MOUNT_PATHS = ("/mnt/*", "/data/*")
+#: the sources a projected volume may combine (serviceAccountToken only with an allowed serviceAccountName)
+PROJECTED_SOURCES = ("configMap", "secret", "downwardAPI", "serviceAccountToken", "clusterTrustBundle")
+#: environment variables the operator sets or keeps for itself: never a tenant's
+OPERATOR_ENV = ("ELASTREAM_*", "POD_IP", "POD_NAME")
+#: environment variables that change what code the image runs (a preloaded library, a Python path, a JVM agent,
+#: the PATH the entrypoint is looked up in): never a tenant's, or `worker.allowedImages` would mean nothing
+CODE_ENV = (
+    "LD_*", "PYTHON*", "PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "BASH_ENV", "ENV",
+    "NODE_OPTIONS", "NODE_PATH", "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB", "GCONV_PATH",
+    "GLIBC_TUNABLES",
+)  # fmt: skip
+#: the PYTHON* variables that change no code: a tenant may set them
+HARMLESS_PYTHON_ENV = (
+    "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
+    "PYTHONFAULTHANDLER",
+)  # fmt: skip
+#: label and annotation key prefixes (DNS domains, and their subdomains) that are the operator's or Kubernetes':
+#: never a tenant's (an AppArmor profile is an annotation of kubernetes.io's); app.kubernetes.io labels other than
+#: the operator's own (part-of, version) are the tenant's
+RESERVED_KEY_DOMAINS = ("elastream.dev", "kubernetes.io", "k8s.io")
+#: the labels the operator puts on every worker pod (`labels_for`): its own, whatever a template says
+OPERATOR_LABEL_KEYS = (
+    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by", "elastream.dev/node",
+)  # fmt: skip
+#: the fields of spec.podTemplate
+POD_TEMPLATE_FIELDS = (
+    "labels", "annotations", "env", "envFrom", "volumes", "volumeMounts", "serviceAccountName", "priorityClassName",
+)  # fmt: skip
+#: the entries of an operator's list a refusal shows (they are the platform team's, and short)
+_MOST_ALLOWED = 8
+#: a tenant's volume source (the CRD keeps its fields as written) is at most this big, as JSON
+MAX_VOLUME_JSON = 8192
+#: the name of a Secret the operator keeps for every topology (`<topology>-redis`: its Redis password and data
+#: plane keys): no tenant's reference may name one, its own topology's or another's
+OPERATOR_SECRET_SUFFIX = "-redis"
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class PodTemplatePolicy:
+    """What a topology's `spec.podTemplate` may add to its worker pods (the chart's worker.podTemplate): volumes
+    of `allowed_volume_types` (never hostPath nor gitRepo) mounted at paths matching a glob of
+    `allowed_mount_paths`, a serviceAccountName and a priorityClassName matching a glob of their lists (empty:
+    none may be set), label and annotation keys matching a glob of theirs. Whatever the lists say, the operator's
+    and Kubernetes' label and annotation keys, the operator's environment variables and those that change what
+    code the image runs, mounts at, under or above the operator's paths, priority classes `system-*`, a Secret
+    named `<topology>-redis`, and an envFrom without a prefix are refused (`pod_template_problems`)."""
+
+    allowed_volume_types: tuple[str, ...] = DEFAULT_VOLUME_TYPES
+    allowed_mount_paths: tuple[str, ...] = DEFAULT_MOUNT_PATHS
+    allowed_service_accounts: tuple[str, ...] = ()
+    allowed_priority_classes: tuple[str, ...] = ()
+    allowed_label_keys: tuple[str, ...] = ("*",)
+    allowed_annotation_keys: tuple[str, ...] = ("*",)
+
+    #: the chart's names of the fields, in order
+    _FIELDS = (
+        ("allowedVolumeTypes", "allowed_volume_types"),
+        ("allowedMountPaths", "allowed_mount_paths"),
+        ("allowedServiceAccounts", "allowed_service_accounts"),
+        ("allowedPriorityClasses", "allowed_priority_classes"),
+        ("allowedLabelKeys", "allowed_label_keys"),
+        ("allowedAnnotationKeys", "allowed_annotation_keys"),
+    )
+
+    @classmethod
+    def from_json(cls, text: str) -> PodTemplatePolicy:
+        """The policy of the chart's worker.podTemplate as JSON (`{"allowedVolumeTypes": [...],
+        "allowedMountPaths": [...], "allowedServiceAccounts": [...], "allowedPriorityClasses": [...],
+        "allowedLabelKeys": [...], "allowedAnnotationKeys": [...]}`; a field not given keeps its default). Raises
+        ValueError naming the field and the fix."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        names = [name for name, _ in cls._FIELDS]
+        if not isinstance(raw, dict):
+            raise ValueError(f"give a JSON object of {', '.join(names)}")
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise ValueError(f"{', '.join(map(str, unknown))}: unknown; use {', '.join(names)}")
+        values: dict[str, tuple[str, ...]] = {}
+        for name, attribute in cls._FIELDS:
+            if name not in raw:
+                continue
+            entries = _listed(raw, name)
+            for i, entry in enumerate(entries):
+                if not isinstance(entry, str) or not entry.strip() or any(c.isspace() for c in entry):
+                    raise ValueError(f"{name}[{i}]: {entry!r}; give a name or a glob (* any characters)")
+            values[attribute] = tuple(entries)
+        for i, kind in enumerate(values.get("allowed_volume_types", ())):
+            if kind in NEVER_VOLUME_TYPES:
+                raise ValueError(
+                    f"allowedVolumeTypes[{i}]: {kind} is never allowed ({NEVER_VOLUME_TYPES[kind]}); remove it"
+                )
+            if kind not in VOLUME_TYPES:
+                raise ValueError(f"allowedVolumeTypes[{i}]: {kind!r} is no volume type of a Pod; give e.g. configMap")
+        for i, path in enumerate(values.get("allowed_mount_paths", ())):
+            if not path.startswith("/") or path.strip("/*") == "":
+                raise ValueError(
+                    f"allowedMountPaths[{i}]: {path!r}; give an absolute path or glob below / (e.g. /mnt/*), never / "
+                    "itself (the image's code and libraries are there)"
+                )
+        return cls(**values)
+
+    def to_values(self) -> dict[str, Any]:
+        """The policy in the chart's worker.podTemplate shape (what `from_json` reads)."""
+        return {name: list(getattr(self, attribute)) for name, attribute in self._FIELDS}
+
+
+class PodTemplateRefused(BackendError):
+    """A topology's spec.podTemplate (or a connector's secretRef) asks for what the operator's
+    `PodTemplatePolicy` does not allow: no pod is created; the message names each field and the fix, never a
+    value (an env value or an annotation may hold a secret)."""
+
+
+def _allowed(entries: Sequence[str]) -> str:
+    """An operator's list as a refusal shows it (the platform team's, and short: up to 8 entries)."""
+    return _listing(list(entries), _MOST_ALLOWED)
+
+
+def _matches(name: str, globs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in globs)
+
+
+def _reserved_key(key: str) -> bool:
+    """A label or annotation key of the operator's or Kubernetes' domains (app.kubernetes.io aside)."""
+    domain = key.rsplit("/", 1)[0] if "/" in key else ""
+    if domain == "app.kubernetes.io":
+        return False
+    return any(domain == d or domain.endswith("." + d) for d in RESERVED_KEY_DOMAINS)
+
+
+def _qualified(key: str) -> bool:
+    """A label or annotation key as Kubernetes takes it: [prefix/]name, prefix a DNS subdomain."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return bool(_QUALIFIED_NAME.fullmatch(name))
+
+
+def _env_refusal(name: str) -> str | None:
+    """Why a tenant may not set the environment variable `name` (None: it may)."""
+    if _matches(name, OPERATOR_ENV):
+        return "is the operator's (ELASTREAM_*, POD_IP, POD_NAME)"
+    if _matches(name, CODE_ENV) and name not in HARMLESS_PYTHON_ENV:
+        return "changes what code the worker image runs (a library, a path, an agent)"
+    return None
+
+
+def _prefix_refusal(prefix: str) -> str | None:
+    """Why an envFrom `prefix` could make a variable a tenant may not set (None: every name it makes is free)."""
+    for pattern in (*OPERATOR_ENV, *CODE_ENV):
+        stem = pattern[:-1] if pattern.endswith("*") else None
+        if stem is not None and (prefix.startswith(stem) or stem.startswith(prefix)):
+            return f"names made with it could be {pattern}"
+        if stem is None and pattern.startswith(prefix) and pattern != prefix:
+            return f"a key could make it {pattern}"
+    return None
+
+
+def _operator_secret(name: Any) -> bool:
+    return isinstance(name, str) and name.endswith(OPERATOR_SECRET_SUFFIX)
+
+
+def _secret_refusal(where: str, name: str) -> str:
+    return (
+        f"{where}: names the Secret {_text(name)}; a Secret named <topology>{OPERATOR_SECRET_SUFFIX} is the "
+        "operator's (a topology's Redis password and data-plane keys): name a Secret of your own"
+    )
+
+
+def _path_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def connector_secrets(spec: Mapping[str, Any]) -> list[str]:
+    """The Secrets the topology's sources and sinks name (`secretRef.name`), each once, sorted: mounted in every
+    worker pod at `SECRETS_DIR/<name>/`."""
+    names: set[str] = set()
+    for vertex in _items(spec.get("vertices")):
+        for kind in ("source", "sink"):
+            ref = _field(_field(vertex, kind), "secretRef")
+            name = _field(ref, "name")
+            if isinstance(name, str) and name:
+                names.add(name)
+    return sorted(names)
+
+
+def pod_template_problems(spec: Any, settings: WorkerPodSettings) -> list[str]:
+    """Why a topology's spec.podTemplate, or a Secret its connectors' secretRef name, may not reach its pods under
+    `settings.pod_template`: one line per refused field, naming it and the fix (never a value: an env value or an
+    annotation may hold a secret); empty when they may. `spec` is the topology's whole spec."""
+    if not isinstance(spec, Mapping):
+        return []
+    problems: list[str] = []
+    for i, vertex in enumerate(_items(spec.get("vertices"))):
+        for kind in ("source", "sink"):
+            name = _field(_field(_field(vertex, kind), "secretRef"), "name")
+            if _operator_secret(name):
+                problems.append(_secret_refusal(f"spec.vertices[{i}].{kind}.secretRef.name", name))
+    template = spec.get("podTemplate")
+    if template is None:
+        return problems
+    where = "spec.podTemplate"
+    if not isinstance(template, Mapping):
+        return [*problems, f"{where}: is not a mapping; give {', '.join(POD_TEMPLATE_FIELDS)}"]
+    policy = settings.pod_template
+    for key in template:
+        if key not in POD_TEMPLATE_FIELDS:
+            problems.append(
+                f"{where}.{_text(key)}: not a field the operator takes (containers, securityContext, image and "
+                f"resources are the operator's); use {', '.join(POD_TEMPLATE_FIELDS)}"
+            )
+    reserved_labels = {*OPERATOR_LABEL_KEYS, *settings.extra_labels}
+    for field_name, allowed, setting in (
+        ("labels", policy.allowed_label_keys, "allowedLabelKeys"),
+        ("annotations", policy.allowed_annotation_keys, "allowedAnnotationKeys"),
+    ):
+        problems.extend(_key_problems(template.get(field_name), field_name, allowed, setting, reserved_labels))
+    problems.extend(_env_problems(template.get("env")))
+    problems.extend(_env_from_problems(template.get("envFrom")))
+    service_account = template.get("serviceAccountName")
+    account_ok = False
+    if service_account is not None:
+        at = f"{where}.serviceAccountName"
+        if not isinstance(service_account, str) or not _DNS_SUBDOMAIN.fullmatch(service_account):
+            problems.append(f"{at}: is not a ServiceAccount's name; give a DNS-1123 name")
+        elif not _matches(service_account, policy.allowed_service_accounts):
+            problems.append(
+                f"{at}: {_text(service_account)} is not a ServiceAccount the operator lets worker pods run as "
+                f"(worker.podTemplate.allowedServiceAccounts: {_allowed(policy.allowed_service_accounts)}); "
+                "remove it, or have the operator's list extended"
+            )
+        else:
+            account_ok = True
+    volumes, volume_problems = _volume_problems(template.get("volumes"), policy, account_ok)
+    problems.extend(volume_problems)
+    problems.extend(_mount_problems(template.get("volumeMounts"), volumes, policy))
+    priority = template.get("priorityClassName")
+    if priority is not None:
+        at = f"{where}.priorityClassName"
+        if not isinstance(priority, str) or not _DNS_SUBDOMAIN.fullmatch(priority):
+            problems.append(f"{at}: is not a PriorityClass's name; give a DNS-1123 name")
+        elif priority.startswith("system-"):
+            problems.append(
+                f"{at}: {_text(priority)} is Kubernetes' own (system-*); worker pods never take it: remove it"
+            )
+        elif not _matches(priority, policy.allowed_priority_classes):
+            problems.append(
+                f"{at}: {_text(priority)} is not a PriorityClass the operator allows (worker.podTemplate."
+                f"allowedPriorityClasses: {_allowed(policy.allowed_priority_classes)}); remove it, or have "
+                "the operator's list extended"
+            )
+    return problems
+
+
+def _key_problems(mapping: Any, field_name: str, allowed: Sequence[str], setting: str, reserved: set[str]) -> list[str]:
+    where = f"spec.podTemplate.{field_name}"
+    if mapping is None:
+        return []
+    if not isinstance(mapping, Mapping):
+        return [f"{where}: is not a mapping of keys to strings; write it as in a Pod's metadata"]
+    problems: list[str] = []
+    for key, value in mapping.items():
+        at = f"{where}[{_text(key)}]"
+        if not isinstance(key, str) or not _qualified(key):
+            problems.append(f"{at}: is not a {field_name[:-1]} key; give [prefix/]name as Kubernetes takes it")
+        elif key in reserved or _reserved_key(key):
+            problems.append(
+                f"{at}: the key is the operator's or Kubernetes' (elastream.dev, kubernetes.io, k8s.io); remove it"
+            )
+        elif not _matches(key, allowed):
+            problems.append(
+                f"{at}: the key is not one the operator allows (worker.podTemplate.{setting}: "
+                f"{_allowed(allowed)}); remove it, or have the operator's list extended"
+            )
+        elif not isinstance(value, str) or (field_name == "labels" and not _LABEL_VALUE.fullmatch(value)):
+            # the value is never shown: an annotation may hold anything
+            problems.append(f"{at}: the value is not a valid {field_name[:-1]} value; give a string as in a Pod")
+    return problems
+
+
+def _env_problems(env: Any) -> list[str]:
+    where = "spec.podTemplate.env"
+    if env is None:
+        return []
+    if not isinstance(env, list):
+        return [f"{where}: is not a list; write it as a container's env"]
+    problems: list[str] = []
+    for i, entry in enumerate(env):
+        at = f"{where}[{i}]"
+        name = _field(entry, "name")
+        if not isinstance(entry, Mapping) or not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            problems.append(f"{at}: is not an environment variable; give a name and a value or valueFrom")
+            continue
+        refusal = _env_refusal(name)
+        if refusal is not None:
+            problems.append(f"{at}.name: {_text(name)} {refusal}; name the variable otherwise")
+        source = entry.get("valueFrom")
+        secret = _field(_field(source, "secretKeyRef"), "name")
+        if _operator_secret(secret):
+            problems.append(_secret_refusal(f"{at}.valueFrom.secretKeyRef.name", secret))
+        container = _field(_field(source, "resourceFieldRef"), "containerName")
+        if container not in (None, "", "worker"):
+            problems.append(f"{at}.valueFrom.resourceFieldRef.containerName: the pod has one container, worker")
+    return problems
+
+
+def _env_from_problems(env_from: Any) -> list[str]:
+    where = "spec.podTemplate.envFrom"
+    if env_from is None:
+        return []
+    if not isinstance(env_from, list):
+        return [f"{where}: is not a list; write it as a container's envFrom"]
+    problems: list[str] = []
+    for i, entry in enumerate(env_from):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, Mapping) or len({"configMapRef", "secretRef"} & set(entry)) != 1:
+            problems.append(f"{at}: give one configMapRef or secretRef, and a prefix")
+            continue
+        prefix = entry.get("prefix")
+        if not isinstance(prefix, str) or not prefix or not _ENV_NAME.fullmatch(prefix):
+            problems.append(
+                f"{at}.prefix: none; give one (e.g. APP_): the operator never reads what the "
+                f"{'Secret' if 'secretRef' in entry else 'ConfigMap'} holds, and a key such as LD_PRELOAD or "
+                "PYTHONPATH would change what code the worker image runs"
+            )
+        elif (refusal := _prefix_refusal(prefix)) is not None:
+            problems.append(f"{at}.prefix: {_text(prefix)}: {refusal}; choose another prefix (e.g. APP_)")
+        secret = _field(entry.get("secretRef"), "name")
+        if _operator_secret(secret):
+            problems.append(_secret_refusal(f"{at}.secretRef.name", secret))
+    return problems
+
+
+def _volume_problems(volumes: Any, policy: PodTemplatePolicy, account_ok: bool) -> tuple[set[str], list[str]]:
+    """(the names of the tenant's volumes that may be mounted, the problems of spec.podTemplate.volumes)."""
+    where = "spec.podTemplate.volumes"
+    if volumes is None:
+        return set(), []
+    if not isinstance(volumes, list):
+        return set(), [f"{where}: is not a list; write it as a Pod's volumes"]
+    names: set[str] = set()
+    problems: list[str] = []
+    for i, volume in enumerate(volumes):
+        at = f"{where}[{i}]"
+        name = _field(volume, "name")
+        if not isinstance(volume, Mapping) or not isinstance(name, str) or not _DNS_LABEL.fullmatch(name):
+            problems.append(f"{at}: is not a volume; give a name (a DNS-1123 label) and one volume type")
+            continue
+        if name in OPERATOR_VOLUMES or name.startswith(OPERATOR_VOLUME_PREFIX):
+            problems.append(
+                f"{at}.name: {name} is the operator's ({', '.join(OPERATOR_VOLUMES)}, {OPERATOR_VOLUME_PREFIX}*); "
+                "name the volume otherwise"
+            )
+            continue
+        if name in names:
+            problems.append(f"{at}.name: {name} is a volume's name already; give each volume its own")
+            continue
+        kinds = [k for k in volume if k != "name"]
+        if len(kinds) != 1:
+            problems.append(f"{at}: give exactly one volume type (configMap, secret, emptyDir, ...)")
+            continue
+        (kind,) = kinds
+        source = volume[kind]
+        if kind in NEVER_VOLUME_TYPES:
+            problems.append(
+                f"{at}.{kind}: never allowed ({NEVER_VOLUME_TYPES[kind]}); use a configMap, a secret or an emptyDir"
+            )
+            continue
+        if kind not in policy.allowed_volume_types:
+            problems.append(
+                f"{at}.{_text(kind)}: not a volume type the operator allows (worker.podTemplate.allowedVolumeTypes: "
+                f"{_allowed(policy.allowed_volume_types)}); remove it, or have the operator's list extended"
+            )
+            continue
+        if not isinstance(source, Mapping):
+            problems.append(f"{at}.{kind}: is not a mapping; write it as in a Pod")
+            continue
+        if len(json.dumps(source, default=str)) > MAX_VOLUME_JSON:
+            problems.append(f"{at}.{kind}: is over {MAX_VOLUME_JSON} bytes as JSON; write a smaller volume")
+            continue
+        source_problems = _source_problems(kind, source, f"{at}.{kind}", account_ok)
+        problems.extend(source_problems)
+        if not source_problems:
+            names.add(name)
+    return names, problems
+
+
+def _source_problems(kind: str, source: Mapping[str, Any], at: str, account_ok: bool) -> list[str]:
+    if kind == "secret" and _operator_secret(source.get("secretName")):
+        return [_secret_refusal(f"{at}.secretName", source["secretName"])]
+    if kind != "projected":
+        return []
+    problems: list[str] = []
+    for j, projection in enumerate(_items(source.get("sources"))):
+        kinds = list(projection) if isinstance(projection, Mapping) else []
+        if len(kinds) != 1 or kinds[0] not in PROJECTED_SOURCES:
+            problems.append(f"{at}.sources[{j}]: give one of {', '.join(PROJECTED_SOURCES)}")
+        elif kinds[0] == "serviceAccountToken" and not account_ok:
+            problems.append(
+                f"{at}.sources[{j}].serviceAccountToken: worker pods hold no API token of their own unless "
+                "spec.podTemplate.serviceAccountName names a ServiceAccount the operator allows; remove it"
+            )
+        elif kinds[0] == "secret" and _operator_secret(_field(projection["secret"], "name")):
+            problems.append(_secret_refusal(f"{at}.sources[{j}].secret.name", projection["secret"]["name"]))
+    return problems
+
+
+def _mount_problems(mounts: Any, volumes: set[str], policy: PodTemplatePolicy) -> list[str]:
+    where = "spec.podTemplate.volumeMounts"
+    if mounts is None:
+        return []
+    if not isinstance(mounts, list):
+        return [f"{where}: is not a list; write it as a container's volumeMounts"]
+    problems: list[str] = []
+    paths: set[str] = set()
+    for i, mount in enumerate(mounts):
+        at = f"{where}[{i}]"
+        name, path = _field(mount, "name"), _field(mount, "mountPath")
+        if not isinstance(name, str) or not isinstance(path, str):
+            problems.append(f"{at}: is not a volume mount; give a name and a mountPath")
+            continue
+        if name not in volumes:
+            problems.append(
+                f"{at}.name: {_text(name)} is no volume of spec.podTemplate.volumes the operator takes; mount one"
+            )
+        segments = path.split("/")
+        if not path.startswith("/") or not all(_PATH_SEGMENT.fullmatch(s) for s in segments[1:]):
+            problems.append(f"{at}.mountPath: {_text(path)}; give an absolute path without ., .. or //")
+            continue
+        if any(_path_under(path, root) or _path_under(root, path) for root in OPERATOR_MOUNT_PATHS):
+            problems.append(
+                f"{at}.mountPath: {_text(path)} is at, under or above the operator's mounts "
+                f"({', '.join(OPERATOR_MOUNT_PATHS)}); mount it elsewhere, e.g. under /mnt/"
+            )
+        elif not _matches(path, policy.allowed_mount_paths):
+            problems.append(
+                f"{at}.mountPath: {_text(path)} is not where the operator lets volumes be mounted (worker.podTemplate."
+                f"allowedMountPaths: {_allowed(policy.allowed_mount_paths)}); mount it there, or have the "
+                "operator's list extended"
+            )
+        elif path in paths:
+            problems.append(f"{at}.mountPath: {_text(path)} is mounted already; give each mount its own path")
+        paths.add(path)
+        sub_path = _field(mount, "subPath")
+        if sub_path not in (None, "") and (
+            not isinstance(sub_path, str) or not all(_PATH_SEGMENT.fullmatch(s) for s in sub_path.split("/"))
+        ):
+            problems.append(f"{at}.subPath: {_text(sub_path)}; give a relative path without ., .. or //")
+    return problems
+
+
+def merge_pod_template(pod: Mapping[str, Any], template: Any) -> dict[str, Any]:
+    """The worker `pod` with a topology's spec.podTemplate merged in: its labels, annotations, env, envFrom,
+    volumes, volumeMounts, serviceAccountName and priorityClassName, and nothing else of it. The operator's own
+    win on any conflict: its labels and annotations, its environment (and every OPERATOR_ENV name), its volumes
+    and their mount paths, its service account; image, resources and security contexts are not the template's
+    to give. Pure: `pod` is not changed, nothing of the template is shared with the result. Call it on a
+    template `pod_template_problems` passed: this only settles conflicts, it allows nothing."""
+    merged = copy.deepcopy(dict(pod))
+    if not isinstance(template, Mapping):
+        return merged
+    template = copy.deepcopy(dict(template))
+    metadata, spec = merged["metadata"], merged["spec"]
+    for key in ("labels", "annotations"):
+        mine = template.get(key)
+        if isinstance(mine, Mapping) and mine:
+            metadata[key] = {**{k: v for k, v in mine.items() if isinstance(v, str)}, **(metadata.get(key) or {})}
+    container = spec["containers"][0]
+    env = container.setdefault("env", [])
+    taken = {e.get("name") for e in env}
+    env.extend(
+        e
+        for e in _items(template.get("env"))
+        if isinstance(e, Mapping) and e.get("name") not in taken and not _matches(str(e.get("name")), OPERATOR_ENV)
+    )
+    env_from = [e for e in _items(template.get("envFrom")) if isinstance(e, Mapping)]
+    if env_from:
+        container["envFrom"] = env_from
+    operator_volumes = {v["name"] for v in spec.get("volumes", [])}
+    added = {
+        v["name"]: v
+        for v in _items(template.get("volumes"))
+        if isinstance(v, Mapping) and isinstance(v.get("name"), str) and v["name"] not in operator_volumes
+    }
+    spec.setdefault("volumes", []).extend(added.values())
+    mounts = container.setdefault("volumeMounts", [])
+    operator_paths = [m["mountPath"] for m in mounts]
+    mounts.extend(
+        m
+        for m in _items(template.get("volumeMounts"))
+        if isinstance(m, Mapping)
+        and m.get("name") in added
+        and isinstance(m.get("mountPath"), str)
+        and not any(_path_under(m["mountPath"], p) or _path_under(p, m["mountPath"]) for p in operator_paths)
+    )
+    for key in ("serviceAccountName", "priorityClassName"):
+        if isinstance(template.get(key), str) and not spec.get(key):
+            spec[key] = template[key]
+    return merged
+
+
+def connector_secret_volumes(spec: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volume mounts) of the Secrets the topology's connectors name: one volume per distinct Secret
+    (`elastream-secret-<i>`, mode SECRET_MODE, not optional: a pod whose Secret is missing waits for it, as
+    the kubelet says in its events), mounted read-only at `SECRETS_DIR/<name>`. The operator never reads them."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for i, name in enumerate(connector_secrets(spec)):
+        volume = f"{OPERATOR_VOLUME_PREFIX}secret-{i}"
+        volumes.append({"name": volume, "secret": {"secretName": name, "defaultMode": SECRET_MODE, "optional": False}})
+        mounts.append({"name": volume, "mountPath": f"{SECRETS_DIR}/{name}", "readOnly": True})
+    return volumes, mounts
+
+
 @dataclass(frozen=True)
 class WorkerPodSettings:
     """What the operator decides for every worker pod (the rest comes from the topology's spec)."""
@@ -366,6 +929,8 @@ class WorkerPodSettings:
     disruption_budget: bool = True
     #: what a topology's spec.placement may ask for (the chart's worker.placement)
     placement: PlacementPolicy = field(default_factory=PlacementPolicy)
+    #: what a topology's spec.podTemplate may add to its pods (the chart's worker.podTemplate)
+    pod_template: PodTemplatePolicy = field(default_factory=PodTemplatePolicy)
 
 
 def labels_for(topology: Topology, node: str | None = None) -> dict[str, str]:
@@ -528,6 +1093,7 @@ def worker_pod(
     reached over TLS with a CA the topology's ConfigMap carries (`redis-ca.crt`, mounted beside the manifest)."""
     spec = topology.spec
     image = str(spec.get("image") or settings.image)
+    secret_volumes, secret_mounts = connector_secret_volumes(spec)
     args = [
         "worker",
         "--topology",
@@ -583,6 +1149,7 @@ def worker_pod(
         "volumeMounts": [
             {"name": "topology", "mountPath": "/etc/elastream", "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            *secret_mounts,
         ],
     }
     resources = spec.get("resources")
@@ -613,6 +1180,7 @@ def worker_pod(
                 },
             },
             {"name": "tmp", "emptyDir": {}},
+            *secret_volumes,
         ],
     }
     if settings.service_account:
@@ -629,6 +1197,11 @@ def worker_pod(
         for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
             if key in placement:
                 pod_spec[key] = placement[key]
+    # likewise spec.podTemplate and the connectors' Secrets (as the reconcile pass checks them: InvalidSpec)
+    refused = pod_template_problems(spec, settings)
+    if refused:
+        more = f" (and {len(refused) - _MAX_SHOWN} more)" if len(refused) > _MAX_SHOWN else ""
+        raise PodTemplateRefused(f"{'; '.join(refused[:_MAX_SHOWN])}{more}")
     if spec.get("spreadOverNodes") and "topologySpreadConstraints" not in pod_spec:
         pod_spec["topologySpreadConstraints"] = [
             {
@@ -638,7 +1211,7 @@ def worker_pod(
                 "labelSelector": {"matchLabels": labels_for(topology)},
             }
         ]
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -650,6 +1223,8 @@ def worker_pod(
         },
         "spec": pod_spec,
     }
+    template = spec.get("podTemplate")
+    return merge_pod_template(pod, template) if isinstance(template, Mapping) else pod
 
 
 def data_plane_env(topology: Topology, settings: WorkerPodSettings) -> list[dict[str, Any]]:
