@@ -1,5 +1,6 @@
 """Shared fixtures, built from `tests/support` (tests import that, never this file). `redis_url` is a real
-redis-server on a free loopback port for the session."""
+redis-server on a free loopback port for the session; `kafka_broker` a real Kafka broker
+(`tests/support/kafka_fixtures.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from support.kafka_fixtures import kafka_bootstrap, kafka_broker, restartable_kafka  # noqa: F401
 from support.redis_servers import LocalRedisCluster, RedisServer
 
 
