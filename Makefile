@@ -41,6 +41,7 @@ bench: setup ## run the benchmarks; tables and plots land in docs/benchmarks/
 	$(PY) bench/migration.py
 	$(PY) bench/autoscale.py
 	$(PY) bench/operator_scale.py
+	$(PY) bench/kafka.py
 
 bench-paper: setup ## the Stela paper's experiments on worker processes (~27 min): docs/benchmarks/stela.md and plots
 	$(PY) bench/stela.py
