@@ -16,6 +16,7 @@ import functools
 import itertools
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -153,15 +154,22 @@ def random_cluster_id() -> str:
 class KafkaBroker:
     """A real one-node Kafka (KRaft) in a temporary directory on free loopback ports. `start()` formats its
     storage the first time and waits until it answers; `stop()`/`kill()` and `start()` again keep its ports,
-    topics and data. `config` adds or overrides server properties."""
+    topics and data. `config` adds or overrides server properties. `sasl_plain_users` (user -> password) adds a
+    SASL_PLAINTEXT listener with mechanism PLAIN for those users (`sasl_bootstrap`, `sasl_client_config`); the
+    PLAINTEXT one stays (`bootstrap`, `admin()`)."""
 
-    def __init__(self, config: dict[str, str] | None = None) -> None:
+    def __init__(self, config: dict[str, str] | None = None, sasl_plain_users: dict[str, str] | None = None) -> None:
         self.lib_dir = kafka_lib_dir()
         self.java = shutil.which("java") or "java"
         self.port = free_port()
         self.controller_port = free_port()
         while self.controller_port == self.port:
             self.controller_port = free_port()
+        #: with `sasl_plain_users` (user -> password): a SASL_PLAINTEXT listener (mechanism PLAIN) on a port of its
+        #: own that only those users get through; 0 without one
+        self.sasl_port = 0
+        while sasl_plain_users and self.sasl_port in (0, self.port, self.controller_port):
+            self.sasl_port = free_port()
         self.dir = tempfile.mkdtemp(prefix="elastream-kafka-")
         self.data_dir = os.path.join(self.dir, "data")
         self.log_path = os.path.join(self.dir, "broker.log")
@@ -174,6 +182,7 @@ class KafkaBroker:
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
             "log.dirs": self.data_dir,
+            **(self._sasl_config(sasl_plain_users) if sasl_plain_users else {}),
             **(config or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -184,6 +193,32 @@ class KafkaBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listener's bootstrap, "127.0.0.1:PORT" (with `sasl_plain_users` only)."""
+        if not self.sasl_port:
+            raise RuntimeError("this broker has no SASL listener: make it with sasl_plain_users")
+        return f"127.0.0.1:{self.sasl_port}"
+
+    def _sasl_config(self, users: dict[str, str]) -> dict[str, str]:
+        """The server properties of a listener SASL (SASL_PLAINTEXT, PLAIN) beside PLAINTEXT: the same listeners
+        plus it, with `users` as the PLAIN login module's `user_<name>="<password>"` entries. The controller and
+        the broker's own connections stay on their PLAINTEXT listeners."""
+        for user, password in users.items():
+            if not re.fullmatch(r"[A-Za-z0-9._-]+", user) or '"' in password or "\\" in password:
+                raise ValueError(f"SASL user {user!r}: a plain name and a password without quotes or backslashes")
+        entries = " ".join(f'user_{user}="{password}"' for user, password in users.items())
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+            f"SASL://127.0.0.1:{self.sasl_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL://127.0.0.1:{self.sasl_port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT",
+            "listener.name.sasl.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {entries};"
+            ),
+        }
 
     def _java(self, main: str, *args: str, heap: str = "-Xmx512m") -> list[str]:
         flags = [f for f in JVM_FLAGS if not f.startswith("-Xmx")]
@@ -316,6 +351,17 @@ class KafkaBroker:
     def client_config(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
         """A confluent_kafka client's settings for this broker: its bootstrap, plus `settings`."""
         return {"bootstrap.servers": self.bootstrap, **(settings or {})}
+
+    def sasl_client_config(self, user: str, password: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A confluent_kafka client's settings for the SASL listener as `user` with `password`, plus `settings`."""
+        return {
+            "bootstrap.servers": self.sasl_bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": user,
+            "sasl.password": password,
+            **(settings or {}),
+        }
 
     def admin(self) -> AdminClient:
         return AdminClient(self.client_config())
