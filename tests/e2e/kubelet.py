@@ -924,6 +924,11 @@ class _PodWorker(threading.Thread):
         else:
             kind = next((k for k in vol if k != "name"), "?")
             raise _ConfigError("FailedMount", f"volume {vol['name']!r}: {kind} volumes are not supported here")
+        # the kubelet's MakeNestedMountpoints (pkg/volume/util/nested_volumes.go, called by the configMap, secret,
+        # downwardAPI and projected plugins): these volumes are mounted read-only, so the mount points of volumes
+        # nested inside them are made here (a connector's Secret under the worker's /etc/elastream)
+        for relative in nested_mountpoints(self.pod, vol["name"]):
+            os.makedirs(os.path.join(path, relative), mode=0o755, exist_ok=True)
         _ = api
         return path
 
@@ -2518,3 +2523,23 @@ def _read_etc_hosts() -> list[str]:
             return handle.read().splitlines()
     except OSError:
         return ["127.0.0.1 localhost"]
+
+
+def nested_mountpoints(pod: dict[str, Any], volume: str) -> list[str]:
+    """The kubelet's getNestedMountpoints: the mount paths of other volumes directly beneath where `volume` is
+    mounted in any of the pod's containers, relative to that place (one level: /dir/a, not /dir/a/b as well)."""
+    found: list[str] = []
+    spec = pod["spec"]
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        mounts = [(m["name"], os.path.normpath(m["mountPath"])) for m in container.get("volumeMounts") or []]
+        every = sorted(path for _, path in mounts)
+        for name, mine in mounts:
+            if name != volume:
+                continue
+            seen: list[str] = []
+            for path in every:
+                if not path.startswith(mine + "/") or any(path.startswith(prev) for prev in seen):
+                    continue
+                seen.append(path + "/")
+                found.append(path[len(mine) + 1 :])
+    return found

@@ -18,11 +18,8 @@ second topology whose Secret holds one: its worker says its source cannot read t
 and no password appears in any worker's output, the topologies' status or their events.
 
 The worker pod mounts the Secret at /etc/elastream/secrets/<name>, beneath its read-only ConfigMap volume at
-/etc/elastream. A real kubelet creates such nested mount points inside ConfigMap, Secret, downwardAPI and projected
-volumes when it sets them up (`MakeNestedMountpoints`, pkg/volume/util/nested_volumes.go, since Kubernetes 1.10),
-because the runtime cannot create them in a read-only mount; the tier's kubelet stand-in does not yet, and Docker
-then fails the container ("mkdir .../etc/elastream/secrets: read-only file system"). The fixture
-`kubelet_makes_nested_mountpoints` does what the kubelet does, for this test only, until the stand-in does it.
+/etc/elastream: the kubelet makes such nested mount points (`MakeNestedMountpoints`), and so does the tier's
+stand-in (`tests/e2e/kubelet.py`).
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from support.kafka_broker import KafkaBroker, unique_name
 from support.waiting import wait_until
 
-from . import kubelet as kubelet_module
 from .conftest import SYSTEM
 from .test_operator import apply_topology, pods_of, scaled, status
 
@@ -53,46 +49,6 @@ USER = "elastream-app"
 SECRET = "kafka-client"
 KEYS = 13
 RATE = 150.0  # messages per second the producer writes while the topology is scaled
-
-
-#: the volume types whose mount points for nested volumes the kubelet creates itself (they are read-only)
-API_DATA_VOLUMES = ("configMap", "secret", "downwardAPI", "projected")
-
-
-def nested_mountpoints(pod: dict[str, Any], volume: str) -> list[str]:
-    """The kubelet's getNestedMountpoints: the mount paths of other volumes directly beneath where `volume` is
-    mounted in any of the pod's containers, relative to that place (one level: /dir/a, not /dir/a/b as well)."""
-    found: list[str] = []
-    spec = pod["spec"]
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        mounts = [(m["name"], os.path.normpath(m["mountPath"])) for m in container.get("volumeMounts") or []]
-        every = sorted(path for _, path in mounts)
-        for name, mine in mounts:
-            if name != volume:
-                continue
-            seen: list[str] = []
-            for path in every:
-                if not path.startswith(mine + "/") or any(path.startswith(prev) for prev in seen):
-                    continue
-                seen.append(path + "/")
-                found.append(path[len(mine) + 1 :])
-    return found
-
-
-@pytest.fixture
-def kubelet_makes_nested_mountpoints(monkeypatch: pytest.MonkeyPatch) -> None:
-    """For this test: the stand-in's volume setup also makes the mount points of nested volumes inside
-    ConfigMap/Secret/downwardAPI/projected volumes, as the kubelet's MakeNestedMountpoints does (mode 0755)."""
-    original = kubelet_module._PodWorker._make_volume
-
-    def make_volume(worker: Any, vol: dict[str, Any], path: str) -> str:
-        made = original(worker, vol, path)
-        if any(kind in vol for kind in API_DATA_VOLUMES):
-            for relative in nested_mountpoints(worker.pod, vol["name"]):
-                os.makedirs(os.path.join(made, relative), mode=0o755, exist_ok=True)
-        return made
-
-    monkeypatch.setattr(kubelet_module._PodWorker, "_make_volume", make_volume)
 
 
 @pytest.fixture
@@ -294,7 +250,7 @@ def wrong_password_refused(broker: KafkaBroker) -> str:
 
 @pytest.mark.timeout(1500)
 def test_kafka_to_kafka_with_sasl_credentials_from_a_secret_scaled_with_kubectl_exactly_once(
-    installed, runtime_mode, kubelet_makes_nested_mountpoints, sasl_kafka, kubectl, kubelet, e2e_namespace, tmp_path
+    installed, runtime_mode, sasl_kafka, kubectl, kubelet, e2e_namespace, tmp_path
 ) -> None:
     if runtime_mode != "docker":
         pytest.fail(

@@ -32,6 +32,7 @@ import redis
 
 from elastream.control.catch_up import CatchUpFollowUp
 from elastream.control.checkpoints import Checkpoints
+from elastream.control.connectors import LAG_READ_S, ConnectorWatch, LagSource, partition_lag
 from elastream.control.drains import take_drain
 from elastream.control.metrics import SkippedSamples
 from elastream.control.monitor import LiveRates, SampleFollower
@@ -60,7 +61,7 @@ from elastream.core.ports import (
 )
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import REDIS_BUSY, REDIS_OUT_OF_MEMORY, EventReason, redis_reason
-from elastream.core.topology import Topology
+from elastream.core.topology import Topology, split_executor_id
 
 log = logging.getLogger("elastream.control")
 
@@ -120,6 +121,8 @@ class TopologyController:
     last_drain: dict[str, Any] | None = None
     #: the node count before the drains in progress (their refill brings it back), None when none is
     drain_target: int | None = None
+    #: where the kafka sources' partition lags are read (the checkpoint store); None: not shown in the status
+    lags: LagSource | None = None
 
     #: recovery retries back off from this many seconds, doubling, up to `recovery_backoff_cap_s`
     recovery_backoff_s: float = 2.0
@@ -133,6 +136,11 @@ class TopologyController:
         self._since: float | None = None
         #: the tick's read of the metric stream, by entry id; what it skips is counted and told (rate-limited)
         self.follower = SampleFollower(SkippedSamples(self.topology, self.events, self.clock), 3 * self.interval_s)
+        #: what the connectors report they cannot do (the ConnectorError condition), and its events
+        self.connectors = ConnectorWatch(self.events, self.clock)
+        #: per kafka source vertex: partition -> messages not read yet (`_read_partition_lag`)
+        self.partition_lag: dict[str, dict[int, int]] = {}
+        self.lag_read_at = float("-inf")
         self._started: list[Background] = []
         self.evaluated_at: float | None = None
         #: why Redis cannot be used now ("" when it can), and since when
@@ -391,7 +399,23 @@ class TopologyController:
             return None
         if samples:
             self.live.add(samples)
+            self.connectors.note(self.live.connector_problems())
+        self._read_partition_lag()
         return record
+
+    def _read_partition_lag(self) -> None:
+        """The kafka sources' lag per partition, read every `LAG_READ_S` (for the status); kept as it was while
+        Redis is away."""
+        kafka = [v for v in self.topology.sources if self.topology.vertices[v].config.get("type") == "kafka"]
+        now = self.clock.now()
+        if not kafka or self.lags is None or now < self.lag_read_at:
+            return
+        self.lag_read_at = now + LAG_READ_S
+        try:
+            executors = [e for e, _ in self.backend.current_schedule() if split_executor_id(e)[0] in kafka]
+            self.partition_lag = partition_lag(self.lags, executors)
+        except (redis.RedisError, BackendError) as exc:
+            log.debug("%s: partition lag not read: %s", self.topology.name, exc)
 
     def _tick(self) -> ScalingRecord | None:
         if self.suspended:

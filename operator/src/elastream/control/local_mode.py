@@ -125,6 +125,7 @@ def local_controller(
         interval_s=cluster.interval_s,
         epochs=RedisEpoch(client, topology.redis_prefix),
         drains=RedisDrainRequests(client, topology.redis_prefix),
+        lags=driver.store,
     )
     driver.on_redis = controller.note_store
     driver.before_claim = checkpoints.abandon_open

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from elastream.control.backends.kubernetes import KubernetesBackend
 from elastream.control.backends.worker_objects import selector_for
+from elastream.control.connectors import status_lag
 from elastream.control.controller import TopologyController
 from elastream.control.resource_api import (
     KubernetesEvents,
@@ -158,6 +159,7 @@ class ManagedTopology:
             suspend_failures=failures if target == "suspend" else 0,
             scaling_failures=failures if target not in (None, "start", "resume", "suspend") else 0,
         )
+        self.set(connector_error=controller.connectors.error if controller is not None else "")
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.conditions = merge_conditions(
             self.conditions, desired_conditions(self.facts), now, self.observed_generation
@@ -173,13 +175,21 @@ class ManagedTopology:
             topology = controller.topology
             rates = controller.live.rates()
             parallelism = schedule.parallelism() if schedule is not None else {}
+            backlog = controller.live.source_backlog()
+            vertices: list[dict[str, Any]] = []
+            for v in topology.order:
+                entry: dict[str, Any] = {
+                    "name": v,
+                    "parallelism": parallelism.get(v, 0),
+                    "processingRate": round(rates.get(v, 0.0), 1),
+                }
+                if v in backlog:
+                    entry["lag"] = backlog[v]
+                if v in controller.partition_lag:
+                    entry["partitionLag"] = status_lag(controller.partition_lag[v])
+                vertices.append(entry)
             status.update(
-                selector=selector_for(topology),
-                throughput=round(controller.live.throughput(), 1),
-                vertices=[
-                    {"name": v, "parallelism": parallelism.get(v, 0), "processingRate": round(rates.get(v, 0.0), 1)}
-                    for v in topology.order
-                ],
+                selector=selector_for(topology), throughput=round(controller.live.throughput(), 1), vertices=vertices
             )
             if self.applied_parallelism is not None:
                 status["appliedParallelism"] = dict(self.applied_parallelism)

@@ -83,6 +83,25 @@ class LiveRates:
         rates = self.rates()
         return sum(rates[s] for s in self.topology.sinks)
 
+    def fresh(self) -> list[MetricSample]:
+        """The newest sample of every executor still reporting (within `stale_s` of the newest)."""
+        if not self.newest:
+            return []
+        horizon = max(s.ts for s in self.newest.values()) - self.stale_s
+        return [s for s in self.newest.values() if s.ts >= horizon]
+
+    def connector_problems(self) -> dict[str, str]:
+        """Executor -> what its connector reports it cannot do, for the executors still reporting."""
+        return {s.executor: s.problem for s in sorted(self.fresh(), key=lambda s: s.executor) if s.problem}
+
+    def source_backlog(self) -> dict[str, int]:
+        """Per source vertex: the events waiting to be read (a kafka source's consumer lag) over its executors."""
+        backlog = dict.fromkeys(self.topology.sources, 0)
+        for sample in self.fresh():
+            if sample.vertex in backlog:
+                backlog[sample.vertex] += max(0, sample.queue_len)
+        return backlog
+
     def latency_ms(self) -> float:
         sinks = [s.latency_ms for s in self.newest.values() if s.vertex in self.topology.sinks and s.latency_ms > 0]
         return sum(sinks) / len(sinks) if sinks else 0.0

@@ -221,6 +221,7 @@ class ReconcilerBase:
             epochs=RedisEpoch(client, topology.redis_prefix),
             expected_epoch=managed.state_epoch,
             drains=RedisDrainRequests(client, topology.redis_prefix),
+            lags=migrator.store,
         )
         migrator.on_redis = controller.note_store
         migrator.before_claim = checkpoints.abandon_open

@@ -23,6 +23,9 @@ from typing import Any
 
 from elastream.core.topology import Topology
 
+#: the longest connector problem a sample carries (a metric stream field holds 256 bytes)
+MAX_PROBLEM_CHARS = 200
+
 
 class SnapshotError(ValueError):
     """A snapshot is malformed or does not match the topology."""
@@ -44,9 +47,15 @@ class MetricSample:
     queue_len: int
     latency_ms: float = 0.0
     errors: int = 0
+    #: what a connector of the executor cannot do now (a topic missing or not authorised, the broker away), in
+    #: its own words without secrets; "" when it works (the operator's ConnectorError condition)
+    problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.problem:
+            del data["problem"]  # the common case costs no field in the metric stream
+        return data
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> MetricSample:
@@ -64,6 +73,7 @@ class MetricSample:
                 queue_len=int(data["queue_len"]),
                 latency_ms=float(data.get("latency_ms", 0.0)),
                 errors=int(data.get("errors", 0)),
+                problem=str(data.get("problem", ""))[:MAX_PROBLEM_CHARS],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"metric sample {dict(data)!r} is malformed: {exc}") from None

@@ -68,6 +68,8 @@ SUSPEND_FAILED = "SuspendFailed"
 UPGRADING = "Upgrading"
 UPGRADE_FAILED = "UpgradeFailed"
 UPGRADE_REFUSED = "UpgradeRefused"
+#: a source or sink cannot reach its system (a Kafka topic missing or not authorised, its brokers away)
+CONNECTOR_ERROR = "ConnectorError"
 
 
 class EventReason(enum.StrEnum):
@@ -126,6 +128,8 @@ class EventReason(enum.StrEnum):
     RETAINED_STATE_ADOPTED = "RetainedStateAdopted"
     #: the controller skipped malformed or oversized entries of the topology's metric stream (rate-limited)
     METRIC_SAMPLES_SKIPPED = "MetricSamplesSkipped"
+    CONNECTOR_ERROR = CONNECTOR_ERROR
+    CONNECTOR_RECOVERED = "ConnectorRecovered"
 
 
 def redis_reason(error: str) -> str:
@@ -200,6 +204,9 @@ class StatusFacts:
     upgrade_failed: str = ""
     #: the spec asks for a change no checkpoint can carry (a kept stateful vertex's key groups): the field, the fix
     upgrade_refused: str = ""
+    #: what a source or sink reports it cannot do (a topic missing or not authorised, the brokers away): the
+    #: executor and its words; the topology waits (sources) or retries (sinks), nothing is lost
+    connector_error: str = ""
 
 
 def phase(facts: StatusFacts) -> str:
@@ -402,6 +409,7 @@ def _workload_conditions(facts: StatusFacts) -> tuple[dict[str, str], dict[str, 
             f"Redis unreachable for over {REDIS_GRACE_S:.0f} s: {facts.redis_unavailable}" if redis_away else "",
         ),
         (WORKER_LOST, facts.worker_lost),
+        (CONNECTOR_ERROR, facts.connector_error),
         (BACKEND_ERROR, facts.backend_error),
         (SCALING_FAILED, facts.scaling_failed),
     )

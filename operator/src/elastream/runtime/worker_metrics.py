@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from elastream.core.metrics import MetricSample
+from elastream.core.metrics import MAX_PROBLEM_CHARS, MetricSample
 from elastream.core.topology import split_executor_id
 from elastream.runtime.executor import Counters, ExecutorThread
 from elastream.runtime.source_thread import SourceThread
@@ -40,6 +40,9 @@ class MetricsReporting(WorkerState):
             current = self.current
             positions = self.source_positions(current.threads) if current is not None else {}
             self.store.publish_positions(positions)
+            lags = self.partition_lag(current.threads) if current is not None else {}
+            if lags:
+                self.store.publish_partition_lag(lags)
             # Redis answered only if something was written (a staged node has nothing to publish: no proof)
             attempt.reached = bool(written or positions)
 
@@ -93,7 +96,17 @@ class MetricsReporting(WorkerState):
                 queue_len=queue_len,
                 latency_ms=round(c.take_latency_ms(), 4),
                 errors=c.errors,
+                problem=connector_problem(thread.operator),
             )
+
+    def partition_lag(self, threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
+        """The consumer lag per partition of each running kafka source executor of `threads`, packed."""
+        lags: dict[str, bytes] = {}
+        for thread in threads:
+            lag = getattr(thread.operator, "partition_lag", None)
+            if isinstance(thread, SourceThread) and thread.opened and callable(lag):
+                lags[thread.executor] = pack({int(p): int(n) for p, n in lag().items()})
+        return lags
 
 
 class WorkerCollector:
@@ -123,9 +136,22 @@ class WorkerCollector:
                 family.add_metric(label_values, float(getattr(thread.counters, name)))
             queue.add_metric(label_values, float(max(thread.counters.queue_len, 0)))
             latency.add_metric(label_values, float(thread.counters.latency_ms))
+        partition_lag = GaugeMetricFamily(
+            "elastream_source_partition_lag",
+            "messages in a partition the source has not read yet (its high watermark minus its next offset)",
+            labels=[*labels, "topic", "partition"],
+        )
+        for thread in self.worker.threads:
+            lag = getattr(thread.operator, "partition_lag", None)
+            if isinstance(thread, SourceThread) and thread.opened and callable(lag):
+                label_values = [self.worker.node, split_executor_id(thread.executor)[0], thread.executor]
+                topic = str(getattr(thread.operator, "topic", ""))
+                for partition, messages in sorted(lag().items()):
+                    partition_lag.add_metric([*label_values, topic, str(partition)], float(messages))
         yield from families.values()
         yield queue
         yield latency
+        yield partition_lag
         dropped_frames, refused_handshakes = self.worker.data_plane.snapshot()
         dropped = CounterMetricFamily(
             "elastream_data_plane_dropped_frames",
@@ -145,6 +171,15 @@ class WorkerCollector:
             refused.add_metric([self.worker.node, reason], float(refused_handshakes.get(reason, 0)))
         yield dropped
         yield refused
+
+
+def connector_problem(operator: Any) -> str:
+    """What a connector operator reports it cannot do now (its `problem`), cut to `MAX_PROBLEM_CHARS` bytes of
+    UTF-8 (a metric stream field holds 256)."""
+    problem = getattr(operator, "problem", "")
+    if not isinstance(problem, str) or not problem:
+        return ""
+    return problem.encode()[:MAX_PROBLEM_CHARS].decode(errors="ignore")
 
 
 def _by_reason(counts: Mapping[str, int]) -> str:

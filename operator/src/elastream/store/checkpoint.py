@@ -7,6 +7,7 @@ Key layout (`P` = `elastream:{namespace/name}:`, braces included, `M` = `P + "mi
     P ckpt:latest                hash: id, completedAt, schedule, contents (JSON) of the last complete checkpoint
     P ckpt:durable               the last checkpoint a durable-commit wait was made for (`DurableCommits`)
     P positions                  hash: source executor -> its latest read position (published every interval)
+    P lag                        hash: kafka source executor -> its consumer lag per partition (every interval)
     M                            hash: id, protocol, phase, old/new schedule (JSON), started_at, reason
     M :state:<vertex>            hash: key group -> state bytes (msgpack by the caller)
     M :pending:<vertex>:<kg>     list: captured events of one key group, in arrival order
@@ -72,6 +73,10 @@ if TYPE_CHECKING:
     from elastream.core.topology import Topology
 
 DEFAULT_TTL_S = 24 * 3600
+#: how long the sources' published partition lags live unless refreshed (a few metric intervals)
+LAG_TTL_S = 60
+#: the largest packed partition lag of one executor the operator reads (about 2,000 partitions)
+MAX_LAG_BYTES = 16384
 ANY = "any"
 
 log = logging.getLogger("elastream.checkpoint")
@@ -673,6 +678,30 @@ class CheckpointStore:
         if positions:
             mapping: dict[Any, Any] = dict(positions)
             self.client.hset(f"{self.prefix}positions", mapping=mapping)
+
+    def publish_partition_lag(self, lags: Mapping[str, bytes]) -> None:
+        """Each kafka source executor's consumer lag per partition (packed {partition: messages}), beside the
+        positions; it expires unless refreshed, so a source that stopped leaves none behind for long."""
+        if lags:
+            key = f"{self.prefix}lag"
+            pipe = self.client.pipeline(transaction=False)
+            mapping: dict[Any, Any] = dict(lags)
+            pipe.hset(key, mapping=mapping)
+            pipe.expire(key, LAG_TTL_S)
+            pipe.execute()
+
+    def partition_lag(self, executors: Iterable[str]) -> dict[str, bytes]:
+        """The packed lags `publish_partition_lag` wrote for `executors` (named by the caller: HMGET, never the
+        whole hash a tenant's workers could grow), values over `MAX_LAG_BYTES` left out."""
+        names = list(executors)
+        if not names:
+            return {}
+        values = self.client.hmget(f"{self.prefix}lag", names)
+        return {
+            name: as_bytes(value)
+            for name, value in zip(names, values, strict=True)
+            if value is not None and len(value) <= MAX_LAG_BYTES
+        }
 
     def source_positions(self) -> dict[str, bytes]:
         raw = self.client.hgetall(f"{self.prefix}positions")

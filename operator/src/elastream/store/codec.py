@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 
-from elastream.core.metrics import MetricSample, SnapshotError
+from elastream.core.metrics import MAX_PROBLEM_CHARS, MetricSample, SnapshotError
 
 
 def pack(value: Any) -> bytes:
@@ -99,6 +99,9 @@ def decode_sample(fields: Mapping[bytes | str, bytes | str], names: dict[str, st
         if not 0 <= count <= MAX_SAMPLE_COUNT:
             raise SnapshotError(f"metric sample {name} {_brief(raw)} is not between 0 and 2^53")
         values[name] = count
+    problem = data.get("problem")
+    if problem:  # a connector's words: kept as text, cut to the bound (the field itself is at most 256 bytes)
+        values["problem"] = problem[:MAX_PROBLEM_CHARS]
     return MetricSample(**values)  # type: ignore[arg-type]
 
 

@@ -1127,6 +1127,9 @@ def worker_pod(
                 "valueFrom": {"secretKeyRef": {"name": secret_name(topology), "key": "url"}},
             },
             {"name": "ELASTREAM_LOG_LEVEL", "value": settings.log_level},
+            # where the connectors' Secrets are mounted, said in the env so a runtime that moves mounts (the test
+            # tier's process mode) can point the worker at them
+            {"name": "ELASTREAM_SECRETS_DIR", "value": SECRETS_DIR},
             {"name": DRAIN_GRACE_ENV, "value": str(settings.termination_grace_s if settings.drains else 0)},
             *data_plane_env(topology, settings),
         ],

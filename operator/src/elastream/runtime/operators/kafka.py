@@ -190,9 +190,10 @@ class KafkaSource:
         #: the topology's key prefix: its identity in the default consumer group's name
         self.prefix = prefix
 
-    #: how long one poll of the consumer may wait for messages (the source thread takes controller messages
-    #: between polls)
-    POLL_S = 0.005
+    #: how long one poll of the consumer waits for messages: not at all. librdkafka fetches in its own threads;
+    #: a poll takes what they queued, and the source thread idles between empty polls outside its busy time (a
+    #: poll that waited would count as busy, and an idle source would look saturated to the autoscaler)
+    POLL_S = 0.0
     #: how often the lag is recomputed from the consumer's cached high watermarks
     LAG_EVERY_S = 1.0
 
@@ -236,8 +237,11 @@ class KafkaSource:
         self.emitted = 0
         self.lag: dict[int, int] = {}
         self.lag_at = 0.0
+        self.closed = False
         #: the last problem the client or the topic reported (a text without secrets), for the worker's log
         self.problem = ""
+        #: the client's last error callback (e.g. "SASL authentication error: ..."), the cause behind a failed call
+        self.client_error = ""
         self.decode_errors = 0
 
     # -- the partitions this executor reads -------------------------------------------------------------------
@@ -251,7 +255,11 @@ class KafkaSource:
         try:
             metadata = self.consumer.list_topics(self.topic, timeout=1.0)
         except KafkaException as exc:
-            self._problem(f"cannot list topic {self.topic!r}: {exc.args[0].str() if exc.args else exc}")
+            if not self.assigned:  # serves the client's error callback (an authentication failure says so
+                self.consumer.poll(0)  # there only); nothing is assigned, so no message can be taken here
+            said = exc.args[0].str() if exc.args else str(exc)
+            cause = f"; the client says: {self.client_error}" if self.client_error else ""
+            self._problem(f"cannot list topic {self.topic!r}: {said}{cause}")
             self.discover_at = now + 1.0
             return
         topic = metadata.topics.get(self.topic)
@@ -260,6 +268,7 @@ class KafkaSource:
             self._problem(f"topic {self.topic!r}: {error}")
             self.discover_at = now + 1.0
             return
+        self._fine()
         mine = {p for p in topic.partitions if self.own(p)}
         new = mine - self.assigned
         if not new:
@@ -316,6 +325,7 @@ class KafkaSource:
                 )
             )
         if events:
+            self._fine()
             self.cost.charge(len(events))
             self.emitted += len(events)
             emit_events(events)
@@ -346,13 +356,13 @@ class KafkaSource:
 
     def backlog(self, now: float) -> int:
         """Messages in the own partitions not read yet (the consumer lag), recomputed every `LAG_EVERY_S`."""
-        if now - self.lag_at >= self.LAG_EVERY_S:
+        if now - self.lag_at >= self.LAG_EVERY_S and not self.closed:
             self.lag_at = now
             lag: dict[int, int] = {}
-            for p in self.assigned:
+            for p in list(self.assigned):
                 try:
                     low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
-                except KafkaException:
+                except (KafkaException, RuntimeError):  # RuntimeError: closed meanwhile (the metrics thread asks)
                     continue
                 if high < 0:
                     continue
@@ -405,6 +415,7 @@ class KafkaSource:
     # -- problems -------------------------------------------------------------------------------------------
 
     def _on_error(self, error: KafkaError) -> None:
+        self.client_error = error.str()
         self._problem(f"kafka client: {error.str()}")
 
     def _problem(self, problem: str) -> None:
@@ -412,7 +423,15 @@ class KafkaSource:
             log.warning("source %s: %s", self.name, problem)
         self.problem = problem
 
+    def _fine(self) -> None:
+        """The topic answered: whatever was wrong is over."""
+        self.client_error = ""
+        if self.problem:
+            log.info("source %s: topic %s answers again", self.name, self.topic)
+            self.problem = ""
+
     def close(self) -> None:
+        self.closed = True  # the worker's metrics thread may still ask for the lag: it gets the last one
         self.cost.pay()
         self.consumer.close()
 
@@ -464,7 +483,7 @@ class KafkaSink:
         self.stop = context.stop
         self.buffer: list[Any] = []
         self.failed: list[Any] = []
-        self.problem = ""
+        self.own_problem = ""
         identity = topology_identity(self.prefix, context.vertex)
         self.publisher: OutboxPublisher | None = None
         self.client: Any = None
@@ -520,6 +539,9 @@ class KafkaSink:
 
     def _delivered(self, error: KafkaError | None, message: Any) -> None:
         if error is None:
+            if self.own_problem:
+                log.info("sink %s: topic %s takes messages again", self.name, self.topic)
+                self.own_problem = ""
             return
         # not lost: produced again with the next flush (the broker or the topic may come back)
         self._problem(f"cannot write topic {self.topic!r}: {error.str()}")
@@ -558,10 +580,17 @@ class KafkaSink:
     def _on_error(self, error: KafkaError) -> None:
         self._problem(f"kafka client: {error.str()}")
 
+    @property
+    def problem(self) -> str:
+        """What keeps this sink's output from Kafka now: its own (at-least-once) or its publisher's."""
+        if self.publisher is not None and self.publisher.problem:
+            return self.publisher.problem
+        return self.own_problem
+
     def _problem(self, problem: str) -> None:
-        if problem != self.problem:
+        if problem != self.own_problem:
             log.warning("sink %s: %s", self.name, problem)
-        self.problem = problem
+        self.own_problem = problem
 
     def close(self) -> None:
         self.cost.pay()
