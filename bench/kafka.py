@@ -22,7 +22,8 @@
    input.
 
 Writes docs/benchmarks/kafka.md and kafka.png; the raw results go to --raw (JSON), from which `--report-only`
-writes them again. Takes about 8 minutes on the shared 2-core machine (`--events`, `--rounds` shorten it).
+writes them again. Takes 6-8 minutes on the shared 2-core machine (`--events`, `--rounds`, `--ccr-rounds` shorten
+it).
 
     python bench/kafka.py                                  # the full run
     python bench/kafka.py --events 50000 --rounds 1 --ccr-rounds 1 --out /tmp/k --raw /tmp/k.json  # a quick look
@@ -586,14 +587,19 @@ def scaled_out(old: Any) -> Any:
     return Schedule(assignment, (*old.nodes, node), old.slots_per_node)
 
 
-def longest_gap(batches: Sequence[tuple[float, int]], start: float, end: float) -> float | None:
-    """The longest time (s) between two visible outputs in [start, end] (its edges count as outputs when
-    something came before and after them)."""
+def longest_gap(batches: Sequence[tuple[float, int]], start: float, end: float, past_end: bool = True) -> float | None:
+    """The longest time (s) without output in [start, end]: between two visible outputs, the last one before
+    the window and the first one after it counting as its edges (`past_end` False: the window's end is its
+    last edge instead, so a gap that begins in the window and ends after it counts only up to `end`)."""
     times = [t for t, _ in batches]
     inside = [t for t in times if start <= t <= end]
     before = [t for t in times if t < start]
     after = [t for t in times if t > end]
-    points = ([before[-1]] if before else []) + inside + ([after[0]] if after else [])
+    points = ([before[-1]] if before else []) + inside
+    if past_end:
+        points += [after[0]] if after else []
+    elif points:
+        points.append(end)
     if len(points) < 2:
         return None
     return max(b - a for a, b in itertools.pairwise(points))
@@ -639,7 +645,8 @@ def ccr_run(ctx: Context, kind: str, delivery: str) -> dict[str, Any]:
     duplicated = sum(c - 1 for c in reader.values.values() if c > 1)
     resumed = requested + ((report.get("prepareMs") or 0.0) + (report.get("pauseMs") or 0.0)) / 1000.0
     gap = longest_gap(reader.batches, requested, returned + AFTER_RETURN_S)
-    steady_gap = longest_gap(reader.batches, requested + STEADY_WINDOW[0], requested + STEADY_WINDOW[1])
+    # the steady window ends before the request: a gap running into the migration counts up to its end only
+    steady_gap = longest_gap(reader.batches, requested + STEADY_WINDOW[0], requested + STEADY_WINDOW[1], past_end=False)
     phases = report.get("phases") or {}
     row = {
         "kind": kind,
@@ -665,10 +672,12 @@ def ccr_run(ctx: Context, kind: str, delivery: str) -> dict[str, Any]:
         "lost": lost,
         "duplicated": duplicated,
         "events": [m for _, m in events.seen if "fail" in m.lower()][:5],
-        # output per 0.1 s from 3 s before the request to 6 s after it, and what the reader saw from 7 s before
-        # it to 12 s after it: (s since the request, messages)
+        "returnedS": returned - requested,
+        "resumedS": resumed - requested,
+        # output per 0.1 s from 3 s before the request to 6 s after it, and every batch the reader saw from 8 s
+        # before it to 12 s after it: [s since the request, messages]
         "timeline": bucketed(reader.batches, requested, -3.0, 6.0, 0.1),
-        "batches": [[round(t - requested, 4), n] for t, n in reader.batches if -7.0 <= t - requested <= 12.0],
+        "batches": [[round(t - requested, 3), n] for t, n in reader.batches if -8.0 <= t - requested <= 12.0],
     }
     log(
         f"  {kind:<12} {delivery:<13}: {row['outcome']}, pause {fmt(row['pauseMs'])} ms (prepare "
@@ -890,13 +899,15 @@ def render(raw: Mapping[str, Any]) -> str:
         "- One broker, replication 1: no replication latency, which a production cluster adds to every",
         "  acknowledgement and every transaction commit (the exactly-once publisher commits one transaction per",
         f"  {TXN_BATCH:,} messages, one after the other).",
+        "- The kafka source runs with `commitOffsets` off (the default: its offsets live in the checkpoints only)",
+        "  and the sink with the connector's own producer settings (`linger.ms` 5, idempotent).",
         "- Nothing is compressed (`compression.type` none, the client's default) and the messages are tiny: per",
         "  message costs dominate; larger messages would move the limit to bytes, not messages.",
         "- The throughput runs read a pre-filled input: the source reads as fast as it can, so exactly-once",
         "  output waits in the sink's buffer, Redis and the outbox, and its rate is the publisher's. The CCR",
         f"  runs are at a steady {CCR_RATE:,.0f} messages/s, where the outbox is near empty when the migration",
-        "  starts; one with a backlog in the outbox pauses longer (the old publisher drains it as its executor",
-        "  closes, inside the pause).",
+        "  starts; one with a backlog in the outbox pauses longer: the old publisher drains it as its executor",
+        "  closes, inside the pause, up to the 5 s a worker waits for a closing executor.",
         "",
         f"Raw results: `{meta['raw']}`; `python bench/kafka.py --report-only --raw {meta['raw']}` writes this",
         "page and the plot again.",
@@ -990,31 +1001,43 @@ def findings(raw: Mapping[str, Any]) -> list[str]:
         out.append(text)
     pause_k, pause_r = m["pause"][("kafka", "at-least-once")], m["pause"][("redis-stream", "at-least-once")]
     eo_k, eo_r = m["pause"][("kafka", "exactly-once")], m["pause"][("redis-stream", "exactly-once")]
+    ok = succeeded(ccr)
+
+    def phase(kind: str, delivery: str, name: str) -> float | None:
+        mine = [r["phases"].get(name) for r in ok if r["kind"] == kind and r["delivery"] == delivery]
+        values = [v for v in mine if v is not None]
+        return statistics.median(values) if values else None
+
     if pause_k and pause_r and eo_k and eo_r:
         close = 0.75 <= pause_k / pause_r <= 1.34 and 0.75 <= eo_k / eo_r <= 1.34
+        others = ("captureMs", "commitMs", "restoreMs")
+        rest_k = sum(phase("kafka", d, p) or 0.0 for d in DELIVERIES for p in others) / 2
+        rest_r = sum(phase("redis-stream", d, p) or 0.0 for d in DELIVERIES for p in others) / 2
+        reb = {(k, d): phase(k, d, "rebalanceMs") for k in KINDS for d in DELIVERIES}
         out.append(
             f"- **The CCR pause with Kafka source and sink: {fmt(pause_k)} ms at-least-once, {fmt(eo_k)} ms"
             f" exactly-once (medians), against {fmt(pause_r)} and {fmt(eo_r)} ms with redis-stream**"
-            + (
-                " — about the same: "
-                if close
-                else f" ({pause_k / pause_r:.2f}x and {eo_k / eo_r:.2f}x; single pauses here vary by tens of ms): "
-            )
-            + "a Kafka source's position is an offset per partition and its sink holds little at COMMIT"
-            " (at-least-once flushes its producer, exactly-once stages its buffer), so neither adds a phase of"
-            " its own. Starting the new process (*prepare*) takes longer than the pause, before it, while"
-            " everything runs."
+            + (" — about the same. " if close else f" ({pause_k / pause_r:.2f}x and {eo_k / eo_r:.2f}x). ")
+            + "A Kafka source's position is an offset per partition and its sink holds little at COMMIT"
+            " (at-least-once flushes its producer, exactly-once stages its buffer): capture, commit and restore"
+            f" together take {fmt(rest_k)} ms with Kafka and {fmt(rest_r)} ms with redis-stream (medians, averaged"
+            " over the deliveries). The difference is the *rebalance* phase, in which every executor of a"
+            " scope-`all` migration closes and opens again: "
+            f"{fmt(reb[('kafka', 'at-least-once')])} vs {fmt(reb[('redis-stream', 'at-least-once')])} ms"
+            " at-least-once (where the Kafka clients are closed, the producer flushed, and new ones made),"
+            f" {fmt(reb[('kafka', 'exactly-once')])} vs {fmt(reb[('redis-stream', 'exactly-once')])} ms"
+            " exactly-once (the publisher too: next point). Starting the new process (*prepare*) takes longer"
+            " than the pause, but before it, while everything runs."
         )
     eo_rebalance = m["rebalance"].get(("kafka", "exactly-once"))
     alo_rebalance = m["rebalance"].get(("kafka", "at-least-once"))
     if eo_rebalance is not None and alo_rebalance is not None:
         out.append(
-            f"- In a scope-`all` migration every executor closes and opens again. Closing sink executor 0 with"
-            " exactly-once stops its publisher (`OutboxPublisher.close`: it publishes what the outbox holds and"
-            " waits out its blocking outbox read, up to 100 ms), in the *rebalance* phase, inside the pause:"
-            f" {fmt(eo_rebalance)} ms (median) against {fmt(alo_rebalance)} ms at-least-once here. The new"
-            f" executor 0's publisher then starts a session (`init_transactions`, the marker: {fmt(m['session'])}"
-            " ms, median of the three above) before the migration's own output goes out:"
+            "- Closing sink executor 0 with exactly-once stops its publisher (`OutboxPublisher.close`: it"
+            " publishes what the outbox holds and waits out its blocking outbox read, up to 100 ms) inside the"
+            f" pause: rebalance {fmt(eo_rebalance)} ms against {fmt(alo_rebalance)} ms at-least-once here. The"
+            " new executor 0's publisher then starts a session (`init_transactions`, the marker:"
+            f" {fmt(m['session'])} ms, median of the three above) before the migration's own output goes out:"
             f" {fmt(m['after'][('kafka', 'exactly-once')])} ms after the pause, against"
             f" {fmt(m['after'][('redis-stream', 'exactly-once')])} ms for redis-stream, whose completion writes"
             " the stream itself."
@@ -1068,12 +1091,15 @@ def plot(raw: Mapping[str, Any], path: str) -> None:
     shown = [(label, value or 0.0, colour) for label, value, colour in bars]
     xs = range(len(shown))
     left.bar(xs, [v for _, v, _ in shown], color=[c for _, _, c in shown])
-    for x, (_, value, _) in zip(xs, shown, strict=True):
-        left.text(x, value, f"{value / 1000:,.1f}k", ha="center", va="bottom", fontsize=8)
     runs = raw["throughput"]
+    tops = [value for _, value, _ in shown]
     for x, (kind, delivery) in enumerate(((k, d) for k in KINDS for d in DELIVERIES), start=4):
         mine = [r["per_s"] for r in runs if r["kind"] == kind and r["delivery"] == delivery]
         left.scatter([x] * len(mine), mine, color="black", s=10, zorder=3, label="a run" if x == 4 else None)
+        tops[x] = max([tops[x], *mine])
+    pad = 0.015 * max(tops, default=1.0)
+    for x, ((_, value, _), top) in enumerate(zip(shown, tops, strict=True)):
+        left.text(x, top + pad, f"{value / 1000:,.1f}k", ha="center", va="bottom", fontsize=8)
     left.legend(fontsize=8)
     left.set_xticks(list(xs), [label for label, _, _ in shown], fontsize=8)
     left.set_ylabel("messages/s")
@@ -1225,7 +1251,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = {"meta": meta, **results}
     os.makedirs(os.path.dirname(os.path.abspath(args.raw)), exist_ok=True)
     with open(args.raw, "w", encoding="utf-8") as handle:
-        json.dump(raw, handle, indent=1)
+        json.dump(raw, handle, separators=(",", ":"))
     write_report(raw, args.out)
     log(f"wrote {args.out}/kafka.md and kafka.png (raw: {args.raw}) in {meta['took_s']:.0f} s")
     return 0

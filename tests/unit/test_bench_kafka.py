@@ -159,6 +159,9 @@ def test_the_longest_output_gap_counts_the_outputs_around_the_window() -> None:
     # the window's edges: the last output before it and the first after it count
     assert bench.longest_gap(batches, 10.0, 11.05) == pytest.approx(1.95)
     assert bench.longest_gap(batches, 11.5, 12.5) == pytest.approx(1.95)
+    # a steady window's end is its last edge: the gap from 11.05 runs into what follows, counted up to 12.0
+    assert bench.longest_gap(batches, 10.0, 12.0, past_end=False) == pytest.approx(0.95)
+    assert bench.longest_gap(batches, 9.0, 9.5, past_end=False) is None
     assert bench.longest_gap(batches, 14.0, 15.0) is None
     assert bench.bucketed(batches, 10.0, 0.0, 1.0, 0.5) == [15, 0]
     assert bench.bucketed(batches, 11.0, -1.0, 3.0, 1.0) == [15, 10, 0, 5]
