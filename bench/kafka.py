@@ -1228,7 +1228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     load_before = os.getloadavg()[1]
+    code_before = code_version()  # the workers run the tree as it is on disk, which may change during the run
     results = measure(args)
+    code_after = code_version()
     shown = " ".join(sys.argv[1:]) if argv is None else " ".join(argv)
     raw_path = os.path.relpath(args.raw, REPO) if os.path.abspath(args.raw).startswith(REPO) else args.raw
     meta = {
@@ -1236,7 +1238,7 @@ def main(argv: list[str] | None = None) -> int:
         "took_s": time.monotonic() - started,
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
-        "code": code_version(),
+        "code": code_before if code_before == code_after else f"{code_before} (at the end: {code_after})",
         "kafka": kafka_version(),
         "confluent_kafka": confluent_kafka.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
