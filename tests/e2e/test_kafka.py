@@ -378,9 +378,31 @@ def wrong_secret_topology(broker: KafkaBroker, kubectl, kubelet, namespace: str,
 
     line = wait_until(complaint, 90, "the worker to say that its source cannot read the topic", poll_s=1.0)
     print(f"  the wrong Secret's worker: {line.strip()[:300]}")
-    # (it says "Broker transport failure", not that the broker refused the credentials: librdkafka reports the
-    # SASL failure to error_cb and its log, which a consumer serves from poll/consume only, and the source fails
-    # at list_topics before it ever polls)
+    # the source names the cause the client was told (its error callback, served before it says so)
+    cause = wait_until(
+        lambda: next(
+            (
+                ln
+                for text in worker_logs_of(kubectl, kubelet, namespace, name).values()
+                for ln in text.splitlines()
+                if "source orders#0:" in ln and "authentication" in ln.lower()
+            ),
+            "",
+        ),
+        60,
+        "the worker to say that the broker refused the credentials",
+        poll_s=1.0,
+    )
+    print(f"  ... and why: {cause.strip()[:300]}")
+
+    def degraded() -> str:
+        for condition in status(kubectl, namespace, name).get("conditions") or []:
+            if condition.get("type") == "Degraded" and condition.get("reason") == "ConnectorError":
+                return str(condition.get("message", ""))
+        return ""
+
+    message = wait_until(degraded, 90, "the topology to be Degraded with reason ConnectorError", poll_s=1.0)
+    assert "orders#0" in message and topic in message, message
     time.sleep(3)  # what it would read with the right password is there: give it the time to (not) print it
     logs = worker_logs_of(kubectl, kubelet, namespace, name)
     assert all(wrong not in text for text in logs.values()), "a worker printed the wrong password"

@@ -1,8 +1,8 @@
 """The kafka connectors' faults and signals on worker processes and a real broker: a topic that does not exist
-is a ConnectorError naming it (an event, no crash loop), and once created the pipeline runs (an at-least-once
-kafka sink writes every input); a topic that gains partitions is read whole; the consumer lag is the
-sources' backlog: a producer that steps above the topology's capacity gets an automatic scale-out from it, and
-the lag drains."""
+is a ConnectorError naming it (an event, no crash loop), once created the pipeline runs (an at-least-once kafka
+sink writes every input), and deleted it is a ConnectorError again; a topic that gains partitions is read whole;
+the consumer lag is the sources' backlog: a producer that steps above the topology's capacity gets an automatic
+scale-out from it, and the lag drains."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def copy_topology(name: str, bootstrap: str, source_topic: str, sink_topic: str,
 
 
 @pytest.mark.timeout(300)
-def test_a_missing_topic_is_a_connector_error_naming_it_until_it_exists(
+def test_a_missing_or_deleted_topic_is_a_connector_error_naming_it(
     tmp_path, redis_url: str, kafka_broker: KafkaBroker
 ) -> None:
     bootstrap = kafka_broker.bootstrap
@@ -78,6 +78,12 @@ def test_a_missing_topic_is_a_connector_error_naming_it_until_it_exists(
         ticking(controller, 60.0, until=lambda: "ConnectorRecovered" in events.reasons())
         assert controller.connectors.error == ""
         copies = read_committed(bootstrap, sink_topic, 2000, timeout_s=90)
+        # deleted while it is read: the same condition and event again, and still no crash
+        kafka_broker.delete_topic(source_topic)
+        ticking(controller, 60.0, until=lambda: events.reasons().count("ConnectorError") >= 2)
+        assert events.reasons().count("ConnectorError") >= 2, (events.seen, worker_logs(cluster))
+        assert source_topic in controller.connectors.error
+        assert not cluster.failed_nodes()
     values = {int(m.value()) for m in copies}
     assert values == set(range(2000))  # at-least-once: every input (a replay could repeat some; none here)
 

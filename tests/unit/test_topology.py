@@ -350,7 +350,7 @@ def test_sink_delivery_is_checked() -> None:
         err.value
     )
     wrong = manifest([src("s"), {"name": "z", "sink": {"type": "null", "delivery": "exactly-once"}}], [edge("s", "z")])
-    with pytest.raises(TopologyError, match="only a redis-stream or kafka sink has a delivery mode"):
+    with pytest.raises(TopologyError, match="only a redis-stream, kafka or user \\(module\\) sink has a delivery mode"):
         check_manifest(wrong)
 
 

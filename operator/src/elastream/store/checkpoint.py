@@ -30,8 +30,8 @@ being left to expire. Values are bytes: the store does not interpret events or s
 Every key the commit touches is derived by the operator, never read out of what the tenant's workers wrote:
 the transaction ids of `P txn:open` are taken only in the shapes the
 operator itself makes (`ckpt-<n>`, a migration's 12 hex digits), the staging lists are named from the
-topology's spec (`P txn:<id>:<v>#<i>` for every exactly-once redis-stream or kafka sink `v` and every `i` below its
-maxParallelism, so executors a rescale removed are covered) and each list's events go to `v`'s own stream
+topology's spec (`P txn:<id>:<v>#<i>` for every exactly-once redis-stream, kafka or user sink `v` and every `i`
+below its maxParallelism, so executors a rescale removed are covered) and each list's events go to `v`'s own stream
 (`core.topology.stream_key`), whatever stream name the list begins with; the commit also refuses any key
 outside the prefix. The set `P txn:<id>` is deleted by name, never read. Where the topology has a Redis user
 of its own (`commit_as`), the whole completion runs as that user, the commit as a Redis Function the operator
@@ -98,7 +98,7 @@ def is_transaction_id(value: str) -> bool:
 
 @dataclass(frozen=True)
 class ExactlyOnceSink:
-    """An exactly-once redis-stream or kafka sink as the commit sees it: all derived from the spec."""
+    """An exactly-once redis-stream, kafka or user sink as the commit sees it: all derived from the spec."""
 
     vertex: str
     #: its stream's key (`core.topology.stream_key`: under the topology's prefix); a kafka sink's outbox
@@ -123,16 +123,16 @@ class CheckpointScope:
         for name in topology.order:
             vertex = topology.vertices[name]
             config = vertex.config
-            if vertex.kind != "sink" or config.get("type") not in ("redis-stream", "kafka"):
+            if vertex.kind != "sink" or config.get("delivery", "at-least-once") != "exactly-once":
                 continue
-            if config.get("delivery", "at-least-once") != "exactly-once":
-                continue
-            # the stream the sink's own `open` names: a redis-stream sink's stream, a kafka sink's outbox
-            # (`runtime.operators.kafka`: its publisher forwards what the commit put there to Kafka)
-            if config["type"] == "kafka":
+            # the stream the sink's own `open` names: a redis-stream sink's stream; a kafka or user sink's outbox
+            # (`runtime.operators.outbox`: its publisher forwards what the commit put there to its system)
+            if config.get("type") == "redis-stream":
+                stream = stream_key(prefix, "sink", str(config.get("stream", name)))
+            elif config.get("type") == "kafka" or "module" in config:
                 stream = stream_key(prefix, "outbox", name)
             else:
-                stream = stream_key(prefix, "sink", str(config.get("stream", name)))
+                continue
             sinks.append(ExactlyOnceSink(name, stream, vertex.max_parallelism))
         return cls(tuple(topology.order), tuple(sinks))
 

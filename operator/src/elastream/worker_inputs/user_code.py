@@ -30,9 +30,12 @@ def load_class(vertex: Vertex) -> type:
     if not isinstance(cls, type):
         raise OperatorLoadError(f"{where}: module {module_name!r} has no class {class_name!r}; fix the name")
     if vertex.kind == "source":
-        missing = [m for m in ("open", "poll") if not callable(getattr(cls, m, None))]
+        needed: tuple[str, ...] = ("open", "poll")
+    elif vertex.kind == "sink" and vertex.config.get("delivery") == "exactly-once":
+        needed = ("last_committed", "commit_batch")  # the two-phase sink: it stores a batch and its marker at once
     else:
-        missing = [m for m in ("process",) if not callable(getattr(cls, m, None))]
+        needed = ("process",)
+    missing = [m for m in needed if not callable(getattr(cls, m, None))]
     if missing:
         raise OperatorLoadError(f"{where}: class {spec} has no {', '.join(missing)}(); see the operator API in README")
     return cls

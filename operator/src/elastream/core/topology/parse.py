@@ -7,9 +7,9 @@ patterns, "one block per vertex", "fields needs a key", "parallelism within maxP
 checks it for the operator; `elastream.resources.check_manifest` checks it wherever else a manifest enters (the
 CLI's files, a worker's topology file, a ConfigMap's spec). This parser keeps what the CRD does not say: the
 graph (stream ends naming vertices, cycles, duplicates, reachability, sources and sinks), slots, unique vertex
-names, a vertex naming its code, a delivery mode only on a redis-stream or kafka sink, rate profiles, the header, and
-the savepoint reference. Given a document the CRD refuses, it reports what it finds and never raises anything
-but `TopologyError`."""
+names, a vertex naming its code, a delivery mode only on a redis-stream, kafka or user sink, rate profiles, the
+header, and the savepoint reference. Given a document the CRD refuses, it reports what it finds and never raises
+anything but `TopologyError`."""
 
 from __future__ import annotations
 
@@ -256,12 +256,14 @@ def _block_code(kind: VertexKind, config: Mapping[str, Any], where: str, problem
 
 
 def _block_io(kind: VertexKind, config: Mapping[str, Any], where: str, problems: list[str]) -> None:
-    """A synthetic source's rate profile, a delivery mode only on a redis-stream or kafka sink, and the counts the CRD
-    bounds below only within what the API server (an int64) and Redis (a long long) take."""
+    """A synthetic source's rate profile, a delivery mode only on a redis-stream, kafka or user sink, and the
+    counts the CRD bounds below only within what the API server (an int64) and Redis (a long long) take."""
     if kind == "source" and config.get("type") == "synthetic":
         problems.extend(rate_config_problems(config, where))
-    if kind == "sink" and "delivery" in config and config.get("type") not in _DELIVERY_SINKS:
-        problems.append(f"{where}.delivery: only a redis-stream or kafka sink has a delivery mode; remove it")
+    if kind == "sink" and "delivery" in config and config.get("type") not in _DELIVERY_SINKS and "module" not in config:
+        problems.append(
+            f"{where}.delivery: only a redis-stream, kafka or user (module) sink has a delivery mode; remove it"
+        )
     for key in _UNBOUNDED_COUNTS[kind]:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT64:

@@ -23,29 +23,25 @@ checkpoint again, never lose it.
 
 Sink, exactly-once. librdkafka cannot resume another producer's transaction (Flink's sink does, by producer id
 and epoch), so a Kafka transaction held open across a checkpoint would be lost with its worker. Instead the
-output goes through a transactional outbox:
-1. each executor stages its output in Redis with every checkpoint and migration (`StagedOutput`, the Redis
-   sink's first phase), and the controller's completion moves what a checkpoint staged into the sink's outbox
-   stream (`<prefix>outbox:<vertex>`) in the same transaction that makes it the latest: output is committed
-   exactly when its checkpoint is;
-2. one publisher per sink vertex (a thread of executor 0, which every parallelism has; transactional id
-   `elastream.<namespace>.<name>.<vertex>`) forwards the outbox to Kafka, each batch in one Kafka transaction
-   that also commits, to the marker consumer group of the same name, the offset `marker(last entry id)` on
-   the topic's partition 0 (`send_offsets_to_transaction`): the output and the record of it become visible
-   together or not at all.
+output goes through the transactional outbox of `runtime.operators.outbox` (staged with each checkpoint,
+committed to the sink's outbox stream by the checkpoint's completion, forwarded by executor 0's publisher),
+whose target here is `KafkaTarget`: transactional id `elastream.<namespace>.<name>.<vertex>`, each batch one
+Kafka transaction that also commits, to the marker consumer group of the same name, the offset
+`marker_offset(last entry id)` on the topic's partition 0 (`send_offsets_to_transaction`): the output and the
+record of it become visible together or not at all.
 A new publisher (after a crash, a migration of executor 0, a restart) first calls `init_transactions`, which
 aborts whatever transaction its predecessor left open and fences it, then reads the marker (a
 `read_committed` offset fetch waits for pending ones) and resumes after it: a batch committed to Kafka is
 never written again, one not committed is written again in full. Entries up to the marker are trimmed from
 the outbox. Executors a rescale removes own no transactional id, so none is left open to block
-`read_committed` readers. Output reaches Kafka a publish after its checkpoint completes (milliseconds).
+`read_committed` readers; a publisher fenced by a newer one stops (`PublisherFenced`) rather than fence it back.
+Output reaches Kafka a publish after its checkpoint completes (milliseconds).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -62,12 +58,11 @@ from confluent_kafka import (
 )
 
 from elastream.core.schedule import key_group_ranges
-from elastream.core.topology import stream_key
 from elastream.runtime.operators.api import Context, Emit, EmitEvent
 from elastream.runtime.operators.cpu import Cost
-from elastream.runtime.operators.sinks import StagedOutput
+from elastream.runtime.operators.outbox import OutboxEntry, OutboxOutput, PublisherFenced, encode_value
 from elastream.store.codec import text
-from elastream.store.retry import RedisAttempt, RetryLater, backoff
+from elastream.store.retry import RetryLater, backoff
 from elastream.worker_inputs.secrets import SecretUnavailable, secret_properties
 
 log = logging.getLogger("elastream.worker")
@@ -386,10 +381,12 @@ class KafkaSource:
         `commitOffsets`, the offsets are also committed to the consumer group (for dashboards only)."""
         position: dict[Any, Any] = {TOPIC_MARK: self.topic}
         position.update({p: o for p, o in self.next.items() if o >= 0})
-        if self.commit_offsets and len(position) > 1:
+        if self.commit_offsets and len(position) > 1 and not self.closed:
             offsets = [TopicPartition(self.topic, p, o) for p, o in self.next.items() if o >= 0]
             try:
                 self.consumer.commit(offsets=offsets, asynchronous=True)
+            except RuntimeError:  # closed meanwhile (a retiring worker asks for the last position)
+                pass
             except KafkaException as exc:
                 self._problem(f"cannot commit offsets of topic {self.topic!r}: {exc}")
         return position
@@ -440,13 +437,6 @@ def text_of(value: Any) -> str | None:
     return text(value) if isinstance(value, bytes | str) else None
 
 
-def encode_value(value: Any) -> str:
-    """A sink message's value: a text as it is, anything else as JSON (what JSON cannot take, as its text)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=str, separators=(",", ":"))
-
-
 def marker_offset(entry_id: str) -> int:
     """The marker offset of outbox entry `entry_id` ("<ms>-<seq>"): `(ms << 20) | seq`, ordered as the ids are."""
     ms, seq = (int(part) for part in entry_id.split("-"))
@@ -484,17 +474,16 @@ class KafkaSink:
         self.buffer: list[Any] = []
         self.failed: list[Any] = []
         self.own_problem = ""
-        identity = topology_identity(self.prefix, context.vertex)
-        self.publisher: OutboxPublisher | None = None
-        self.client: Any = None
+        self.output: OutboxOutput | None = None
         if self.exactly_once:
-            self.client = self.client_factory()
-            outbox = stream_key(self.prefix, "outbox", context.vertex)
-            what = f"sink {self.name}: cannot stage its output"
-            self.staging = StagedOutput(self.client, self.prefix, self.name, outbox, what, self.stop)
-            if context.index == 0:
-                self.publisher = OutboxPublisher(self.client_factory, outbox, config, self.topic, identity, self.name)
-                self.publisher.start()
+            identity, topic, name = topology_identity(self.prefix, context.vertex), self.topic, self.name
+            self.output = OutboxOutput(
+                self.client_factory,
+                self.prefix,
+                context,
+                lambda: KafkaTarget(config, topic, identity, name),
+                f"publishing to topic {topic!r}",
+            )
             return
         self.producer = make_client(
             Producer,
@@ -553,10 +542,9 @@ class KafkaSink:
         """Exactly-once: stage the output since the last checkpoint under `txn_id` (its completion moves it to
         the outbox). At-least-once: wait until everything produced so far is acknowledged, so the checkpoint
         never counts output the broker does not have."""
-        if self.exactly_once:
-            if self.buffer:
-                self.staging.stage(txn_id, self.buffer)
-                self.buffer = []
+        if self.output is not None:
+            self.output.stage(txn_id, self.buffer)
+            self.buffer = []
             return
         while True:
             self.flush()
@@ -574,8 +562,8 @@ class KafkaSink:
         return events
 
     def abort_commit(self, txn_id: str) -> None:
-        if self.exactly_once:
-            self.buffer = self.staging.take_back(txn_id) + self.buffer
+        if self.output is not None:
+            self.buffer = self.output.take_back(txn_id) + self.buffer
 
     def _on_error(self, error: KafkaError) -> None:
         self._problem(f"kafka client: {error.str()}")
@@ -583,8 +571,8 @@ class KafkaSink:
     @property
     def problem(self) -> str:
         """What keeps this sink's output from Kafka now: its own (at-least-once) or its publisher's."""
-        if self.publisher is not None and self.publisher.problem:
-            return self.publisher.problem
+        if self.output is not None and self.output.problem:
+            return self.output.problem
         return self.own_problem
 
     def _problem(self, problem: str) -> None:
@@ -594,10 +582,8 @@ class KafkaSink:
 
     def close(self) -> None:
         self.cost.pay()
-        if self.exactly_once:
-            if self.publisher is not None:
-                self.publisher.close()
-            self.client.close()
+        if self.output is not None:
+            self.output.close()
             return
         self.flush()
         left = self.producer.flush(self.FLUSH_WAIT_S)
@@ -605,176 +591,95 @@ class KafkaSink:
             log.warning("sink %s: closed with %d messages not acknowledged by the broker", self.name, left)
 
 
-class OutboxPublisher(threading.Thread):
-    """Forwards a kafka sink's outbox to Kafka exactly once (see the module): a daemon thread of the sink's
-    executor 0. Every wait is bounded and retried until `stop`; a session that fails (the broker away, the
-    producer fenced) ends, and the next one starts over from the marker."""
+#: the errors that say a newer producer with the same transactional id exists
+_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 
-    #: outbox entries per Kafka transaction
-    BATCH = 5000
-    #: how long one Kafka call of a session may take before the session counts as failed
+
+def _fenced_or(exc: KafkaException) -> Exception:
+    """`PublisherFenced` when `exc` says a newer publisher took the transactional id over, else `exc`."""
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError) and error.code() in _FENCED_CODES:
+        return PublisherFenced(f"a newer publisher of this sink took over ({error.str()})")
+    return exc
+
+
+class KafkaTarget:
+    """A kafka sink's outbox target (`outbox.OutboxTarget`): each batch one Kafka transaction of its messages and
+    its marker, the offset `marker_offset(batch's last entry id)` committed to the marker group (the sink's
+    identity) on the topic's partition 0 by `send_offsets_to_transaction`. `start` is a new producer's
+    `init_transactions` (which aborts and fences whatever its predecessor left open) and a `read_committed`
+    offset fetch of the marker (it waits for a pending one)."""
+
+    #: how long one Kafka call may take before the session counts as failed
     CALL_TIMEOUT_S = 30.0
-    #: how long `close` lets the publisher empty the outbox
-    DRAIN_S = 10.0
 
-    def __init__(
-        self,
-        client_factory: Callable[[], Any],
-        outbox: str,
-        config: Mapping[str, Any],
-        topic: str,
-        identity: str,
-        name: str,
-    ) -> None:
-        super().__init__(name=f"publisher {name}", daemon=True)
-        self.client_factory, self.outbox, self.config, self.topic = client_factory, outbox, config, topic
-        self.identity, self.label = identity, name
-        #: set by `close`: publish what the outbox holds, then stop
-        self.closing = threading.Event()
-        #: set by `close` once draining is over (or took too long): stop now
-        self.halt = threading.Event()
-        #: the outbox entry id through which Kafka has the output (the marker), "0-0" before the first
-        self.published = "0-0"
-        #: messages this publisher committed to Kafka
-        self.messages = 0
-        #: sessions that failed (each starts over from the marker: what was not committed is written again)
-        self.retries = 0
-        self.problem = ""
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        redis_client = self.client_factory()
-        pause = RetryLater(lambda: backoff(0.2, 2.0, 5.0))
-        try:
-            while not self.halt.is_set():
-                try:
-                    if self._session(redis_client):
-                        return  # closing, and Kafka has everything the outbox held
-                except (KafkaException, KafkaSettingsError) as exc:
-                    self._problem(f"publishing to topic {self.topic!r} failed, starting over from its marker: {exc}")
-                    self.retries += 1
-                    pause.failed(time.monotonic())
-                    while not pause.due(time.monotonic()) and not self.halt.is_set():
-                        self.halt.wait(0.05)
-        finally:
-            redis_client.close()
-
-    def _session(self, redis_client: Any) -> bool:
-        """One producer's life: init (fencing any predecessor), read the marker, then publish batches. True
-        when it ends because it is closing and the outbox is empty."""
-        producer = make_client(
+    def __init__(self, config: Mapping[str, Any], topic: str, identity: str, name: str) -> None:
+        self.topic = topic
+        self.producer = make_client(
             Producer,
             client_properties(
-                self.config,
+                config,
                 {
-                    "transactional.id": self.identity,
+                    "transactional.id": identity,
                     "enable.idempotence": True,
                     "transaction.timeout.ms": 30000,
                     "linger.ms": 5,
                 },
             ),
-            f"sink {self.label}",
+            f"sink {name}",
         )
-        consumer = make_client(
+        self.consumer = make_client(
             Consumer,
             client_properties(
-                self.config,
-                {"group.id": self.identity, "enable.auto.commit": False, "isolation.level": "read_committed"},
+                config, {"group.id": identity, "enable.auto.commit": False, "isolation.level": "read_committed"}
             ),
-            f"sink {self.label}",
+            f"sink {name}",
         )
-        try:
-            producer.init_transactions(self.CALL_TIMEOUT_S)
-            marker = TopicPartition(self.topic, 0)
-            committed = consumer.committed([marker], timeout=self.CALL_TIMEOUT_S)[0]
-            cursor = marker_entry(committed.offset if committed.offset != OFFSET_INVALID else -1)
-            with self.lock:
-                self.published = cursor
-            self._trim(redis_client, cursor)
-            group = consumer.consumer_group_metadata()
-            while not self.halt.is_set():
-                entries: list[Any] = []
-                with RedisAttempt(f"sink {self.label}: cannot read its outbox") as attempt:
-                    read = redis_client.xread({self.outbox: cursor}, count=self.BATCH, block=100) or []
-                    entries = [item for _, items in read for item in items]
-                if attempt.failure is not None:
-                    self.halt.wait(0.5)
-                    continue
-                if not entries:
-                    if self.closing.is_set():
-                        return True
-                    continue
-                last = self._publish(producer, group, entries)
-                cursor = last
-                with self.lock:
-                    self.published = last
-                    self.messages += len(entries)
-                self.problem = ""
-                self._trim(redis_client, last)
-            return False
-        finally:
-            consumer.close()
-            producer.flush(1.0)
 
-    def _publish(self, producer: Any, group: Any, entries: list[Any]) -> str:
-        """One Kafka transaction: the entries' messages and the marker of the last of them."""
-        last = text(entries[-1][0])
+    def start(self) -> str:
+        try:
+            self.producer.init_transactions(self.CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            raise _fenced_or(exc) from None
+        committed = self.consumer.committed([TopicPartition(self.topic, 0)], timeout=self.CALL_TIMEOUT_S)[0]
+        self.group = self.consumer.consumer_group_metadata()
+        return marker_entry(committed.offset if committed.offset != OFFSET_INVALID else -1)
+
+    def write(self, marker: str, entries: list[OutboxEntry]) -> None:
+        producer = self.producer
         producer.begin_transaction()
         try:
-            for _, fields in entries:
-                decoded = {text(k): v for k, v in fields.items()}
+            for entry in entries:
                 while True:
                     try:
                         producer.produce(
-                            self.topic,
-                            key=decoded.get("key", b""),
-                            value=decoded.get("value", b""),
-                            headers=[(ID_HEADER, decoded.get("id", b""))],
+                            self.topic, key=entry.key, value=entry.value, headers=[(ID_HEADER, entry.id.encode())]
                         )
                         break
                     except BufferError:
                         producer.poll(0.05)
             producer.send_offsets_to_transaction(
-                [TopicPartition(self.topic, 0, marker_offset(last))], group, self.CALL_TIMEOUT_S
+                [TopicPartition(self.topic, 0, marker_offset(marker))], self.group, self.CALL_TIMEOUT_S
             )
-            self._commit(producer)
+            self._commit()
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.txn_requires_abort():
                 producer.abort_transaction(self.CALL_TIMEOUT_S)
-            raise
-        return last
+            raise _fenced_or(exc) from None
 
-    def _commit(self, producer: Any) -> None:
+    def _commit(self) -> None:
         """Commit, repeating a commit whose outcome the library says may be retried (bounded)."""
         for attempt in range(5):
             try:
-                producer.commit_transaction(self.CALL_TIMEOUT_S)
+                self.producer.commit_transaction(self.CALL_TIMEOUT_S)
                 return
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if not (isinstance(error, KafkaError) and error.retriable()) or attempt == 4:
                     raise
-                self.halt.wait(0.5)
+                time.sleep(0.5)
 
-    def _trim(self, redis_client: Any, through: str) -> None:
-        """Drop the outbox entries Kafka has (up to and including `through`); a trim lost to an outage is
-        made by the next one."""
-        if through == "0-0":
-            return
-        ms, seq = (int(part) for part in through.split("-"))
-        with RedisAttempt(f"sink {self.label}: cannot trim its outbox"):
-            redis_client.xtrim(self.outbox, minid=f"{ms}-{seq + 1}", approximate=False)
-
-    def _problem(self, problem: str) -> None:
-        if problem != self.problem:
-            log.warning("sink %s: %s", self.label, problem)
-        self.problem = problem
-
-    def close(self) -> None:
-        """Publish what the outbox holds (at most `DRAIN_S`), then stop: what is left is published by the next
-        executor 0 (after a restore, a resume or a migration)."""
-        self.closing.set()
-        self.join(self.DRAIN_S)
-        self.halt.set()
-        self.join(2 * self.CALL_TIMEOUT_S)
+    def stop(self) -> None:
+        self.consumer.close()
+        self.producer.flush(1.0)

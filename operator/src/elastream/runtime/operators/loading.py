@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -11,6 +12,7 @@ from elastream.core.topology import Vertex
 from elastream.runtime.operators.api import Context, Emit, EmitEvent, Event
 from elastream.runtime.operators.builtin import LOGIC_BUILTINS
 from elastream.runtime.operators.kafka import KafkaSink, KafkaSource
+from elastream.runtime.operators.outbox import OutboxEntry, OutboxOutput
 from elastream.runtime.operators.sinks import LogSink, NullSink, RedisStreamSink
 from elastream.runtime.operators.sources import RedisStreamSource, Synthetic
 from elastream.store.retry import RetryLater, backoff
@@ -22,7 +24,11 @@ def make_operator(vertex: Vertex, client_factory: Callable[[], Any], prefix: str
     config = vertex.config
     if "module" in config:
         instance = load_class(vertex)()
-        return UserSource(instance) if vertex.kind == "source" else UserOperator(instance)
+        if vertex.kind == "source":
+            return UserSource(instance)
+        if vertex.kind == "sink" and config.get("delivery") == "exactly-once":
+            return UserTwoPhaseSink(instance, client_factory, prefix)
+        return UserOperator(instance)
     if vertex.kind == "source":
         if config["type"] == "kafka":
             return KafkaSource(prefix)
@@ -138,3 +144,93 @@ class UserSource(_UserCode):
         else:
             self.retry.succeeded()
         return self.due
+
+
+class UserTwoPhaseSink(_UserCode):
+    """A user sink with `delivery: exactly-once`: the operator API's two-phase sink (`runtime.operators.outbox`).
+    Its events are not given to `process`: the executor keeps them, stages them with every checkpoint and
+    migration (pre-commit; an abandoned round takes them back), the checkpoint's completion commits them to
+    the sink's outbox, and executor 0's publisher hands them, in order, to the class's two methods:
+
+        def last_committed(self) -> str | None: ...      # the marker the target system holds (None: none)
+        def commit_batch(self, marker: str, events: list[Event]) -> None: ...
+                                                          # store the events and the marker atomically
+
+    on a thread of its own (after `open`, on executor 0's instance). An exception in either ends the publisher's
+    session; it starts again from `last_committed` after a backoff, so a batch is stored once if the class
+    stores events and marker atomically. Keys arrive as text, values as the JSON they were (anything JSON
+    cannot take, as its text)."""
+
+    batched = True
+
+    def __init__(self, inner: Any, client_factory: Callable[[], Any], prefix: str) -> None:
+        super().__init__(inner)  # (`load_class` made sure it has last_committed and commit_batch)
+        self.client_factory, self.prefix = client_factory, prefix
+        self.buffer: list[Any] = []
+
+    def open(self, context: Context) -> None:
+        super().open(context)
+        name = f"{context.vertex}#{context.index}"
+        self.output = OutboxOutput(
+            self.client_factory, self.prefix, context, lambda: UserTarget(self.inner), f"committing through {name}"
+        )
+
+    def process(self, event: Any, emit: Emit) -> None:
+        self.buffer.append((event[0], "" if event[1] is None else str(event[1]), _json(event[2]), event[3]))
+
+    def process_batch(self, events: Iterator[Any], emit: EmitEvent) -> None:
+        append = self.buffer.append
+        for e in events:
+            append((e[0], "" if e[1] is None else str(e[1]), _json(e[2]), e[3]))
+
+    def pre_commit(self, txn_id: str) -> None:
+        self.output.stage(txn_id, self.buffer)
+        self.buffer = []
+
+    def hand_over(self) -> list[Any]:
+        events, self.buffer = self.buffer, []
+        return events
+
+    def abort_commit(self, txn_id: str) -> None:
+        self.buffer = self.output.take_back(txn_id) + self.buffer
+
+    @property
+    def problem(self) -> str:
+        return self.output.problem
+
+    def close(self) -> None:
+        self.output.close()
+        super().close()
+
+
+class UserTarget:
+    """A user two-phase sink as an `OutboxTarget`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def start(self) -> str:
+        marker = self.inner.last_committed()
+        return "0-0" if marker is None else str(marker)
+
+    def write(self, marker: str, entries: list[OutboxEntry]) -> None:
+        events = [Event(_event_id(e.id), e.key, _unjson(e.value), e.ts) for e in entries]
+        self.inner.commit_batch(marker, events)
+
+    def stop(self) -> None:
+        """Nothing to release: the class's own clients are its `close`'s."""
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def _unjson(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _event_id(text: str) -> Any:
+    return int(text) if text.lstrip("-").isdigit() else text

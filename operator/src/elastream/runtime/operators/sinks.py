@@ -4,17 +4,15 @@ checkpoints). Nothing here runs a script: a topology's Redis user may not (`core
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from elastream.runtime.operators.api import Context, Emit, EmitEvent
 from elastream.runtime.operators.cpu import Cost
+from elastream.runtime.operators.outbox import StagedOutput
 from elastream.runtime.operators.streams import RedisStreamEnd
-from elastream.store.checkpoint import open_transactions_key, transaction_keys
 from elastream.store.cluster import slot_mate
-from elastream.store.codec import text
 from elastream.store.once import apply_once
 from elastream.store.retry import retry_redis
 
@@ -181,62 +179,3 @@ class RedisStreamSink(RedisStreamEnd):
         self.flush()
         self.cost.pay()
         self.client.close()
-
-
-#: staged sink events of a checkpoint that never completes expire after this
-STAGED_TTL_S = 24 * 3600
-
-
-class StagedOutput:
-    """The first phase of an exactly-once sink's two-phase commit, in Redis: one sink executor's output of a
-    checkpoint or migration, staged under its transaction id (`store.checkpoint.transaction_keys`) for the
-    controller's completion to commit into `target` (a redis-stream sink's stream; a kafka sink's outbox,
-    which its publisher then forwards to Kafka), or taken back when the round is abandoned. Every call waits
-    out a Redis outage (`retry_redis`) until `stop` is set; a repeated call after a lost reply changes nothing.
-
-    Events are staged as text: (id, key, value, ts) with key and value as `str` makes them (a kafka sink
-    encodes its values before they are staged)."""
-
-    def __init__(self, client: Any, prefix: str, writer: str, target: str, what: str, stop: Any) -> None:
-        self.client, self.prefix, self.writer, self.target = client, prefix, writer, target
-        self.what, self.stop = what, stop
-
-    def stage(self, txn_id: str, events: list[Any]) -> None:
-        """Stage `events` under `txn_id` in one MULTI/EXEC (a retry replaces what an earlier attempt staged)."""
-        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
-        items: list[Any] = [self.target]
-        for event in events:
-            items += [event[0], str(event[1]), str(event[2]), repr(event[3])]
-        index = open_transactions_key(self.prefix)
-
-        def stage() -> None:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.delete(staging)
-            pipe.rpush(staging, *items)
-            pipe.sadd(members, staging)
-            pipe.zadd(index, {txn_id: time.time()}, nx=True)  # the first sink's staging time orders it
-            pipe.expire(staging, STAGED_TTL_S)
-            pipe.expire(members, STAGED_TTL_S)
-            pipe.expire(index, STAGED_TTL_S)
-            pipe.execute()
-
-        retry_redis(stage, self.what, self.stop)
-
-    def take_back(self, txn_id: str) -> list[Any]:
-        """The events staged under `txn_id` (abandoned), removed from Redis: read, then delete, so each step
-        may be repeated after a lost reply without losing them."""
-        staging, members = transaction_keys(self.prefix, txn_id, self.writer)
-
-        def drop() -> None:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.delete(staging)
-            pipe.srem(members, staging)
-            pipe.execute()
-
-        items = retry_redis(lambda: list(self.client.lrange(staging, 1, -1)), self.what, self.stop)
-        events = [
-            (text(items[i]), text(items[i + 1]), text(items[i + 2]), float(text(items[i + 3])))
-            for i in range(0, len(items), 4)
-        ]
-        retry_redis(drop, self.what, self.stop)
-        return events
