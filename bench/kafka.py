@@ -1034,7 +1034,8 @@ def findings(raw: Mapping[str, Any]) -> list[str]:
     if eo_rebalance is not None and alo_rebalance is not None:
         out.append(
             "- Closing sink executor 0 with exactly-once stops its publisher (`OutboxPublisher.close`: it"
-            " publishes what the outbox holds and waits out its blocking outbox read, up to 100 ms) inside the"
+            " ends the batch being written, waits out its outbox read (up to 50 ms) and closes its Kafka"
+            " clients; what the outbox still holds is the next publisher's) inside the"
             f" pause: rebalance {fmt(eo_rebalance)} ms against {fmt(alo_rebalance)} ms at-least-once here. The"
             " new executor 0's publisher then starts a session (`init_transactions`, the marker:"
             f" {fmt(m['session'])} ms, median of the three above) before the migration's own output goes out:"

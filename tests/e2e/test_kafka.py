@@ -30,14 +30,14 @@ import os
 import secrets
 import threading
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer
 
 from support.kafka_broker import KafkaBroker, unique_name
+from support.kafka_checks import KEYS, check_exactly_once
 from support.waiting import wait_until
 
 from .conftest import SYSTEM
@@ -47,7 +47,6 @@ pytestmark = pytest.mark.e2e
 
 USER = "elastream-app"
 SECRET = "kafka-client"
-KEYS = 13
 RATE = 150.0  # messages per second the producer writes while the topology is scaled
 
 
@@ -107,60 +106,11 @@ class Writer(threading.Thread):
         return self.written
 
 
-def read_committed(broker: KafkaBroker, password: str, topic: str, expected: int, timeout_s: float) -> list[Any]:
-    """Every message of `topic` as a `read_committed` consumer (as USER, through the SASL listener) sees it: read
-    until `expected` came and 3 s more (a copy too many would show), at most `timeout_s`."""
-    consumer = Consumer(
-        broker.sasl_client_config(
-            USER,
-            password,
-            {
-                "group.id": unique_name("check"),
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            },
-        )
-    )
-    try:
-        metadata = consumer.list_topics(topic, timeout=10)
-        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions])
-        messages: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        quiet_until = None
-        while time.monotonic() < deadline:
-            for message in consumer.consume(500, timeout=0.5):
-                if message.error() is None:
-                    messages.append(message)
-            if len(messages) >= expected and quiet_until is None:
-                quiet_until = time.monotonic() + 3.0
-            if quiet_until is not None and time.monotonic() > quiet_until:
-                break
-        return messages
-    finally:
-        consumer.close()
-
-
-def check_exactly_once(broker: KafkaBroker, password: str, topics: dict[str, str], total: int) -> None:
-    """Every input once in the copy (each with its own event id) and, per key, the counts 1..n exactly once."""
+def check_copies(broker: KafkaBroker, password: str, topics: dict[str, str], total: int) -> None:
+    """`support.kafka_checks.check_exactly_once` as USER through the SASL listener, timed."""
     t0 = time.monotonic()
-    copies = read_committed(broker, password, topics["copy"], total, 240)
+    copies = check_exactly_once(broker.sasl_client_config(USER, password), topics["copy"], topics["counts"], total)
     print(f"  read_committed: {len(copies)} messages in {topics['copy']} ({time.monotonic() - t0:.1f} s)")
-    values = Counter(int(m.value()) for m in copies)
-    missing = sorted(set(range(total)) - set(values))
-    twice = sorted(v for v, n in values.items() if n > 1)
-    assert not missing and not twice and len(copies) == total, (
-        f"copy: {len(copies)} of {total}; missing {len(missing)} {missing[:10]}; twice {len(twice)} {twice[:10]}"
-    )
-    assert len({dict(m.headers())["elastream-id"] for m in copies}) == total  # (partition << 40) | offset
-    counts = read_committed(broker, password, topics["counts"], total, 120)
-    per_key: dict[str, list[int]] = defaultdict(list)
-    for message in counts:
-        per_key[message.key().decode()].append(int(message.value()))
-    assert len(per_key) == KEYS, sorted(per_key)
-    for key, seen in per_key.items():
-        n = sum(1 for i in range(total) if f"k{i % KEYS}" == key)
-        assert sorted(seen) == list(range(1, n + 1)), f"counts of {key}: {len(seen)} for {n} inputs"
 
 
 def create_client_secret(kubectl, namespace: str, directory: str, name: str, password: str) -> None:
@@ -307,7 +257,7 @@ def run_pipeline(broker: KafkaBroker, password: str, kubectl, kubelet, namespace
     print(f"  the producer wrote {total} messages to {topics['in']} (8 partitions)")
     t_written = time.monotonic()
 
-    check_exactly_once(broker, password, topics, total)
+    check_copies(broker, password, topics, total)
     t_checked = time.monotonic()
     final = status(kubectl, namespace, name)
     assert final.get("nodes") == 2 and final.get("readyNodes") == 2, final

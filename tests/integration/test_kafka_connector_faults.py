@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 from test_control_faults import Events, ticking
-from test_kafka_pipeline import Writer, read_committed
+from test_kafka_pipeline import Writer
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
@@ -22,6 +22,7 @@ from elastream.resources import load_manifest
 from elastream.store.codec import unpack
 from support.harness import read_log, start_run, stop_run, write_manifest
 from support.kafka_broker import KafkaBroker, unique_name
+from support.kafka_checks import read_committed
 from support.manifests import edge, manifest, work
 
 pytestmark = pytest.mark.integration
@@ -77,7 +78,7 @@ def test_a_missing_or_deleted_topic_is_a_connector_error_naming_it(
         writer.join(timeout=60)
         ticking(controller, 60.0, until=lambda: "ConnectorRecovered" in events.reasons())
         assert controller.connectors.error == ""
-        copies = read_committed(bootstrap, sink_topic, 2000, timeout_s=90)
+        copies = read_committed({"bootstrap.servers": bootstrap}, sink_topic, 2000, timeout_s=90)
         # deleted while it is read: the same condition and event again, and still no crash
         kafka_broker.delete_topic(source_topic)
         ticking(controller, 60.0, until=lambda: events.reasons().count("ConnectorError") >= 2)
@@ -113,7 +114,7 @@ def test_partitions_the_topic_gains_are_read_from_their_start(
         second.start()
         second.join(timeout=60)
         ticking(controller, 5.0)
-        copies = read_committed(bootstrap, sink_topic, 4000, timeout_s=90)
+        copies = read_committed({"bootstrap.servers": bootstrap}, sink_topic, 4000, timeout_s=90)
     assert {int(m.value()) for m in copies} == set(range(4000))
     assert {m.partition() for m in copies} <= {0, 1}  # (the copy topic: 2 partitions)
 

@@ -12,11 +12,11 @@ import os
 import signal
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from test_control_faults import Events, ticking
 
 from elastream.analysis import Analyzer
@@ -27,11 +27,10 @@ from elastream.core.topology import split_executor_id
 from elastream.resources import load_manifest
 from support.harness import write_manifest
 from support.kafka_broker import KafkaBroker, unique_name
+from support.kafka_checks import KEYS, check_exactly_once, recovery_seen
 from support.manifests import edge, manifest
 
 pytestmark = pytest.mark.integration
-
-KEYS = 13
 
 
 class Writer(threading.Thread):
@@ -63,56 +62,6 @@ def worker_tail(cluster: LocalCluster) -> str:
         with open(path, encoding="utf-8", errors="replace") as handle:
             tails.append(f"--- {path}\n" + "".join(handle.readlines()[-80:]))
     return "\n".join(tails)
-
-
-def read_committed(bootstrap: str, topic: str, expected: int, timeout_s: float = 120.0) -> list[Any]:
-    """Every message of `topic` as a `read_committed` consumer sees it, read until `expected` came and then
-    2 s more (an extra copy would show), at most `timeout_s`."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique_name("check"),
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    metadata = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions])
-    messages: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    quiet_until = None
-    while time.monotonic() < deadline:
-        for message in consumer.consume(500, timeout=0.5):
-            if message.error() is None:
-                messages.append(message)
-        if len(messages) >= expected and quiet_until is None:
-            quiet_until = time.monotonic() + 2.0
-        if quiet_until is not None and time.monotonic() > quiet_until:
-            break
-    consumer.close()
-    return messages
-
-
-def check_exactly_once(bootstrap: str, copy_topic: str, counts_topic: str, total: int) -> None:
-    copies = read_committed(bootstrap, copy_topic, total)
-    values = Counter(int(m.value()) for m in copies)
-    missing = sorted(set(range(total)) - set(values))
-    twice = sorted(v for v, n in values.items() if n > 1)
-    assert not missing and not twice and len(copies) == total, (
-        f"copy: {len(copies)} of {total}; missing {len(missing)} {missing[:10]}; twice {len(twice)} {twice[:10]}"
-    )
-    # every message carries its event id, (partition << 40) | offset: unique
-    ids = Counter(dict(m.headers())["elastream-id"] for m in copies)
-    assert len(ids) == total
-    counts = read_committed(bootstrap, counts_topic, total)
-    per_key: dict[str, list[int]] = defaultdict(list)
-    for message in counts:
-        per_key[message.key().decode()].append(int(message.value()))
-    for key, seen in per_key.items():
-        n = sum(1 for i in range(total) if f"k{i % KEYS}" == key)
-        assert sorted(seen) == list(range(1, n + 1)), f"counts of {key}: {len(seen)} for {n} inputs"
-    assert len(per_key) == KEYS
 
 
 def pipeline(name: str, bootstrap: str, topics: dict[str, str], source_parallelism: int, **spec: Any) -> dict:
@@ -191,18 +140,12 @@ def test_kafka_to_kafka_exactly_once_through_rescales_and_a_killed_worker(
             ticking(controller, 3.0)
         victim = cluster.current_schedule().node_of("copy#0")
         os.kill(cluster.workers[victim].process.pid, signal.SIGKILL)  # the copy sink's publisher with it
-        recoveries: list[dict[str, Any]] = []
-
-        def recovered() -> bool:
-            if controller.last_recovery is not None and controller.last_recovery not in recoveries:
-                recoveries.append(controller.last_recovery)
-            return bool(recoveries) and recoveries[-1].get("outcome") == "succeeded" and not cluster.failed_nodes()
-
+        recovered = recovery_seen(controller, cluster)
         ticking(controller, 180.0, until=recovered)
-        assert recovered(), json.dumps(recoveries, default=str) + "\n" + worker_tail(cluster)
+        assert recovered(), json.dumps(recovered.recoveries, default=str) + "\n" + worker_tail(cluster)
         writer.join(timeout=120)
         ticking(controller, 8.0)  # the last checkpoints commit what is left
-        check_exactly_once(bootstrap, topics["copy"], topics["counts"], total)
+        check_exactly_once({"bootstrap.servers": bootstrap}, topics["copy"], topics["counts"], total)
 
 
 def with_source_parallelism(old: Schedule, parallelism: int) -> Schedule:
@@ -248,7 +191,7 @@ def test_fewer_and_more_partitions_than_source_executors_move_by_ccr_exactly_onc
         assert writer.is_alive(), "the rescale must happen while the producer writes"
         writer.join(timeout=60)
         ticking(controller, 8.0)
-        check_exactly_once(bootstrap, topics["copy"], topics["counts"], total)
+        check_exactly_once({"bootstrap.servers": bootstrap}, topics["copy"], topics["counts"], total)
 
 
 @pytest.mark.timeout(900)
@@ -326,4 +269,4 @@ def test_the_broker_restarted_mid_checkpoint_and_during_a_migration_loses_and_re
         assert not failures, failures
         writer.join(timeout=180)
         ticking(controller, 10.0)
-        check_exactly_once(bootstrap, topics["copy"], topics["counts"], total)
+        check_exactly_once({"bootstrap.servers": bootstrap}, topics["copy"], topics["counts"], total)

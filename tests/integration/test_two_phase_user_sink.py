@@ -9,7 +9,6 @@ import os
 import signal
 import sqlite3
 from collections import Counter, defaultdict
-from typing import Any
 
 import pytest
 from test_control_faults import Events, ticking
@@ -19,6 +18,7 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.local_mode import local_controller
 from elastream.resources import load_manifest
 from support.harness import write_manifest
+from support.kafka_checks import recovery_seen
 from support.manifests import by_key, edge, manifest, src
 
 pytestmark = pytest.mark.integration
@@ -86,15 +86,9 @@ def test_a_user_two_phase_sink_stores_every_event_once_through_rescales_and_a_ki
             ticking(controller, 2.0)
         victim = cluster.current_schedule().node_of("out#0")
         os.kill(cluster.workers[victim].process.pid, signal.SIGKILL)
-        recoveries: list[dict[str, Any]] = []
-
-        def recovered() -> bool:
-            if controller.last_recovery is not None and controller.last_recovery not in recoveries:
-                recoveries.append(controller.last_recovery)
-            return bool(recoveries) and recoveries[-1].get("outcome") == "succeeded" and not cluster.failed_nodes()
-
+        recovered = recovery_seen(controller, cluster)
         ticking(controller, 180.0, until=recovered)
-        assert recovered(), recoveries
+        assert recovered(), recovered.recoveries
 
         def stored() -> int:
             with sqlite3.connect(database, timeout=30) as db:
