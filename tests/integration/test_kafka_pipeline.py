@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from test_control_faults import Events, ticking
 
 from elastream.analysis import Analyzer
@@ -175,6 +175,7 @@ def test_fewer_and_more_partitions_than_source_executors_move_by_ccr_exactly_onc
         slotsPerNode=6,
         scaling={"checkpointIntervalSeconds": 1},
     )
+    doc["spec"]["vertices"][0]["source"].update(commitOffsets=True, groupId="orders-dashboard")
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
     cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
@@ -192,6 +193,14 @@ def test_fewer_and_more_partitions_than_source_executors_move_by_ccr_exactly_onc
         writer.join(timeout=60)
         ticking(controller, 8.0)
         check_exactly_once({"bootstrap.servers": bootstrap}, topics["copy"], topics["counts"], total)
+        # commitOffsets: the offsets went to the consumer group too (for dashboards), up to the topic's end
+        group = Consumer({"bootstrap.servers": bootstrap, "group.id": "orders-dashboard"})
+        try:
+            committed = group.committed([TopicPartition(topics["in"], p) for p in range(3)], timeout=10)
+            ends = [group.get_watermark_offsets(TopicPartition(topics["in"], p), timeout=10)[1] for p in range(3)]
+        finally:
+            group.close()
+        assert [tp.offset for tp in committed] == ends
 
 
 @pytest.mark.timeout(900)
