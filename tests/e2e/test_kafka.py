@@ -38,6 +38,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from support.kafka_broker import KafkaBroker, unique_name
 from support.kafka_checks import KEYS, check_exactly_once
+from support.kafka_fixtures import running_broker
 from support.waiting import wait_until
 
 from .conftest import SYSTEM
@@ -55,17 +56,10 @@ def sasl_kafka() -> Iterator[tuple[KafkaBroker, str]]:
     """A broker of the test's own with a SASL_PLAINTEXT (PLAIN) listener that lets USER in with a fresh password;
     its PLAINTEXT listener is the test's (topics, the producer). Removed after the test."""
     password = secrets.token_urlsafe(18)
-    try:
-        broker = KafkaBroker(sasl_plain_users={USER: password})
-    except RuntimeError as exc:  # no jars or no java: say how, without a traceback
-        pytest.fail(f"{exc}\nKafka tests need a real broker: run `make setup`, then scripts/kafka-jars.sh")
-    try:
-        broker.start()
+    with running_broker(sasl_plain_users={USER: password}) as broker:
         print(f"\ne2e: Kafka broker up in {broker.last_start_s:.1f} s: PLAINTEXT {broker.bootstrap} (the test's), "
               f"SASL_PLAINTEXT {broker.sasl_bootstrap} (the topology's); log {broker.log_path}")  # fmt: skip
         yield broker, password
-    finally:
-        broker.remove()
 
 
 class Writer(threading.Thread):

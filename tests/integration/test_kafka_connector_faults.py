@@ -17,10 +17,9 @@ from test_kafka_pipeline import Writer
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.local_mode import local_controller
 from elastream.resources import load_manifest
 from elastream.store.codec import unpack
-from support.harness import read_log, start_run, stop_run, write_manifest
+from support.harness import controlled, read_log, start_run, stop_run, write_manifest
 from support.kafka_broker import KafkaBroker, unique_name
 from support.kafka_checks import read_committed
 from support.manifests import edge, manifest, work
@@ -62,8 +61,7 @@ def test_a_missing_or_deleted_topic_is_a_connector_error_naming_it(
     path = write_manifest(str(tmp_path), copy_topology(unique_name("missing"), bootstrap, source_topic, sink_topic))
     topology = load_manifest(path)
     events = Events()
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=events)
+    cluster, controller = controlled(topology, path, redis_url, Analyzer(engine="python"), events)
     with cluster, controller:
         controller.start()
         ticking(controller, 60.0, until=lambda: "ConnectorError" in events.reasons())
@@ -101,8 +99,7 @@ def test_partitions_the_topic_gains_are_read_from_their_start(
     doc["spec"]["vertices"][0]["source"]["partitionDiscoverySeconds"] = 1
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=Events())
+    cluster, controller = controlled(topology, path, redis_url, Analyzer(engine="python"), Events())
     with cluster, controller:
         controller.start()
         first = Writer(bootstrap, source_topic, 1000, rate=1000.0)

@@ -21,11 +21,10 @@ from test_control_faults import Events, ticking
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.control.local_mode import local_controller
 from elastream.core.schedule import Schedule
 from elastream.core.topology import split_executor_id
 from elastream.resources import load_manifest
-from support.harness import write_manifest
+from support.harness import controlled, write_manifest
 from support.kafka_broker import KafkaBroker, unique_name
 from support.kafka_checks import KEYS, check_exactly_once, recovery_seen
 from support.manifests import edge, manifest
@@ -124,8 +123,7 @@ def test_kafka_to_kafka_exactly_once_through_rescales_and_a_killed_worker(
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
     log = Events()
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=log)
+    cluster, controller = controlled(topology, path, redis_url, Analyzer(engine="python"), log)
     total = 9000
     writer = Writer(bootstrap, topics["in"], total, rate=300.0)
     with cluster, controller:
@@ -178,8 +176,7 @@ def test_fewer_and_more_partitions_than_source_executors_move_by_ccr_exactly_onc
     doc["spec"]["vertices"][0]["source"].update(commitOffsets=True, groupId="orders-dashboard")
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=Events())
+    cluster, controller = controlled(topology, path, redis_url, Analyzer(engine="python"), Events())
     total = 4000
     writer = Writer(bootstrap, topics["in"], total, rate=400.0)
     with cluster, controller:
@@ -225,8 +222,7 @@ def test_the_broker_restarted_mid_checkpoint_and_during_a_migration_loses_and_re
     )
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=Events())
+    cluster, controller = controlled(topology, path, redis_url, Analyzer(engine="python"), Events())
     total = 6000
     writer = Writer(bootstrap, topics["in"], total, rate=250.0)
     outages: list[threading.Thread] = []

@@ -14,10 +14,8 @@ import pytest
 from test_control_faults import Events, ticking
 
 from elastream.analysis import Analyzer
-from elastream.control.backends.local import LocalCluster
-from elastream.control.local_mode import local_controller
 from elastream.resources import load_manifest
-from support.harness import write_manifest
+from support.harness import controlled, write_manifest
 from support.kafka_checks import recovery_seen
 from support.manifests import by_key, edge, manifest, src
 
@@ -74,8 +72,7 @@ def test_a_user_two_phase_sink_stores_every_event_once_through_rescales_and_a_ki
     )
     path = write_manifest(str(tmp_path), doc)
     topology = load_manifest(path)
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, extra_env=env)
-    controller = local_controller(topology, cluster, Analyzer(engine="python"), events=Events())
+    cluster, controller = controlled(topology, path, redis_url, Analyzer(engine="python"), Events(), extra_env=env)
     with cluster, controller:
         controller.start()
         ticking(controller, 4.0)

@@ -91,11 +91,12 @@ def running(
 
 
 def controlled(
-    topology: Topology, path: str, redis_url: str, analyzer: Any, events: Any
+    topology: Topology, path: str, redis_url: str, analyzer: Any, events: Any, **options: Any
 ) -> tuple[LocalCluster, TopologyController]:
-    """Worker processes for the manifest at `path` and a controller over them, wired as `elastream run` wires
-    them, neither started: enter both (`with cluster, controller:`)."""
-    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5)
+    """Worker processes for the manifest at `path` (`options` for the `LocalCluster`, e.g. `extra_env`) and a
+    controller over them, wired as `elastream run` wires them, neither started: enter both (`with cluster,
+    controller:`)."""
+    cluster = LocalCluster(topology, path, redis_url, interval_s=0.5, **options)
     return cluster, local_controller(topology, cluster, analyzer, events=events)
 
 

@@ -15,7 +15,9 @@ there makes ruff report every test parameter of the same name as a redefinition 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -24,22 +26,26 @@ from support.kafka_broker import KafkaBroker
 __all__ = ["kafka_bootstrap", "kafka_broker", "restartable_kafka"]
 
 
-def _broker(config: dict[str, str] | None = None) -> KafkaBroker:
+@contextlib.contextmanager
+def running_broker(**options: Any) -> Iterator[KafkaBroker]:
+    """A started `KafkaBroker(**options)`, removed when the block ends; no jars or no java fails the test with
+    how to get them, without a traceback."""
     try:
-        return KafkaBroker(config)
+        broker = KafkaBroker(**options)
     except RuntimeError as exc:  # no jars (no mvn, no Maven Central) or no java: say how, without a traceback
         pytest.fail(f"{exc}\nKafka tests need a real broker: run `make setup`, then scripts/kafka-jars.sh")
-
-
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[KafkaBroker]:
-    """One real Kafka broker for the session (started once, removed at the end)."""
-    broker = _broker()
     try:
         broker.start()
         yield broker
     finally:
         broker.remove()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """One real Kafka broker for the session (started once, removed at the end)."""
+    with running_broker() as broker:
+        yield broker
 
 
 @pytest.fixture
@@ -51,9 +57,5 @@ def kafka_bootstrap(kafka_broker: KafkaBroker) -> str:
 @pytest.fixture
 def restartable_kafka() -> Iterator[KafkaBroker]:
     """A broker of the test's own, started; `stop()` or `kill()` and `start()` again keep its ports and data."""
-    broker = _broker()
-    try:
-        broker.start()
+    with running_broker() as broker:
         yield broker
-    finally:
-        broker.remove()
