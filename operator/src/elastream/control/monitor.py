@@ -66,13 +66,10 @@ class LiveRates:
     def rates(self) -> dict[str, float]:
         """Per vertex: events processed per second over the last interval, summed over its executors."""
         rates = {v: 0.0 for v in self.topology.order}
-        if not self.newest:
-            return rates
-        horizon = max(s.ts for s in self.newest.values()) - self.stale_s
-        for executor, new in self.newest.items():
-            if new.ts < horizon or new.vertex not in rates:
+        for new in self.fresh():
+            if new.vertex not in rates:
                 continue
-            old = self.previous.get(executor)
+            old = self.previous.get(new.executor)
             if old is not None and old.started_at == new.started_at and new.ts > old.ts:
                 rates[new.vertex] += (new.processed - old.processed) / (new.ts - old.ts)
             elif new.ts > new.started_at:
