@@ -44,6 +44,8 @@ class FakeCustomApi:
         #: the whole status after each patch: what a reader (`kubectl get -o json`) could have seen
         self.statuses: list[dict[str, Any]] = []
         self.down = False
+        #: the field manager of each spec patch (the autoscaler names itself, so GitOps tools can ignore it)
+        self.spec_managers: list[str | None] = []
 
     def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_) -> None:
         if self.down:
@@ -52,8 +54,9 @@ class FakeCustomApi:
         apply_merge_patch(self.body.setdefault("status", {}), body["status"])
         self.statuses.append(copy.deepcopy(self.body["status"]))
 
-    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **_) -> dict[str, Any]:
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **kw) -> dict[str, Any]:
         if "spec" in body:
+            self.spec_managers.append(kw.get("field_manager"))
             apply_merge_patch(self.body["spec"], body["spec"])
             self.body["metadata"]["generation"] += 1
         apply_merge_patch(self.body["metadata"], body.get("metadata", {}))
@@ -418,6 +421,8 @@ def test_the_autoscalers_own_write_of_spec_nodes_is_not_undone_by_the_stale_reso
     world.topologies._autoscaled(managed, 4)  # the controller moved to 4 and wrote spec.nodes
     world.backend.schedule = world.backend.schedule  # what runs is unchanged in this fake
     assert world.body["spec"]["nodes"] == 4 and managed.expect_generation == 2
+    # as its own field manager: Argo CD's ignoreDifferences.managedFieldsManagers names it (docs/operations.md)
+    assert world.custom.spec_managers == ["elastream-autoscaler"]
     world.clock.t += 5
     world.topologies.reconcile(stale)  # the watch has not shown the write yet
     assert world.migrator.applied == []

@@ -37,6 +37,11 @@ def topology_from_resource(body: Mapping[str, Any]) -> Topology:
     return parse_manifest(document)
 
 
+#: the field manager of the autoscaler's writes of spec.nodes (metadata.managedFields): a GitOps tool told to
+#: ignore what it manages (Argo CD's ignoreDifferences.managedFieldsManagers) leaves the autoscaler's count alone
+AUTOSCALER_FIELD_MANAGER = "elastream-autoscaler"
+
+
 @dataclass
 class ResourceApi:
     """One StreamTopology through the API: its status subresource (merge patches, the status writer's
@@ -93,6 +98,7 @@ class ResourceApi:
                 PLURAL,
                 self.name,
                 {"spec": {"nodes": int(nodes)}},
+                field_manager=AUTOSCALER_FIELD_MANAGER,
                 _request_timeout=self.timeout_s,
             )
         except Exception as exc:  # the next reconcile sees spec.nodes unchanged and moves back: say why

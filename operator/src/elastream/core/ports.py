@@ -308,7 +308,16 @@ class CustomObjectsApi(Protocol):
     """A StreamTopology's spec, metadata and status subresource (`kubernetes.client.CustomObjectsApi`)."""
 
     def patch_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str, body: Any, *, _request_timeout: float
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: Any,
+        *,
+        _request_timeout: float,
+        field_manager: str = ...,
     ) -> Any: ...
 
     def patch_namespaced_custom_object_status(

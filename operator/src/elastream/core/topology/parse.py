@@ -33,7 +33,7 @@ from elastream.core.topology.limits import (
     Grouping,
     VertexKind,
 )
-from elastream.core.topology.model import Stream, Topology, TopologyError, Vertex
+from elastream.core.topology.model import ScalingSpec, Stream, Topology, TopologyError, Vertex
 from elastream.core.topology.scaling import _parse_node_cpu, _parse_scaling
 
 
@@ -63,6 +63,13 @@ def parse_manifest(document: Mapping[str, Any], *, bounded: bool = True) -> Topo
         raise TopologyError([*problems, CONTRACT_BROKEN]) from None
 
 
+def default_nodes(scaling: ScalingSpec) -> int:
+    """The node count of a spec without `nodes`: the autoscaler's minimum when it scales the topology (it owns
+    the field then, as a HorizontalPodAutoscaler owns a Deployment's replicas, so a GitOps manifest leaves it
+    out and never fights it), else one."""
+    return scaling.auto.min_nodes if scaling.auto.enabled else 1
+
+
 #: the parser's line for a document whose values are not what the CRD allows (its own checks could not run)
 CONTRACT_BROKEN = (
     "manifest: does not satisfy the StreamTopology CRD; run `elastream validate` on it for the field and the fix"
@@ -74,11 +81,11 @@ def _parse(document: Mapping[str, Any], problems: list[str], max_executors: int 
     spec = document.get("spec")
     if not isinstance(spec, Mapping):
         raise TopologyError([*problems, "spec: is missing; add spec.vertices and spec.streams"])
-    nodes: int = spec.get("nodes", 1)
     slots: int = spec.get("slotsPerNode", DEFAULT_SLOTS_PER_NODE)
     entries = _parse_vertices(spec["vertices"], problems)
     streams, unresolved = _parse_streams(spec.get("streams") or [], entries, problems)
     scaling = _parse_scaling(spec.get("scaling"), problems)
+    nodes = default_nodes(scaling) if spec.get("nodes") is None else int(spec["nodes"])
     node_cpu = _parse_node_cpu(spec.get("resources"), problems)
     problems.extend(_placement_count_problems(spec.get("placement")))
     initial_savepoint = parse_initial_savepoint(spec.get("initialSavepoint"), namespace, name)
