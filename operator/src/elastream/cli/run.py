@@ -25,6 +25,8 @@ from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import MAX_NODES, Topology, parse_manifest, read_manifest_document
+from elastream.log_format import LOG_FORMAT_ENV, add_log_format_argument, checked_log_format
+from elastream.log_format import configure_logging as configure_log_lines
 from elastream.resources import load_manifest
 from elastream.store.drains import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
@@ -52,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument(
         "--archive-every", type=float, default=10.0, metavar="S", help="seconds between archive appends (10)"
     )
+    add_log_format_argument(run)
     run.set_defaults(func=cmd_run)
 
     demo = subparsers.add_parser("demo", help="run a topology locally, scale it out and in, report throughput")
@@ -63,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--in", dest="in_nodes", type=int, default=None, help="nodes after the scale-in (default: spec.nodes - 1)"
     )
     demo.add_argument("--engine", choices=("spark", "python"), default="spark", help="metric analysis engine")
+    add_log_format_argument(demo)
     demo.set_defaults(func=cmd_demo)
 
     scale = subparsers.add_parser(
@@ -120,6 +124,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between SIGTERM and being killed: the first SIGTERM asks the controller to move this "
         f"node's executors off and waits for it within that (default ${DRAIN_GRACE_ENV}, else 0: no drains)",
     )
+    add_log_format_argument(worker)
     worker.set_defaults(func=cmd_worker)
 
 
@@ -151,7 +156,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             f"--drain-grace ({DRAIN_GRACE_ENV}): {args.drain_grace!r} is not a number of seconds; give the pod's "
             "terminationGracePeriodSeconds, or 0 for no drains"
         )
-    configure_logging(args.node)
+    configure_logging(args.node, log_format(args), topology)
     options = WorkerOptions(
         node=args.node,
         redis_url=args.redis,
@@ -168,6 +173,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
         drain_grace_s=drain_grace,
     )
     return Worker(topology, options).run()
+
+
+def log_format(args: argparse.Namespace) -> str:
+    """`--log-format`, checked (its default comes from $ELASTREAM_LOG_FORMAT, which argparse does not check)."""
+    try:
+        return checked_log_format(args.log_format)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def local_log_lines(args: argparse.Namespace, topology: Topology) -> dict[str, str]:
+    """`run`/`demo` with `--log-format json`: their log lines on stderr as JSON, each naming the topology (the
+    level $ELASTREAM_LOG_LEVEL, else WARNING: the lines a text run shows); text leaves logging as it was. Returns
+    the environment that makes its local workers log in the same format."""
+    chosen = log_format(args)
+    if chosen == "json":
+        configure_log_lines(
+            chosen,
+            level=os.environ.get("ELASTREAM_LOG_LEVEL", "WARNING"),
+            fields={"namespace": topology.namespace, "topology": topology.name},
+        )
+    return {LOG_FORMAT_ENV: chosen}
 
 
 def check_operators(topology: Topology) -> None:
@@ -204,6 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.nodes is not None:
         topology = topology.with_nodes(args.nodes)
     check_operators(topology)
+    worker_env = local_log_lines(args, topology)
     if args.archive_every <= 0:
         raise CommandError(f"--archive-every: {args.archive_every} is not a positive number of seconds; use e.g. 10")
     analyzer = Analyzer(engine=args.engine)
@@ -211,7 +239,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     analyzer.start_warm_up(topology, report=lambda line: print(line, flush=True))
     with redis_for(args.redis) as url:
         try:
-            cluster = LocalCluster(topology, os.path.abspath(args.file), url, interval_s=args.interval)
+            cluster = LocalCluster(
+                topology, os.path.abspath(args.file), url, interval_s=args.interval, extra_env=worker_env
+            )
             # the archive has its own connection: it makes a last pass after the cluster closed its client
             archive_client = connect(url, wait_s=10.0) if args.archive else None
         except (RedisUnavailable, BackendError) as exc:
@@ -302,6 +332,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     path = args.file or default_demo_manifest()
     topology = load_manifest(path)
     check_operators(topology)
+    worker_env = local_log_lines(args, topology)
     out_nodes = args.out or topology.nodes + 1
     in_nodes = args.in_nodes or max(1, topology.nodes - 1)
     for flag, value in (("--out", out_nodes), ("--in", in_nodes)):
@@ -313,7 +344,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows: list[tuple[str, int, float, float | None, float | None, float | None, float | None]] = []
     with redis_for(args.redis) as url:
         try:
-            cluster = LocalCluster(topology, path, url, interval_s=1.0)
+            cluster = LocalCluster(topology, path, url, interval_s=1.0, extra_env=worker_env)
         except (RedisUnavailable, BackendError) as exc:
             raise CommandError(str(exc)) from None
         controller = local_controller(topology, cluster, analyzer)

@@ -44,7 +44,8 @@ from elastream.core.migration_protocol import ControlType
 from elastream.core.migration_scope import migration_parts
 from elastream.core.ports import Clock
 from elastream.core.schedule import Schedule, key_group_ranges
-from elastream.core.topology import split_executor_id
+from elastream.core.topology import Topology, split_executor_id
+from elastream.log_format import configure_logging as configure_log_format
 from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.health import serve_health
 from elastream.runtime.operators.api import Context
@@ -517,9 +518,12 @@ def next_grid_time(now: float, interval_s: float) -> float:
     return (math.floor(now / interval_s) + 1) * interval_s
 
 
-def configure_logging(node: str) -> None:
-    logging.basicConfig(
-        level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s %(levelname)s {node}: %(message)s",
-        stream=sys.stderr,
+def configure_logging(node: str, log_format: str = "text", topology: Topology | None = None) -> None:
+    """The worker's lines on stderr (`elastream.log_format`): text, or JSON objects that all carry `node` and
+    its topology's `namespace` and `topology` (a worker serves one topology for its whole life)."""
+    fields = (
+        {"node": node}
+        if topology is None
+        else {"namespace": topology.namespace, "topology": topology.name, "node": node}
     )
+    configure_log_format(log_format, fields=fields, text_format=f"%(asctime)s %(levelname)s {node}: %(message)s")
