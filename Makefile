@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 STAMP := .stamps
 
-.PHONY: help setup system-deps test test-unit test-e2e soak lint bench bench-paper bench-autoscale demo images clean
+.PHONY: help setup system-deps test test-unit test-e2e soak lint bench bench-paper bench-autoscale demo images release clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ bench-autoscale: setup ## AUTOSCALE's streams on worker processes (~25 min) and 
 
 images: ## build the elastream-operator:dev and elastream-worker:dev images (needs a Docker engine)
 	@bash scripts/images.sh
+
+release: ## dist/: the chart, both images tagged with the version (docker save, gzip) and SHA256SUMS; a clean tree only
+	@bash scripts/release.sh
 
 test-e2e: setup ## the e2e tier only: a real API server, the chart, the images (builds the tools the first time)
 	$(VENV)/bin/pytest tests/e2e

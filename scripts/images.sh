@@ -11,11 +11,11 @@
 #
 #   scripts/images.sh                                         # operator + worker, FROM python:3.11-slim-bookworm
 #   BASE_IMAGE=elastream-base:bookworm scripts/images.sh      # CI: the local base of scripts/docker-setup.sh
-#   TAG=0.1.0 scripts/images.sh worker                        # one image, another tag
+#   TAG=0.2.0 scripts/images.sh worker                        # one image, another tag (`make release`: the version)
 #   scripts/images.sh operator-python                         # the Spark-free operator image
 #
 # Environment:
-#   TAG         image tag (default: dev)
+#   TAG         image tag (default: dev, for local builds; scripts/release.sh sets the version)
 #   BASE_IMAGE  base of both stages (default: python:3.11-slim-bookworm); any bookworm image with python3 3.11
 #               and `python3 -m venv`
 #   BUILD_CA    CA bundle for pip in the build stage (default: the `cert` that `pip config list` names on this

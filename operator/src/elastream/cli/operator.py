@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+from elastream import DEFAULT_WORKER_IMAGE
 from elastream.cli import CommandError
 from elastream.control.leader import LEASE_NAME
 
@@ -66,8 +67,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz port (0: off)")
     parser.add_argument(
         "--worker-image",
-        default=os.environ.get("ELASTREAM_WORKER_IMAGE", "elastream-worker:dev"),
-        help="worker image when a topology's spec.image is empty (default $ELASTREAM_WORKER_IMAGE)",
+        default=os.environ.get("ELASTREAM_WORKER_IMAGE", DEFAULT_WORKER_IMAGE),
+        help="worker image when a topology's spec.image is empty (default $ELASTREAM_WORKER_IMAGE, else "
+        f"{DEFAULT_WORKER_IMAGE})",
     )
     parser.add_argument(
         "--worker-image-pull-policy",

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import kopf
 
+from elastream import DEFAULT_WORKER_IMAGE
 from elastream.control.backends.worker_objects import (
     POD_TEMPLATE_ENV,
     PlacementPolicy,
@@ -72,7 +73,7 @@ class OperatorOptions:
     leader_election: LeaderElection | None = None
     metrics_port: int = 8080
     health_port: int = 8081
-    worker_image: str = "elastream-worker:dev"
+    worker_image: str = DEFAULT_WORKER_IMAGE
     #: the pull policy and pull Secrets of every worker pod
     worker_image_pull_policy: str = "IfNotPresent"
     worker_image_pull_secrets: tuple[str, ...] = ()

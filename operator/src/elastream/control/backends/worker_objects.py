@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastream import DEFAULT_WORKER_IMAGE
 from elastream.core.ports import BackendError, CoreApi, NotOwned
 from elastream.core.rates import shown
 from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
@@ -903,7 +904,7 @@ def connector_secret_volumes(spec: Mapping[str, Any]) -> tuple[list[dict[str, An
 class WorkerPodSettings:
     """What the operator decides for every worker pod (the rest comes from the topology's spec)."""
 
-    image: str = "elastream-worker:dev"
+    image: str = DEFAULT_WORKER_IMAGE
     image_pull_policy: str = "IfNotPresent"
     #: names of Secrets (in the topology's namespace) the kubelet pulls the worker image with
     image_pull_secrets: tuple[str, ...] = ()
