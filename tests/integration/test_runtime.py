@@ -163,11 +163,11 @@ def test_metrics_reach_redis_and_prometheus(tmp_path, redis_url: str) -> None:
     last = {s.executor: s for s in samples}
     assert last["w#0"].processed > 0 and last["w#0"].busy_s > 0
     assert last["out#0"].latency_ms > 0  # measured (bounded in events by back-pressure: test_runtime_flow.py)
-    assert 'elastream_executor_processed_total{executor="out#0",node="' in body
-    # the last interval's mean latency, as a gauge: end-to-end at the sink, which every event reaches (a
-    # load-aware shuffle may leave one `w` executor without an event for a whole interval)
-    gauges = [line for line in body.splitlines() if line.startswith('elastream_executor_latency_ms{executor="out#0"')]
-    assert len(gauges) == 1 and float(gauges[0].rsplit(" ", 1)[1]) > 0, body
+    labels = f'executor="out#0",namespace="{topology.namespace}",node="{node}",topology="{topology.name}"'
+    assert f"elastream_executor_processed_total{{{labels},vertex=" in body
+    # the end-to-end latency of every event the sink processed, as a histogram (sinks only)
+    counts = [line for line in body.splitlines() if line.startswith("elastream_sink_latency_seconds_count{")]
+    assert len(counts) == 1 and labels in counts[0] and float(counts[0].rsplit(" ", 1)[1]) > 0, body
 
 
 def test_a_raising_user_operator_is_reported_not_fatal(tmp_path, redis_url: str) -> None:

