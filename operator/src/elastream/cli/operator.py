@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from typing import Any
 
 from elastream import DEFAULT_WORKER_IMAGE
 from elastream.cli import CommandError
 from elastream.control.leader import LEASE_NAME
+from elastream.log_format import add_log_format_argument, checked_log_format, configure_logging
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -183,6 +183,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="keep a PodDisruptionBudget <topology>-workers (maxUnavailable 1) per topology, so evictions (kubectl "
         "drain) take one worker at a time (on; needs policy/poddisruptionbudgets rights)",
     )
+    add_log_format_argument(parser)  # the operator's lines, kopf's and its worker pods' (the chart's logFormat)
     parser.set_defaults(func=cmd_operator)
 
 
@@ -198,9 +199,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     except DataPlaneConfigError as exc:
         raise CommandError(str(exc)) from None
     options = operator_options(args)
-    logging.basicConfig(
-        level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # before kopf is imported and runs: its lines go through this handler too (`elastream.handlers.main`)
+    configure_logging(options.log_format)
     # loaded only for this command: kopf (which only `elastream.handlers` imports) stays out of every other one
     main = importlib.import_module("elastream.handlers.main")
     return int(main.run(options))
@@ -228,6 +228,10 @@ def operator_options(args: argparse.Namespace) -> Any:
     durable_commits()
     if args.redis_topology_users not in ("on", "off"):  # the environment's value is not checked by argparse
         raise CommandError(f"--redis-topology-users: {args.redis_topology_users!r}; give on or off")
+    try:
+        log_format = checked_log_format(args.log_format)  # $ELASTREAM_LOG_FORMAT is not checked by argparse either
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     main = importlib.import_module("elastream.handlers.main")
     return main.OperatorOptions(
         redis_url=args.redis,
@@ -252,6 +256,7 @@ def operator_options(args: argparse.Namespace) -> Any:
         drains=args.drains == "on",
         disruption_budgets=args.disruption_budgets == "on",
         worker_placement=placement,
+        log_format=log_format,
     )
 
 

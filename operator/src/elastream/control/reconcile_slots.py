@@ -22,6 +22,7 @@ Checkpoint rounds, the one wait of an idle topology's every pass, do not wait he
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -108,7 +109,7 @@ class ReconcilePool(Executor):
     more whenever a pass parks while none is idle (so the passes still queued find a thread while the slot
     it gave back is free), at most `waiting` more in all, each leaving again after a pass once the parked
     passes are back; one first-in first-out queue. A pass takes its slot itself
-    (`ManagedTopologies.reconcile`): an idle thread holds none."""
+    (`ManagedTopologies.reconcile`): an idle thread holds none. A pass runs in its submitter's context."""
 
     def __init__(self, slots: ReconcileSlots, waiting: int, name: str = "reconcile") -> None:
         self.slots = slots
@@ -133,7 +134,9 @@ class ReconcilePool(Executor):
             if self._shutdown:
                 raise RuntimeError("the reconcile pool is shut down")
         future: Future[T] = Future()
-        self._queue.put((future, fn, args, kwargs))
+        # run in a copy of the submitter's context, as kopf runs a sync handler (asyncio's run_in_executor does
+        # not): a pass's log lines name the topology its daemon set (`elastream.log_format.CURRENT_TOPOLOGY`)
+        self._queue.put((future, contextvars.copy_context().run, (fn, *args), kwargs))
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

@@ -5,6 +5,10 @@ kopf always runs standalone (no kopf peering). With leader election (`--leader-e
 the process first acquires the Lease (`elastream.control.leader`), answering /healthz meanwhile, and only then
 starts kopf; losing the Lease ends the process at once with exit code `LOST_LEASE_EXIT`, so a replica that
 lost it never acts next to the new leader; a clean shutdown releases it, so a standby takes over at once.
+
+Logging is `elastream operator`'s (`elastream.log_format`, set up before this module is loaded): `kopf.run`
+configures none (only kopf's own CLI calls `kopf.configure`), so kopf's lines go through the same handler and
+`--log-format json` makes them the same JSON, their object reference turned into `namespace` and `topology`.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class OperatorOptions:
     worker_placement: PlacementPolicy = field(default_factory=PlacementPolicy)
     #: what a topology's spec.podTemplate may add to its pods ($ELASTREAM_WORKER_POD_TEMPLATE)
     worker_pod_template: PodTemplatePolicy = field(default_factory=pod_template_policy_from_env)
+    #: the operator's log lines (`--log-format`: text or json, `elastream.log_format`), and its worker pods'
+    log_format: str = "text"
 
 
 def load_kubernetes_config() -> None:
@@ -128,6 +134,7 @@ def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
         image_pull_policy=options.worker_image_pull_policy,
         image_pull_secrets=options.worker_image_pull_secrets,
         log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
+        log_format=options.log_format,
         listen_on_pod_ip=options.listen_on_pod_ip,
         data_plane_auth=auth_enabled(),
         network_policy=options.network_policies,

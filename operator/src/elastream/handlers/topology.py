@@ -22,6 +22,7 @@ import kopf
 
 from elastream.control.resource_api import GROUP, PLURAL, VERSION
 from elastream.control.resources import ManagedTopologies
+from elastream.log_format import CURRENT_TOPOLOGY
 
 #: set by `elastream operator` before kopf starts
 TOPOLOGIES: ManagedTopologies | None = None
@@ -36,6 +37,11 @@ def topologies() -> ManagedTopologies:
     return TOPOLOGIES
 
 
+def _concerns(body: kopf.Body) -> tuple[str, str]:
+    """(namespace, name) of the resource, for the log lines about it."""
+    return body["metadata"].get("namespace") or "default", body["metadata"]["name"]
+
+
 def _wake_event(memo: Any) -> asyncio.Event:
     wake = memo.get("wake")
     if wake is None:
@@ -46,6 +52,9 @@ def _wake_event(memo: Any) -> asyncio.Event:
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def reconcile_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """The resource's loop: a pass, then sleep until it is due or the resource changes."""
+    # the daemon's task has a context of its own, which the pool copies into each pass's thread: every line
+    # of this loop and its passes names the topology (`elastream.log_format`)
+    CURRENT_TOPOLOGY.set(_concerns(body))
     wake = _wake_event(memo)
     loop = asyncio.get_running_loop()
     while not stopped:
@@ -69,6 +78,7 @@ async def changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def stop(body: kopf.Body, **_: Any) -> None:
+    CURRENT_TOPOLOGY.set(_concerns(body))  # kopf runs a sync handler in a copy of the context: this call's own
     retain = (body.get("spec") or {}).get("deletionPolicy") == "Retain"
     topologies().remove(body["metadata"].get("namespace", "default"), body["metadata"]["name"], retain=retain)
 

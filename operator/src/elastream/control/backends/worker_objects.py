@@ -909,6 +909,8 @@ class WorkerPodSettings:
     #: names of Secrets (in the topology's namespace) the kubelet pulls the worker image with
     image_pull_secrets: tuple[str, ...] = ()
     log_level: str = "INFO"
+    #: the workers' log lines: text or json ($ELASTREAM_LOG_FORMAT in their env; the operator's `--log-format`)
+    log_format: str = "text"
     interval_s: float = 1.0
     service_account: str | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
@@ -1128,6 +1130,7 @@ def worker_pod(
                 "valueFrom": {"secretKeyRef": {"name": secret_name(topology), "key": "url"}},
             },
             {"name": "ELASTREAM_LOG_LEVEL", "value": settings.log_level},
+            {"name": "ELASTREAM_LOG_FORMAT", "value": settings.log_format},
             # where the connectors' Secrets are mounted, said in the env so a runtime that moves mounts (the test
             # tier's process mode) can point the worker at them
             {"name": "ELASTREAM_SECRETS_DIR", "value": SECRETS_DIR},
