@@ -324,7 +324,9 @@ def autoscaled() -> tuple[FakeMigrator, DictStatus, TopologyController]:
 
 
 def errors(policy: str = "autoscale") -> float:
-    return REGISTRY.get_sample_value("elastream_autoscaler_evaluation_errors_total", {"policy": policy}) or 0.0
+    """The evaluation errors counted for the topology `autoscaled()` runs (default/t)."""
+    labels = {"namespace": "default", "topology": "t", "policy": policy}
+    return REGISTRY.get_sample_value("elastream_autoscaler_evaluation_errors_total", labels) or 0.0
 
 
 def test_the_issue_38_window_through_the_controller_decides_nothing_for_parse() -> None:

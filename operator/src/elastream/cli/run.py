@@ -54,6 +54,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument(
         "--archive-every", type=float, default=10.0, metavar="S", help="seconds between archive appends (10)"
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="P",
+        help="serve the topology's Prometheus metrics (the operator's) at http://127.0.0.1:P/metrics, and each "
+        "worker's at its node's loopback address and P (node-0: 127.0.0.2) (default 0: off)",
+    )
     add_log_format_argument(run)
     run.set_defaults(func=cmd_run)
 
@@ -225,6 +233,8 @@ def redis_for(url: str | None) -> Iterator[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from elastream.analysis import Analyzer
     from elastream.control.local_mode import local_controller
+    from elastream.control.scaling import PrintEvents
+    from elastream.control.topology_metrics import LocalTopologyMetrics, serve_local_metrics
     from elastream.store.registry import connect, store_manifest
 
     topology = load_manifest(args.file)
@@ -234,27 +244,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker_env = local_log_lines(args, topology)
     if args.archive_every <= 0:
         raise CommandError(f"--archive-every: {args.archive_every} is not a positive number of seconds; use e.g. 10")
+    if not 0 <= args.metrics_port <= 65535:
+        raise CommandError(f"--metrics-port: {args.metrics_port} is not a TCP port; use 1 to 65535 (0: off)")
     analyzer = Analyzer(engine=args.engine)
     # Spark starts and runs a first analysis while the workers come up, not at the first scaling request
     analyzer.start_warm_up(topology, report=lambda line: print(line, flush=True))
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(
-                topology, os.path.abspath(args.file), url, interval_s=args.interval, extra_env=worker_env
+                topology,
+                os.path.abspath(args.file),
+                url,
+                interval_s=args.interval,
+                extra_env=worker_env,
+                metrics_port=args.metrics_port,
             )
             # the archive has its own connection: it makes a last pass after the cluster closed its client
             archive_client = connect(url, wait_s=10.0) if args.archive else None
         except (RedisUnavailable, BackendError) as exc:
             raise CommandError(str(exc)) from None
         store_manifest(cluster.client, topology)  # `elastream analyze --topology NAME` finds it there
+        # the controller's events pass through its metrics (a planned rescale shows as phase Scaling)
+        metrics = LocalTopologyMetrics(PrintEvents())
         controller = local_controller(
             topology,
             cluster,
             analyzer,
+            events=metrics,
             archive=args.archive,
             archive_every_s=args.archive_every,
             archive_client=archive_client,
         )
+        metrics.attach(controller)
+        stop_metrics = None
+        if args.metrics_port:
+            try:
+                stop_metrics = serve_local_metrics(metrics, args.metrics_port, cluster.client)
+            except OSError as exc:
+                cluster.close()
+                if archive_client is not None:
+                    archive_client.close()
+                raise CommandError(
+                    f"--metrics-port: 127.0.0.1:{args.metrics_port} cannot be served ({exc.strerror or exc}); "
+                    "pick a free port"
+                ) from None
         print(
             f"elastream run {topology.name}: {topology.nodes} nodes "
             f"({'embedded Redis' if not args.redis else redacted(url)}; worker logs in {cluster.run_dir})",
@@ -263,13 +296,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"scale it with: elastream scale {args.file} --redis {redacted(url)} --nodes N", flush=True)
         if args.archive:
             print(f"archiving metric samples to {redacted(args.archive)} every {args.archive_every:g} s", flush=True)
+        if args.metrics_port:
+            print(
+                f"metrics at http://127.0.0.1:{args.metrics_port}/metrics, each worker's at its node's address "
+                f"(node-0: http://127.0.0.2:{args.metrics_port}/metrics)",
+                flush=True,
+            )
+
+        def on_tick(record: ScalingRecord | None) -> None:
+            _print_scaling(analyzer, record)
+            metrics.after_tick(record)
+
         try:
             with cluster, controller:
+                metrics.refresh(started=False)  # Pending while the workers start
                 controller.start()
-                watch(controller, args.duration, on_tick=lambda record: _print_scaling(analyzer, record))
+                metrics.refresh()
+                watch(controller, args.duration, on_tick=on_tick)
         except BackendError as exc:
             raise CommandError(str(exc)) from None
         finally:
+            if stop_metrics is not None:
+                stop_metrics()
             if controller.archiver is not None:
                 archive_client.close()  # type: ignore[union-attr]
                 print(

@@ -50,6 +50,8 @@ class CheckpointResult:
     duration_ms: float | None = None
     state_bytes: int = 0
     reason: str = ""
+    #: when its last ack came in (the clock's `now()`), for a completed round: the checkpoint age's origin
+    completed_at: float | None = None
 
 
 class Checkpoints(Protocol):
@@ -205,7 +207,9 @@ class CheckpointDriver:
             log.warning("%s; the round counts as failed", reason)
             return CheckpointResult(checkpoint_id, "failed", round_.duration_ms, round_.state_bytes, reason)
         log.debug("checkpoint %s completed in %.0f ms (replaced %s)", checkpoint_id, round_.duration_ms, done.replaced)
-        return CheckpointResult(checkpoint_id, "completed", round_.duration_ms, round_.state_bytes)
+        return CheckpointResult(
+            checkpoint_id, "completed", round_.duration_ms, round_.state_bytes, completed_at=round_.completed_at
+        )
 
     def _abandon(self, opened: _OpenRound, reason: str) -> CheckpointResult:
         log.warning("%s; the previous checkpoint stays the latest", reason)
@@ -247,6 +251,8 @@ class Checkpointer:
     interval_s: float
     own_thread: bool = True
     last: CheckpointResult | None = None
+    #: the last round that completed (its time and duration are served as metrics, read by another thread)
+    last_completed: CheckpointResult | None = None
     completed: int = 0
     #: failed rounds in a row (a completed one resets it; a skipped one leaves it)
     failures: int = 0
@@ -292,6 +298,7 @@ class Checkpointer:
             return None
         self.last = result
         if result.outcome == "completed":
+            self.last_completed = result
             self.completed += 1
             self.failures = 0
         elif result.outcome == "failed":

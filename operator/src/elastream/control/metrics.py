@@ -38,6 +38,7 @@ from elastream.analysis.sources import (
     reported_by_all,
     write_parquet_local,
 )
+from elastream.control.topology_metrics import series
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.status import EventReason
@@ -49,11 +50,12 @@ from elastream.store.registry import redacted
 
 log = logging.getLogger("elastream.control")
 
-#: autoscaler evaluations that raised (analysis or policy): each decided nothing and the topology kept running
+#: autoscaler evaluations that raised (analysis or policy): each decided nothing and the topology kept running.
+#: Like every per-topology series, made through `topology_metrics.series` (a deleted topology's are removed)
 AUTOSCALER_EVALUATION_ERRORS = Counter(
     "elastream_autoscaler_evaluation_errors",
-    "autoscaler evaluations that raised and decided nothing (the topology kept running), by policy",
-    ["policy"],
+    "autoscaler evaluations that raised and decided nothing (the topology kept running), by topology and policy",
+    ["namespace", "topology", "policy"],
 )
 
 #: metric stream entries the controller's live read skipped (`store.metric_stream`), per topology: `malformed`
@@ -105,11 +107,11 @@ class SkippedSamples:
         labels = (self.topology.namespace, self.topology.name)
         for reason, count in (("malformed", read.malformed), ("oversized", read.oversized)):
             if count:
-                METRIC_SAMPLES_SKIPPED.labels(*labels, reason).inc(count)
+                series(METRIC_SAMPLES_SKIPPED, *labels, reason).inc(count)
                 self.pending[reason] = self.pending.get(reason, 0) + count
                 self.total += count
         if read.truncated:
-            METRIC_READS_TRUNCATED.labels(*labels).inc()
+            series(METRIC_READS_TRUNCATED, *labels).inc()
             self.truncated += 1
         if read.problem and not self.problem:
             self.problem = read.problem

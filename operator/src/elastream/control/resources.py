@@ -15,8 +15,9 @@ wanted (a new value is tried at once). The savepoint annotations, `spec.initialS
 The status has one writer per topology (`control.status_writer`): one merge patch per change, the rates at
 most every `volatile_every_s`. What it shows is computed by `core.status` from the `StatusFacts` each
 `ManagedTopology` keeps (started, scaling, recovering, Redis away, the last failure). One shared analysis
-session (one Spark session for every topology), one Redis connection. Prometheus metrics of the operator:
-scalings and recoveries by outcome and their durations.
+session (one Spark session for every topology), one Redis connection. Prometheus metrics of the operator
+(`control.topology_metrics`): rescales and recoveries counted here as they happen, per topology (their
+series removed when it is deleted), and every topology's phase, conditions and nodes read at scrape time.
 
 One concern per module, each layer building on the one before: `control.resource_api` (the resource through
 the API and its events), `control.managed` (what the loop keeps per topology), `control.reconciler_base`
@@ -35,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from prometheus_client import Counter, Histogram
 
 from elastream.control.backends.worker_objects import placement_problems, pod_template_problems
 from elastream.control.lifecycle import (
@@ -52,6 +52,7 @@ from elastream.control.resource_api import (
 )
 from elastream.control.retrying import retry_within
 from elastream.control.scaling import ScalingRecord
+from elastream.control.topology_metrics import count_recovery, count_rescale, forget_topology
 from elastream.control.upgrades import TopologyUpgrades
 from elastream.core.images import image_allowed, image_refusal
 from elastream.core.outcomes import Outcome
@@ -71,20 +72,8 @@ from elastream.store.retry import backoff
 log = logging.getLogger("elastream.operator")
 
 
-SCALINGS = Counter("elastream_scalings", "scalings carried out, by direction and outcome", ["direction", "outcome"])
-SCALING_SECONDS = Histogram(
-    "elastream_scaling_duration_seconds",
-    "request to migrated (analysis, plan, prepare, migration)",
-    buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
-)
-PAUSE_SECONDS = Histogram(
-    "elastream_migration_pause_seconds",
-    "sources held during a migration (PREPARE sent to sources resumed)",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
-)
 #: how long a delete waits for Redis to delete the topology's user and keys (the finalizer goes either way)
 DELETE_REDIS_WAIT_S = 30.0
-RECOVERIES = Counter("elastream_recoveries", "rollbacks after a worker died, by outcome", ["outcome"])
 
 
 @dataclass
@@ -181,7 +170,7 @@ class ManagedTopologies(TopologyUpgrades):
             return delay
         controller = managed.running()
         self._apply_settings(managed, wanted)
-        before = controller.last_recovery
+        before, before_scaling = controller.last_recovery, controller.last_scaling
         self.report_pending(managed, _look(managed.backend.pending_nodes, {}))
         failed = _look(managed.backend.failed_nodes, {})
         if failed:
@@ -192,7 +181,10 @@ class ManagedTopologies(TopologyUpgrades):
         managed.set(state_lost=controller.state_lost, backend_error="")  # this pass went through
         recovery = controller.last_recovery
         if recovery is not None and recovery is not before:
-            RECOVERIES.labels(str(recovery.get("outcome"))).inc()
+            count_recovery(controller.topology.namespace, controller.topology.name, recovery)
+        if controller.last_scaling is not None and controller.last_scaling is not before_scaling:
+            # the autoscaler's rescale, carried out by the tick (`scale` counts the ones the spec asks for)
+            count_rescale(controller.topology.namespace, controller.topology.name, controller.last_scaling)
         if not _look(managed.backend.failed_nodes, failed):
             managed.set(worker_lost="", recovering=False)
         converged = False
@@ -288,12 +280,7 @@ class ManagedTopologies(TopologyUpgrades):
             managed.set(scaling=False)
         self._note_store(managed)
         managed.set(scaling_failed="" if record.outcome != Outcome.FAILED else record.reason)
-        SCALINGS.labels(record.direction, record.outcome).inc()
-        if record.finished_at is not None:
-            SCALING_SECONDS.observe(record.finished_at - record.started_at)
-        pause = record.report.get("pauseMs")
-        if isinstance(pause, int | float):
-            PAUSE_SECONDS.observe(pause / 1000.0)
+        count_rescale(controller.topology.namespace, controller.topology.name, record)
         return record
 
     def remove(self, namespace: str, name: str, retain: bool = False) -> None:
@@ -303,6 +290,7 @@ class ManagedTopologies(TopologyUpgrades):
         must go): what could not be done is logged."""
         with self._lock:
             managed = self.topologies.pop(self.key(namespace, name), None)
+        forget_topology(namespace, name)  # its rescales and recoveries: a deleted topology's series go
         prefix = topology_prefix(namespace, name)
         if managed is not None and managed.controller is not None:
             controller = managed.controller

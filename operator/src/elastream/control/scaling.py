@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from elastream.control.metrics import AUTOSCALER_EVALUATION_ERRORS
+from elastream.control.topology_metrics import series
 from elastream.core.autoscaling.decision import Recommendation, WindowInfo, recommend, undecided
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.planner import Plan
@@ -120,7 +121,7 @@ def evaluation_failed(
     with the error's one-line reason (and forget the scale-in votes, as an undecided window does)."""
     topology = controller.topology
     reason = one_line(exc)
-    AUTOSCALER_EVALUATION_ERRORS.labels(topology.scaling.auto.policy).inc()
+    series(AUTOSCALER_EVALUATION_ERRORS, topology.namespace, topology.name, topology.scaling.auto.policy).inc()
     log.error(
         "autoscaler evaluation of %s raised, nothing decided; %s: %s",
         topology.name,
