@@ -20,8 +20,9 @@ flat, so a query filters on `topology` whichever component wrote the line.
 Which topology a line concerns (`TopologyFields`, a filter on the one handler):
 - fixed fields, for a process that serves one topology for its whole life (a worker, `elastream run`);
 - else the `CURRENT_TOPOLOGY` context variable, which the operator sets where one topology's work starts (its
-  kopf handlers, `topology_context`) and which its reconcile pool carries into the thread a pass runs on
-  (`control.reconcile_slots.ReconcilePool.submit` runs it in a copy of the submitter's context);
+  kopf daemon and delete handler, `handlers.topology`; `topology_context` for a block) and which its reconcile
+  pool carries into the thread a pass runs on (`control.reconcile_slots.ReconcilePool.submit` runs it in a copy
+  of the submitter's context);
 - else kopf's object reference (`k8s_ref` on kopf's per-object records) when it names a StreamTopology.
 Threads a pass starts with `threading.Thread` begin with an empty context (Python does not copy it), so their
 lines carry no topology unless they set it.
