@@ -9,6 +9,7 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # promtool checks and unit-tests the chart's alert rules
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 echo "system-deps: installing ${missing[*]}"
 SUDO=""
