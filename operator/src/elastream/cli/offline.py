@@ -1,17 +1,21 @@
-"""Offline commands on manifests and snapshots: validate, etp, plan, simulate.
+"""Offline commands on manifests and snapshots: validate, etp, plan, simulate; and `plan --live`.
 
 They need no cluster, Redis or Spark: a manifest, and for etp a metric snapshot (JSON, the shape DESIGN.md
 fixes; `elastream simulate --snapshot-out` writes one from the fluid model). `plan` without `--metrics`
-plans from that fluid-model snapshot itself (`model_snapshot`).
+plans from that fluid-model snapshot itself (`model_snapshot`). `plan --live NAMESPACE/NAME --nodes N` is the
+one exception: it reads a running topology's schedule and metric window through its Redis
+(`control.live_plan`) and prints the plan a scale request would make, applying nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,6 +27,9 @@ from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
 from elastream.core.topology import MAX_NODES, Topology, split_executor_id
 from elastream.resources import load_manifest
+
+if TYPE_CHECKING:
+    from elastream.control.live_plan import LivePlan
 
 #: printed (to stderr) when `plan` has no --metrics
 MODEL_NOTE = (
@@ -49,9 +56,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     etp.set_defaults(func=cmd_etp)
 
     plan = subparsers.add_parser(
-        "plan", help="plan a scale-out or scale-in to --nodes N, or list the throughput/cost Pareto front (--pareto)"
+        "plan",
+        help="plan a scale-out or scale-in to --nodes N (of a manifest, or of a running topology with --live), "
+        "or list the throughput/cost Pareto front (--pareto)",
     )
-    plan.add_argument("file", help="YAML file with one StreamTopology")
+    plan.add_argument(
+        "file", nargs="?", default=None, help="YAML file with one StreamTopology (not with --live: see --manifest)"
+    )
     plan.add_argument(
         "--metrics",
         metavar="SNAP.json",
@@ -73,7 +84,40 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     plan.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: spec.scaling.strategy")
     plan.add_argument("--congestion-rate", type=float, default=None, help="default: spec.scaling.congestionRate")
     plan.add_argument("--seed", type=int, default=0, help="seed of the random strategy")
-    plan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of text (as --output json)")
+    plan.add_argument("--output", choices=("text", "json"), default=None, help="text (default) or json")
+    live = plan.add_argument_group(
+        "live what-if", "plan from a running topology's metric window and schedule; nothing is applied"
+    )
+    live.add_argument(
+        "--live",
+        metavar="NAMESPACE/NAME",
+        default=None,
+        help="the running topology (NAME alone: namespace default), read through its Redis",
+    )
+    live.add_argument(
+        "--redis-url",
+        "--redis",
+        dest="redis_url",
+        metavar="URL",
+        default=None,
+        help="the topology's Redis (default $ELASTREAM_REDIS_URL, which the operator's pod has)",
+    )
+    live.add_argument(
+        "--manifest",
+        metavar="FILE",
+        default=None,
+        help="the topology's spec; default: the manifest `elastream run` keeps in Redis, else the StreamTopology "
+        "through the Kubernetes API",
+    )
+    live.add_argument("--window", type=int, default=None, help="intervals in the window (default spec.scaling.window)")
+    live.add_argument("--interval", type=float, default=1.0, metavar="S", help="the workers' metric interval (1.0)")
+    live.add_argument(
+        "--engine",
+        choices=("python", "spark"),
+        default="python",
+        help="metric analysis engine (python: no JVM beside the operator in its pod; same results as spark)",
+    )
     plan.set_defaults(func=cmd_plan, usage_error=plan.error)
 
     sim = subparsers.add_parser("simulate", help="steady-state throughput of a schedule (fluid model)")
@@ -231,6 +275,18 @@ def _plan_snapshot(args: argparse.Namespace, topology: Topology) -> MetricSnapsh
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.live is not None:
+        return cmd_plan_live(args)
+    live_only = [
+        flag
+        for flag, value in (("--redis-url", args.redis_url), ("--manifest", args.manifest), ("--window", args.window))
+        if value is not None
+    ]
+    if live_only:
+        args.usage_error(f"{', '.join(live_only)}: only with --live NAMESPACE/NAME (a running topology)")
+    if args.file is None:
+        args.usage_error("give a manifest FILE, or --live NAMESPACE/NAME for a running topology")
+    args.json = args.json or args.output == "json"
     if not args.pareto and args.max_nodes is not None:
         args.usage_error("--max-nodes goes with --pareto; with --nodes N the node count is given")
     for flag, value in (("--nodes", args.nodes), ("--max-nodes", args.max_nodes)):
@@ -292,6 +348,97 @@ def describe_step(step: dict[str, Any] | Any) -> str:
         + (f" ({step['reason']})" if "reason" in step and "source" in step["reason"] else "")
         + (f" (skipped {skipped}: fed only through global)" if skipped else "")
     )
+
+
+def cmd_plan_live(args: argparse.Namespace) -> int:
+    """`plan --live NAMESPACE/NAME --nodes N`: the plan a scale request to N would make now, from the running
+    topology's schedule and metric window (`control.live_plan`), printed and never applied."""
+    import redis
+
+    from elastream.analysis import Analyzer
+    from elastream.control.live_plan import LivePlanError, TopologyRef, kubernetes_lister, plan_live, read_live
+    from elastream.store.registry import connect, redacted
+
+    if args.file is not None:
+        args.usage_error(f"--live reads the running topology; give its spec as --manifest {args.file}, not as FILE")
+    if args.pareto or args.metrics or args.max_nodes is not None:
+        args.usage_error("--live plans to --nodes N from the live window: leave out --pareto, --metrics, --max-nodes")
+    if args.nodes < 1 or args.nodes > MAX_NODES:
+        raise CommandError(f"--nodes: {args.nodes} is outside [1, {MAX_NODES}]; ask for 1 to {MAX_NODES} nodes")
+    url = args.redis_url or os.environ.get("ELASTREAM_REDIS_URL")
+    if not url:
+        raise CommandError(
+            "--redis-url: no URL; pass the topology's Redis URL or set ELASTREAM_REDIS_URL (the operator's pod "
+            "has it: kubectl exec -n elastream-system deploy/elastream -- elastream plan --live ...)"
+        )
+    try:
+        ref = TopologyRef.parse(args.live)
+    except LivePlanError as exc:
+        raise CommandError(str(exc)) from None
+    manifest = load_manifest(args.manifest) if args.manifest else None
+    client = connect(url, wait_s=LIVE_REDIS_WAIT_S)  # RedisUnavailable: one line, the URL redacted
+    try:
+        live = read_live(client, ref, redacted(url), manifest=manifest, kubernetes=kubernetes_lister)
+        result = plan_live(
+            client,
+            live,
+            args.nodes,
+            Analyzer(engine=args.engine),
+            window=args.window,
+            interval_s=args.interval,
+            strategy=args.strategy,
+            congestion_rate=args.congestion_rate,
+            seed=args.seed,
+        )
+    except LivePlanError as exc:
+        raise CommandError(str(exc)) from None
+    except redis.RedisError as exc:
+        # redis-py's messages name host and port, never the password; the URL is shown redacted
+        raise CommandError(
+            f"Redis at {redacted(url)} failed while reading {ref}: {type(exc).__name__}: {exc}; check that it is up"
+        ) from None
+    finally:
+        client.close()
+    if args.json or args.output == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_live_plan(result)
+    return 0
+
+
+#: seconds `plan --live` retries a Redis that does not answer before it gives up
+LIVE_REDIS_WAIT_S = 2.0
+
+
+def print_live_plan(result: LivePlan) -> None:
+    """The live what-if as text: where it read from, the window, then the plan as `plan` prints it."""
+    live, plan = result.live, result.plan
+    nodes = len(live.schedule.nodes)
+    print(
+        f"live {live.ref}: {nodes} nodes running (schedule version {live.version}"
+        + (f"; spec.nodes {live.spec_nodes}" if live.spec_nodes not in (None, nodes) else "")
+        + f"), spec from {live.where_spec()}"
+    )
+    analysis = result.analysis
+    age = max(0.0, time.time() - analysis.window_end)
+    print(
+        f"  window: {result.intervals} intervals of {result.interval_s:g} s up to {age:.1f} s ago, "
+        f"{analysis.samples_used} samples, {result.engine} analysis; congested now: "
+        + (", ".join(result.congested) or "none")
+    )
+    print_plan(live.topology, plan, analysis.snapshot, "measured now")
+    changes = plan.parallelism_changes
+    if changes:
+        print("  parallelism changes: " + ", ".join(f"{v} {a}->{b}" for v, (a, b) in changes.items()))
+    if plan.direction == "none":
+        print("nothing to apply")
+        return
+    how = (
+        f"kubectl scale topo {live.ref.name} -n {live.ref.namespace} --replicas={plan.to_nodes}"
+        if live.spec_from == "kubernetes"
+        else f"elastream scale FILE --nodes {plan.to_nodes}"
+    )
+    print(f"nothing applied; to apply: {how}")
 
 
 def _load_schedule(path: str, topology: Topology) -> Schedule:
