@@ -276,6 +276,10 @@ def run(options: OperatorOptions) -> int:
     handlers.POOL = pool
     host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
+        from elastream.control.topology_metrics import register_topology_metrics
+
+        # each topology's phase, conditions, nodes, checkpoint age and backlog, read at scrape time
+        register_topology_metrics(handlers.TOPOLOGIES, redis_client)
         start_http_server(options.metrics_port, addr=host)
     elector = None
     if options.leader_election is not None:
