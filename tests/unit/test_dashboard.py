@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_metrics_doc import documented
 
 from support.paths import REPO
 from support.prometheus import substitute, vector_selectors
@@ -30,41 +31,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: what the variables are set to when the queries are checked
 VARIABLES = {"namespace": "streams", "topology": "pageload"}
 
-#: the metrics elastream serves (issue 40's contract): name on the wire -> Prometheus type (a histogram is served
-#: as its _bucket, _sum and _count series)
-CONTRACT_METRICS: dict[str, str] = {
-    # the operator (and `elastream run --metrics-port`)
-    "elastream_topology_phase": "gauge",
-    "elastream_topology_condition": "gauge",
-    "elastream_topology_desired_nodes": "gauge",
-    "elastream_topology_nodes": "gauge",
-    "elastream_topology_ready_nodes": "gauge",
-    "elastream_source_backlog_events": "gauge",
-    "elastream_checkpoint_age_seconds": "gauge",
-    "elastream_checkpoint_duration_seconds": "gauge",
-    "elastream_checkpoint_interval_seconds": "gauge",
-    "elastream_rescales_total": "counter",
-    "elastream_rescale_duration_seconds": "histogram",
-    "elastream_rescale_pause_seconds": "histogram",
-    "elastream_last_rescale_pause_seconds": "gauge",
-    "elastream_recoveries_total": "counter",
-    "elastream_autoscaler_evaluation_errors_total": "counter",
-    "elastream_metric_samples_skipped_total": "counter",
-    "elastream_metric_reads_truncated_total": "counter",
-    "elastream_redis_memory_used_bytes": "gauge",
-    "elastream_redis_memory_limit_bytes": "gauge",
-    # every worker
-    "elastream_executor_received_total": "counter",
-    "elastream_executor_processed_total": "counter",
-    "elastream_executor_emitted_total": "counter",
-    "elastream_executor_errors_total": "counter",
-    "elastream_executor_busy_seconds_total": "counter",
-    "elastream_executor_queued_events": "gauge",
-    "elastream_sink_latency_seconds": "histogram",
-    "elastream_source_partition_lag": "gauge",
-    "elastream_data_plane_dropped_frames_total": "counter",
-    "elastream_data_plane_refused_handshakes_total": "counter",
-}
+#: the metrics elastream serves, from docs/metrics.md (which test_metrics_doc keeps equal to the code): name on
+#: the wire -> Prometheus type (a histogram is served as its _bucket, _sum and _count series)
+CONTRACT_METRICS: dict[str, str] = {name: kind for name, (kind, _) in documented().items()}
 #: the contract's metrics without namespace and topology labels (the operator's Redis)
 OPERATOR_WIDE = {"elastream_redis_memory_used_bytes", "elastream_redis_memory_limit_bytes"}
 #: each panel of the contract, by the metrics its queries must read
