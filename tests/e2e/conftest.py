@@ -466,14 +466,16 @@ SYSTEM = "elastream-system"
 def installed(helm, kubectl, kubelet) -> dict[str, Any]:
     """`helm install` the chart (operator, CRD, RBAC, bundled Redis) with its defaults and wait for it, once for
     the modules whose names start with test_operator (they run after test_leader.py, which installs and removes
-    a release of its own: two operators must never serve the same topologies). Two
-    values differ, both for what this tier is, not for elastream: pods share the host's network (one port
+    a release of its own: two operators must never serve the same topologies). Some
+    values differ, all for what this tier is, not for elastream: pods share the host's network (one port
     space: everything listens on its pod IP) and no registry can be reached (the bundled Redis comes from the
-    local base image)."""
+    local base image, the operator and worker images are the `dev` ones this tier builds)."""
     helm(
         "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
         "--set", "listenOnPodIP=true", "--set", "operator.logLevel=DEBUG",
         "--set", "redis.image=elastream-redis:dev",
+        # the images this tier builds and loads (the chart's default tag is its appVersion, a released image)
+        "--set", "operator.image.tag=dev", "--set", "worker.image.tag=dev",
         # a worker pod that cannot be placed fails its scaling after a minute here, not the default three
         "--set", "operator.workerStartTimeoutSeconds=60",
         "--wait", "--timeout", "6m",

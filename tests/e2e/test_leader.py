@@ -127,6 +127,7 @@ def two_replicas(helm, kubectl, kubelet):
     helm(
         "install", RELEASE, os.path.join(REPO, "charts", "elastream"), "--namespace", SYSTEM, "--create-namespace",
         "--set", "listenOnPodIP=true", "--set", "redis.image=elastream-redis:dev",
+        "--set", "operator.image.tag=dev", "--set", "worker.image.tag=dev",
         "--set", "redis.persistence.enabled=false",
         "--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=true",
         "--wait", "--timeout", "6m",

@@ -58,6 +58,9 @@ ELECTION_ARGS = [
     "--leader-elect-namespace", "$(POD_NAMESPACE)",
 ]  # fmt: skip
 LEASE = "elastream-operator"
+with open(os.path.join(CHART, "Chart.yaml"), encoding="utf-8") as _handle:
+    #: the images' tag when operator.image.tag and worker.image.tag are empty (their default)
+    APP_VERSION = str(yaml.safe_load(_handle)["appVersion"])
 
 #: rendering scenarios: name -> --set arguments
 SCENARIOS: dict[str, list[str]] = {
@@ -77,6 +80,7 @@ SCENARIOS: dict[str, list[str]] = {
     ],
     "watch-namespace": ["operator.watchNamespace=streams"],
     "replicas-2-watch-namespace": ["operator.replicas=2", "operator.watchNamespace=streams"],
+    "watch-namespaces": ["operator.watchNamespaces={streams,analytics}"],
     "persistence": [
         "redis.persistence.size=5Gi",
         "redis.persistence.storageClass=fast",
@@ -132,8 +136,8 @@ def find_helm() -> str | None:
     return max(built, key=os.path.getmtime) if built else None
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
+def helm_binary() -> str:
+    """find_helm's binary; without one the test fails, saying how to get it."""
     binary = find_helm()
     if binary is None:
         pytest.fail(
@@ -143,6 +147,11 @@ def helm() -> str:
             pytrace=False,
         )
     return binary
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return helm_binary()
 
 
 def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -257,12 +266,14 @@ def test_settings_that_cannot_work_fail_the_render(helm: str, values: list[str],
     assert proc.returncode != 0 and message in proc.stderr
 
 
-def leaf_paths(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
-    """Every value the schema describes that is not itself a group of described values."""
+def leaf_paths(schema: Mapping[str, Any], values: Any, prefix: str = "") -> Iterator[str]:
+    """Every value the schema describes that is not itself a group of described values. A closed object whose
+    default in `values` (values.yaml) is empty is one value, given whole (metrics.podMonitor.namespaceSelector)."""
     for name, sub in schema.get("properties", {}).items():
         path = f"{prefix}.{name}" if prefix else name
-        if "properties" in sub and sub.get("additionalProperties") is False:
-            yield from leaf_paths(sub, path)
+        default = values.get(name) if isinstance(values, Mapping) else None
+        if "properties" in sub and sub.get("additionalProperties") is False and default != {}:
+            yield from leaf_paths(sub, default, path)
         else:
             yield path
 
@@ -299,7 +310,7 @@ def test_the_default_values_pass_their_schema() -> None:
 
 def test_every_value_is_typed_described_commented_and_documented() -> None:
     values, schema = load_values(), load_values_schema()
-    paths = [p for p in leaf_paths(schema) if p != "global"]
+    paths = [p for p in leaf_paths(schema, values) if p != "global"]
     with open(os.path.join(CHART, "values.yaml"), encoding="utf-8") as handle:
         lines = handle.read().splitlines()
     with open(os.path.join(REPO, "docs", "chart.md"), encoding="utf-8") as handle:
@@ -355,6 +366,9 @@ CODE_CALLS: dict[str, tuple[str, str, str]] = {
     # ResourceApi: the status writer, the autoscaler's spec.nodes, the restart-from-scratch annotation
     "patch_namespaced_custom_object_status": ("elastream.dev", "streamtopologies/status", "patch"),
     "patch_namespaced_custom_object": ("elastream.dev", "streamtopologies", "patch"),
+    # `elastream plan --live` in the operator's pod (control.live_plan): one topology by a metadata.name field
+    # selector (the chart grants list, which kopf needs anyway, and no get)
+    "list_namespaced_custom_object": ("elastream.dev", "streamtopologies", "list"),
     # KubernetesEvents
     "create_namespaced_event": ("", "events", "create"),
     # KubernetesBackend: worker pods, the topology's ConfigMap and Secret
@@ -524,7 +538,7 @@ def test_the_operator_runs_locked_down(render: Any) -> None:
 def test_the_operator_container(render: Any) -> None:
     docs = render("default")
     operator = container(docs)
-    assert operator["image"] == "elastream-operator:dev"
+    assert operator["image"] == f"elastream-operator:{APP_VERSION}"  # the chart's own release of the images
     assert operator["imagePullPolicy"] == "IfNotPresent"
     assert operator["command"] == ["elastream", "operator"]
     assert operator["args"] == ["--all-namespaces", *ELECTION_ARGS, "--engine", "spark", *TIMEOUT_ARGS]
@@ -535,7 +549,7 @@ def test_the_operator_container(render: Any) -> None:
     assert operator["resources"]["requests"] and operator["resources"]["limits"]
     env = env_of(operator)
     assert env["ELASTREAM_REDIS_URL"] == {"secretKeyRef": {"name": REDIS, "key": "url"}}
-    assert env["ELASTREAM_WORKER_IMAGE"] == "elastream-worker:dev"
+    assert env["ELASTREAM_WORKER_IMAGE"] == f"elastream-worker:{APP_VERSION}"
     assert env["ELASTREAM_SPARK_MASTER"] == "" and env["ELASTREAM_SPARK_CONF"] == ""
     assert env["ELASTREAM_LOG_LEVEL"] == "INFO"
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}

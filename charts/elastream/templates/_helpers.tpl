@@ -63,6 +63,22 @@ operator's own default; it creates the Lease when it is missing).
 */}}
 {{- define "elastream.leaseName" -}}elastream-operator{{- end }}
 
+{{/*
+The namespaces the operator watches, as a JSON list (read it with `include ... | fromJsonArray`): empty for every
+namespace. operator.watchNamespaces wins; else operator.watchNamespace, the one-namespace form of chart 0.1 (a string,
+or a list as watchNamespaces is).
+*/}}
+{{- define "elastream.watchNamespaces" -}}
+{{- $single := .Values.operator.watchNamespace }}
+{{- if .Values.operator.watchNamespaces }}
+{{- .Values.operator.watchNamespaces | toJson }}
+{{- else if kindIs "string" $single }}
+{{- compact (list $single) | toJson }}
+{{- else }}
+{{- $single | default (list) | toJson }}
+{{- end }}
+{{- end }}
+
 {{/* The bundled Redis' StatefulSet, Service and Secret: "<release>-redis". */}}
 {{- define "elastream.redisName" -}}
 {{- printf "%s-redis" .Release.Name | trunc 63 | trimSuffix "-" }}
