@@ -201,6 +201,38 @@ def test_a_service_monitor_without_the_metrics_service_fails_the_render(helm: st
     assert "metrics.serviceMonitor.enabled" in message and "operator.metrics.service.enabled=false" in message
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            ["metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.interval=5s"],
+            "metrics.serviceMonitor: scrapeTimeout (10s) is longer than interval (5s)",
+        ),
+        (
+            [
+                "metrics.podMonitor.enabled=true",
+                "metrics.podMonitor.interval=1m",
+                "metrics.podMonitor.scrapeTimeout=1m1s",
+            ],
+            "metrics.podMonitor: scrapeTimeout (1m1s) is longer than interval (1m)",
+        ),
+    ],
+)
+def test_a_scrape_timeout_longer_than_the_interval_fails_the_render(helm: str, values: list[str], message: str) -> None:
+    assert message in failed_render(helm, *values)
+
+
+@pytest.mark.parametrize(
+    ("interval", "timeout"), [("1m", "59s999ms"), ("1h", "10s"), ("2m", "1m30s"), ("", "10s"), ("30s", "")]
+)
+def test_a_scrape_timeout_within_the_interval_renders(template: Any, interval: str, timeout: str) -> None:
+    values = ("metrics.podMonitor.enabled=true", f"metrics.podMonitor.interval={interval}")
+    monitor = one(template(*values, f"metrics.podMonitor.scrapeTimeout={timeout}"), "PodMonitor")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint.get("interval", ""), endpoint.get("scrapeTimeout", "")) == (interval, timeout)
+    assert crd_problems(monitor) == []
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the PodMonitor
 

@@ -119,6 +119,17 @@ or a list as watchNamespaces is).
 {{/* Where the operator finds the CA that signed Redis' certificate (named in the URL: ssl_ca_certs). */}}
 {{- define "elastream.redisCAPath" -}}/etc/elastream/redis-tls/ca.crt{{- end }}
 
+{{/* A Prometheus duration (1h30m, 15s, 500ms; the values schema checks the form) in milliseconds. */}}
+{{- define "elastream.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
+{{- $total := 0 }}
+{{- range regexFindAll "[0-9]+(ms|[smhdwy])" . -1 }}
+{{- $unit := regexFind "(ms|[smhdwy])$" . }}
+{{- $total = add $total (mul (trimSuffix $unit . | int64) (get $units $unit)) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
 {{/* Checks across values that the schema cannot express; fails the render with what to set. */}}
 {{- define "elastream.validateValues" -}}
 {{- $election := .Values.operator.leaderElection }}
@@ -138,6 +149,13 @@ or a list as watchNamespaces is).
 {{- end }}
 {{- if and (include "elastream.redisTLS" .) .Values.redis.tls.existingSecret .Values.redis.tls.certManager.enabled }}
 {{- fail "redis.tls: set either existingSecret (your own certificate) or certManager.enabled (cert-manager issues one), not both" }}
+{{- end }}
+{{- range $name, $monitor := pick .Values.metrics "serviceMonitor" "podMonitor" }}
+{{- if and $monitor.enabled $monitor.interval $monitor.scrapeTimeout }}
+{{- if gt (include "elastream.durationMs" $monitor.scrapeTimeout | int64) (include "elastream.durationMs" $monitor.interval | int64) }}
+{{- fail (printf "metrics.%s: scrapeTimeout (%s) is longer than interval (%s), which Prometheus refuses; shorten scrapeTimeout or lengthen interval" $name $monitor.scrapeTimeout $monitor.interval) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if not .Values.redis.enabled }}
 {{- if and .Values.redis.external.url .Values.redis.external.existingSecret }}
