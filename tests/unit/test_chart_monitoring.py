@@ -12,6 +12,7 @@ import copy
 import functools
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -369,6 +370,21 @@ def test_the_dashboard_config_map_holds_the_charts_dashboard_for_grafanas_sideca
         template("metrics.dashboard.enabled=true", "metrics.dashboard.labels.grafana_dashboard=elastream")
     )
     assert other[0]["metadata"]["labels"]["grafana_dashboard"] == "elastream"
+
+
+@pytest.mark.parametrize(
+    ("value", "file"),
+    [("metrics.prometheusRule.enabled", "files/alerts.yaml"), ("metrics.dashboard.enabled", "files/dashboard.json")],
+)
+def test_a_chart_copy_without_its_files_fails_the_render_rather_than_ship_nothing(
+    helm: str, tmp_path: Any, value: str, file: str
+) -> None:
+    chart = os.path.join(tmp_path, "elastream")
+    shutil.copytree(CHART, chart)  # crds/ is a symlink to the repository's CRD: copied as the file it names
+    os.remove(os.path.join(chart, file))
+    proc = run_helm(helm, "template", RELEASE, chart, "--set", f"{value}=true", check=False)
+    assert proc.returncode != 0 and f"{value}: the chart has no {file}" in proc.stderr
+    run_helm(helm, "template", RELEASE, chart)  # off, the chart renders without it
 
 
 def test_everything_on_renders_valid_objects(helm: str, template: Any) -> None:
