@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -377,19 +379,26 @@ def cmd_plan_live(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     manifest = load_manifest(args.manifest) if args.manifest else None
     client = connect(url, wait_s=LIVE_REDIS_WAIT_S)  # RedisUnavailable: one line, the URL redacted
+    analysis_log = logging.getLogger("elastream.analysis")
+    quiet = analysis_log.disabled
+    analysis_log.disabled = True  # a Spark fallback is said once below, as `warning:` (as `analyze` does)
     try:
-        live = read_live(client, ref, redacted(url), manifest=manifest, kubernetes=kubernetes_lister)
-        result = plan_live(
-            client,
-            live,
-            args.nodes,
-            Analyzer(engine=args.engine),
-            window=args.window,
-            interval_s=args.interval,
-            strategy=args.strategy,
-            congestion_rate=args.congestion_rate,
-            seed=args.seed,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)  # the analysis' fallback notices, not others
+            live = read_live(client, ref, redacted(url), manifest=manifest, kubernetes=kubernetes_lister)
+            result = plan_live(
+                client,
+                live,
+                args.nodes,
+                Analyzer(engine=args.engine),
+                window=args.window,
+                interval_s=args.interval,
+                strategy=args.strategy,
+                congestion_rate=args.congestion_rate,
+                seed=args.seed,
+            )
+        for warning in caught:
+            print(f"warning: {warning.message}", file=sys.stderr)
     except LivePlanError as exc:
         raise CommandError(str(exc)) from None
     except redis.RedisError as exc:
@@ -398,6 +407,7 @@ def cmd_plan_live(args: argparse.Namespace) -> int:
             f"Redis at {redacted(url)} failed while reading {ref}: {type(exc).__name__}: {exc}; check that it is up"
         ) from None
     finally:
+        analysis_log.disabled = quiet
         client.close()
     if args.json or args.output == "json":
         print(json.dumps(result.to_dict(), indent=2))
