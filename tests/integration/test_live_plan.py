@@ -173,6 +173,7 @@ def test_plan_live_reads_only_and_says_what_it_cannot_answer(tmp_path, redis_url
     _reported(client, stopped, now - 200.0)
     other = write_manifest(str(tmp_path), manifest([src("s"), sink("z")], [edge("s", "z")], name="other"))
     bare_file = write_manifest(str(tmp_path), _chain("bare"))
+    client.set(f"elastream:{{{NAMESPACE}/garbled}}:schedule", "{not a schedule")
     before = _everything(client)
     no_cluster = {"KUBECONFIG": str(tmp_path / "no-kubeconfig"), "KUBERNETES_SERVICE_HOST": ""}
 
@@ -192,7 +193,7 @@ def test_plan_live_reads_only_and_says_what_it_cannot_answer(tmp_path, redis_url
     unknown = refused(f"{NAMESPACE}/nope")
     assert "no topology analytics/nope runs on Redis at " in unknown
     assert "no key elastream:{analytics/nope}:schedule" in unknown
-    assert "topologies there: analytics/bare, analytics/stopped, analytics/synthetic" in unknown
+    assert "topologies there: analytics/bare, analytics/garbled, analytics/stopped, analytics/synthetic" in unknown
     assert "--manifest names default/other, not analytics/synthetic" in refused(
         f"{NAMESPACE}/synthetic", "--manifest", other
     )
@@ -202,6 +203,7 @@ def test_plan_live_reads_only_and_says_what_it_cannot_answer(tmp_path, redis_url
     empty = refused(f"{NAMESPACE}/bare", "--manifest", bare_file)
     assert "the metric window has 0 of 8 intervals (no worker has reported yet" in empty
     assert "or lower --window" in empty
+    assert "Redis key elastream:{analytics/garbled}:schedule is not a schedule" in refused(f"{NAMESPACE}/garbled")
     stale = refused(f"{NAMESPACE}/stopped")
     assert "the newest metric sample of analytics/stopped is" in stale and "not reporting" in stale
 

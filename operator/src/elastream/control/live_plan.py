@@ -56,7 +56,7 @@ from elastream.control.metrics import StreamMetricSource, hot_window_budget
 from elastream.control.resource_api import GROUP, PLURAL, VERSION, topology_from_resource
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.planner import Plan, make_plan
-from elastream.core.schedule import Schedule
+from elastream.core.schedule import Schedule, ScheduleError
 from elastream.core.topology import MAX_NODES, Topology, TopologyError, parse_manifest, topology_prefix
 from elastream.core.window_analysis import GRID_SLACK, Analysis, check_window_args
 from elastream.store.codec import optional_text
@@ -180,7 +180,14 @@ def read_live(
     """The running topology `ref` on the Redis `client` reaches (`where`: its redacted URL, for messages);
     its spec from `manifest`, else the manifest kept in Redis, else the resource through `kubernetes()` (a
     lister, or None and why there is no API). Raises `LivePlanError` naming what was looked for."""
-    running = Registry(client, ref.prefix).schedule()
+    try:
+        running = Registry(client, ref.prefix).schedule()
+    except (ValueError, KeyError, TypeError, ScheduleError) as exc:  # the key is under the prefix its workers write
+        reason = " ".join(str(exc).split())[:120]
+        raise LivePlanError(
+            f"Redis key {ref.prefix}schedule is not a schedule ({type(exc).__name__}: {reason}); "
+            "is the topology being recreated? ask again once it runs"
+        ) from None
     if running is None:
         known = known_topologies(client)
         raise LivePlanError(
