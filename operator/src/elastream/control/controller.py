@@ -42,7 +42,7 @@ from elastream.core.autoscaling.decision import AutoscalerState, Recommendation
 from elastream.core.metrics import MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Direction, Outcome
-from elastream.core.planner import Plan, PlanningError, make_plan
+from elastream.core.planner import Plan, PlanningError, plan_request
 from elastream.core.ports import (
     Backend,
     BackendError,
@@ -524,17 +524,7 @@ class TopologyController:
         throughput in that window."""
         if snapshot is None:
             snapshot = self.metrics.snapshot(self.topology.scaling.window)
-        throughput = sum(snapshot.vertices[s].processing_rate for s in self.topology.sinks)
-        plan = make_plan(
-            self.topology,
-            self.backend.current_schedule(),
-            snapshot,
-            nodes,
-            self.topology.scaling.strategy,
-            self.topology.scaling.congestion_rate,
-            parallelism=parallelism,
-        )
-        return plan, throughput
+        return plan_request(self.topology, self.backend.current_schedule(), snapshot, nodes, parallelism)
 
     def scale_to(
         self,

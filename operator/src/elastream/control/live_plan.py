@@ -26,9 +26,9 @@ plus `SETTLE_INTERVALS`, as the controller cuts it, and since the newest start o
 an error saying how many there are ("wait or lower --window"); so is a stream whose newest sample is older
 than `STALE_S` (the workers are not reporting: stopped or suspended).
 
-The plan. `core.planner.make_plan` on the running schedule, the snapshot, N, the spec's strategy and
-congestion rate: the call `TopologyController.plan` makes for a scale request (a unit test checks both give
-the same plan), and the sinks' processing rate in the window as the throughput now. The prediction is the
+The plan. `core.planner.plan_request` on the running schedule, the snapshot, N, the spec's strategy and
+congestion rate: the one call `TopologyController.plan` makes for a scale request too, with the sinks'
+processing rate in the window as the throughput now. The prediction is the
 fluid model's throughput of the planned schedule, calibrated from the window.
 
 Read-only. Nothing is written to Redis or the API: no scale request, no status field, no archive cursor, no
@@ -55,7 +55,7 @@ from elastream.control.local_mode import status_key
 from elastream.control.metrics import StreamMetricSource, hot_window_budget
 from elastream.control.resource_api import GROUP, PLURAL, VERSION, topology_from_resource
 from elastream.core.metrics import MetricSample, MetricSnapshot
-from elastream.core.planner import Plan, make_plan
+from elastream.core.planner import Plan, plan_request
 from elastream.core.schedule import Schedule, ScheduleError
 from elastream.core.topology import MAX_NODES, Topology, TopologyError, parse_manifest, topology_prefix
 from elastream.core.window_analysis import GRID_SLACK, Analysis, check_window_args
@@ -491,20 +491,18 @@ def plan_window(
     parallelism: Mapping[str, int] | None = None,
 ) -> tuple[Plan, float]:
     """The plan a scale request to `nodes` makes from the analysed window `snapshot`, and the sinks' throughput
-    in it: `make_plan` on the running schedule with the spec's strategy and congestion rate, the call
-    `TopologyController.plan` makes (unless `strategy`, `congestion_rate` say otherwise)."""
-    topology = live.topology
-    plan = make_plan(
-        topology,
+    in it: `plan_request` on the running schedule, as `TopologyController.plan` calls it (unless `strategy`,
+    `congestion_rate` say otherwise)."""
+    return plan_request(
+        live.topology,
         live.schedule,
         snapshot,
         nodes,
-        strategy or topology.scaling.strategy,
-        topology.scaling.congestion_rate if congestion_rate is None else congestion_rate,
+        parallelism,
+        strategy=strategy,
+        congestion_rate=congestion_rate,
         seed=seed,
-        parallelism=parallelism,
     )
-    return plan, sum(snapshot.vertices[s].processing_rate for s in topology.sinks)
 
 
 def _no_samples(client: redis.Redis, live: LiveTopology, not_before: float) -> str:

@@ -23,7 +23,7 @@ from elastream.core.schedule import Schedule, fresh_node_names
 from elastream.core.simulate import SimulationModel, simulate
 from elastream.core.topology import STRATEGIES, Topology
 
-__all__ = ["STRATEGIES", "EtpTable", "Plan", "PlanningError", "etp_table", "make_plan"]
+__all__ = ["STRATEGIES", "EtpTable", "Plan", "PlanningError", "etp_table", "make_plan", "plan_request"]
 
 
 def make_plan(
@@ -78,6 +78,33 @@ def make_plan(
     except ValueError:
         predicted = None  # an unbounded source: no prediction, the plan itself stands
     return Plan(strategy, direction, schedule, new_schedule, predicted, steps)
+
+
+def plan_request(
+    topology: Topology,
+    schedule: Schedule,
+    snapshot: MetricSnapshot,
+    nodes: int,
+    parallelism: Mapping[str, int] | None = None,
+    *,
+    strategy: str | None = None,
+    congestion_rate: float | None = None,
+    seed: int = 0,
+) -> tuple[Plan, float]:
+    """The plan a scale request to `nodes` makes from the analysed window `snapshot` (the spec's strategy and
+    congestion rate unless given), and the sinks' throughput in that window: what the controller carries out
+    and what `elastream plan --live` shows, one call for both."""
+    plan = make_plan(
+        topology,
+        schedule,
+        snapshot,
+        nodes,
+        strategy or topology.scaling.strategy,
+        topology.scaling.congestion_rate if congestion_rate is None else congestion_rate,
+        seed=seed,
+        parallelism=parallelism,
+    )
+    return plan, sum(snapshot.vertices[s].processing_rate for s in topology.sinks)
 
 
 def _strategy_plan(
