@@ -91,7 +91,8 @@ class Prometheus:
 
     def start(self, timeout_s: float = 60.0) -> Prometheus:
         with open(self.config_file, "w", encoding="utf-8") as handle:
-            yaml.safe_dump(self.config, handle, sort_keys=False)
+            # through JSON first: a dict shared by two jobs would be written as a YAML anchor and alias
+            yaml.safe_dump(json.loads(json.dumps(self.config)), handle, sort_keys=False)
         for _attempt in range(3):  # a free port can be taken between the probe and Prometheus' bind
             self.port = free_port()
             self._spawn()
