@@ -16,7 +16,8 @@
 #     must be those of a commit, which it prints;
 #   - charts/elastream/Chart.yaml's version or appVersion is not the package's version;
 #   - CHANGELOG.md has no section `## [<v>]` (a section still dated `unreleased` is only warned about: date it,
-#     `## [<v>] - YYYY-MM-DD`, in the commit you publish).
+#     `## [<v>] - YYYY-MM-DD`, in the commit you publish);
+# and after packaging the chart, when the chart installed with its defaults would not run the images of <v>.
 #
 # Environment:
 #   RELEASE_SKIP_IMAGES=1  build no images and save none: only the chart and SHA256SUMS (for the unit test and
@@ -111,7 +112,17 @@ for name in "${images[@]}"; do rm -f "$DIST/elastream-$name-$VERSION.tar.gz"; do
 
 "$HELM" package charts/elastream -d "$DIST" >/dev/null
 [ -f "$DIST/$chart" ] || die "helm package wrote no $DIST/$chart"
-log "chart: $chart"
+# installed with its defaults, the packaged chart must run the images of this release, not :dev
+rendered=$("$HELM" template elastream "$DIST/$chart") || die "helm template of $DIST/$chart failed (above)"
+for image in "elastream-operator:$VERSION" "elastream-worker:$VERSION"; do
+    if ! grep -q "\"$image\"" <<<"$rendered"; then
+        rm -f "$DIST/$chart"
+        die "the chart's defaults do not run $image (they name: $(grep -o '"elastream-[a-z]*:[^"]*"' \
+            <<<"$rendered" | sort -u | tr '\n' ' ')): leave operator.image.tag and worker.image.tag empty in" \
+            "charts/elastream/values.yaml (the chart's appVersion)"
+    fi
+done
+log "chart: $chart (its defaults run elastream-operator:$VERSION and elastream-worker:$VERSION)"
 
 if [ "$skip_images" = 1 ]; then
     log "images skipped (RELEASE_SKIP_IMAGES=1): not a complete release, only the chart and its checksum"

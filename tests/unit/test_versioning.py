@@ -163,6 +163,23 @@ def test_release_refuses_a_chart_of_another_version(tmp_path: Path) -> None:
     assert "appVersion" in done.stderr and "9.9.9" in done.stderr and __version__ in done.stderr
 
 
+def test_release_refuses_a_chart_whose_defaults_run_other_images(tmp_path: Path) -> None:
+    if find_helm() is None:
+        pytest.fail("no helm binary (see tests/unit/test_chart.py: scripts/k8s-tools.sh helm)", pytrace=False)
+    repo = release_repo(tmp_path)
+    values = repo / "charts" / "elastream" / "values.yaml"
+    # operator.image.tag and worker.image.tag (the only keys `tag` at that depth) pinned to the local builds' tag
+    pinned, count = re.subn(r"(?m)^    tag: .*$", "    tag: dev", values.read_text())
+    assert count == 2
+    values.write_text(pinned)
+    git(repo, "commit", "-q", "-am", "images pinned to dev")
+    done = release(repo)
+    assert done.returncode != 0
+    assert f"the chart's defaults do not run elastream-operator:{__version__}" in done.stderr
+    assert '"elastream-operator:dev"' in done.stderr  # what they do run
+    assert not (repo / "dist" / "SHA256SUMS").exists() and not (repo / "dist" / f"elastream-{__version__}.tgz").exists()
+
+
 def test_release_packages_the_chart_and_writes_checksums(tmp_path: Path) -> None:
     if find_helm() is None:
         pytest.fail("no helm binary (see tests/unit/test_chart.py: scripts/k8s-tools.sh helm)", pytrace=False)
