@@ -12,13 +12,16 @@ and `stop()` removes the storage directory (the log stays beside it only when `k
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -372,3 +375,134 @@ def with_for_at_most(groups: Sequence[Mapping[str, Any]], at_most: str) -> list[
         if "for" in rule and duration_seconds(str(rule["for"])) > limit:
             rule["for"] = at_most
     return copy
+
+
+# ---- Kubernetes pod discovery for a Prometheus built without it ---------------------------------------------------
+def _meta_name(name: str) -> str:
+    """A Kubernetes label's or annotation's name as Prometheus' service discovery spells it in __meta_* labels."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def pod_targets(pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The target groups Prometheus' `kubernetes_sd_configs` role `pod` makes of `pods` (items of a PodList): one
+    group per pod, one target per container port (a container without ports: one target at the pod IP), with the
+    same `__meta_kubernetes_*` labels (namespace, pod name, IP, phase, ready, node, labels and labelpresent,
+    annotations, container name, image, port name, number and protocol, controller kind and name)."""
+    groups: list[dict[str, Any]] = []
+    for pod in pods:
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        if not ip:
+            continue  # not placed or not started yet: Prometheus lists no target for it either
+        ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), "unknown")
+        common = {
+            "__meta_kubernetes_namespace": meta.get("namespace", ""),
+            "__meta_kubernetes_pod_name": meta.get("name", ""),
+            "__meta_kubernetes_pod_ip": ip,
+            "__meta_kubernetes_pod_uid": meta.get("uid", ""),
+            "__meta_kubernetes_pod_phase": status.get("phase", ""),
+            "__meta_kubernetes_pod_ready": str(ready).lower(),
+            "__meta_kubernetes_pod_node_name": spec.get("nodeName", ""),
+            "__meta_kubernetes_pod_host_ip": status.get("hostIP", ""),
+        }
+        for kind, values in (("label", meta.get("labels") or {}), ("annotation", meta.get("annotations") or {})):
+            for key, value in values.items():
+                common[f"__meta_kubernetes_pod_{kind}_{_meta_name(key)}"] = str(value)
+                common[f"__meta_kubernetes_pod_{kind}present_{_meta_name(key)}"] = "true"
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+        if owner is not None:
+            common["__meta_kubernetes_pod_controller_kind"] = owner.get("kind", "")
+            common["__meta_kubernetes_pod_controller_name"] = owner.get("name", "")
+        targets: list[tuple[str, dict[str, str]]] = []
+        for container in spec.get("containers") or []:
+            labels = {
+                "__meta_kubernetes_pod_container_name": container.get("name", ""),
+                "__meta_kubernetes_pod_container_image": container.get("image", ""),
+                "__meta_kubernetes_pod_container_init": "false",
+            }
+            ports = container.get("ports") or []
+            if not ports:
+                targets.append((ip, labels))
+            for port in ports:
+                targets.append((f"{ip}:{port['containerPort']}", {
+                    **labels,
+                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                    "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP"),
+                }))  # fmt: skip
+        # http_sd: one group per distinct label set (a group's labels apply to all its targets)
+        for address, labels in targets:
+            groups.append({"targets": [address], "labels": {**common, **labels}})
+    return groups
+
+
+class KubernetesPodDiscovery:
+    """Prometheus' Kubernetes service discovery, role `pod`, served over HTTP service discovery.
+
+    Debian's `prometheus` package is built without the Kubernetes discoverer (`kubernetes_sd_configs` is an
+    unknown field there). This lists the pods from the API server at `api_server` as Prometheus would, with a
+    bearer token (`token_file`: an identity allowed to list pods) and the server's CA, each time Prometheus asks,
+    and answers with the targets and `__meta_kubernetes_pod_*` labels of `pod_targets`: the relabelings written
+    for `role: pod` (the Prometheus Operator's, from a PodMonitor) apply to them unchanged. `sd_config(namespaces)`
+    is the `http_sd_configs` entry that stands for `kubernetes_sd_configs: [{role: pod, namespaces: ...}]`."""
+
+    def __init__(self, api_server: str, token_file: str, ca_file: str, refresh_interval: str = "2s") -> None:
+        self.api_server = api_server.rstrip("/")
+        self.token_file = token_file
+        self.context = ssl.create_default_context(cafile=ca_file)
+        self.refresh_interval = refresh_interval
+        self.errors: list[str] = []  # what listing the pods answered when it failed (for failure messages)
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    def start(self) -> KubernetesPodDiscovery:
+        discovery = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                namespaces = [n for n in ",".join(query.get("namespaces", [])).split(",") if n]
+                try:
+                    body = json.dumps(pod_targets(discovery.pods(namespaces))).encode()
+                    self.send_response(200)
+                except (OSError, ValueError) as exc:  # Prometheus keeps the last targets and asks again
+                    discovery.errors.append(str(exc))
+                    body = str(exc).encode()
+                    self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="pod-discovery").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}/pods"
+
+    def pods(self, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+        """The pods of `namespaces` (none: every namespace), as the API server lists them to the token's identity."""
+        with open(self.token_file, encoding="utf-8") as handle:
+            token = handle.read().strip()
+        paths = [f"/api/v1/namespaces/{ns}/pods" for ns in namespaces] or ["/api/v1/pods"]
+        items: list[dict[str, Any]] = []
+        for path in paths:
+            request = urllib.request.Request(self.api_server + path, headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, context=self.context, timeout=10) as resp:
+                items += json.loads(resp.read())["items"]
+        return items
+
+    def sd_config(self, namespaces: Sequence[str] | None = None) -> dict[str, Any]:
+        query = f"?namespaces={','.join(namespaces)}" if namespaces else ""
+        return {"url": self.url + query, "refresh_interval": self.refresh_interval}
