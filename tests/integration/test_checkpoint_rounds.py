@@ -15,7 +15,7 @@ from elastream.control.checkpoints import FAILED_ROUNDS_BACKOFF_CAP_S, Checkpoin
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
 from elastream.store.checkpoint import CheckpointStore
-from support.fakes import FakeBackend
+from support.fakes import FakeBackend, ManualClock
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +33,6 @@ MANIFEST = {
         "streams": [{"from": "source", "to": "sink"}],
     },
 }
-
-
-class ManualClock:
-    """Time moves only when the test says (a round's deadline and the backoff are on it)."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 class SilentWorkers(FakeBackend):

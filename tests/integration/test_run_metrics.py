@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from elastream.control.backends.local import node_host
 from elastream.control.topology_metrics import RedisMemory
 from elastream.core.status import PHASES
+from support.fakes import ManualClock
 from support.harness import read_log, run_scale, start_run, stop_run, write_manifest
 from support.manifests import in_line, sink, src
 from support.ports import free_port
@@ -134,20 +135,9 @@ def test_run_serves_the_topologys_series_and_each_worker_its_own(tmp_path, redis
     assert f"metrics at http://127.0.0.1:{port}/metrics" in read_log(log_path)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-
 def test_redis_memory_is_asked_once_per_period_and_an_away_redis_gives_nothing(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    clock = Clock()
+    clock = ManualClock()
     memory = RedisMemory(client, clock, wait_s=10.0)  # type: ignore[arg-type]
     used, limit = memory.read() or (0.0, -1.0)
     assert used > 0 and limit >= 0

@@ -234,6 +234,27 @@ class ListEvents:
         self.events.append((reason, message, warning))
 
 
+class ManualClock:
+    """Time moves only when the test moves it (`t`, `sleep`, `wait`): a deadline, a backoff or an age is then
+    exactly what the test set."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def wait(self, stop: Any, seconds: float) -> bool:
+        self.t += seconds
+        return False
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.t = 1000.0

@@ -32,6 +32,7 @@ from elastream.control.topology_metrics import (
 from elastream.core.outcomes import Direction, Outcome
 from elastream.core.status import PHASES
 from elastream.core.topology import parse_manifest
+from support.fakes import ManualClock
 from support.manifests import edge, manifest, sink, src
 from support.ports import free_port
 
@@ -60,26 +61,6 @@ def by_name(samples: list[Sample]) -> dict[str, dict[tuple[str, ...], float]]:
         assert sample.labels not in found.get(sample.name, {}), f"duplicate {sample}"
         found.setdefault(sample.name, {})[sample.labels] = sample.value
     return found
-
-
-class Clock:
-    """Wall time that moves only when the test moves it."""
-
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def now(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-
-    def wait(self, stop: Any, seconds: float) -> bool:
-        self.t += seconds
-        return False
 
 
 # ------------------------------------------------------------------------------------------- the mapping
@@ -149,7 +130,7 @@ def test_malformed_status_fields_are_skipped_not_raised() -> None:
 class Driver:
     """What `Checkpointer.tick` asks of its driver: a round begun, and its result once the test gives one."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.round_open = False
         self.results: list[CheckpointResult] = []
@@ -166,7 +147,7 @@ class Driver:
 
 
 def test_the_checkpoint_age_counts_from_the_last_round_that_completed() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000_000.0)
     driver = Driver(clock)
     checkpointer = Checkpointer(driver, interval_s=10.0, own_thread=False).start()  # type: ignore[arg-type]
     topology = parse_manifest(
@@ -287,7 +268,7 @@ def test_a_topology_whose_reading_fails_is_skipped_and_a_failing_registry_gives_
     def broken() -> list[TopologyReading]:
         raise RuntimeError("the registry is being rebuilt")
 
-    families = list(TopologyCollector(broken, Clock()).collect())
+    families = list(TopologyCollector(broken, ManualClock(1_000_000.0)).collect())
     assert {f.name for f in families} == set(FAMILIES) and all(not f.samples for f in families)
 
 
@@ -300,9 +281,9 @@ def _refused_client() -> redis.Redis:
 
 
 def test_a_redis_that_does_not_answer_gives_no_memory_series() -> None:
-    memory = RedisMemory(_refused_client(), Clock())
+    memory = RedisMemory(_refused_client(), ManualClock(1_000_000.0))
     assert memory.read() is None
-    families = {f.name: f for f in TopologyCollector(list, Clock(), memory).collect()}
+    families = {f.name: f for f in TopologyCollector(list, ManualClock(1_000_000.0), memory).collect()}
     assert families["elastream_redis_memory_used_bytes"].samples == []
     assert families["elastream_redis_memory_limit_bytes"].samples == []
 
