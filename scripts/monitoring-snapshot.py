@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))  # support/
 sys.path.insert(0, os.path.join(HERE, os.pardir, "operator", "src"))
 from elastream.control.backends.local import node_host  # noqa: E402
+from support.harness import log_tail  # noqa: E402
 from support.paths import REPO  # noqa: E402
 from support.ports import free_port  # noqa: E402
 from support.prometheus import (  # noqa: E402
@@ -84,22 +85,14 @@ def wait_serving(url: str, pattern: str, run: subprocess.Popen[bytes], log: str,
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if run.poll() is not None:
-            raise SystemExit(f"elastream run exited ({run.returncode}):\n{tail(log)}")
+            raise SystemExit(f"elastream run exited ({run.returncode}):\n{log_tail(log, 30)}")
         try:
             if re.search(pattern, get(url)):
                 return
         except OSError:
             pass
         time.sleep(1.0)
-    raise SystemExit(f"{url} did not serve {pattern!r} within {timeout_s:g} s:\n{tail(log)}")
-
-
-def tail(path: str, lines: int = 30) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
+    raise SystemExit(f"{url} did not serve {pattern!r} within {timeout_s:g} s:\n{log_tail(log, 30)}")
 
 
 def scale(manifest: str, redis_url: str, nodes: int) -> float:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from support.harness import log_tail
 from support.ports import free_port
 
 SERVICE_CIDR = "127.96.0.0/16"
@@ -159,14 +160,6 @@ def _unverified_tls() -> ssl.SSLContext:
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     return ctx
-
-
-def log_tail(path: str, lines: int = 40) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
 
 
 @dataclass

@@ -64,6 +64,15 @@ def read_log(path: str) -> str:
         return handle.read()
 
 
+def log_tail(path: str, lines: int = 40) -> str:
+    """A log's last `lines` lines for a failure message (what stands instead when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
 def write_manifest(directory: str, doc: dict[str, Any]) -> str:
     path = os.path.join(directory, f"{doc['metadata']['name']}.yaml")
     with open(path, "w", encoding="utf-8") as handle:

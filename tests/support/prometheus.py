@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from support.harness import log_tail
 from support.ports import free_port
 
 
@@ -167,11 +168,7 @@ class Prometheus:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log, encoding="utf-8", errors="replace") as handle:
-                return "".join(handle.readlines()[-lines:])
-        except OSError as exc:
-            return f"(no log: {exc})"
+        return log_tail(self.log, lines)
 
     # ---- the HTTP API ----------------------------------------------------------------------------------------
     def api(self, path: str, params: Mapping[str, Any] | None = None, timeout_s: float = 15.0) -> Any:
