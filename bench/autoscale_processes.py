@@ -94,7 +94,7 @@ import autoscale as paper
 from elastream.control.backends.local import EmbeddedRedis
 from elastream.core.rates import RateProfile
 from elastream.core.topology import API_VERSION, KIND, Topology, parse_manifest
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.sim import autoscaling as sim
 from elastream.sim import scenario
 from elastream.store.registry import Registry

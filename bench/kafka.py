@@ -427,7 +427,7 @@ def running(ctx: Context, doc: dict[str, Any]) -> Any:
     from elastream.analysis import Analyzer
     from elastream.control.backends.local import LocalCluster
     from elastream.control.local_mode import local_controller
-    from elastream.resources import load_manifest
+    from elastream.crd import load_manifest
     from support.harness import write_manifest
 
     path = write_manifest(ctx.directory, doc)

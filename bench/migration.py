@@ -59,14 +59,14 @@ from support.paths import REPO
 sys.path.insert(0, os.path.join(REPO, "operator", "src"))
 
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.core.planner import make_plan
 from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import Topology
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import client_for
 from latency import (
@@ -321,7 +321,7 @@ def store_rows(url: str, volumes: list[int]) -> list[dict[str, Any]]:
     the runtime's) and a new one loads them back; median of 5 rounds each."""
     import statistics
 
-    from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
+    from elastream.store.checkpoint_store import CheckpointStore, ExecutorCheckpoint
     from elastream.store.codec import pack
 
     client = client_for(url)

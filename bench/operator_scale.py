@@ -651,7 +651,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
     import kubernetes.client  # noqa: F401
 
     from elastream.analysis import Analyzer
-    from elastream.control.checkpoints import Checkpointer
+    from elastream.control.checkpoint_driver import Checkpointer
     from elastream.control.resources import ManagedTopologies
     from elastream.handlers import topology as handlers
     from elastream.handlers.main import OperatorOptions, worker_pod_settings

@@ -4,7 +4,7 @@ processes nothing. So a benchmark of a thousand topologies measures the operator
 worker processes with their executors, sockets and sources.
 
 What it does, node by node, with the keys and messages of the real protocol (`store.registry`,
-`store.control`, `store.checkpoint`, `store.metric_stream`):
+`store.control`, `store.checkpoint_store`, `store.metric_stream`):
 - a pod created by the operator (the benchmark's in-memory API server tells it on the Redis list
   `POD_QUEUE`) starts a node: it clears the node's control list (a previous worker's messages), reads the
   running schedule (or, for a node a migration adds, the staged version named in the pod), registers an
@@ -241,7 +241,7 @@ class Runner:
     the others of its round in one pipeline; every `SWEEP_S` every known list is popped as well, in case a
     notification was missed. So a thousand nodes cost a message's own work, not a BLPOP over a thousand keys
     each. The effects of a round are written in one pipeline, in the layout of `store.registry` and
-    `store.checkpoint`. A second thread publishes the metric samples."""
+    `store.checkpoint_store`. A second thread publishes the metric samples."""
 
     def __init__(self, url: str, sources: Iterable[str], rate: float, interval_s: float) -> None:
         from elastream.store.codec import pack
@@ -326,7 +326,7 @@ class Runner:
             self.carry_out(effects)
 
     def carry_out(self, effects: Iterable[Effect]) -> None:
-        """The effects in one pipeline, keys as `store.registry.Registry` and `store.checkpoint.CheckpointStore`
+        """The effects in one pipeline, keys as `store.registry.Registry` and `store.checkpoint_store.CheckpointStore`
         write them (a day's TTL on what is versioned or belongs to a migration)."""
         day = 24 * 3600
         pipe = self.client.pipeline(transaction=False)

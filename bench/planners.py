@@ -52,7 +52,7 @@ from elastream.core.planner.stela_plus import stela_plus_scale_out
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, parse_manifest
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.sim.optimum import SearchTooLarge, optimal_scale_in, optimal_scale_out
 from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
 

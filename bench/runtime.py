@@ -51,7 +51,7 @@ from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import Topology
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.store.metric_stream import MetricStream
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

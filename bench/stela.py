@@ -55,7 +55,7 @@ from support.paths import REPO
 sys.path.insert(0, os.path.join(REPO, "operator", "src"))
 
 from elastream.control.backends.local import EmbeddedRedis, LocalCluster
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.core.metrics import MetricSample
 from elastream.core.planner import make_plan
@@ -63,7 +63,7 @@ from elastream.core.schedule import Schedule, executor_order, initial_schedule, 
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology
 from elastream.core.window_analysis import analyze_samples
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.sim.throughput_measures import convergence_time, time_at_zero
 from elastream.store.metric_stream import MetricStream
 from support.harness import expected_copies, id_counts, sink_events, wait_for_sinks_idle

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.store.registry import Registry
 from support.harness import read_log, run_scale, start_run, stop_run, write_manifest
 from support.manifests import edge, keyed_count_pipeline, manifest, src, work

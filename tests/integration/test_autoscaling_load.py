@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from elastream.core.rates import RateProfile, _jitter
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.store.registry import Registry
 from support.harness import ELASTREAM, read_log, start_run, stop_run, write_manifest
 from support.manifests import by_key, count, edge, manifest, src, work

@@ -11,10 +11,10 @@ import itertools
 import pytest
 import redis
 
-from elastream.control.checkpoints import FAILED_ROUNDS_BACKOFF_CAP_S, CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import FAILED_ROUNDS_BACKOFF_CAP_S, CheckpointDriver, Checkpointer
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import parse_manifest
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint_store import CheckpointStore
 from support.fakes import FakeBackend, ManualClock
 
 pytestmark = pytest.mark.integration

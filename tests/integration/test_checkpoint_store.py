@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
+from elastream.store.checkpoint_store import CheckpointStore, ExecutorCheckpoint
 
 pytestmark = pytest.mark.integration
 PREFIX = "elastream:{default/t}:"

@@ -12,10 +12,10 @@ from test_migration import EVENTS, check_exactly_once, check_nothing_lost, load
 from test_migration_faults import plan_for
 
 from elastream.control.catch_up import CatchUpFollowUp, output_timeline
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.runtime.operators.sources import Synthetic
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.codec import unpack
 from elastream.store.metric_stream import MetricStream
 from support.faults import migrate_killing_a_worker_during_capture
@@ -211,7 +211,7 @@ def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
     completed past it (the walk ended 617 events short); the next completed checkpoint commits it first."""
     import redis as redis_module
 
-    from elastream.control import checkpoints
+    from elastream.control import checkpoint_driver
 
     doc = with_audit(load("ccr-diamond"), EVENTS)
     for vertex in doc["spec"]["vertices"]:
@@ -227,7 +227,7 @@ def test_a_round_abandoned_while_its_abort_cannot_be_sent_loses_no_sink_output(
 
         with monkeypatch.context() as patched:
             patched.setattr(driver.store, "acks", unreachable)
-            patched.setattr(checkpoints, "abandon_checkpoint", unreachable)
+            patched.setattr(checkpoint_driver, "abandon_checkpoint", unreachable)
             dead = driver.take()
         assert dead.outcome == "failed" and dead.checkpoint_id
         driver.store.release(dead.checkpoint_id)  # its claim expired

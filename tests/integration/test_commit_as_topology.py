@@ -25,7 +25,7 @@ from test_redis_held import own_server
 from elastream.core.acl import topology_user
 from elastream.core.topology import topology_prefix
 from elastream.store.acl import delete_topology_user, ensure_topology_user, topology_url
-from elastream.store.checkpoint import (
+from elastream.store.checkpoint_store import (
     CheckpointScope,
     CheckpointStore,
     ExactlyOnceSink,

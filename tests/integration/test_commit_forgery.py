@@ -12,9 +12,9 @@ import time
 import pytest
 from test_migration import EVENTS, check_exactly_once, load
 
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.core.topology import topology_prefix
-from elastream.store.checkpoint import open_transactions_key
+from elastream.store.checkpoint_store import open_transactions_key
 from support.harness import exactly_once, running, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """The checkpoint commit acts only on names the operator derived, the latest checkpoint never expires, and
-durable commits wait for Redis: `store.checkpoint` against a real redis-server.
+durable commits wait for Redis: `store.checkpoint_store` against a real redis-server.
 
 The commit (`CheckpointStore.complete_checkpoint`) runs on the operator's connection, so whatever the tenant's
 workers can write under their own prefix must not steer it: a staging list naming another topology's stream,
@@ -18,7 +18,7 @@ import redis
 
 from elastream.core.ports import StateLost
 from elastream.core.topology import parse_manifest, topology_prefix
-from elastream.store.checkpoint import (
+from elastream.store.checkpoint_store import (
     CheckpointScope,
     CheckpointStore,
     DurableCommits,

@@ -31,7 +31,7 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController
 from elastream.control.local_mode import local_controller
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.runtime.executor import TEST_CRASH_ENV
 from support.harness import exactly_once, wait_for_sinks_idle, with_audit, write_manifest
 from support.harness import ticking as ticking_in_background

@@ -20,7 +20,7 @@ import zmq
 
 from elastream.control.backends.local import LocalCluster, node_host
 from elastream.core.migration_protocol import ControlType
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.runtime.security import secure_client
 from elastream.runtime.transport import CONTROL, DATA, encode
 from elastream.worker_inputs.keys import DataPlaneKeys

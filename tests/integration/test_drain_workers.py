@@ -25,8 +25,8 @@ from elastream.control.backends.local import LocalCluster
 from elastream.control.controller import TopologyController
 from elastream.control.local_mode import local_controller, status_key
 from elastream.core.topology import Topology
-from elastream.resources import load_manifest
-from elastream.store.drains import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
+from elastream.crd import load_manifest
+from elastream.store.drain_requests import MAX_PENDING, RedisDrainRequests, drains_key, request_drain
 from support.harness import exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration

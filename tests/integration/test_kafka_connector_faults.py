@@ -17,7 +17,7 @@ from test_kafka_pipeline import Writer
 
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.store.codec import unpack
 from support.harness import controlled, read_log, start_run, stop_run, write_manifest
 from support.kafka_broker import KafkaBroker, unique_name

@@ -23,7 +23,7 @@ from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.core.schedule import Schedule
 from elastream.core.topology import split_executor_id
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.harness import controlled, write_manifest
 from support.kafka_broker import KafkaBroker, unique_name
 from support.kafka_checks import KEYS, check_exactly_once, recovery_seen

@@ -18,7 +18,7 @@ import redis
 from elastream.core.metrics import MetricSample
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import Topology, parse_manifest
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import Registry, store_manifest
 from support.harness import ELASTREAM, read_log, run_scale, start_run, stop_run, write_manifest

@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.harness import ELASTREAM, read_log, run_scale, start_run, stop_run, write_manifest
 from support.manifests import keyed_count_pipeline
 from support.paths import EXAMPLES

@@ -12,7 +12,7 @@ from test_migration import load
 
 from elastream.analysis import Analyzer
 from elastream.core.ports import StateLost
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.harness import controlled, exactly_once, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration

@@ -34,8 +34,8 @@ from elastream.control.metrics import MetricArchiver, StreamMetricSource, archiv
 from elastream.control.monitor import FOLLOW_BUDGET_ENTRIES
 from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology, parse_manifest
-from elastream.resources import load_manifest
-from elastream.store.checkpoint import CheckpointStore
+from elastream.crd import load_manifest
+from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.metric_stream import _NO_SCRIPTS, MetricStream, metric_stream_key, read_bytes
 from elastream.store.registry import client_for
 from support.fakes import DictStatus, FakeBackend, FakeClock, FakeMigrator, ListEvents, ListRequests, SimulatedMetrics

@@ -18,7 +18,7 @@ from elastream.core.migration_protocol import Action, ActionKind, MigrationCoord
 from elastream.core.planner import make_plan
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.faults import migrate_killing_a_worker_during_capture
 from support.harness import running, with_audit, write_manifest
 from support.redis_servers import RedisServer

@@ -14,7 +14,7 @@ import pytest
 from test_migration import EVENTS, check_exactly_once, check_nothing_lost, load
 from test_migration_faults import ControllerCrash, plan_for
 
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.migration_scope import migration_parts

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 import redis
 
-from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.migration import MigrationDriver
@@ -48,7 +48,7 @@ from elastream.core.status import EventReason
 from elastream.core.topology import Topology, topology_prefix
 from elastream.handlers import topology as handlers
 from elastream.handlers.main import OperatorOptions
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.epoch import RedisEpoch
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import connect

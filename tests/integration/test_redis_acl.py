@@ -184,7 +184,7 @@ def test_a_redis_that_refuses_acl_commands_leaves_workers_the_given_identity_in_
     tmp_path: Any, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from elastream.control.backends.local import LocalCluster
-    from elastream.resources import load_manifest
+    from elastream.crd import load_manifest
 
     admin = redis.Redis.from_url(redis_url)
     secret = "op-" + "9" * 40

@@ -20,8 +20,8 @@ from elastream.core.planner import make_plan
 from elastream.core.schedule import Schedule
 from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import topology_prefix
-from elastream.resources import load_manifest
-from elastream.store.checkpoint import (
+from elastream.crd import load_manifest
+from elastream.store.checkpoint_store import (
     CheckpointScope,
     CheckpointStore,
     ExactlyOnceSink,

@@ -12,7 +12,7 @@ import pytest
 from test_migration import EVENTS, check_exactly_once, load
 from test_migration_faults import plan_for
 
-from elastream.control.checkpoints import CheckpointDriver
+from elastream.control.checkpoint_driver import CheckpointDriver
 from elastream.control.migration import MigrationDriver
 from elastream.handlers.main import redis_at_start
 from elastream.store.registry import RedisCredentialsRefused, RedisUnavailable, connect

@@ -23,8 +23,8 @@ from elastream.control.local_mode import local_controller
 from elastream.control.migration import MigrationDriver
 from elastream.control.scaling import PrintEvents
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
-from elastream.resources import load_manifest
-from elastream.store.checkpoint import CheckpointStore
+from elastream.crd import load_manifest
+from elastream.store.checkpoint_store import CheckpointStore
 from support.faults import migrate_killing_a_worker_during_capture
 from support.harness import exactly_once, expected_copies, running, sink_events, ticking, with_audit, write_manifest
 
@@ -120,7 +120,7 @@ def test_a_worker_killed_during_capture_rolls_back_and_no_reader_sees_an_event_t
         # aborted, rolled back to the checkpoint taken before it, the old schedule running
         migrate_killing_a_worker_during_capture(cluster, topology, new, "segment-count#0", checkpoint=True)
         # sinks commit with checkpoints: keep taking them until every event is through
-        from elastream.control.checkpoints import CheckpointDriver
+        from elastream.control.checkpoint_driver import CheckpointDriver
 
         checkpoints = CheckpointDriver(topology, cluster, cluster.client)
 

@@ -17,7 +17,7 @@ import redis
 from elastream.control.backends.local import LocalCluster, node_host
 from elastream.core.schedule import initial_schedule
 from elastream.core.topology import stream_key, topology_prefix
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.runtime.transport import INITIAL_WINDOW, MAX_BATCH
 from elastream.store.metric_stream import MetricStream
 from elastream.worker_inputs.keys import generate_keys

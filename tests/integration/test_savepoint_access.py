@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import redis
 
-import elastream.store.savepoint as savepoint_store
-from elastream.control.savepoints import SavepointError, restore_initial_savepoint
+import elastream.store.savepoint_store as savepoint_store
+from elastream.control.savepoint_actions import SavepointError, restore_initial_savepoint
 from elastream.core.ports import StateLost
-from elastream.core.savepoints import SavepointMeta
+from elastream.core.savepoint_rules import SavepointMeta
 from elastream.core.topology import parse_manifest
-from elastream.store.checkpoint import CheckpointStore
-from elastream.store.savepoint import SavepointStore
+from elastream.store.checkpoint_store import CheckpointStore
+from elastream.store.savepoint_store import SavepointStore
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.control.lifecycle import delete_keys
 from elastream.control.local_mode import local_controller
-from elastream.control.savepoints import SavepointError, restore_initial_savepoint, take_savepoint
+from elastream.control.savepoint_actions import SavepointError, restore_initial_savepoint, take_savepoint
 from elastream.core.schedule import initial_schedule
-from elastream.resources import load_manifest
-from elastream.store.savepoint import SavepointStore
+from elastream.crd import load_manifest
+from elastream.store.savepoint_store import SavepointStore
 from support.harness import expected_copies, id_counts, sink_key, wait_for_sinks_idle, with_audit, write_manifest
 from support.harness import ticking as ticking_in_background
 
@@ -146,7 +146,7 @@ def test_a_new_topology_started_from_a_savepoint_continues_the_keyed_counts_exac
 def test_a_copy_cut_short_is_never_listed_and_the_next_take_of_its_name_replaces_it(redis_url) -> None:
     import redis
 
-    from elastream.core.savepoints import SavepointMeta
+    from elastream.core.savepoint_rules import SavepointMeta
 
     client = redis.Redis.from_url(redis_url)
     store = SavepointStore(client, "cut", "short")

@@ -20,7 +20,7 @@ from test_migration import load
 from elastream.analysis import Analyzer
 from elastream.control.backends.local import LocalCluster
 from elastream.core.outcomes import Outcome
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.harness import controlled, exactly_once, sink_key, with_audit, write_manifest
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 from test_control_faults import Events, ticking
 
 from elastream.analysis import Analyzer
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.harness import controlled, write_manifest
 from support.kafka_checks import recovery_seen
 from support.manifests import by_key, edge, manifest, src

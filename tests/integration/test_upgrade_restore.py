@@ -18,7 +18,7 @@ from test_migration import load
 from elastream.analysis import Analyzer
 from elastream.core.outcomes import Outcome
 from elastream.core.upgrade import spec_change
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.harness import (
     controlled,
     exactly_once,

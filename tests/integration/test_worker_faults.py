@@ -10,10 +10,10 @@ import time
 import pytest
 import redis
 
-from elastream.control.checkpoints import CheckpointDriver
+from elastream.control.checkpoint_driver import CheckpointDriver
 from elastream.runtime.executor import TEST_CRASH_ENV
 from elastream.runtime.worker_failures import EXIT_INTERNAL_ERROR
-from elastream.store.checkpoint import CheckpointStore, ExecutorCheckpoint
+from elastream.store.checkpoint_store import CheckpointStore, ExecutorCheckpoint
 from support.harness import id_counts, running, sink_events, sink_key, write_manifest
 from support.manifests import edge, in_line, manifest, sink, src, work
 from support.redis_servers import RedisServer

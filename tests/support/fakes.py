@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastream.control.checkpoints import CheckpointResult
+from elastream.control.checkpoint_driver import CheckpointResult
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.ports import BackendError, ScaleRequest
@@ -276,12 +276,12 @@ class FakeClock:
 
 
 class FakeSavepoints:
-    """`control.savepoints.Savepoints` in memory (the test's "Redis", shared by operators of one test): a take
+    """`control.savepoint_actions.Savepoints` in memory (the test's "Redis", shared by operators of one test): a take
     copies the controller's on-demand checkpoint (failing while its checkpoints fail), a restore seeds a
     topology's fake checkpoint store (`stores`: prefix -> the `FakeCheckpoints` store of that topology)."""
 
     def __init__(self) -> None:
-        from elastream.core.savepoints import SavepointMeta
+        from elastream.core.savepoint_rules import SavepointMeta
 
         self.kept: dict[tuple[str, str, str], SavepointMeta] = {}
         #: topology prefix -> its checkpoint keys (what `restore` seeds and `has_checkpoint` reads), its epoch keys
@@ -290,8 +290,8 @@ class FakeSavepoints:
         self.restored: list[str] = []
 
     def take(self, controller: Any, name: str, share_with: Any) -> Any:
-        from elastream.control.savepoints import SavepointError
-        from elastream.core.savepoints import SavepointMeta
+        from elastream.control.savepoint_actions import SavepointError
+        from elastream.core.savepoint_rules import SavepointMeta
 
         topology = controller.topology
         if (topology.namespace, topology.name, name) in self.kept:
@@ -321,7 +321,7 @@ class FakeSavepoints:
         return [m for (ns, t, _), m in sorted(self.kept.items()) if (ns, t) == (namespace, topology)]
 
     def restore(self, topology: Any) -> Any:
-        from elastream.control.savepoints import SavepointError, check_restorable
+        from elastream.control.savepoint_actions import SavepointError, check_restorable
 
         ref = topology.initial_savepoint
         store = self.stores.setdefault(topology.redis_prefix, {})

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastream.control.backends.local import LocalCluster
-from elastream.control.checkpoints import CheckpointDriver, CheckpointResult
+from elastream.control.checkpoint_driver import CheckpointDriver, CheckpointResult
 from elastream.control.migration import MigrationDriver
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator, MigrationReport
 from elastream.core.schedule import Schedule

@@ -21,7 +21,7 @@ from elastream.control.controller import TopologyController
 from elastream.control.local_mode import local_controller
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.topology import Topology
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 
 #: the CLI as a user runs it, on this interpreter
 ELASTREAM = (sys.executable, "-m", "elastream")

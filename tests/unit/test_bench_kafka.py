@@ -177,7 +177,7 @@ def test_the_ccr_runs_migrate_to_one_more_node_with_one_more_executor_of_every_v
 
 
 def test_the_topologies_are_valid_streamtopologies(tmp_path: Any) -> None:
-    from elastream.resources import load_manifest
+    from elastream.crd import load_manifest
     from support.harness import write_manifest
 
     for kind in bench.KINDS:

@@ -570,8 +570,8 @@ def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: An
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
+    from elastream.crd import load_manifest
     from elastream.handlers.main import listen_address, worker_pod_settings
-    from elastream.resources import load_manifest
 
     on_pod_ip = scenario == "listen-on-pod-ip"
     docs = render(scenario)
@@ -617,8 +617,8 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
     from elastream.core.images import image_allowed
+    from elastream.crd import load_manifest
     from elastream.handlers.main import worker_pod_settings
-    from elastream.resources import load_manifest
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
@@ -662,8 +662,8 @@ def test_placement_settings_reach_the_operator_and_refuse_the_control_plane(helm
         PlacementRefused,
         worker_pod,
     )
+    from elastream.crd import check_manifest, load_manifest
     from elastream.handlers.main import worker_pod_settings
-    from elastream.resources import check_manifest, load_manifest
 
     values = [
         "worker.placement.allowedTolerations[0].key=dedicated",
@@ -741,8 +741,8 @@ def test_pod_template_settings_reach_the_operator_and_refuse_hostpath(helm: str,
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import PodTemplatePolicy, PodTemplateRefused, worker_pod
     from elastream.core.topology import parse_manifest
+    from elastream.crd import check_manifest
     from elastream.handlers.main import worker_pod_settings
-    from elastream.resources import check_manifest
 
     values = [
         "worker.podTemplate.allowedVolumeTypes={secret,persistentVolumeClaim}",
@@ -829,8 +829,8 @@ def test_drain_settings_reach_the_worker_pods_and_without_budgets_there_is_no_ru
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
+    from elastream.crd import load_manifest
     from elastream.handlers.main import worker_pod_settings
-    from elastream.resources import load_manifest
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
@@ -867,7 +867,7 @@ def test_a_remote_spark_masters_executors_reach_the_driver(helm: str) -> None:
 
 def test_redis_accepts_only_the_operator_and_worker_pods(render: Any) -> None:
     from elastream.control.backends.worker_objects import labels_for
-    from elastream.resources import load_manifest
+    from elastream.crd import load_manifest
 
     worker_labels = labels_for(load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0")
     for scenario, namespaces in (
@@ -895,8 +895,8 @@ def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch)
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_network_policy
+    from elastream.crd import load_manifest
     from elastream.handlers.main import worker_pod_settings
-    from elastream.resources import load_manifest
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
@@ -1369,7 +1369,7 @@ def test_durable_commits_reach_the_operator_and_a_bad_value_stops_it_in_one_line
     them; an unreadable value stops `elastream operator` at start with one line naming the variable."""
     from elastream.cli import CommandError, build_parser
     from elastream.cli.operator import operator_options
-    from elastream.store.checkpoint import DurableCommits
+    from elastream.store.checkpoint_store import DurableCommits
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     for scenario, expected in (

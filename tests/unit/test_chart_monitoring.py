@@ -41,8 +41,8 @@ from test_chart import (
     set_args,
 )
 
-from elastream.resources import check_manifest
-from elastream.resources.schema import to_json_schema
+from elastream.crd import check_manifest
+from elastream.crd.schema import to_json_schema
 from support.paths import EXAMPLES, REPO
 
 PROMETHEUS_OPERATOR = os.path.join(REPO, "tests", "fixtures", "prometheus-operator")
@@ -99,7 +99,7 @@ CRD_FILES = {
 @functools.cache
 def crd_validator(kind: str) -> jsonschema.Draft202012Validator:
     """The v1 openAPIV3Schema of the Prometheus Operator's CRD for `kind`, as the API server applies it (unknown
-    fields refused, int-or-string...: elastream.resources.schema.to_json_schema)."""
+    fields refused, int-or-string...: elastream.crd.schema.to_json_schema)."""
     with open(os.path.join(PROMETHEUS_OPERATOR, CRD_FILES[kind]), encoding="utf-8") as handle:
         crd = yaml.safe_load(handle)
     assert crd["spec"]["names"]["kind"] == kind and crd["spec"]["group"] == "monitoring.coreos.com"

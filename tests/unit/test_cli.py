@@ -237,12 +237,12 @@ def test_a_worker_does_not_check_its_manifest_against_the_crd_again(files, monke
     """A worker's manifest was checked by its launcher; the CRD check (its CEL rules compiled) would cost every
     starting worker about half a second of CPU. Here the check raises if called: the worker must get past the
     manifest and stop at the next thing it lacks (the data plane's keys)."""
-    import elastream.resources
+    import elastream.crd
 
     def refused(*_args, **_kwargs):
         raise AssertionError("the worker ran the CRD check")
 
-    monkeypatch.setattr(elastream.resources, "check_manifest", refused)  # what `load_manifest` calls
+    monkeypatch.setattr(elastream.crd, "check_manifest", refused)  # what `load_manifest` calls
     for name in [k for k in os.environ if k.startswith("ELASTREAM_DATA_PLANE")]:
         monkeypatch.delenv(name)
     topo, _ = files

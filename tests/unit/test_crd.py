@@ -2,8 +2,8 @@
 passes and bad manifests fail, CEL rules that compile and catch what they say, defaults and enums that agree
 with the parser, and `elastream validate` reporting schema and rule problems in one line each.
 
-The schema is checked with `jsonschema` after `elastream.resources.to_json_schema` maps the few OpenAPI
-keywords that differ; the CEL rules (`x-kubernetes-validations`) run in the `cel` library (`elastream.resources.cel`),
+The schema is checked with `jsonschema` after `elastream.crd.to_json_schema` maps the few OpenAPI
+keywords that differ; the CEL rules (`x-kubernetes-validations`) run in the `cel` library (`elastream.crd.cel`),
 from the CRD's own text: no rule is repeated here. (kube-apiserver 1.34 accepted this CRD, all the examples,
 and rejected each bad case below with the rule's message.)
 """
@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from elastream.cli import main
-from elastream.core import rates, savepoints, status, topology
+from elastream.core import rates, savepoint_rules, status, topology
 from elastream.core.topology.limits import MigrationProtocol, MigrationScope
-from elastream.resources import (
+from elastream.crd import (
     all_rules,
     cel_problems,
     check_manifest,
@@ -42,7 +42,7 @@ from support.paths import EXAMPLES, REPO
 CRD_PATHS = {
     "crds": os.path.join(REPO, "crds", "streamtopology.yaml"),
     "chart": os.path.join(REPO, "charts", "elastream", "crds", "streamtopology.yaml"),
-    "package": os.path.join(REPO, "operator", "src", "elastream", "resources", "streamtopology.yaml"),
+    "package": os.path.join(REPO, "operator", "src", "elastream", "crd", "streamtopology.yaml"),
 }
 MANIFESTS = sorted(glob.glob(os.path.join(EXAMPLES, "*.yaml")))
 
@@ -93,7 +93,7 @@ def test_the_image_build_context_holds_the_crd_the_package_links_to() -> None:
     with open(os.path.join(REPO, ".dockerignore"), encoding="utf-8") as handle:
         assert "!crds/streamtopology.yaml" in handle.read().splitlines()
     link = CRD_PATHS["package"]
-    target = os.path.normpath(os.path.join("/src/operator/src/elastream/resources", os.readlink(link)))
+    target = os.path.normpath(os.path.join("/src/operator/src/elastream/crd", os.readlink(link)))
     assert target == "/src/crds/streamtopology.yaml"
     for dockerfile in glob.glob(os.path.join(REPO, "images", "*", "Dockerfile")):
         with open(dockerfile, encoding="utf-8") as handle:
@@ -268,7 +268,7 @@ def test_defaults_are_the_parsers(schema: dict[str, Any]) -> None:
     assert found == {
         "spec.slotsPerNode": topology.DEFAULT_SLOTS_PER_NODE,
         "spec.suspend": False,
-        "spec.deletionPolicy": savepoints.DEFAULT_DELETION_POLICY,
+        "spec.deletionPolicy": savepoint_rules.DEFAULT_DELETION_POLICY,
         "spec.spreadOverNodes": False,
         "spec.vertices[].parallelism": 1,
         "spec.vertices[].maxParallelism": topology.DEFAULT_MAX_PARALLELISM,
@@ -311,7 +311,7 @@ def test_the_crds_enums_are_what_the_code_implements(schema: dict[str, Any]) -> 
     assert enums["spec.scaling.strategy"] == topology.STRATEGIES
     assert enums["spec.scaling.migration"] == get_args(MigrationProtocol)
     assert enums["spec.scaling.migrationScope"] == get_args(MigrationScope)
-    assert enums["spec.deletionPolicy"] == savepoints.DELETION_POLICIES
+    assert enums["spec.deletionPolicy"] == savepoint_rules.DELETION_POLICIES
     assert enums["status.phase"] == status.PHASES
 
 
@@ -721,7 +721,7 @@ def test_validate_reports_a_broken_rule_beside_a_schema_problem_elsewhere(tmp_pa
 def test_the_rules_hold_at_the_crds_maxitems() -> None:
     # 128 vertices and 512 streams: the from/to rules are streams × vertices evaluations; all pass on a valid
     # DAG, and one stream naming no vertex is one line, on that stream (the parser's words)
-    from elastream.resources import check_manifest
+    from elastream.crd import check_manifest
 
     vertices: list[dict[str, Any]] = [{"name": "v0", "source": {"type": "synthetic", "rate": 10}}]
     vertices += [{"name": f"v{i}", "logic": {"builtin": "work"}} for i in range(1, 127)]

@@ -1,5 +1,6 @@
-"""Graceful drains without processes or Redis: where a drained node's executors go (`core.drain`), and the
-controller's handling of drain requests (`control.drains`) over the in-memory fakes of the controller tests."""
+"""Graceful drains without processes or Redis: where a drained node's executors go (`core.drain_plan`), and
+the controller's handling of drain requests (`control.controller_drains`) over the in-memory fakes of the controller
+tests."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from test_kubernetes_backend import FakeCore, backend, someone_elses
 from test_topology_controller import setup
 
 from elastream.control.backends.worker_objects import WorkerPodSettings, worker_pod
-from elastream.core.drain import DrainError, drain_deadline, drain_schedule, refill_schedule
+from elastream.core.drain_plan import DrainError, drain_deadline, drain_schedule, refill_schedule
 from elastream.core.ports import DrainRequest, NotOwned
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import EventReason

@@ -12,7 +12,7 @@ from elastream.core.planner import etp_table, make_plan
 from elastream.core.planner.packing import RateModel
 from elastream.core.schedule import initial_schedule
 from elastream.core.simulate import SimulationModel, simulate, snapshot_from_simulation
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 
 EXAMPLES = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from elastream.core import topology
 from elastream.core.topology import TopologyError, parse_manifest
-from elastream.resources import check_manifest, load_manifest
+from elastream.crd import check_manifest, load_manifest
 from support.paths import EXAMPLES
 
 with open(os.path.join(EXAMPLES, "demo.yaml"), encoding="utf-8") as _handle:

@@ -23,7 +23,7 @@ from elastream.runtime.operators.kafka import (
     partition_lane,
     topology_identity,
 )
-from elastream.store.checkpoint import CheckpointScope
+from elastream.store.checkpoint_store import CheckpointScope
 from elastream.worker_inputs.secrets import SecretUnavailable, secret_properties
 from support.manifests import edge, manifest
 

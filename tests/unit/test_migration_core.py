@@ -20,7 +20,7 @@ from elastream.core.migration_protocol import (
 from elastream.core.rate_timeline import rate_timeline, recovery_times
 from elastream.core.schedule import key_group_owner, key_group_ranges
 from elastream.core.topology import TopologyError, parse_manifest
-from elastream.resources import check_manifest
+from elastream.crd import check_manifest
 from support.manifests import edge, manifest, sink, src
 
 OLD = frozenset({"s#0", "a#0", "a#1"})

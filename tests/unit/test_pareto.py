@@ -23,7 +23,7 @@ from elastream.core.pareto import (
 )
 from elastream.core.simulate import SimulationModel
 from elastream.core.topology import Topology, parse_manifest
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.sim.optimum import exhaustive_configuration
 from support.manifests import edge, manifest, sink, snapshot, src, work
 

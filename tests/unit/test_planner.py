@@ -336,7 +336,7 @@ def test_stela_scale_in_of_the_demo_is_not_worse_than_random_removal() -> None:
     import os
     import statistics
 
-    from elastream.resources import load_manifest
+    from elastream.crd import load_manifest
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "demo.yaml")
     topology = load_manifest(path)

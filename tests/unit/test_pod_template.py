@@ -38,7 +38,7 @@ from elastream.control.backends.worker_objects import (
 )
 from elastream.core.ports import BackendError
 from elastream.core.topology import TopologyError, parse_manifest
-from elastream.resources import check_manifest, openapi_schema
+from elastream.crd import check_manifest, openapi_schema
 from elastream.worker_inputs.secrets import secret_properties, secrets_dir
 from support.manifests import edge, manifest, sink, src
 

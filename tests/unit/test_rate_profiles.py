@@ -11,7 +11,7 @@ import yaml
 
 from elastream.core.rates import rate_config_problems
 from elastream.core.topology import TopologyError, parse_manifest
-from elastream.resources import check_manifest, load_manifest
+from elastream.crd import check_manifest, load_manifest
 from elastream.runtime.operators.sources import RateProfile
 from elastream.worker_inputs.rate_files import resolve_rate_file
 from elastream.worker_inputs.user_code import OperatorLoadError

@@ -1,4 +1,4 @@
-"""Savepoints and the deletion policy: the pure rules (`core.savepoints`, the parser) and the reconcile loop's
+"""Savepoints and the deletion policy: the pure rules (`core.savepoint_rules`, the parser) and the reconcile loop's
 handling of the annotations and of `spec.initialSavepoint` over fakes (`FakeSavepoints`, `test_reconciler`'s
 World). Real Redis and real workers: tests/integration/test_savepoint_workers.py; a real API server:
 tests/e2e/test_operator_savepoints.py."""
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from test_reconciler import World, _Keys, running
 
-from elastream.core import savepoints
-from elastream.core.savepoints import (
+from elastream.core import savepoint_rules
+from elastream.core.savepoint_rules import (
     SavepointMeta,
     access_problem,
     compatibility_problems,
@@ -20,7 +20,7 @@ from elastream.core.savepoints import (
     status_entries,
 )
 from elastream.core.topology import TopologyError, parse_manifest, topology_prefix
-from elastream.resources import check_manifest
+from elastream.crd import check_manifest
 from support.manifests import edge, manifest, sink, src, work
 
 TAKE = "elastream.dev/savepoint"
@@ -72,7 +72,9 @@ def test_meta_round_trips_through_redis_fields_and_the_status_keeps_the_newest()
     assert SavepointMeta.from_redis(one.to_redis()) == one
     many = [SavepointMeta(f"sp{i}", "a", "t", f"ckpt-{i}", f"2026-01-01T00:{i:02d}:00Z", {"s": 8}) for i in range(25)]
     entries = status_entries(many)
-    assert len(entries) == savepoints.MAX_SAVEPOINTS and entries[-1]["name"] == "sp24" and entries[0]["name"] == "sp5"
+    assert (
+        len(entries) == savepoint_rules.MAX_SAVEPOINTS and entries[-1]["name"] == "sp24" and entries[0]["name"] == "sp5"
+    )
 
 
 def document(**spec: Any) -> dict[str, Any]:

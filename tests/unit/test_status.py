@@ -102,7 +102,7 @@ def test_worker_pod_is_owned_labelled_hardened_and_reads_redis_from_the_secret()
 
 def test_a_condition_message_longer_than_the_crd_allows_is_cut_with_a_marker() -> None:
     from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES, TRUNCATED, fit_message
-    from elastream.resources import openapi_schema
+    from elastream.crd import openapi_schema
 
     status = openapi_schema()["properties"]["status"]["properties"]
     assert status["conditions"]["items"]["properties"]["message"]["maxLength"] == CONDITION_MESSAGE_MAX_BYTES

@@ -19,7 +19,7 @@ from elastream.core.planner.stela_plus import DEFAULT_BUDGET, SearchBudget, stel
 from elastream.core.schedule import Schedule, executor_order, initial_schedule, node_name
 from elastream.core.simulate import SimulationModel, new_slot_count, simulate, snapshot_from_simulation
 from elastream.core.topology import Topology, parse_manifest, split_executor_id
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from elastream.sim.optimum import optimal_scale_out
 from elastream.sim.workloads import MIXED_GROUPINGS, PARTITIONED_GROUPINGS, random_topology
 from support.manifests import edge, manifest, sink, src, work

@@ -8,7 +8,7 @@ from elastream.core.planner.packing import RateModel, best_packing, pack
 from elastream.core.schedule import Schedule, fresh_node_names, initial_schedule
 from elastream.core.simulate import SimulationModel, simulate
 from elastream.core.topology import parse_manifest
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 from support.manifests import edge, manifest, sink, src, work
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")

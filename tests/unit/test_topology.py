@@ -7,7 +7,7 @@ import math
 import pytest
 
 from elastream.core.topology import TopologyError, parse_cpu, parse_manifest, parse_quantity
-from elastream.resources import check_manifest, load_manifest
+from elastream.crd import check_manifest, load_manifest
 from support.manifests import edge, manifest, sink, src, work
 
 

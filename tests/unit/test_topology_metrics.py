@@ -12,7 +12,7 @@ import redis
 from prometheus_client import REGISTRY, CollectorRegistry
 from test_reconciler import World, _NoKeys
 
-from elastream.control.checkpoints import Checkpointer, CheckpointResult
+from elastream.control.checkpoint_driver import Checkpointer, CheckpointResult
 from elastream.control.scaling import ScalingRecord
 from elastream.control.topology_metrics import (
     FAMILIES,

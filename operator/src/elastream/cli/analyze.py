@@ -23,7 +23,7 @@ from elastream.cli import CommandError, print_table
 from elastream.core.metrics import MetricSample
 from elastream.core.topology import Topology
 from elastream.core.window_analysis import Analysis, check_window_args
-from elastream.resources import check_manifest, load_manifest
+from elastream.crd import check_manifest, load_manifest
 from elastream.store.registry import client_for, redacted
 
 if TYPE_CHECKING:

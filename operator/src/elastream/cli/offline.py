@@ -28,7 +28,7 @@ from elastream.core.planner import STRATEGIES, Plan, etp_table, make_plan
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.simulate import SimulationModel, SimulationResult, simulate, snapshot_from_simulation
 from elastream.core.topology import MAX_NODES, Topology, split_executor_id
-from elastream.resources import load_manifest
+from elastream.crd import load_manifest
 
 if TYPE_CHECKING:
     from elastream.control.live_plan import LivePlan
@@ -144,10 +144,10 @@ def _positive_int(text: str) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check the manifest against the CRD's schema and its CEL rules (what the API server checks on
     `kubectl apply`), then with the parser (what the CRD does not say: the graph, slots); every problem is one
-    line (`elastream.resources.merge_problems`). A file too big, too deep or an alias bomb is refused by the
+    line (`elastream.crd.merge_problems`). A file too big, too deep or an alias bomb is refused by the
     bounded reader before either check walks it."""
     from elastream.core.topology import read_manifest_document
-    from elastream.resources import RuleError, check_manifest, openapi_schema
+    from elastream.crd import RuleError, check_manifest, openapi_schema
 
     if args.crd is not None:
         try:

@@ -275,7 +275,7 @@ def worker_placement(text: str | None) -> Any:
 def durable_commits() -> None:
     """$ELASTREAM_DURABLE_COMMITS* checked at start: a value the operator cannot read stops it with one line,
     rather than failing every topology's controller later (each reads them when it is built)."""
-    from elastream.store.checkpoint import DurableCommits
+    from elastream.store.checkpoint_store import DurableCommits
 
     try:
         DurableCommits.from_env()

@@ -25,10 +25,10 @@ from elastream.control.scaling import ScalingRecord
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError
 from elastream.core.topology import MAX_NODES, Topology, parse_manifest, read_manifest_document
+from elastream.crd import load_manifest
 from elastream.log_format import LOG_FORMAT_ENV, add_log_format_argument, checked_log_format
 from elastream.log_format import configure_logging as configure_log_lines
-from elastream.resources import load_manifest
-from elastream.store.drains import DRAIN_GRACE_ENV
+from elastream.store.drain_requests import DRAIN_GRACE_ENV
 from elastream.store.registry import RedisUnavailable, Registry, redacted
 from elastream.worker_inputs.keys import DataPlaneConfigError, keys_from_env
 from elastream.worker_inputs.user_code import OperatorLoadError, load_class

@@ -13,8 +13,8 @@ import redis
 
 from elastream.cli import CommandError
 from elastream.cli.analyze import _redis_client, _unreachable
-from elastream.core.savepoints import name_problem
-from elastream.store.savepoint import SavepointStore
+from elastream.core.savepoint_rules import name_problem
+from elastream.store.savepoint_store import SavepointStore
 
 
 def register(subparsers: Any) -> None:

@@ -31,9 +31,9 @@ from typing import Any
 import redis
 
 from elastream.control.catch_up import CatchUpFollowUp
-from elastream.control.checkpoints import Checkpoints
+from elastream.control.checkpoint_driver import Checkpoints
 from elastream.control.connectors import LAG_READ_S, ConnectorWatch, LagSource, partition_lag
-from elastream.control.drains import take_drain
+from elastream.control.controller_drains import take_drain
 from elastream.control.metrics import SkippedSamples
 from elastream.control.monitor import LiveRates, SampleFollower
 from elastream.control.retrying import backoff_delay
@@ -116,7 +116,7 @@ class TopologyController:
     expected_epoch: str | None = None
     #: takes a checkpoint on demand (a suspend's last one); None: suspending keeps the latest periodic one
     checkpoints: Checkpoints | None = None
-    #: workers told to stop asking for a graceful drain (`control.drains`); None: no drains
+    #: workers told to stop asking for a graceful drain (`control.controller_drains`); None: no drains
     drains: DrainRequests | None = None
     last_drain: dict[str, Any] | None = None
     #: the node count before the drains in progress (their refill brings it back), None when none is
@@ -386,7 +386,7 @@ class TopologyController:
 
     def tick(self) -> ScalingRecord | None:
         """Once per interval: finish a migration nobody drives, drain a node whose worker asked to be drained
-        (`control.drains`), recover from dead workers (backing off after a
+        (`control.controller_drains`), recover from dead workers (backing off after a
         failed attempt), carry out a pending scale request (returned), take a checkpoint when one is due,
         refresh the live rates and the recovery measurements. Redis away is not an error here: it is noted
         (`store_error`, a RedisUnavailable event) and the next tick tries again."""

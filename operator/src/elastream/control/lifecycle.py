@@ -20,9 +20,9 @@ from elastream.control.managed import (
 )
 from elastream.control.reconciler_base import ReconcilerBase
 from elastream.control.retrying import backoff_delay
-from elastream.control.savepoints import SavepointError
+from elastream.control.savepoint_actions import SavepointError
 from elastream.core.ports import BackendError, NotOwned, StateLost
-from elastream.core.savepoints import SavepointMeta
+from elastream.core.savepoint_rules import SavepointMeta
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import (
     EventReason,

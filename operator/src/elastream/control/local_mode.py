@@ -90,7 +90,7 @@ def local_controller(
 ) -> TopologyController:
     """Wire a controller for local mode: `cluster` (a `LocalCluster`) runs the workers, Redis carries
     requests and status, the checkpointer and (with `archive`) the metric archiver run in the background."""
-    from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+    from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
     from elastream.control.metrics import MetricArchiver, StreamMetricSource
     from elastream.control.migration import MigrationDriver
     from elastream.store.metric_stream import MetricStream
@@ -107,7 +107,7 @@ def local_controller(
         if archive
         else None
     )
-    from elastream.store.drains import RedisDrainRequests
+    from elastream.store.drain_requests import RedisDrainRequests
     from elastream.store.epoch import RedisEpoch
 
     controller = TopologyController(

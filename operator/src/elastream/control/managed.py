@@ -20,7 +20,7 @@ from elastream.control.resource_api import (
     KubernetesEvents,
     ResourceApi,
 )
-from elastream.control.savepoints import SavepointRequests
+from elastream.control.savepoint_actions import SavepointRequests
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
 from elastream.core.outcomes import Outcome
@@ -93,7 +93,7 @@ class ManagedTopology:
     published: dict[str, Any] = field(default_factory=dict)
     #: the epoch of the topology's state in Redis (`store.epoch`), kept in the status: outside Redis
     state_epoch: str | None = None
-    #: the savepoint annotations and `status.savepoints` (`control.savepoints`), made by the first pass
+    #: the savepoint annotations and `status.savepoints` (`control.savepoint_actions`), made by the first pass
     savepoints: SavepointRequests | None = None
 
     @property

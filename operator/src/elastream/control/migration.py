@@ -23,7 +23,7 @@ failure rolls back to, which is the answer to anything going wrong after COMMIT 
 only in its process: the old schedule cannot be put back); without one, the migration takes scope `all`.
 
 `restart` (Storm's and Flink's default, the baseline) stops every worker and starts the new schedule from
-the last periodic checkpoint (`control.checkpoints`); the sources replay what they emitted after it and the
+the last periodic checkpoint (`control.checkpoint_driver`); the sources replay what they emitted after it and the
 report counts those events. `rollback` is the same restore done in place, for recovery: the surviving
 workers reload the schedule from the checkpoint without a process restart and dead ones are started again.
 A worker that dies before COMMIT completes aborts a CCR or DCR migration and the topology rolls back to the
@@ -44,7 +44,7 @@ from typing import Any
 
 import redis
 
-from elastream.control.checkpoints import abandon_checkpoint
+from elastream.control.checkpoint_driver import abandon_checkpoint
 from elastream.control.retrying import retry_within
 from elastream.control.rollback import recover_from_failure, roll_back
 from elastream.core.checkpoint_protocol import replayed_events
@@ -67,7 +67,7 @@ from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, split_executor_id
 from elastream.core.topology.limits import MigrationProtocol, MigrationScope
-from elastream.store.checkpoint import CheckpointScope, CheckpointStore, DurableCommits
+from elastream.store.checkpoint_store import CheckpointScope, CheckpointStore, DurableCommits
 from elastream.store.claim import OWNER_TTL_S, OwnerLease, controller_identity
 from elastream.store.codec import unpack
 from elastream.store.control import ControlChannel

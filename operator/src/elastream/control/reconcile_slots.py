@@ -17,7 +17,7 @@ it while its holder waits for a slot. None of the operator's shared locks (the a
 status writers', the user keeper's) is held across a wait.
 
 Checkpoint rounds, the one wait of an idle topology's every pass, do not wait here at all: they span passes
-(`control.checkpoints.CheckpointDriver.begin`/`poll`).
+(`control.checkpoint_driver.CheckpointDriver.begin`/`poll`).
 """
 
 from __future__ import annotations

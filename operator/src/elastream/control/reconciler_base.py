@@ -28,7 +28,7 @@ from elastream.control.resource_api import (
     NoRequests,
     ResourceApi,
 )
-from elastream.control.savepoints import RedisSavepoints, SavepointRequests, Savepoints
+from elastream.control.savepoint_actions import RedisSavepoints, SavepointRequests, Savepoints
 from elastream.control.status_writer import StatusWriter
 from elastream.core.ports import Clock, CoreApi, CustomObjectsApi, NetworkingApi, PolicyApi, SystemClock
 from elastream.core.schedule import Schedule
@@ -39,7 +39,7 @@ from elastream.core.topology import (
     Topology,
 )
 from elastream.store.acl import UserKeeper
-from elastream.store.drains import RedisDrainRequests
+from elastream.store.drain_requests import RedisDrainRequests
 from elastream.store.epoch import RedisEpoch
 from elastream.store.registry import Registry
 
@@ -166,7 +166,7 @@ class ReconcilerBase:
         return (self.build or ReconcilerBase._build)(self, topology, metadata, managed)
 
     def _build(self, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology) -> TopologyController:
-        from elastream.control.checkpoints import CheckpointDriver, Checkpointer
+        from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
         from elastream.control.metrics import StreamMetricSource
         from elastream.control.migration import MigrationDriver
         from elastream.store.metric_stream import MetricStream
@@ -233,7 +233,7 @@ class ReconcilerBase:
         return self.savepoint_service or RedisSavepoints(self.redis_client, self.clock)
 
     def _savepoints(self, managed: ManagedTopology, metadata: Mapping[str, Any]) -> None:
-        """Carry out the savepoint annotations (`control.savepoints.SavepointRequests`) and keep
+        """Carry out the savepoint annotations (`control.savepoint_actions.SavepointRequests`) and keep
         `status.savepoints` (once there is one) as Redis lists them."""
         if managed.savepoints is None:
             managed.savepoints = SavepointRequests(

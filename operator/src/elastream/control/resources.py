@@ -10,7 +10,7 @@ it is false: no scaling, autoscaling or recovery meanwhile; a changed `spec.node
 burst of patches settles (`settle_s`) before anything moves, so it migrates once, to the last value; a
 scaling or start that fails leaves the old schedule running and is retried with backoff while it is still
 wanted (a new value is tried at once). The savepoint annotations, `spec.initialSavepoint` and
-`spec.deletionPolicy` are carried out through `control.savepoints` (`_savepoints`, `_start_point`, `remove`).
+`spec.deletionPolicy` are carried out through `control.savepoint_actions` (`_savepoints`, `_start_point`, `remove`).
 
 The status has one writer per topology (`control.status_writer`): one merge patch per change, the rates at
 most every `volatile_every_s`. What it shows is computed by `core.status` from the `StatusFacts` each

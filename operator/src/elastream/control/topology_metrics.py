@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 
-from elastream.control.checkpoints import Checkpointer
+from elastream.control.checkpoint_driver import Checkpointer
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.status import PHASES, EventReason, StatusFacts, desired_conditions, phase
 

@@ -36,7 +36,7 @@ from elastream.core.topology import (
     TopologyError,
 )
 from elastream.core.upgrade import SpecChange, spec_change
-from elastream.resources import check_manifest
+from elastream.crd import check_manifest
 from elastream.store.acl import AclRefused
 
 log = logging.getLogger("elastream.operator")

@@ -3,7 +3,7 @@
 Aligned barriers, as in Flink: the sources persist their position and send BARRIER in-band; an executor
 that has BARRIER from one upstream channel holds that channel's later input until BARRIER has come from
 every upstream executor, then persists its state, forwards BARRIER and acks. The sources never pause.
-`CheckpointRound` is the controller's side of one round (`control.checkpoints` drives it over Redis);
+`CheckpointRound` is the controller's side of one round (`control.checkpoint_driver` drives it over Redis);
 `replayed_events` counts what the sources emit again when a restore goes back to a checkpoint.
 """
 

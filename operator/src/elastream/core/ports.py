@@ -6,7 +6,7 @@
 - `Migrator`: moves a running topology to another schedule (CCR, DCR, restart) and recovers it from failures.
 - `ScaleRequests` / `StatusSink`: where a controller's requests come from and where its status goes (Redis
   keys in local mode, the custom resource on Kubernetes).
-- `DrainRequests`: workers told to stop (SIGTERM) asking for their executors to be moved off (`core.drain`).
+- `DrainRequests`: workers told to stop (SIGTERM) asking for their executors to be moved off (`core.drain_plan`).
 - `SampleFeed`: the raw metric samples (the live view and the recovery measurement read them).
 - `Clock`: time, replaceable in tests.
 - `EventSink`: where decisions and migrations are reported (stdout, Kubernetes events, a list in tests).

@@ -24,7 +24,7 @@ from elastream.core.migration_protocol import ExecutorParticipant
 from elastream.core.schedule import key_group_of
 from elastream.core.topology import split_executor_id
 from elastream.runtime.routing import grouping_key
-from elastream.store.checkpoint import ANY, CheckpointStore, ExecutorCheckpoint
+from elastream.store.checkpoint_store import ANY, CheckpointStore, ExecutorCheckpoint
 from elastream.store.codec import pack, unpack
 from elastream.store.retry import retry_redis
 

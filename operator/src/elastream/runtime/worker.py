@@ -59,7 +59,7 @@ from elastream.runtime.worker_failures import FailurePath
 from elastream.runtime.worker_metrics import MetricsReporting, WorkerCollector
 from elastream.runtime.worker_state import Generation
 from elastream.runtime.worker_state import WorkerOptions as WorkerOptions  # what `elastream worker` builds
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.control import control_key
 from elastream.store.metric_stream import MetricStream, metric_stream_maxlen
 from elastream.store.registry import RedisUnavailable, Registry, client_for, connect

@@ -1,6 +1,6 @@
 """The worker's graceful drain: the first SIGTERM of a worker that runs executors asks the controller to move
-them off (`store.drains`) and serves on until the switch that takes its node out of the schedule, for at most
-the grace period less `core.drain.DRAIN_MARGIN_S`. Methods of `Worker`, kept apart by concern.
+them off (`store.drain_requests`) and serves on until the switch that takes its node out of the schedule, for at most
+the grace period less `core.drain_plan.DRAIN_MARGIN_S`. Methods of `Worker`, kept apart by concern.
 
 Drains are on with a grace period (`--drain-grace`, `ELASTREAM_DRAIN_GRACE_S`; on Kubernetes the pod's
 terminationGracePeriodSeconds). The migration's switch after COMMIT takes the node out of the schedule and
@@ -19,9 +19,9 @@ import signal
 import threading
 from typing import Any
 
-from elastream.core.drain import drain_deadline
+from elastream.core.drain_plan import drain_deadline
 from elastream.runtime.worker_state import WorkerState
-from elastream.store.drains import cancel_drain, request_drain
+from elastream.store.drain_requests import cancel_drain, request_drain
 from elastream.store.retry import is_redis_outage
 
 log = logging.getLogger("elastream.worker")

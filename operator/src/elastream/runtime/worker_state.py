@@ -21,7 +21,7 @@ from elastream.runtime.operators.cpu import NodeCpu
 from elastream.runtime.security import PeerAuthenticator
 from elastream.runtime.source_thread import SourceThread
 from elastream.runtime.transport import DataPlaneStats, Inbox
-from elastream.store.checkpoint import CheckpointStore
+from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import Registry
 from elastream.worker_inputs.keys import DataPlaneKeys

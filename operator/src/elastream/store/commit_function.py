@@ -3,7 +3,7 @@ topology's own Redis user.
 
 A checkpoint's completion moves what each exactly-once sink staged under the checkpoint's transaction
 (`P txn:<id>:<v>#<i>`, one list per sink executor) into the sink's stream and deletes the lists, atomically
-with making the checkpoint the latest (`store.checkpoint.CheckpointStore.complete_checkpoint`). Every key it
+with making the checkpoint the latest (`store.checkpoint_store.CheckpointStore.complete_checkpoint`). Every key it
 touches is derived from the topology's prefix and spec, and the code checks the prefix; on top of that, where
 the operator gives each topology a Redis ACL user (the default on Kubernetes), the whole completion runs on a
 connection logged in as that user, so Redis itself refuses any key outside the topology's pattern: a bug in

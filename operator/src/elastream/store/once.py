@@ -4,7 +4,7 @@ writes after a lost reply (Redis stopped after EXEC, before its answer) writes n
 WATCH on the token's key makes the check and the transaction one: an earlier attempt with the same token
 whose EXEC lands late (its reply lost, the command still in flight) either shows in the token or aborts this
 EXEC, which then looks again. No script: a topology's Redis user may run none (`core.acl`). Used by an
-executor's checkpoint save (`store.checkpoint.CheckpointStore.save`) and the at-least-once sink's batch
+executor's checkpoint save (`store.checkpoint_store.CheckpointStore.save`) and the at-least-once sink's batch
 (`runtime.operators.sinks.xadd_batch_once`). On a Redis Cluster the token's key and every key written must
 share a hash slot (`store.cluster.slot_mate`).
 """

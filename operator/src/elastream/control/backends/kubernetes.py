@@ -28,7 +28,7 @@ Pods labelled like the topology's but not owned by it are no nodes of it.
 Pods are never restarted by Kubernetes (restartPolicy Never): a worker that dies is a failure the
 controller sees (`failed_nodes`) and recovers from, by rolling back to the last checkpoint. A pod being deleted
 (evicted, drained, `kubectl delete pod`) whose worker still runs is not failed yet: the worker asks for a
-drain (`control.drains`) and its executors move off within the pod's terminationGracePeriodSeconds
+drain (`control.controller_drains`) and its executors move off within the pod's terminationGracePeriodSeconds
 (`WorkerPodSettings.termination_grace_s`); it is failed once its container stopped or the pod is gone while
 its node is still in the schedule. The operator's own deletions send STOP first (no drain). With
 `disruption_budget`, a PodDisruptionBudget `<topology>-workers` (maxUnavailable 1) lets evictions take one
@@ -246,7 +246,7 @@ class KubernetesBackend(NodeBackend):
 
     def topology_connection(self) -> redis.Redis | None:
         """A connection to Redis as the topology's own user (made on first use), for the operator's work that
-        concerns this topology alone: a checkpoint's completion (`store.checkpoint.CheckpointStore.commit_as`),
+        concerns this topology alone: a checkpoint's completion (`store.checkpoint_store.CheckpointStore.commit_as`),
         so Redis' ACLs hold it to the topology's keys. None without topology users, or before the password
         is known (`ensure_config`)."""
         if not self.topology_users or self._redis_password is None:

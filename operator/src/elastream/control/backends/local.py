@@ -21,7 +21,7 @@ of this run talk to each other; `ELASTREAM_DATA_PLANE_AUTH=off` (in the environm
 authentication and encryption off.
 
 Graceful drains: a worker that gets SIGTERM from anyone but this backend (which sends STOP on its control
-list first) asks the controller to move its executors off and exits once they are (`control.drains`),
+list first) asks the controller to move its executors off and exits once they are (`control.controller_drains`),
 within `drain_grace_s`.
 
 Workers run in their own session (a Ctrl-C in the terminal reaches only the controller, which stops them in
@@ -52,7 +52,7 @@ from elastream.core.ports import BackendError, Clock
 from elastream.core.schedule import node_index
 from elastream.core.topology import Topology
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user, ensure_topology_user, topology_url
-from elastream.store.drains import DRAIN_GRACE_ENV
+from elastream.store.drain_requests import DRAIN_GRACE_ENV
 from elastream.store.registry import connect, redacted
 from elastream.worker_inputs.keys import AUTH_ENV, DataPlaneConfigError, DataPlaneKeys, auth_enabled, generate_keys
 from elastream.worker_inputs.rate_files import resolve_rate_file

@@ -33,7 +33,7 @@ from elastream import DEFAULT_WORKER_IMAGE
 from elastream.core.ports import BackendError, CoreApi, NotOwned
 from elastream.core.rates import shown
 from elastream.core.topology import API_VERSION, KIND, Topology, TopologyError, manifest_document_from_text
-from elastream.store.drains import DRAIN_GRACE_ENV
+from elastream.store.drain_requests import DRAIN_GRACE_ENV
 from elastream.worker_inputs.keys import (
     AUTH_ENV,
     CLIENT_KEY_ENV,

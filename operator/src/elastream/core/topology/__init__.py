@@ -7,7 +7,7 @@ the fix. Nothing downstream re-validates: a `Topology` is always a DAG whose sou
 The package's modules, one concern each: `limits` (names, defaults and bounds), `model` (the `Topology`),
 `document` (reading a manifest within bounds), `parse` (the parser: vertices, streams, the graph and slots),
 `scaling` (spec.scaling and spec.resources) and `fields` (one scalar field's checks). The CRD's schema and CEL
-rules are checked outside `core`, by `elastream.resources`, before the parser wherever a manifest enters
+rules are checked outside `core`, by `elastream.crd`, before the parser wherever a manifest enters
 through `elastream validate`.
 """
 

@@ -11,7 +11,7 @@ from typing import Any, cast
 import networkx as nx
 
 from elastream.core.rates import shown
-from elastream.core.savepoints import DEFAULT_DELETION_POLICY, SavepointRef
+from elastream.core.savepoint_rules import DEFAULT_DELETION_POLICY, SavepointRef
 from elastream.core.topology.limits import (
     DEFAULT_CONGESTION_RATE,
     DEFAULT_WINDOW,

@@ -4,7 +4,7 @@ every problem, each naming its field (``spec.streams[2].to``) and the fix. Nothi
 
 The CRD (its schema and CEL rules) is the contract, and a rule is written once, there: types, ranges, enums,
 patterns, "one block per vertex", "fields needs a key", "parallelism within maxParallelism". The API server
-checks it for the operator; `elastream.resources.check_manifest` checks it wherever else a manifest enters (the
+checks it for the operator; `elastream.crd.check_manifest` checks it wherever else a manifest enters (the
 CLI's files, a worker's topology file, a ConfigMap's spec). This parser keeps what the CRD does not say: the
 graph (stream ends naming vertices, cycles, duplicates, reachability, sources and sinks), slots, unique vertex
 names, a vertex naming its code, a delivery mode only on a redis-stream, kafka or user sink, rate profiles, the
@@ -20,7 +20,7 @@ from typing import Any, cast
 import networkx as nx
 
 from elastream.core.rates import rate_config_problems, shown
-from elastream.core.savepoints import DEFAULT_DELETION_POLICY, parse_initial_savepoint
+from elastream.core.savepoint_rules import DEFAULT_DELETION_POLICY, parse_initial_savepoint
 from elastream.core.topology.document import shape_problem
 from elastream.core.topology.limits import (
     _NAME_RE,

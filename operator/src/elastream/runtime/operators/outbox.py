@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from elastream.core.topology import stream_key
-from elastream.store.checkpoint import open_transactions_key, transaction_keys
+from elastream.store.checkpoint_store import open_transactions_key, transaction_keys
 from elastream.store.codec import text
 from elastream.store.retry import RedisAttempt, RetryLater, backoff, retry_redis
 
@@ -38,7 +38,7 @@ STAGED_TTL_S = 24 * 3600
 
 class StagedOutput:
     """The first phase of an exactly-once sink's two-phase commit, in Redis: one sink executor's output of a
-    checkpoint or migration, staged under its transaction id (`store.checkpoint.transaction_keys`) for the
+    checkpoint or migration, staged under its transaction id (`store.checkpoint_store.transaction_keys`) for the
     controller's completion to commit into `target` (a redis-stream sink's stream, an outbox), or taken back
     when the round is abandoned. Every call waits out a Redis outage (`retry_redis`) until `stop` is set; a
     repeated call after a lost reply changes nothing.

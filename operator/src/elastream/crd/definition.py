@@ -18,7 +18,7 @@ def crd_text(path: str | None = None) -> str:
     if path is not None:
         with open(path, encoding="utf-8") as handle:
             return handle.read()
-    return resources.files("elastream.resources").joinpath(CRD_FILE).read_text(encoding="utf-8")
+    return resources.files("elastream.crd").joinpath(CRD_FILE).read_text(encoding="utf-8")
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 `take_savepoint` takes a checkpoint on demand (`CheckpointDriver.take`, the periodic aligned-barrier round:
 it completes, and commits the exactly-once sinks' output staged before it, before anything is copied), then
-copies it to the savepoint's retained keys (`store.savepoint`) with its meta: the vertices and their key
+copies it to the savepoint's retained keys (`store.savepoint_store`) with its meta: the vertices and their key
 spaces, where it comes from, the namespaces it is shared with, and each exactly-once sink's last committed
 entry (what the output held at that point). A suspended topology is saved from its resume point (the suspend's
 last checkpoint) without starting anything. The copy is made by the operator's connection (it reads one
@@ -30,7 +30,7 @@ import redis
 from elastream.control.controller import TopologyController
 from elastream.control.retrying import backoff_delay
 from elastream.core.ports import Clock, EventSink, SystemClock
-from elastream.core.savepoints import (
+from elastream.core.savepoint_rules import (
     DELETE_SAVEPOINT_ANNOTATION,
     MAX_SAVEPOINTS,
     SAVEPOINT_ANNOTATION,
@@ -45,9 +45,9 @@ from elastream.core.savepoints import (
 from elastream.core.schedule import initial_schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, stream_key
-from elastream.store.checkpoint import CheckpointScope, CheckpointStore
+from elastream.store.checkpoint_store import CheckpointScope, CheckpointStore
 from elastream.store.epoch import RedisEpoch
-from elastream.store.savepoint import SavepointStore
+from elastream.store.savepoint_store import SavepointStore
 
 log = logging.getLogger("elastream.savepoint")
 

@@ -4,7 +4,7 @@ Key layout (`S` = `elastream:savepoint:{namespace/topology}:`, the braces the Re
 topology that took them, so its savepoints live on the shard of its own keys):
 
     S index                      set: the names of the topology's complete savepoints
-    S <name>:meta                hash: `core.savepoints.SavepointMeta.to_redis()`; written last
+    S <name>:meta                hash: `core.savepoint_rules.SavepointMeta.to_redis()`; written last
     S <name>:state:<vertex>      hash: key group -> state bytes (as the checkpoint held them)
     S <name>:position            hash: source executor -> read position
 
@@ -30,9 +30,9 @@ from typing import Any
 import redis
 
 from elastream.core.ports import StateLost
-from elastream.core.savepoints import SavepointMeta
+from elastream.core.savepoint_rules import SavepointMeta
 from elastream.core.topology import glob_escape
-from elastream.store.checkpoint import read_state_and_positions
+from elastream.store.checkpoint_store import read_state_and_positions
 from elastream.store.codec import text
 
 log = logging.getLogger("elastream.savepoint")

@@ -7,7 +7,7 @@ round the latest checkpoint in Redis and deletes the one before. A round spans p
 waits on a worker's ack (a migration about to claim the topology makes the open round give way,
 `abandon_open`). `take` waits for a whole round (a suspend takes its last one that way, on demand). A round that
 times out or loses a worker is abandoned: the executors are told to stop aligning, its keys go, and the
-previous checkpoint stays the latest. With `ELASTREAM_DURABLE_COMMITS=on` (`store.checkpoint.DurableCommits`)
+previous checkpoint stays the latest. With `ELASTREAM_DURABLE_COMMITS=on` (`store.checkpoint_store.DurableCommits`)
 a completed round whose commit Redis does not confirm on disk in time is reported failed (it is the latest
 all the same: nothing is abandoned), so what waits for a checkpoint tries again. `Checkpointer` begins a round
 every `spec.scaling.checkpointIntervalSeconds` and follows it from the controller's loop, backing off after
@@ -31,7 +31,7 @@ from elastream.core.migration_protocol import ControlType
 from elastream.core.ports import Backend, BackendError, Clock, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.topology import Topology, split_executor_id
-from elastream.store.checkpoint import CheckpointScope, CheckpointStore, DurableCommits
+from elastream.store.checkpoint_store import CheckpointScope, CheckpointStore, DurableCommits
 from elastream.store.claim import OwnerLease, controller_identity
 from elastream.store.control import ControlChannel
 
@@ -55,7 +55,7 @@ class CheckpointResult:
 
 
 class Checkpoints(Protocol):
-    """Checkpoints on demand (`control.checkpoints.CheckpointDriver`): a suspend's last one, and the id of the
+    """Checkpoints on demand (`control.checkpoint_driver.CheckpointDriver`): a suspend's last one, and the id of the
     latest completed one (what a resume restores)."""
 
     def take(self) -> CheckpointResult: ...

@@ -11,7 +11,7 @@ schema is used as written except for the few keywords whose meaning differs (`to
 - OpenAPI 3.0's boolean `exclusiveMinimum`/`exclusiveMaximum` become JSON Schema's numeric ones, and
   `nullable: true` adds the null type.
 
-The CEL rules (`x-kubernetes-validations`) are `elastream.resources.cel`'s.
+The CEL rules (`x-kubernetes-validations`) are `elastream.crd.cel`'s.
 Defaults are not applied here (the API server validates what was sent; `cel` applies them before the rules).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from elastream.core.rates import shown
 from elastream.core.topology import STREAM_NAME_RULE
-from elastream.resources.crd import openapi_schema
+from elastream.crd.definition import openapi_schema
 
 #: keywords whose value is one subschema, and those whose value is a list of subschemas
 _ONE_SUBSCHEMA = {"items": "[]", "additionalProperties": "{}", "not": ""}

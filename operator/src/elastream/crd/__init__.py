@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from elastream.resources.cel import RuleError, all_rules, apply_defaults, cel_problems, compiled
-from elastream.resources.crd import CRD_FILE, crd, crd_text, openapi_schema
-from elastream.resources.schema import (
+from elastream.crd.cel import RuleError, all_rules, apply_defaults, cel_problems, compiled
+from elastream.crd.definition import CRD_FILE, crd, crd_text, openapi_schema
+from elastream.crd.schema import (
     field_path,
     json_schema,
     merge_problems,

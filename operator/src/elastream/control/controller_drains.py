@@ -1,8 +1,8 @@
 """Graceful drains, the controller's side: a worker told to stop (SIGTERM) asked for its node to be drained
-(`store.drains`); each tick, before dead workers are recovered, the oldest pending request is carried out.
+(`store.drain_requests`); each tick, before dead workers are recovered, the oldest pending request is carried out.
 
 A drain is a migration with the topology's protocol (CCR by default: nothing replayed) to the schedule
-`core.drain.drain_schedule` plans, without a metric analysis (it must fit in the worker's grace period):
+`core.drain_plan.drain_schedule` plans, without a metric analysis (it must fit in the worker's grace period):
 the node's executors go to the remaining nodes, or to one fresh node when their slots cannot hold them (the
 migration starts it before anything pauses). The drained worker leaves the schedule at the switch after
 COMMIT and exits by itself, so its going is no loss: no recovery, nothing replayed. When the executors went
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from elastream.core.drain import DrainPlan, drain_schedule, refill_schedule
+from elastream.core.drain_plan import DrainPlan, drain_schedule, refill_schedule
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Outcome
 from elastream.core.ports import BackendError, DrainRequest

@@ -10,7 +10,8 @@ grants, the reader cannot take). It may be restored only where the vertex names 
 (`maxParallelism`, the number of key groups the state is split into) agree: state is stored per key group,
 so executors and nodes may differ, key groups may not.
 
-This module decides; `store.savepoint` keeps them in Redis and `control.savepoints` takes and restores them.
+This module decides; `store.savepoint_store` keeps them in Redis and `control.savepoint_actions` takes and
+restores them.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastream.resources.schema import field_path
+from elastream.crd.schema import field_path
 
 
 class RuleError(ValueError):
