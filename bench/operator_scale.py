@@ -3,7 +3,7 @@
 The operator's own reconcile machinery, driven as `elastream operator` drives it: the kopf handlers of
 `elastream.handlers.topology` (`reconcile_loop`, one asyncio task per resource as kopf's daemons are, and
 `changed`, which wakes a loop when its spec changes) on one asyncio loop, each pass
-(`ManagedTopologies.reconcile`) on the reconcile pool of `reconcile_workers` (8) slots, over the real controller,
+(`TopologyReconciler.reconcile`) on the reconcile pool of `reconcile_workers` (8) slots, over the real controller,
 Kubernetes backend, migration and checkpoint drivers, status writer and a real Redis (with a Redis ACL user
 per topology and the operator's `UserKeeper`). What is not real:
 - the Kubernetes API is in memory (`InMemoryApi`): pods, ConfigMaps, Secrets, PodDisruptionBudgets, events and
@@ -238,7 +238,7 @@ REDIS_WAIT_LEAF = "_read_from_socket"
 #: fewer samples of passes than this (one topology: a few ms of passes per 2 s) say nothing: not reported
 MIN_PROFILE_SAMPLES = 200
 #: a frame of a pool thread running a reconcile pass
-PASS_FRAME = "ManagedTopologies.reconcile ("
+PASS_FRAME = "TopologyReconciler.reconcile ("
 
 
 def profile_summary(lines: Iterable[str], top: int = 14) -> dict[str, Any]:
@@ -646,13 +646,13 @@ def checkpoint_counts(topologies: Any) -> tuple[int, int]:
 
 
 async def operate(args: argparse.Namespace) -> dict[str, Any]:
-    """The operator process: the real ManagedTopologies behind the real kopf handlers, over `InMemoryApi`."""
+    """The operator process: the real TopologyReconciler behind the real kopf handlers, over `InMemoryApi`."""
     import kopf  # noqa: F401  (the operator imports it: its memory is part of the operator's)
     import kubernetes.client  # noqa: F401
 
     from elastream.analysis import Analyzer
     from elastream.control.checkpoint_driver import Checkpointer
-    from elastream.control.resources import ManagedTopologies
+    from elastream.control.reconciler import TopologyReconciler
     from elastream.handlers import topology as handlers
     from elastream.handlers.main import OperatorOptions, worker_pod_settings
     from elastream.store.acl import UserKeeper
@@ -667,7 +667,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
     api = InMemoryApi(lambda op: pods_client.rpush(POD_QUEUE, json.dumps(op)))
     options = OperatorOptions(redis_url=args.redis)
     slots = ReconcileSlots(options.reconcile_workers)
-    topologies = ManagedTopologies(
+    topologies = TopologyReconciler(
         redis_client=redis_client,
         redis_url=args.redis,
         core_api=api,

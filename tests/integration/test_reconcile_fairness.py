@@ -2,12 +2,12 @@
 checkpoint, or whose worker pods never become ready, beside one healthy topology, which still scales out
 within 30 s of the request.
 
-One `ManagedTopologies` serves nine StreamTopology resources, each driven by the real kopf handler coroutines
+One `TopologyReconciler` serves nine StreamTopology resources, each driven by the real kopf handler coroutines
 of `elastream.handlers.topology` (`reconcile_loop`, one asyncio task per resource as kopf's daemons are, and
 `changed`, which wakes a loop when its resource changes), every pass on one pool of threads of the operator's
 default size (`OperatorOptions.reconcile_workers`), with real threads, a real Redis and the wall clock.
 
-Real: the handlers, `ManagedTopologies` and its passes, the status writer, the controllers, the epochs, the
+Real: the handlers, `TopologyReconciler` and its passes, the status writer, the controllers, the epochs, the
 savepoint listing, the registry and metric-stream reads on Redis; for the silent topologies (as many as the
 pool has threads) the real `CheckpointDriver` and `Checkpointer` (the operator's wiring: no thread of their
 own, the default 30 s round deadline, a round every second) and the real `MigrationDriver` as the owner of
@@ -42,8 +42,8 @@ from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.migration import MigrationDriver
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
+from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import NoRequests
-from elastream.control.resources import ManagedTopologies
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, topology_prefix
 from elastream.handlers import topology as handlers
@@ -116,7 +116,7 @@ class NoWarmUp:
 
 
 class Wiring:
-    """`ManagedTopologies.build`: each topology's controller as `ReconcilerBase._build` wires it, over the
+    """`TopologyReconciler.build`: each topology's controller as `ControllerFactory.over_pods` wires it, over the
     workers of this test (and the custom API's in-memory resources)."""
 
     def __init__(self) -> None:
@@ -124,7 +124,7 @@ class Wiring:
         self.healthy: FakeBackend | None = None
 
     def build(
-        self, owner: ManagedTopologies, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
+        self, owner: TopologyReconciler, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
     ) -> TopologyController:
         client = owner.redis_client
         common: dict[str, Any] = {
@@ -137,7 +137,7 @@ class Wiring:
             "interval_s": owner.interval_s,
             "epochs": RedisEpoch(client, topology.redis_prefix),
             "expected_epoch": managed.state_epoch,
-            "on_nodes_changed": lambda nodes: owner._autoscaled(managed, nodes),
+            "on_nodes_changed": lambda nodes: managed.autoscaled(nodes),
         }
         if topology.name == HEALTHY:
             backend = self.healthy = FakeBackend()
@@ -161,7 +161,7 @@ class Wiring:
         )
         driver = CheckpointDriver(topology, silent, client, identity=migrator.identity, clock=owner.clock)  # type: ignore[arg-type]
         assert driver.timeout_s == ROUND_TIMEOUT_S  # the default deadline, not one made short for the test
-        migrator.before_claim, migrator.own_round = driver.abandon_open, driver.open_round  # as `_build` wires them
+        migrator.before_claim, migrator.own_round = driver.abandon_open, driver.open_round  # as `over_pods` wires them
         checkpointer = Checkpointer(driver, float(topology.scaling.checkpoint_interval_s), own_thread=False)
         self.checkpointers[topology.name] = checkpointer
         controller = TopologyController(
@@ -178,12 +178,12 @@ class Wiring:
 
 def operator_loop(
     client: redis.Redis, redis_url: str, api: InMemoryStreamTopologies, events: InMemoryEvents, build: Any
-) -> tuple[ManagedTopologies, RecordingPool]:
-    """`ManagedTopologies` and its pool as `elastream operator` makes them (`handlers.main.reconcile_pool`:
+) -> tuple[TopologyReconciler, RecordingPool]:
+    """`TopologyReconciler` and its pool as `elastream operator` makes them (`handlers.main.reconcile_pool`:
     the default slots and waiting passes), over the test's in-memory API and `build`."""
     options = OperatorOptions(redis_url=redis_url)
     slots = ReconcileSlots(options.reconcile_workers)
-    topologies = ManagedTopologies(
+    topologies = TopologyReconciler(
         redis_client=client,
         redis_url=redis_url,
         core_api=events,  # type: ignore[arg-type]
@@ -452,15 +452,15 @@ def unready_resource(index: int) -> dict[str, Any]:
 
 class UnreadyWiring(Wiring):
     """`Wiring`, but the other topologies' worker pods never become ready (`UnreadyWorkers`: the real
-    `NodeBackend`, its start waiting the operator's default `start_timeout_s` of 180 s), wired as `_build`
-    wires a backend (the pending pods reported while a start waits)."""
+    `NodeBackend`, its start waiting the operator's default `start_timeout_s` of 180 s), wired as
+    `ControllerFactory.over_pods` wires a backend (the pending pods reported while a start waits)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.unready: dict[str, UnreadyWorkers] = {}
 
     def build(
-        self, owner: ManagedTopologies, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
+        self, owner: TopologyReconciler, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
     ) -> TopologyController:
         if topology.name == HEALTHY:
             return super().build(owner, topology, metadata, managed)

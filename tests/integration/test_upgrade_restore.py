@@ -1,5 +1,5 @@
 """A stateful upgrade on real worker processes and a real Redis: the steps the operator's reconcile loop takes
-(`ManagedTopologies._upgrade`) with the controller of local mode. The running topology's last checkpoint is
+(`control.upgrades.Upgrades`) with the controller of local mode. The running topology's last checkpoint is
 taken and its workers stop (`suspend(announce=False)`); a controller of the new spec (user code config changed,
 the keyed count's degree changed: its key groups land on other executors of another schedule) takes it over
 stopped (`start_suspended`) and starts its workers from that checkpoint (`restart_from_checkpoint`, the

@@ -304,7 +304,7 @@ def test_a_scaling_record_splits_the_time_from_the_patch_to_the_status() -> None
 
 
 def test_a_profile_says_where_the_reconcile_threads_wait() -> None:
-    base = "Thread.run (threading.py:982);ManagedTopologies.reconcile (elastream/control/resources.py:108)"
+    base = "Thread.run (threading.py:982);TopologyReconciler.reconcile (elastream/control/reconciler.py:108)"
     tick = f"{base};TopologyController.tick (elastream/control/controller.py:388)"
     lines = [
         f"thread (1): reconcile_0;{tick};TopologyController._tick (elastream/control/controller.py:401);"

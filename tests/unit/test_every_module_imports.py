@@ -17,7 +17,7 @@ MODULES = sorted(
 
 
 def test_the_walk_finds_the_layers():
-    assert {"elastream.core.ports", "elastream.control.resources", "elastream.runtime.worker"} <= set(MODULES)
+    assert {"elastream.core.ports", "elastream.control.reconciler", "elastream.runtime.worker"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)

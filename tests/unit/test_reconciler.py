@@ -1,4 +1,4 @@
-"""The Kubernetes adapter's reconcile loop (`control.resources.ManagedTopologies`) and its one status writer,
+"""The Kubernetes adapter's reconcile loop (`control.reconciler.TopologyReconciler`) and its one status writer,
 over in-memory fakes: a custom-objects API that applies merge patches to a stored resource and counts
 them, a core API that records events, and controllers over the fakes of `tests/support/fakes.py`. No kopf, no
 cluster, no Redis; a fake clock, so backoff and settling are exact."""
@@ -15,8 +15,8 @@ import pytest
 
 from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
+from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import KubernetesEvents
-from elastream.control.resources import ManagedTopologies
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
 from elastream.core.status import CONDITION_MESSAGE_MAX_BYTES
 from elastream.core.topology import Topology, topology_prefix
@@ -123,7 +123,7 @@ class World:
         self.savepoints = FakeSavepoints()
         self.savepoints.stores[topology_prefix("default", "t")] = self.checkpoint_keys
         self.savepoints.epochs[topology_prefix("default", "t")] = self.keys
-        self.topologies = ManagedTopologies(
+        self.topologies = TopologyReconciler(
             redis_client=None,  # type: ignore[arg-type]
             redis_url="redis://unused",
             core_api=self.core,
@@ -136,7 +136,7 @@ class World:
             savepoint_service=self.savepoints,
         )
 
-    def build(self, owner: ManagedTopologies, topology: Topology, metadata: Any, managed: ManagedTopology):
+    def build(self, owner: TopologyReconciler, topology: Topology, metadata: Any, managed: ManagedTopology):
         self.built_images.append(str(topology.spec.get("image") or ""))
         backend = FakeBackend()
         backend.keys = self.keys  # type: ignore[attr-defined]
@@ -161,7 +161,7 @@ class World:
             status=managed,
             events=managed.events,
             clock=self.clock,
-            on_nodes_changed=lambda nodes: owner._autoscaled(managed, nodes),
+            on_nodes_changed=lambda nodes: managed.autoscaled(nodes),
             epochs=DictEpochs(self.keys),
             expected_epoch=managed.state_epoch,
             checkpoints=checkpoints,
@@ -418,7 +418,7 @@ def test_the_autoscalers_own_write_of_spec_nodes_is_not_undone_by_the_stale_reso
     world = running(3)
     managed = world.topologies.topologies["default/t"]
     stale = copy.deepcopy(world.body)
-    world.topologies._autoscaled(managed, 4)  # the controller moved to 4 and wrote spec.nodes
+    managed.autoscaled(4)  # the controller moved to 4 and wrote spec.nodes
     world.backend.schedule = world.backend.schedule  # what runs is unchanged in this fake
     assert world.body["spec"]["nodes"] == 4 and managed.expect_generation == 2
     # as its own field manager: Argo CD's ignoreDifferences.managedFieldsManagers names it (docs/operations.md)
@@ -757,7 +757,7 @@ def test_a_delete_while_redis_is_away_gives_up_at_its_bound_on_the_loops_clock(
             raise redis.ConnectionError("refused")
 
     clock = Clock()
-    topologies = ManagedTopologies(
+    topologies = TopologyReconciler(
         redis_client=Away(),  # type: ignore[arg-type]
         redis_url="redis://unused",
         core_api=FakeCoreApi(),

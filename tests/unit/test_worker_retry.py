@@ -292,7 +292,7 @@ def test_no_message_of_a_failed_connect_shows_the_password(url: str) -> None:
 
 
 def test_options_that_hold_the_redis_url_never_show_it_in_a_repr() -> None:
-    from elastream.control.resources import ManagedTopologies
+    from elastream.control.reconciler import TopologyReconciler
     from elastream.handlers.main import OperatorOptions
     from elastream.runtime.worker import WorkerOptions
 
@@ -300,7 +300,7 @@ def test_options_that_hold_the_redis_url_never_show_it_in_a_repr() -> None:
     for options in (
         WorkerOptions(node="node-0", redis_url=url),
         OperatorOptions(redis_url=url),
-        ManagedTopologies(redis_client=None, redis_url=url, core_api=None, custom_api=None, analyzer=None),  # type: ignore[arg-type]
+        TopologyReconciler(redis_client=None, redis_url=url, core_api=None, custom_api=None, analyzer=None),  # type: ignore[arg-type]
     ):
         assert "s3cret" not in repr(options)
 

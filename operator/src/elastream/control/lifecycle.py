@@ -1,27 +1,33 @@
-"""The start, suspend and resume of a topology in the reconcile loop (`TopologyLifecycle`): a start (or the
+"""The start, suspend and resume of a topology, a part of the reconcile pass (`Lifecycle`): a start (or the
 adoption of the pods an earlier operator left, or a start from `spec.initialSavepoint`), failed attempts
 retried with backoff, `spec.suspend` carried out (a last checkpoint, then the workers stop) and undone, the
-topology's Redis user kept, and the restart from scratch a user annotates after StateLost."""
+topology's Redis user kept, and the restart from scratch a user annotates after StateLost.
+
+It owns the `StartAttempt`, `ResumeAttempt` and `SuspendAttempt` of a topology and the facts of a start
+(started, the start's errors) and of a suspend (suspending, suspended). It acts through the controller it
+builds (`ControllerFactory`) and that controller's ports; it writes the status only before a step that waits
+(the pods' start, the suspend's checkpoint, the resume): the pass writes it at its end."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
 
+from elastream.analysis import Analyzer
+from elastream.control.attempts import AttemptTarget, ResumeAttempt, StartAttempt, SuspendAttempt
 from elastream.control.controller import TopologyController
+from elastream.control.controller_factory import ControllerFactory
 from elastream.control.managed import (
-    Attempt,
     ManagedTopology,
     spec_parallelism,
 )
-from elastream.control.reconciler_base import ReconcilerBase
-from elastream.control.retrying import backoff_delay
-from elastream.control.savepoint_actions import SavepointError
-from elastream.core.ports import BackendError, NotOwned, StateLost
+from elastream.control.pacing import Pacing
+from elastream.control.savepoint_actions import SavepointError, Savepoints
+from elastream.core.ports import BackendError, Clock, NotOwned, StateLost
 from elastream.core.savepoint_rules import SavepointMeta
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import (
@@ -33,6 +39,7 @@ from elastream.core.topology import (
     topology_prefix,
 )
 from elastream.store.acl import AclRefused
+from elastream.store.registry import Registry
 
 log = logging.getLogger("elastream.operator")
 
@@ -44,22 +51,40 @@ RESTART_FROM_SCRATCH = "elastream.dev/restart-from-scratch"
 SUSPENDED_TICK_S = 30.0
 
 
-class TopologyLifecycle(ReconcilerBase):
+class Lifecycle:
     """The start, suspend and resume of each topology (see the module)."""
 
-    def _start(self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, now: float) -> float | None:
+    def __init__(
+        self,
+        controllers: ControllerFactory,
+        pacing: Pacing,
+        clock: Clock,
+        analyzer: Analyzer,
+        savepoints: Callable[[], Savepoints],
+        running_schedule: Callable[[Topology], Schedule | None],
+        redis_client: redis.Redis,
+    ) -> None:
+        self.controllers = controllers
+        self.pacing = pacing
+        self.clock = clock
+        self.analyzer = analyzer
+        self.savepoints = savepoints
+        self.running_schedule = running_schedule
+        self.redis_client = redis_client
+
+    def start(self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, now: float) -> float | None:
         """Build and start the controller (or adopt the pods an earlier operator left); None when it runs,
         else the seconds until the next try (a failed start backs off)."""
-        attempt = managed.attempt
-        if attempt is not None and attempt.target == "start" and now < attempt.due:
-            return attempt.due - now
+        wait = managed.waits(StartAttempt(), now)
+        if wait is not None:
+            return wait
         if not (managed.writer.written or {}).get("phase"):
             managed.write()  # a new topology: Pending / Starting, before the pods' start holds this pass
-        controller = self._new_controller(topology, body["metadata"], managed)
+        controller = self.controllers.new(topology, body["metadata"], managed)
         self.analyzer.start_warm_up(topology)
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over
-            schedule = (self.running_schedule or self._registry_schedule)(topology)
+            schedule = self.running_schedule(topology)
             schedule, restored = self._start_point(managed, controller, schedule)
             if topology.suspend:
                 # no worker starts; those of an interrupted suspend are adopted, and the pass suspends them
@@ -70,29 +95,24 @@ class TopologyLifecycle(ReconcilerBase):
         except StateLost as exc:
             with contextlib.suppress(Exception):
                 controller.close(stop_workers=False)  # the workers run on, in memory, until the user decides
-            self._state_lost_event(managed, controller, exc)
+            self.state_lost_event(managed, controller, exc)
             managed.set(state_lost=str(exc))
-            managed.write()
-            return self.tick_s
+            return self.pacing.tick_s
         except SavepointError as exc:
             with contextlib.suppress(Exception):
                 controller.close()
             if exc.retry:  # not there (yet): retried with backoff, StartFailed saying what is missing
-                delay = self._start_failed(managed, "start", exc, now)
-                managed.write()
-                return delay
+                return self.start_failed(managed, StartAttempt(), exc, now)
             message = str(exc)  # the user's to fix: InvalidSpec naming spec.initialSavepoint
             managed.set(invalid_spec=message)
             if managed.invalid_reported != message:
                 managed.invalid_reported = message
                 managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
-            managed.write()
             return 30.0
         except (BackendError, redis.RedisError, AclRefused) as exc:
-            delay = self._start_failed(managed, "start", exc, now)
+            delay = self.start_failed(managed, StartAttempt(), exc, now)
             with contextlib.suppress(Exception):  # what started of it goes; the next try starts afresh
                 controller.close()
-            managed.write()
             return delay
         managed.controller = controller
         managed.attempt = None
@@ -139,26 +159,17 @@ class TopologyLifecycle(ReconcilerBase):
         # seeded now, or by a start that stopped before its workers registered: restored from it
         return initial_schedule(topology), used
 
-    def _back_off(self, managed: ManagedTopology, target: Any, reason: str, now: float) -> tuple[int, float]:
-        """Another failure to reach `target` (a start, resume, suspend, upgrade or scaling): counted on from the
-        attempt at the same target, else from 1, and due again after the backoff. Returns (failures, delay)."""
-        attempt = managed.attempt
-        failures = attempt.failures + 1 if attempt is not None and attempt.target == target else 1
-        delay = backoff_delay(failures, self.retry_s, self.retry_cap_s)
-        managed.attempt = Attempt(target, failures, now + delay, reason)
-        return failures, delay
-
-    def _not_yet(self, managed: ManagedTopology, target: str, reason: str, event: str, what: str) -> float:
+    def not_yet(self, managed: ManagedTopology, target: AttemptTarget, reason: str, event: str, what: str) -> float:
         """A checkpoint before stopping the workers (a suspend's, an upgrade's: `target`) was not taken, so
         nothing was stopped: backed off, said in a Warning `event` beginning with `what`. Returns the delay."""
-        _, delay = self._back_off(managed, target, reason, self.clock.monotonic())
+        delay = self._failed(managed, target, reason, self.clock.monotonic())
         managed.events.emit(event, f"{what}; nothing was stopped, retrying in {delay:.0f} s", warning=True)
         return delay
 
-    def _start_failed(self, managed: ManagedTopology, target: str, exc: Exception, now: float) -> float:
+    def start_failed(self, managed: ManagedTopology, target: AttemptTarget, exc: Exception, now: float) -> float:
         """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
         Returns the seconds until the next try."""
-        _, delay = self._back_off(managed, target, str(exc), now)
+        delay = self._failed(managed, target, str(exc), now)
         if isinstance(exc, redis.RedisError):
             managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
         elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
@@ -172,11 +183,15 @@ class TopologyLifecycle(ReconcilerBase):
         elif isinstance(exc, AclRefused):
             managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
         else:
-            what = "resuming" if target == "resume" else "starting"
+            what = "resuming" if isinstance(target, ResumeAttempt) else "starting"
             managed.events.emit(EventReason.START_FAILED, f"{what}: {exc}; retrying in {delay:.0f} s", warning=True)
         return delay
 
-    def _suspend(self, managed: ManagedTopology, now: float) -> float:
+    def _failed(self, managed: ManagedTopology, target: AttemptTarget, reason: str, now: float) -> float:
+        """Another failure to reach `target`, backed off: the seconds until the next try."""
+        return managed.failed(target, reason, now, self.pacing.retry_s, self.pacing.retry_cap_s).delay
+
+    def suspend(self, managed: ManagedTopology, now: float) -> float:
         """`spec.suspend` is true: take the last checkpoint and stop the workers (`TopologyController.suspend`),
         or, once done, keep the status saying Suspended. Nothing else of the pass runs: no recovery, no
         scaling, no autoscaler (a changed spec.nodes is kept in the spec and applies on resume). A
@@ -194,30 +209,26 @@ class TopologyLifecycle(ReconcilerBase):
                 suspending="",
                 state_lost=controller.state_lost,
             )
-            managed.write()
             return SUSPENDED_TICK_S
-        attempt = managed.attempt
-        if attempt is not None and attempt.target == "suspend" and now < attempt.due:
-            managed.write()
-            return attempt.due - now
+        wait = managed.waits(SuspendAttempt(), now)
+        if wait is not None:
+            return wait
         if not managed.facts.suspending:
             managed.set(suspending="taking the last checkpoint before stopping the workers")
             managed.write()
         result = controller.suspend()
-        self._note_store(managed)
+        managed.note_store()
         managed.set(state_lost=controller.state_lost)
         if not result.done and controller.state_lost:
             # no checkpoint can be written over a lost state, and stopping would lose what the workers hold:
             # the workers run on, Stalled (StateLost) says what the user must decide
             managed.set(suspending="the topology's state in Redis is lost: nothing is stopped")
-            managed.write()
-            return self.tick_s
+            return self.pacing.tick_s
         if not result.done:
-            delay = self._not_yet(
-                managed, "suspend", result.reason, EventReason.SUSPEND_BACKOFF, f"suspend: {result.reason}"
+            delay = self.not_yet(
+                managed, SuspendAttempt(), result.reason, EventReason.SUSPEND_BACKOFF, f"suspend: {result.reason}"
             )
             managed.set(suspending=f"{result.reason}; the workers run on, retrying in {delay:.0f} s")
-            managed.write()
             return delay
         managed.attempt = None
         managed.set(
@@ -229,35 +240,38 @@ class TopologyLifecycle(ReconcilerBase):
             recovering=False,
             pending="",
         )
-        managed.write()
         return SUSPENDED_TICK_S
 
-    def _resume(self, managed: ManagedTopology, now: float) -> float | None:
+    def not_suspending(self, managed: ManagedTopology) -> None:
+        """`spec.suspend` is not (or no longer) asked for: a suspend's failed checkpoint is not retried (nothing
+        was stopped), and the status stops saying Suspending."""
+        if managed.attempt is not None and isinstance(managed.attempt.target, SuspendAttempt):
+            managed.attempt = None
+        managed.set(suspending="")
+
+    def resume(self, managed: ManagedTopology, now: float) -> float | None:
         """`spec.suspend` is false again: start the workers from the suspend's checkpoint
         (`TopologyController.resume`); None when they run, else the seconds until the next try (a failed
         resume backs off as a failed start does; Redis away is RedisUnavailable, a lost state StateLost)."""
         controller = managed.controller
         assert controller is not None
-        attempt = managed.attempt
-        if attempt is not None and attempt.target == "resume" and now < attempt.due:
-            return attempt.due - now
+        wait = managed.waits(ResumeAttempt(), now)
+        if wait is not None:
+            return wait
         # not Suspended any more: Resuming until the workers run (a failed try stays so, saying why)
         managed.set(suspended=False, suspended_at="", resuming=True)
         managed.write()
         try:
             controller.resume()
         except StateLost as exc:
-            self._state_lost_event(managed, controller, exc)
+            self.state_lost_event(managed, controller, exc)
             managed.set(state_lost=str(exc))
-            managed.write()
-            return self.tick_s
+            return self.pacing.tick_s
         except (BackendError, redis.RedisError, AclRefused) as exc:
-            delay = self._start_failed(managed, "resume", exc, now)
-            managed.write()
-            return delay
+            return self.start_failed(managed, ResumeAttempt(), exc, now)
         managed.attempt = None
         # the scaling asked while suspended (spec.nodes, degrees) is converged to at once, with no settling
-        managed.spec_changed_at = min(managed.spec_changed_at, now - self.settle_s)
+        managed.spec_changed_at = min(managed.spec_changed_at, now - self.pacing.settle_s)
         managed.set(
             resuming=False,
             backend_error="",
@@ -269,13 +283,13 @@ class TopologyLifecycle(ReconcilerBase):
         return None
 
     @staticmethod
-    def _state_lost_event(managed: ManagedTopology, controller: TopologyController, exc: StateLost) -> None:
+    def state_lost_event(managed: ManagedTopology, controller: TopologyController, exc: StateLost) -> None:
         """One StateLost event for a restore that found its checkpoint's (or savepoint's) keys gone; a lost
         epoch was announced by the controller already (`controller.state_lost`)."""
         if not controller.state_lost and managed.facts.state_lost != str(exc):
             managed.events.emit(EventReason.STATE_LOST, str(exc), warning=True)
 
-    def _check_redis_user(self, managed: ManagedTopology) -> None:
+    def check_redis_user(self, managed: ManagedTopology) -> None:
         """The topology's Redis user is there (one ACL GETUSER per Redis node), set again when Redis lost it (a
         restart without an ACL file): before the pass ticks, so workers waiting out a refused password get back
         in. Redis away is the controller's tick's to note (RedisUnavailable); ACL commands refused are the
@@ -292,7 +306,7 @@ class TopologyLifecycle(ReconcilerBase):
             return
         managed.set(redis_user_refused="")
 
-    def _restart_from_scratch(self, managed: ManagedTopology) -> None:
+    def restart_from_scratch(self, managed: ManagedTopology) -> None:
         """The user's answer to StateLost (the annotation): stop the workers, delete what is left of the
         topology's keys, forget its epoch; the pass goes on to start it anew, sources from their beginning.
         The annotation is removed. Without StateLost it is only removed (it must not wipe a healthy
@@ -343,3 +357,13 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     if batch:
         removed += int(client.unlink(*batch))
     return removed
+
+
+def registry_schedule(client: redis.Redis) -> Callable[[Topology], Schedule | None]:
+    """The schedule the workers of a topology run, as Redis keeps it (after an operator restart: adopted)."""
+
+    def read(topology: Topology) -> Schedule | None:
+        found = Registry(client, topology.redis_prefix).schedule()
+        return found[1] if found is not None else None
+
+    return read

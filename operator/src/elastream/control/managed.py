@@ -1,17 +1,22 @@
 """What the reconcile loop keeps of one StreamTopology between passes (`ManagedTopology`): its controller,
 its one status writer and events, the facts the status is computed from, and the desired state it tried to
-reach and could not (`Attempt`, retried after `control.retrying.backoff_delay`). The desired state itself is
-never kept: it is the resource's spec, read afresh on every pass."""
+reach and could not (`control.attempts.Attempt`, retried after a backoff). The desired state itself is never
+kept: it is the resource's spec, read afresh on every pass.
+
+The status is written here only (`ManagedTopology.write`): what runs is read once (`read_status`: the
+backend's schedule, ready pods, the live rates), the document is rendered by `core.status.render_status`
+(pure) and sent by the one `control.status_writer.StatusWriter` as the difference from what it wrote last."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from elastream.control.attempts import Attempt, AttemptTarget, failure_counts, next_attempt
 from elastream.control.backends.kubernetes import KubernetesBackend
 from elastream.control.backends.worker_objects import selector_for
 from elastream.control.connectors import status_lag
@@ -24,12 +29,16 @@ from elastream.control.savepoint_actions import SavepointRequests
 from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
 from elastream.core.outcomes import Outcome
-from elastream.core.ports import BackendError
+from elastream.core.ports import BackendError, Clock, SystemClock
 from elastream.core.status import (
+    EventReason,
     StatusFacts,
-    desired_conditions,
-    merge_conditions,
-    phase,
+    StatusReading,
+    VertexReading,
+    WorkloadReading,
+    render_status,
+    utc_timestamp,
+    with_failures,
 )
 from elastream.core.topology import (
     Topology,
@@ -44,17 +53,6 @@ UPGRADE_ROLLED_BACK = "RolledBack"
 
 
 @dataclass
-class Attempt:
-    """A desired state the loop tried to reach and could not (a scaling, a start): retried with backoff while
-    it stays the desired state; a new desired state is tried at once."""
-
-    target: Any
-    failures: int = 0
-    due: float = 0.0
-    reason: str = ""
-
-
-@dataclass
 class ManagedTopology:
     """One StreamTopology resource: its controller (once started), its one status writer, its events and what
     the reconcile loop remembers between passes. The desired state is never kept here: it is the resource's
@@ -66,7 +64,10 @@ class ManagedTopology:
     resource: ResourceApi
     controller: TopologyController | None = None
     generation: int = 0
+    #: what the parts of the pass found out (started, scaling, Redis away, the last failure, ...)
     facts: StatusFacts = field(default_factory=lambda: StatusFacts(0, 0))
+    #: the facts the last status write showed: `facts` with what it read (ready nodes) and the attempt's counts
+    reported: StatusFacts = field(default_factory=lambda: StatusFacts(0, 0))
     #: one pass at a time per topology; a delete waits for it (bounded) before stopping the workers
     lock: threading.Lock = field(default_factory=threading.Lock)
     conditions: list[dict[str, Any]] = field(default_factory=list)
@@ -79,7 +80,7 @@ class ManagedTopology:
     #: the generation the autoscaler's own write of spec.nodes produced: until the watch shows it, the
     #: resource seen is older than what runs and must not move it back
     expect_generation: int = 0
-    #: the scaling or start that failed, retried with backoff while it is still wanted
+    #: the start, resume, suspend, upgrade or scaling that failed, retried with backoff while it is still wanted
     attempt: Attempt | None = None
     #: the last generation fully applied, or judged unappliable (status.observedGeneration: GitOps tools wait
     #: for it); it lags while a scaling or an upgrade of a newer one is in flight
@@ -95,6 +96,37 @@ class ManagedTopology:
     state_epoch: str | None = None
     #: the savepoint annotations and `status.savepoints` (`control.savepoint_actions`), made by the first pass
     savepoints: SavepointRequests | None = None
+    #: the time a changed condition records (`Clock.now`)
+    clock: Clock = field(default_factory=SystemClock)
+
+    @staticmethod
+    def of_resource(
+        body: Mapping[str, Any],
+        key: str,
+        writer: StatusWriter,
+        events: KubernetesEvents,
+        resource: ResourceApi,
+        clock: Clock,
+    ) -> ManagedTopology:
+        """A topology seen for the first time: what its status says of the loop's memory is taken back (its
+        conditions, epoch, applied degrees, observed generation and last upgrade: a rolled-back generation is
+        not tried again after an operator restart)."""
+        status = body.get("status") or {}
+        writer.prime(status)
+        managed = ManagedTopology(key, writer, events, resource, clock=clock)
+        managed.conditions = list(status.get("conditions") or [])
+        managed.state_epoch = status.get("stateEpoch") or None
+        applied = status.get("appliedParallelism")
+        if isinstance(applied, Mapping):
+            managed.applied_parallelism = {str(v): int(k) for v, k in applied.items()}
+        observed = status.get("observedGeneration")
+        managed.observed_generation = observed if isinstance(observed, int) else 0
+        upgrade = status.get("lastUpgrade")
+        if isinstance(upgrade, Mapping):
+            managed.published["lastUpgrade"] = dict(upgrade)
+            if upgrade.get("outcome") == UPGRADE_ROLLED_BACK and isinstance(upgrade.get("generation"), int):
+                managed.rolled_back_generation = upgrade["generation"]
+        return managed
 
     @property
     def topology(self) -> Topology:
@@ -108,12 +140,54 @@ class ManagedTopology:
 
     @property
     def backend(self) -> KubernetesBackend:
-        """The controller's backend as what `ManagedTopologies` built it: worker pods."""
+        """The controller's backend as the loop built it: worker pods."""
         assert self.controller is not None
         return cast(KubernetesBackend, self.controller.backend)
 
     def set(self, **changes: Any) -> None:
         self.facts = dataclasses.replace(self.facts, **changes)
+
+    def failed(self, target: AttemptTarget, reason: str, now: float, retry_s: float, retry_cap_s: float) -> Attempt:
+        """Another failure to reach `target`: the attempt in progress, due again after its backoff."""
+        self.attempt = next_attempt(self.attempt, target, reason, now, retry_s, retry_cap_s)
+        return self.attempt
+
+    def waits(self, target: AttemptTarget, now: float) -> float | None:
+        """Seconds until `target`, which failed, may be tried again (None: now)."""
+        return self.attempt.waits(target, now) if self.attempt is not None else None
+
+    def facts_to_report(self) -> StatusFacts:
+        """The facts with the failure counts of the attempt in progress, as the next write shows them."""
+        return with_failures(self.facts, failure_counts(self.attempt))
+
+    def note_store(self) -> None:
+        """What the controller knows of Redis (away since when) into the facts."""
+        controller = self.controller
+        if controller is None:
+            return
+        down_since = controller.store_down_since
+        self.set(
+            redis_unavailable=controller.store_error,
+            redis_down_s=0.0 if down_since is None else max(0.0, controller.clock.now() - down_since),
+        )
+
+    def autoscaled(self, nodes: int) -> None:
+        """The autoscaler moved the topology: write its node count to spec.nodes, and remember the generation
+        that write made (until the watch shows it, the resource seen still asks for the old count)."""
+        generation = self.resource.patch_spec_nodes(nodes)
+        self.expect_generation = generation or self.generation + 1
+
+    def report_pending(self, pending: Mapping[str, str], write: bool = False) -> None:
+        """Worker pods that cannot start (the scheduler's or the kubelet's reason) go into the Available
+        condition and a Warning event; with `write`, the status is written at once (a start or migration
+        waiting for them holds the pass that would write it)."""
+        message = "; ".join(pending[n] for n in sorted(pending))
+        changed = message != self.facts.pending
+        self.set(pending=message)
+        if message:
+            self.events.emit(EventReason.WORKERS_PENDING, message, warning=True)
+        if write and changed:
+            self.write()
 
     def publish(self, field_name: str, status: dict[str, Any]) -> None:
         """The controller's `StatusSink`: a record (lastScaling, lastRecovery, autoscaler) goes into the
@@ -129,78 +203,73 @@ class ManagedTopology:
         """Nothing to do: the writer sends the whole difference with the next write of the pass."""
 
     def write(self, volatile: bool = False) -> bool:
-        return self.writer.write(self.status(), volatile=volatile)
-
-    def status(self) -> dict[str, Any]:
-        """The status subresource's content now (rates from the live view)."""
+        """Write the status as it is now: what runs read once, the document rendered from the facts."""
         controller = self.controller
-        schedule = None
+        reading = read_status(controller, self.facts, self.key)
         if controller is not None:
-            try:
-                schedule = controller.backend.current_schedule()
-            except BackendError:
-                schedule = None
-        ready = self.facts.ready_nodes
-        if schedule is not None and not self.facts.redis_unavailable:
-            try:  # a pod that is scheduled but not started (or not placed at all) is not ready
-                ready = len((set(schedule.nodes) & self.backend.ready_nodes()) - set(self.backend.failed_nodes()))
-            except Exception as exc:  # Redis or the API server away: the last count stands
-                log.debug("ready nodes of %s not read: %s", self.key, exc)
-        running = len(schedule.nodes) if schedule is not None else 0
-        if self.facts.suspended:  # no worker runs (the scale subresource reads 0 replicas, as when scaled to 0)
-            schedule, running, ready = None, 0, 0
-        # what must be ready is what runs: a failed scaling leaves the old schedule Running, not Degraded
-        self.set(ready_nodes=ready, desired_nodes=running if schedule is not None else self.facts.desired_nodes)
-        attempt = self.attempt  # failures in a row of what is retried: enough of them and the topology is Stalled
-        target = attempt.target if attempt is not None else None
-        failures = attempt.failures if attempt is not None else 0
-        self.set(
-            start_failures=failures if target in ("start", "resume") else 0,
-            suspend_failures=failures if target == "suspend" else 0,
-            scaling_failures=failures if target not in (None, "start", "resume", "suspend") else 0,
-        )
-        self.set(connector_error=controller.connectors.error if controller is not None else "")
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.conditions = merge_conditions(
-            self.conditions, desired_conditions(self.facts), now, self.observed_generation
-        )
-        status: dict[str, Any] = {
-            "phase": phase(self.facts),
-            "nodes": running,
-            "readyNodes": ready,
-            "observedGeneration": self.observed_generation,
-            "conditions": self.conditions,
-        }
-        if controller is not None:
-            topology = controller.topology
-            rates = controller.live.rates()
-            parallelism = schedule.parallelism() if schedule is not None else {}
-            backlog = controller.live.source_backlog()
-            vertices: list[dict[str, Any]] = []
-            for v in topology.order:
-                entry: dict[str, Any] = {
-                    "name": v,
-                    "parallelism": parallelism.get(v, 0),
-                    "processingRate": round(rates.get(v, 0.0), 1),
-                }
-                if v in backlog:
-                    entry["lag"] = backlog[v]
-                if v in controller.partition_lag:
-                    entry["partitionLag"] = status_lag(controller.partition_lag[v])
-                vertices.append(entry)
-            status.update(
-                selector=selector_for(topology), throughput=round(controller.live.throughput(), 1), vertices=vertices
-            )
-            if self.applied_parallelism is not None:
-                status["appliedParallelism"] = dict(self.applied_parallelism)
             self.state_epoch = controller.epoch or self.state_epoch
-            record = controller.last_scaling
-            if record is not None:
-                status["lastScalingSummary"] = summary(record)
+        extra: dict[str, Any] = {}
+        if controller is not None and self.applied_parallelism is not None:
+            extra["appliedParallelism"] = dict(self.applied_parallelism)
         if self.state_epoch:
-            status["stateEpoch"] = self.state_epoch
-        status.update(self.published)
-        return status
+            extra["stateEpoch"] = self.state_epoch
+        extra.update(self.published)
+        # the counts the last write read stand for a write that cannot read them (Redis or the API server away)
+        last = self.reported
+        rendered = render_status(
+            dataclasses.replace(self.facts, ready_nodes=last.ready_nodes, desired_nodes=last.desired_nodes),
+            reading,
+            failure_counts(self.attempt),
+            self.conditions,
+            self.observed_generation,
+            utc_timestamp(self.clock.now()),
+            extra,
+        )
+        self.conditions, self.reported = rendered.conditions, rendered.facts
+        return self.writer.write(rendered.status, volatile=volatile)
+
+
+def read_status(controller: TopologyController | None, facts: StatusFacts, key: str) -> StatusReading:
+    """What a status write reads of the topology's workers, once: the schedule they run, how many of its pods
+    are ready (not while Redis is away: the last count stands), the live rates and lags."""
+    if controller is None:
+        return StatusReading()
+    try:
+        schedule = controller.backend.current_schedule()
+    except BackendError:
+        schedule = None
+    ready = None
+    if schedule is not None and not facts.redis_unavailable:
+        backend = cast(KubernetesBackend, controller.backend)
+        try:  # a pod that is scheduled but not started (or not placed at all) is not ready
+            ready = len((set(schedule.nodes) & backend.ready_nodes()) - set(backend.failed_nodes()))
+        except Exception as exc:  # Redis or the API server away: the last count stands
+            log.debug("ready nodes of %s not read: %s", key, exc)
+    topology = controller.topology
+    rates = controller.live.rates()
+    backlog = controller.live.source_backlog()
+    record = controller.last_scaling
+    workload = WorkloadReading(
+        selector=selector_for(topology),
+        throughput=controller.live.throughput(),
+        vertices=tuple(
+            VertexReading(
+                v,
+                rates.get(v, 0.0),
+                lag=backlog.get(v),
+                partition_lag=status_lag(controller.partition_lag[v]) if v in controller.partition_lag else None,
+            )
+            for v in topology.order
+        ),
+        last_scaling=summary(record) if record is not None else None,
+    )
+    return StatusReading(
+        schedule_nodes=len(schedule.nodes) if schedule is not None else None,
+        parallelism=schedule.parallelism() if schedule is not None else {},
+        ready=ready,
+        workload=workload,
+        connector_error=controller.connectors.error,
+    )
 
 
 def summary(record: ScalingRecord) -> str:

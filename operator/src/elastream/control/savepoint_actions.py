@@ -14,12 +14,11 @@ topology's first completed checkpoint, so the controller's ordinary start restor
 (`migrator.recover`, the `restart` protocol: state per key group, sources from the savepoint's positions)
 exactly as a resume after a suspend does. A topology with state of its own ignores it.
 
-Nothing here retries: the caller (`control.resources`) retries with backoff and reports.
+Nothing here retries: the caller (`control.savepoint_annotations`) retries with backoff and reports.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from elastream.core.savepoint_rules import (
     status_entries,
 )
 from elastream.core.schedule import initial_schedule
-from elastream.core.status import EventReason
+from elastream.core.status import EventReason, utc_timestamp
 from elastream.core.topology import Topology, stream_key
 from elastream.store.checkpoint_store import CheckpointScope, CheckpointStore
 from elastream.store.epoch import RedisEpoch
@@ -59,10 +58,6 @@ class SavepointError(Exception):
     def __init__(self, message: str, retry: bool) -> None:
         super().__init__(message)
         self.retry = retry
-
-
-def utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def take_savepoint(
@@ -113,7 +108,7 @@ def take_savepoint(
         namespace=topology.namespace,
         topology=topology.name,
         checkpoint=checkpoint_id,
-        taken_at=utc_now(),
+        taken_at=utc_timestamp(controller.clock.now()),
         vertices={v: topology.vertices[v].max_parallelism for v in topology.order},
         shared_with=tuple(share_with),
         # read now, before anything else of this controller runs: only a checkpoint commits to these streams

@@ -24,7 +24,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -36,8 +36,6 @@ from elastream.core.status import PHASES, EventReason, StatusFacts, desired_cond
 
 if TYPE_CHECKING:
     from elastream.control.controller import TopologyController
-    from elastream.control.managed import ManagedTopology
-    from elastream.control.resources import ManagedTopologies
     from elastream.control.scaling import ScalingRecord
 
 log = logging.getLogger("elastream.metrics")
@@ -220,7 +218,37 @@ def checkpoint_facts(controller: TopologyController) -> tuple[float, float | Non
     return interval, None, None
 
 
-def managed_reading(managed: ManagedTopology) -> TopologyReading:
+class WrittenStatus(Protocol):
+    @property
+    def written(self) -> Mapping[str, Any] | None:
+        """The status as last written (None: not known yet)."""
+        ...
+
+
+class ServedTopology(Protocol):
+    """What a scrape reads of a topology the reconcile loop serves (`control.managed.ManagedTopology`)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def writer(self) -> WrittenStatus: ...
+
+    @property
+    def spec(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def controller(self) -> TopologyController | None: ...
+
+
+class ServedTopologies(Protocol):
+    """The topologies the reconcile loop serves (`control.reconciler.TopologyReconciler`), by key."""
+
+    @property
+    def topologies(self) -> Mapping[str, ServedTopology]: ...
+
+
+def managed_reading(managed: ServedTopology) -> TopologyReading:
     """One operator topology's reading: the status its writer last wrote (not recomputed: that would ask the
     API server and Redis at every scrape), spec.nodes as the last pass saw it, its checkpointer's last round."""
     namespace, _, name = managed.key.partition("/")
@@ -240,7 +268,7 @@ def managed_reading(managed: ManagedTopology) -> TopologyReading:
     )
 
 
-def managed_readings(topologies: ManagedTopologies) -> list[TopologyReading]:
+def managed_readings(topologies: ServedTopologies) -> list[TopologyReading]:
     """The reading of every topology the operator serves now; one whose reading fails is skipped (debug)."""
     # a copy taken in one C call (the reconcile threads add and remove entries meanwhile)
     entries = list(topologies.topologies.values())
@@ -376,7 +404,7 @@ def _redis_families(memory: tuple[float, float] | None) -> Iterator[Metric]:
 
 
 def register_topology_metrics(
-    topologies: ManagedTopologies,
+    topologies: ServedTopologies,
     redis_client: Any,
     registry: CollectorRegistry = REGISTRY,
     clock: Clock | None = None,

@@ -1,35 +1,47 @@
-"""Stateful upgrades in the reconcile loop (`TopologyUpgrades`): a changed spec that does not apply in place
+"""Stateful upgrades, a part of the reconcile pass (`Upgrades`): a changed spec that does not apply in place
 (`core.upgrade`) is carried out by a checkpoint of the running workers, their pods stopped, and a controller of
 the new spec whose pods start from that checkpoint; new pods that do not start roll back to the previous spec
 from the same checkpoint. Also what an operator restart finds of an upgrade in flight (the ConfigMap's record)
-and a change of the scaling settings only (the controller rebuilt, the pods run on)."""
+and a change of the scaling settings only (the controller rebuilt, the pods run on).
+
+It owns the `UpgradeAttempt` of a topology, its upgrade facts (upgrading, upgrade_failed, upgrade_refused),
+`status.lastUpgrade` and the rolled-back generation. It builds controllers through `ControllerFactory`, starts
+one through `Lifecycle.start` (a rebuild) and backs off through `Lifecycle.not_yet`/`start_failed`; it writes
+the status before each step that waits (the checkpoint, the new pods' start)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
 
-from elastream.control.backends.worker_objects import placement_problems, pod_template_problems, running_spec_of
-from elastream.control.controller import SuspendResult, TopologyController
-from elastream.control.lifecycle import (
-    TopologyLifecycle,
+from elastream.analysis import Analyzer
+from elastream.control.attempts import ResumeAttempt, StartAttempt, UpgradeAttempt
+from elastream.control.backends.worker_objects import (
+    WorkerPodSettings,
+    placement_problems,
+    pod_template_problems,
+    running_spec_of,
 )
+from elastream.control.controller import SuspendResult, TopologyController
+from elastream.control.controller_factory import ControllerFactory
+from elastream.control.lifecycle import Lifecycle
 from elastream.control.managed import (
     UPGRADE_ROLLED_BACK,
     UPGRADE_SUCCEEDED,
     ManagedTopology,
     spec_parallelism,
 )
+from elastream.control.pacing import Pacing
 from elastream.core.images import image_allowed
-from elastream.core.ports import BackendError, StateLost
+from elastream.core.ports import BackendError, Clock, CoreApi, StateLost
 from elastream.core.status import (
     EventReason,
+    utc_timestamp,
 )
 from elastream.core.topology import (
     Topology,
@@ -41,17 +53,42 @@ from elastream.store.acl import AclRefused
 
 log = logging.getLogger("elastream.operator")
 
+#: the spec a topology's pods run and the one of an upgrade in flight (its ConfigMap's), None when none
+RunningSpec = Callable[[Topology, Mapping[str, Any]], tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]]
 
-class TopologyUpgrades(TopologyLifecycle):
+
+class Upgrades:
     """Stateful upgrades of each topology (see the module)."""
 
-    def _running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> tuple[Topology, Topology | None]:
+    def __init__(
+        self,
+        controllers: ControllerFactory,
+        lifecycle: Lifecycle,
+        pacing: Pacing,
+        clock: Clock,
+        analyzer: Analyzer,
+        core_api: CoreApi,
+        settings: WorkerPodSettings,
+        allowed_images: tuple[str, ...],
+        running_spec: RunningSpec | None = None,
+    ) -> None:
+        self.controllers = controllers
+        self.lifecycle = lifecycle
+        self.pacing = pacing
+        self.clock = clock
+        self.analyzer = analyzer
+        self.core_api = core_api
+        self.settings = settings
+        self.allowed_images = allowed_images
+        self.running_spec = running_spec or self._configmap_spec
+
+    def running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> tuple[Topology, Topology | None]:
         """When the operator takes a topology over: (what its pods run, the spec of an upgrade in flight started
         from, or None), from its ConfigMap (written with every start, upgrade and schedule), so a spec changed
         while no operator ran is applied by the upgrade path rather than assumed, and an interrupted upgrade
         can still go back. The wanted one when there is none (a new topology) or it cannot be read or parsed
         (then the start says what is wrong)."""
-        read = self.running_spec or self._configmap_spec
+        read = self.running_spec
         try:
             running_doc, previous_doc = read(wanted, metadata)
         except Exception as exc:  # the API server away: the start itself will wait and say so
@@ -101,32 +138,29 @@ class TopologyUpgrades(TopologyLifecycle):
     ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
         return running_spec_of(self.core_api, wanted, {"name": metadata["name"], "uid": metadata.get("uid", "")})
 
-    def _upgrade_due(self, managed: ManagedTopology, running: Topology, wanted: Topology) -> bool:
+    def upgrade_due(self, managed: ManagedTopology, running: Topology, wanted: Topology) -> bool:
         """Whether the wanted spec is a stateful upgrade of `running` still to be tried."""
         change = spec_change(running, wanted)
         return change.needs_restart and not change.refused and managed.rolled_back_generation != managed.generation
 
-    def _take_over_interrupted_upgrade(
+    def take_over_interrupted(
         self, managed: ManagedTopology, body: Mapping[str, Any], previous: Topology, now: float
     ) -> float | None:
         """The ConfigMap says an upgrade from `previous` was in flight when the last operator stopped: its pods
         (new ones starting, or the previous spec's not stopped yet) are stopped, and a controller of the
         previous spec is taken over stopped, at the latest checkpoint. The pass then upgrades again from that
         checkpoint (rolling back to `previous` if that fails), or resumes `previous` if the spec went back."""
-        controller = self._new_controller(previous, body["metadata"], managed)
+        controller = self.controllers.new(previous, body["metadata"], managed)
         try:
             controller.backend.stop_workers()
             controller.start_suspended(None)
         except StateLost as exc:
             managed.set(state_lost=str(exc))
-            managed.write()
-            return self.tick_s
+            return self.pacing.tick_s
         except (BackendError, redis.RedisError, AclRefused) as exc:
             with contextlib.suppress(Exception):
                 controller.close(stop_workers=False)
-            delay = self._start_failed(managed, "start", exc, now)
-            managed.write()
-            return delay
+            return self.lifecycle.start_failed(managed, StartAttempt(), exc, now)
         controller.suspended = True  # whatever ran was stopped: the restore starts it
         managed.controller = controller
         managed.attempt = None
@@ -139,7 +173,7 @@ class TopologyUpgrades(TopologyLifecycle):
         )
         return None
 
-    def _apply_spec(
+    def apply_spec(
         self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, now: float
     ) -> float | None:
         """The changes of the spec that do not apply in place (`core.upgrade`): scaling settings rebuild the
@@ -170,12 +204,12 @@ class TopologyUpgrades(TopologyLifecycle):
             return None
         if controller.store_error or controller.state_lost:
             return None  # nothing can be checkpointed: the upgrade waits (RedisUnavailable / StateLost say why)
-        settle = managed.spec_changed_at + self.settle_s - now
+        settle = managed.spec_changed_at + self.pacing.settle_s - now
         if settle > 0:
             return settle
-        attempt = managed.attempt
-        if attempt is not None and attempt.target == "upgrade" and now < attempt.due:
-            return attempt.due - now
+        wait = managed.waits(UpgradeAttempt(), now)
+        if wait is not None:
+            return wait
         return self._upgrade(managed, body, wanted, change, now)
 
     def _rebuild(
@@ -183,7 +217,7 @@ class TopologyUpgrades(TopologyLifecycle):
     ) -> float | None:
         """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
         is built again with them and adopts the running pods, as after an operator restart."""
-        settle = managed.spec_changed_at + self.settle_s - now
+        settle = managed.spec_changed_at + self.pacing.settle_s - now
         if settle > 0:
             return settle
         old = managed.controller
@@ -191,7 +225,7 @@ class TopologyUpgrades(TopologyLifecycle):
         managed.state_epoch = old.epoch or managed.state_epoch
         old.close(stop_workers=False)
         managed.controller = None
-        delay = self._start(managed, body, wanted, now)
+        delay = self.lifecycle.start(managed, body, wanted, now)
         if delay is None:
             managed.events.emit(
                 EventReason.UPGRADED,
@@ -211,7 +245,7 @@ class TopologyUpgrades(TopologyLifecycle):
         old = managed.controller
         assert old is not None
         generation = managed.generation
-        started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started_at = utc_timestamp(self.clock.now())
         if not managed.facts.upgrading:
             managed.events.emit(
                 EventReason.UPGRADE_STARTED,
@@ -226,12 +260,11 @@ class TopologyUpgrades(TopologyLifecycle):
             result = SuspendResult(False, reason=f"the upgrade could not be recorded: {exc}")
         else:
             result = old.suspend(announce=False)
-        self._note_store(managed)
+        managed.note_store()
         if not result.done:
             what = f"generation {generation}: {result.reason}"
-            delay = self._not_yet(managed, "upgrade", result.reason, EventReason.UPGRADE_BACKOFF, what)
+            delay = self.lifecycle.not_yet(managed, UpgradeAttempt(), result.reason, EventReason.UPGRADE_BACKOFF, what)
             managed.set(upgrading=f"{what}; the old pods run on, retrying in {delay:.0f} s")
-            managed.write()
             return delay
         managed.attempt = None
         checkpoint = result.checkpoint_id
@@ -264,14 +297,14 @@ class TopologyUpgrades(TopologyLifecycle):
             "checkpoint": checkpoint or "",
             "replayed": replayed,
             "startedAt": started_at,
-            "finishedAt": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "finishedAt": utc_timestamp(self.clock.now()),
         }
         managed.events.emit(
             EventReason.UPGRADED,
             f"generation {generation} runs: started from checkpoint {checkpoint or '(none: the sources beginning)'}, "
             f"{replayed} events replayed",
         )
-        managed.write()
+        managed.write()  # the new generation runs: said before the rest of the pass (a tick, a scaling) holds it
         return None
 
     @staticmethod
@@ -288,7 +321,7 @@ class TopologyUpgrades(TopologyLifecycle):
     ) -> tuple[TopologyController, Any]:
         """A controller of `topology` whose pods start from the latest checkpoint (none runs now). On failure its
         pods are stopped and the error raised."""
-        controller = self._new_controller(topology, body["metadata"], managed)
+        controller = self.controllers.new(topology, body["metadata"], managed)
         self.analyzer.start_warm_up(topology)
         try:
             controller.start_suspended(None)
@@ -335,23 +368,21 @@ class TopologyUpgrades(TopologyLifecycle):
             "checkpoint": checkpoint or "",
             "reason": message,
             "startedAt": started_at,
-            "finishedAt": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "finishedAt": utc_timestamp(self.clock.now()),
         }
         try:
             controller, _ = self._restart_as(managed, body, previous, "rolling back a failed upgrade")
         except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
-            controller = self._new_controller(previous, body["metadata"], managed)
+            controller = self.controllers.new(previous, body["metadata"], managed)
             with contextlib.suppress(Exception):
                 controller.start_suspended(None)
             controller.suspended = True  # the next pass's resume starts it, with backoff
             managed.controller = controller
-            delay = self._start_failed(managed, "resume", exc, self.clock.monotonic())
+            delay = self.lifecycle.start_failed(managed, ResumeAttempt(), exc, self.clock.monotonic())
             managed.set(upgrading="", upgrade_failed=message, resuming=True)
-            managed.write()
             return delay
         managed.controller = controller
         self._upgrade_done(managed)
         managed.set(upgrading="", upgrade_failed=message, backend_error="", started=True, suspended=False)
         managed.events.emit(EventReason.UPGRADE_ROLLED_BACK, message, warning=True)
-        managed.write()
-        return self.tick_s
+        return self.pacing.tick_s

@@ -27,9 +27,11 @@ A condition keeps its `lastTransitionTime` while its status stays the same, as m
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 AVAILABLE = "Available"
@@ -195,6 +197,8 @@ class StatusFacts:
     suspending: str = ""
     #: failures in a row of the suspend's last checkpoint (the workers run on meanwhile)
     suspend_failures: int = 0
+    #: failures in a row of the checkpoint that begins a stateful upgrade (the old pods run on meanwhile)
+    upgrade_failures: int = 0
     #: the workers are starting again from the checkpoint of a suspend
     resuming: bool = False
     #: a stateful upgrade is in flight (checkpoint, old pods stopped, new ones starting from it): what it does
@@ -435,3 +439,134 @@ def merge_conditions(
             }
         )
     return merged
+
+
+# ------------------------------------------------------------------------------- the status document
+
+
+def utc_timestamp(seconds: float) -> str:
+    """`seconds` since the epoch (a `Clock.now()`) as the status and its conditions write times down."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class VertexReading:
+    """One vertex as a status write reads it from the running topology."""
+
+    name: str
+    processing_rate: float = 0.0
+    #: the source's backlog, when it has one
+    lag: Any = None
+    #: the source's lag per partition (`control.connectors.status_lag`), when it has one
+    partition_lag: Any = None
+
+
+@dataclass(frozen=True)
+class WorkloadReading:
+    """What runs, as a status write reads it from the topology's controller."""
+
+    selector: str
+    throughput: float
+    vertices: tuple[VertexReading, ...] = ()
+    #: the `Last scaling` printer column's line, once there was a scaling
+    last_scaling: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusReading:
+    """What one status write reads (once) of the topology's workers: the rest of the status is the facts the
+    reconcile loop keeps."""
+
+    #: nodes of the schedule the workers run (None: no schedule known)
+    schedule_nodes: int | None = None
+    #: the executors per vertex of that schedule
+    parallelism: Mapping[str, int] = field(default_factory=dict)
+    #: nodes of that schedule ready now (None: not read, the last count stands)
+    ready: int | None = None
+    #: None: no controller yet
+    workload: WorkloadReading | None = None
+    connector_error: str = ""
+
+
+@dataclass(frozen=True)
+class FailureCounts:
+    """Failures in a row of what the reconcile loop retries, each kind its own (`StatusFacts`' counters)."""
+
+    start: int = 0
+    suspend: int = 0
+    upgrade: int = 0
+    scaling: int = 0
+
+
+def with_failures(facts: StatusFacts, failures: FailureCounts) -> StatusFacts:
+    return dataclasses.replace(
+        facts,
+        start_failures=failures.start,
+        suspend_failures=failures.suspend,
+        upgrade_failures=failures.upgrade,
+        scaling_failures=failures.scaling,
+    )
+
+
+@dataclass(frozen=True)
+class RenderedStatus:
+    """`render_status`'s answer: the status subresource's content, the facts it was computed from (with what
+    the reading and the attempt in progress added) and the conditions to keep for the next write."""
+
+    status: dict[str, Any]
+    facts: StatusFacts
+    conditions: list[dict[str, Any]]
+
+
+def render_status(
+    facts: StatusFacts,
+    reading: StatusReading,
+    failures: FailureCounts,
+    conditions: Sequence[Mapping[str, Any]],
+    observed_generation: int,
+    now: str,
+    extra: Mapping[str, Any] | None = None,
+) -> RenderedStatus:
+    """The status of a topology from its facts and what was read of its workers: phase, node counts and
+    conditions (a failed scaling leaves the old schedule Running, not Degraded: what must be ready is what
+    runs; a suspended topology shows no node), the workload's figures, then `extra` (appliedParallelism,
+    stateEpoch, the records the controller published) as given. `failures`: the attempt in progress's
+    counters (`control.attempts.failure_counts`); `now`: the time a changed condition records."""
+    running = reading.schedule_nodes
+    ready = facts.ready_nodes if reading.ready is None else reading.ready
+    parallelism: Mapping[str, int] = reading.parallelism
+    if facts.suspended:  # no worker runs (the scale subresource reads 0 replicas, as when scaled to 0)
+        running, ready, parallelism = None, 0, {}
+    facts = dataclasses.replace(
+        with_failures(facts, failures),
+        ready_nodes=ready,
+        desired_nodes=running if running is not None else facts.desired_nodes,
+        connector_error=reading.connector_error,
+    )
+    merged = merge_conditions(conditions, desired_conditions(facts), now, observed_generation)
+    status: dict[str, Any] = {
+        "phase": phase(facts),
+        "nodes": running or 0,
+        "readyNodes": ready,
+        "observedGeneration": observed_generation,
+        "conditions": merged,
+    }
+    workload = reading.workload
+    if workload is not None:
+        vertices: list[dict[str, Any]] = []
+        for vertex in workload.vertices:
+            entry: dict[str, Any] = {
+                "name": vertex.name,
+                "parallelism": parallelism.get(vertex.name, 0),
+                "processingRate": round(vertex.processing_rate, 1),
+            }
+            if vertex.lag is not None:
+                entry["lag"] = vertex.lag
+            if vertex.partition_lag is not None:
+                entry["partitionLag"] = vertex.partition_lag
+            vertices.append(entry)
+        status.update(selector=workload.selector, throughput=round(workload.throughput, 1), vertices=vertices)
+        if workload.last_scaling is not None:
+            status["lastScalingSummary"] = workload.last_scaling
+    status.update(extra or {})
+    return RenderedStatus(status, facts, merged)

@@ -32,7 +32,7 @@ from elastream.control.backends.worker_objects import (
 )
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
-from elastream.control.resources import ManagedTopologies
+from elastream.control.reconciler import TopologyReconciler
 from elastream.handlers import topology as handlers
 from elastream.store.acl import UserKeeper
 from elastream.worker_inputs.keys import auth_enabled
@@ -256,7 +256,7 @@ def run(options: OperatorOptions) -> int:
     load_kubernetes_config()
     redis_client = redis_at_start(options.redis_url)
     slots, pool = reconcile_pool(options)
-    handlers.TOPOLOGIES = ManagedTopologies(
+    handlers.TOPOLOGIES = TopologyReconciler(
         redis_client=redis_client,
         redis_url=options.redis_url,
         core_api=client.CoreV1Api(),

@@ -20,18 +20,18 @@ from typing import Any
 
 import kopf
 
+from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import GROUP, PLURAL, VERSION
-from elastream.control.resources import ManagedTopologies
 from elastream.log_format import CURRENT_TOPOLOGY
 
 #: set by `elastream operator` before kopf starts
-TOPOLOGIES: ManagedTopologies | None = None
+TOPOLOGIES: TopologyReconciler | None = None
 #: the threads passes run on (`control.reconcile_slots.ReconcilePool`: every topology shares its slots; a pass
 #: that waits gives its slot back)
 POOL: Executor | None = None
 
 
-def topologies() -> ManagedTopologies:
+def topologies() -> TopologyReconciler:
     if TOPOLOGIES is None:
         raise kopf.PermanentError("the operator is not configured (run it with `elastream operator`)")
     return TOPOLOGIES

@@ -1,0 +1,405 @@
+"""The Kubernetes side of the control plane, without kopf: a level-triggered reconcile loop per StreamTopology.
+
+`TopologyReconciler.reconcile(resource)` is one pass of a topology's loop (the kopf daemon of each resource
+calls it on a bounded thread pool, when woken by a change of the resource or every `tick_s`): it compares what
+the resource asks for (its spec, read afresh each pass: the one place the desired state lives) with what runs
+(the backend's schedule) and acts until they agree — start or adopt the worker pods, recover dead workers,
+take due checkpoints, let the autoscaler decide, migrate to the spec's node count and degrees, or, while
+`spec.suspend` is true, take a last checkpoint and stop the workers (and start them again from it when it is
+false: no scaling, autoscaling or recovery meanwhile; a changed `spec.nodes` applies on resume). A burst of
+patches settles (`settle_s`) before anything moves, so it migrates once, to the last value; a scaling or start
+that fails leaves the old schedule running and is retried with backoff while it is still wanted (a new value
+is tried at once).
+
+A pass is composed of parts, each an object with its own state and a narrow interface, none inheriting from
+another: the resource observed once (`observe_resource`: the wanted topology, or why it is invalid), then
+`Lifecycle` (start, resume, suspend, restart from scratch), `SavepointAnnotations`, `Upgrades` (stateful
+upgrades, their rollback, a rebuilt controller), `ControllerTick` (pods, recovery, checkpoints, drains, the
+autoscaler through the controller's tick) and `Convergence` (scaling to the spec). The controllers are built
+by `ControllerFactory`. What a pass keeps of a topology is its `ManagedTopology`, whose one writer writes the
+status at the end of the pass (rendered by `core.status.render_status`), and before a step that waits.
+
+One shared analysis session (one Spark session for every topology), one Redis connection. Prometheus metrics
+of the operator (`control.topology_metrics`): rescales and recoveries counted as they happen, per topology
+(their series removed when it is deleted), and every topology's phase, conditions and nodes read at scrape
+time. The delete (`remove`) carries out `spec.deletionPolicy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from elastream.analysis import Analyzer
+from elastream.control.backends.worker_objects import WorkerPodSettings, placement_problems, pod_template_problems
+from elastream.control.controller import TopologyController
+from elastream.control.controller_factory import BuildController, ControllerFactory
+from elastream.control.controller_tick import ControllerTick
+from elastream.control.convergence import Convergence
+from elastream.control.lifecycle import (
+    RESTART_FROM_SCRATCH,
+    Lifecycle,
+    delete_keys,
+    delete_keys_logged,
+    registry_schedule,
+)
+from elastream.control.managed import ManagedTopology
+from elastream.control.pacing import Pacing
+from elastream.control.reconcile_slots import ReconcileSlots
+from elastream.control.resource_api import (
+    KubernetesEvents,
+    ResourceApi,
+    topology_from_resource,
+)
+from elastream.control.retrying import retry_within
+from elastream.control.savepoint_actions import RedisSavepoints, Savepoints
+from elastream.control.savepoint_annotations import SavepointAnnotations
+from elastream.control.scaling import ScalingRecord
+from elastream.control.status_writer import StatusWriter
+from elastream.control.topology_metrics import forget_topology
+from elastream.control.upgrades import RunningSpec, Upgrades
+from elastream.core.images import image_allowed, image_refusal
+from elastream.core.ports import Clock, CoreApi, CustomObjectsApi, NetworkingApi, PolicyApi, SystemClock
+from elastream.core.schedule import Schedule
+from elastream.core.status import EventReason, stalled
+from elastream.core.topology import Topology, TopologyError, topology_prefix
+from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user
+from elastream.store.retry import backoff
+
+log = logging.getLogger("elastream.operator")
+
+
+#: how long a delete waits for Redis to delete the topology's user and keys (the finalizer goes either way)
+DELETE_REDIS_WAIT_S = 30.0
+
+
+def observe_resource(body: Mapping[str, Any], allowed_images: tuple[str, ...], settings: WorkerPodSettings) -> Topology:
+    """The topology the resource asks for, or `TopologyError` saying why it cannot run here. Parsed before
+    anything else walks the spec: a spec too deep or too big (an alias bomb) is one InvalidSpec line, where
+    comparing it with the last one would have ended in RecursionError."""
+    wanted = topology_from_resource(body)
+    image = str(wanted.spec.get("image") or "")
+    if image and not image_allowed(image, allowed_images):
+        # before anything is created: no pod of a refused image, no ConfigMap or Secret for it
+        raise TopologyError([image_refusal(image, allowed_images)])
+    # likewise a placement outside the operator's policy (worker.placement): the control plane, another's nodes
+    refused = placement_problems(wanted.spec.get("placement"), settings.placement, wanted.namespace)
+    # and a podTemplate (or a connector's Secret) outside its policy (worker.podTemplate): hostPath, a mount
+    # over the image's code, the operator's env or labels, a service account it did not allow
+    refused += pod_template_problems(wanted.spec, settings)
+    if refused:
+        raise TopologyError(refused)
+    return wanted
+
+
+@dataclass
+class TopologyReconciler:
+    """Every topology this operator serves, each driven by `reconcile` (the level-triggered loop: the kopf
+    daemon of each resource calls it with the resource as it is now, on a bounded pool of threads). Its
+    fields are the operator's settings and wiring; the parts of a pass are built from them (see the module)."""
+
+    redis_client: redis.Redis
+    #: never in a repr (a log line, a traceback's locals): it may hold a password
+    redis_url: str = field(repr=False)
+    core_api: CoreApi
+    custom_api: CustomObjectsApi
+    #: the one analysis session (Spark) of every topology: warmed up at a start, analyses each window
+    analyzer: Analyzer
+    settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
+    #: the worker images a topology's spec.image may name (`core.images`); empty: any
+    allowed_images: tuple[str, ...] = ()
+    #: a `kubernetes.client.NetworkingV1Api`, for each topology's NetworkPolicy (`settings.network_policy`)
+    networking_api: NetworkingApi | None = None
+    #: a `kubernetes.client.PolicyV1Api`, for each topology's PodDisruptionBudget (`settings.disruption_budget`)
+    policy_api: PolicyApi | None = None
+    #: give each topology's workers a Redis ACL user of its own (`store.acl`); off: the operator's URL
+    topology_users: bool = True
+    #: sets those users again within a tick when Redis lost them, for every topology on one thread (None: only
+    #: the reconcile passes look)
+    user_keeper: UserKeeper | None = None
+    interval_s: float = 1.0
+    #: how long worker pods may take to be scheduled, started and ready
+    start_timeout_s: float = 180.0
+    #: seconds between passes of an idle topology (dead workers, checkpoints, the autoscaler, rates)
+    tick_s: float = 2.0
+    #: a changed spec is acted on once it has been still this long (a burst of patches moves once)
+    settle_s: float = 1.0
+    #: seconds between status writes for the rates alone
+    volatile_every_s: float = 15.0
+    #: a failed scaling or start of the same desired state is retried after this, doubling up to the cap
+    retry_s: float = 5.0
+    retry_cap_s: float = 300.0
+    #: how long a delete waits for a pass in progress (a migration) before it stops the workers anyway
+    delete_wait_s: float = 60.0
+    #: builds the controller of a topology (tests replace it with one over in-memory fakes)
+    build: BuildController | None = None
+    #: where savepoints are kept (None: in Redis, through `redis_client`)
+    savepoint_service: Savepoints | None = None
+    #: the schedule the workers of a topology run, from Redis (after an operator restart: adopted)
+    running_schedule: Callable[[Topology], Schedule | None] | None = None
+    #: the spec the pods of a topology run (its ConfigMap's), None when there are none (tests replace it)
+    running_spec: RunningSpec | None = None
+    #: every deadline, backoff, settling and wait of the loop and of the controllers it builds (tests: fake)
+    clock: Clock = field(default_factory=SystemClock)
+    #: how many passes do work at once (`control.reconcile_slots`); a pass that waits gives its slot back
+    #: (None: as many as call `reconcile`, e.g. tests that drive one topology)
+    slots: ReconcileSlots | None = None
+    topologies: dict[str, ManagedTopology] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.slots is not None:
+            # every wait of a pass goes through this clock (the controllers and backends it builds get it):
+            # waiting, a pass gives its slot back to the passes of other topologies
+            self.clock = self.slots.clock(self.clock)
+        self._wire()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name not in _STATE and self.__dict__.get("lifecycle") is not None:
+            self._wire()  # a setting changed on a running reconciler (tests do): its parts are built with it
+
+    def _wire(self) -> None:
+        """The parts of a pass, built from the settings (they keep no topology's state: that is each
+        `ManagedTopology`'s)."""
+        self.pacing = Pacing(self.tick_s, self.settle_s, self.retry_s, self.retry_cap_s)
+        self.controllers = ControllerFactory(
+            self.redis_client,
+            self.redis_url,
+            self.core_api,
+            self.analyzer,
+            self.settings,
+            networking_api=self.networking_api,
+            policy_api=self.policy_api,
+            topology_users=self.topology_users,
+            user_keeper=self.user_keeper,
+            interval_s=self.interval_s,
+            start_timeout_s=self.start_timeout_s,
+            clock=self.clock,
+            hook=self._built,
+        )
+        self.lifecycle = Lifecycle(
+            self.controllers,
+            self.pacing,
+            self.clock,
+            self.analyzer,
+            self.savepoints,
+            self.running_schedule or registry_schedule(self.redis_client),
+            self.redis_client,
+        )
+        self.upgrades = Upgrades(
+            self.controllers,
+            self.lifecycle,
+            self.pacing,
+            self.clock,
+            self.analyzer,
+            self.core_api,
+            self.settings,
+            self.allowed_images,
+            self.running_spec,
+        )
+        self.savepoint_annotations = SavepointAnnotations(self.savepoints, self.pacing, self.clock)
+        self.ticks = ControllerTick()
+        self.convergence = Convergence(self.pacing, self.clock)
+
+    def _built(
+        self, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology
+    ) -> TopologyController | None:
+        return self.build(self, topology, metadata, managed) if self.build is not None else None
+
+    def key(self, namespace: str, name: str) -> str:
+        return f"{namespace}/{name}"
+
+    def get(self, namespace: str, name: str) -> ManagedTopology | None:
+        return self.topologies.get(self.key(namespace, name))
+
+    def entry(self, body: Mapping[str, Any]) -> ManagedTopology:
+        """The topology of this resource (made on first sight, its writer primed with the status it has)."""
+        metadata = body["metadata"]
+        namespace, name = metadata.get("namespace", "default"), metadata["name"]
+        key = self.key(namespace, name)
+        with self._lock:
+            managed = self.topologies.get(key)
+            if managed is None:
+                resource = ResourceApi(self.custom_api, namespace, name)
+                writer = StatusWriter(
+                    resource.patch_status, volatile_every_s=self.volatile_every_s, clock=self.clock.monotonic
+                )
+                events = KubernetesEvents(self.core_api, body, clock=self.clock)
+                managed = ManagedTopology.of_resource(body, key, writer, events, resource, self.clock)
+                self.topologies[key] = managed
+        return managed
+
+    def savepoints(self) -> Savepoints:
+        return self.savepoint_service or RedisSavepoints(self.redis_client, self.clock)
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def reconcile(self, body: Mapping[str, Any]) -> float:
+        """One pass of the loop for this resource (as it is now): start it if it does not run, recover dead
+        workers, take due checkpoints, let the autoscaler decide, move to the spec's node count and degrees
+        if they differ from what runs, write the status if it changed. Returns the seconds until the next
+        pass is due (a change of the resource wakes it sooner). Never raises for a fault of Redis, the API
+        server or a pod: those are conditions and events, and the next pass tries again."""
+        managed = self.entry(body)
+        if not managed.lock.acquire(timeout=1.0):
+            return 1.0  # a delete (or a pass of another thread) holds it
+        try:
+            # one of the slots every topology shares (its waits give it back)
+            with self.slots.running() if self.slots is not None else contextlib.nullcontext():
+                delay = self._pass(managed, body)
+                managed.write()  # the one write of the pass: what every part found out
+                return delay
+        except Exception as exc:  # a bug must not stop the loop of every later pass: say it, back off
+            log.exception("reconcile of %s failed", managed.key)
+            managed.set(backend_error=f"internal error: {type(exc).__name__}: {exc}")
+            managed.write()
+            return self.retry_s
+        finally:
+            managed.lock.release()
+
+    def _pass(self, managed: ManagedTopology, body: Mapping[str, Any]) -> float:
+        """The parts of one pass in order; each returns the seconds until the next pass when the pass must end
+        with it. The status is written by the caller."""
+        now = self.clock.monotonic()
+        metadata = body["metadata"]
+        managed.generation = int(metadata.get("generation") or 0)
+        spec = dict(body.get("spec") or {})
+        try:
+            wanted = observe_resource(body, self.allowed_images, self.settings)
+        except TopologyError as exc:
+            message = invalid_spec_message(exc)
+            managed.set(invalid_spec=message)
+            if managed.invalid_reported != message:
+                managed.invalid_reported = message
+                managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
+            managed.observed_generation = managed.generation  # judged: only a new spec moves it on
+            return 30.0  # nothing to do until the spec changes (which wakes the loop)
+        if spec != managed.spec:
+            managed.spec, managed.spec_changed_at = spec, now
+        managed.set(invalid_spec="")
+        managed.invalid_reported = ""
+        if (metadata.get("annotations") or {}).get(RESTART_FROM_SCRATCH) == "true":
+            self.lifecycle.restart_from_scratch(managed)
+        if managed.controller is None:
+            running, interrupted = self.upgrades.running_topology(wanted, metadata)
+            if interrupted is not None:
+                delay = self.upgrades.take_over_interrupted(managed, body, interrupted, now)
+            else:
+                delay = self.lifecycle.start(managed, body, running, now)
+            if delay is not None:
+                return delay
+        controller = managed.running()
+        self.savepoint_annotations.reconcile(managed, metadata)
+        if wanted.suspend:
+            delay = self.lifecycle.suspend(managed, now)
+            if managed.facts.suspended:  # suspended as asked: the rest of the spec applies on resume
+                managed.observed_generation = managed.generation
+            return delay
+        self.lifecycle.not_suspending(managed)
+        self.lifecycle.check_redis_user(managed)  # before a resume too: the workers that start must find their user
+        if controller.suspended and not self.upgrades.upgrade_due(managed, controller.topology, wanted):
+            delay = self.lifecycle.resume(managed, now)
+            if delay is not None:
+                return delay
+        delay = self.upgrades.apply_spec(managed, body, wanted, now)
+        if delay is not None:
+            return delay
+        self.convergence.apply_settings(managed, wanted)
+        self.ticks.tick(managed)
+        delay = self.convergence.converge(managed, wanted, now)
+        converged = self.convergence.converged(managed, wanted)
+        # the facts as the pass's write will show them (with the attempt's failures): Stalled is judged on those
+        if converged or stalled(managed.facts_to_report()) is not None:
+            # applied, or only the user can move it on: either way this generation is what the status is about
+            managed.observed_generation = managed.generation
+        return min(self.tick_s, delay)
+
+    def scale(
+        self,
+        managed: ManagedTopology,
+        nodes: int,
+        parallelism: Mapping[str, int] | None = None,
+        trigger: str = "request",
+    ) -> ScalingRecord:
+        """Analyse, plan, migrate to `nodes` (and `parallelism`): `Convergence.scale`."""
+        return self.convergence.scale(managed, nodes, parallelism, trigger)
+
+    def remove(self, namespace: str, name: str, retain: bool = False) -> None:
+        """The resource is being deleted: stop a migration in flight (bounded), the controller and its pods,
+        delete its Redis keys (not with `retain`: `spec.deletionPolicy: Retain` keeps its state and streams;
+        its savepoints are kept either way, they are not under its prefix). Always returns (the finalizer
+        must go): what could not be done is logged."""
+        with self._lock:
+            managed = self.topologies.pop(self.key(namespace, name), None)
+        forget_topology(namespace, name)  # its rescales and recoveries: a deleted topology's series go
+        prefix = topology_prefix(namespace, name)
+        if managed is not None and managed.controller is not None:
+            controller = managed.controller
+            cancelled = getattr(controller.migrator, "cancelled", None)
+            if cancelled is not None:
+                cancelled.set()
+            held = managed.lock.acquire(timeout=self.delete_wait_s)
+            if not held:
+                log.warning(
+                    "%s: a pass still runs after %.0f s; stopping the workers anyway", managed.key, self.delete_wait_s
+                )
+            try:
+                controller.close()
+            except Exception as exc:
+                log.warning("%s: stopping the workers: %s", managed.key, exc)
+            finally:
+                if held:
+                    managed.lock.release()
+            prefix = controller.topology.redis_prefix
+
+        def delete() -> None:
+            if self.topology_users:
+                # first: it also disconnects what is left of the workers' connections, which could still
+                # write after the keys are gone
+                delete_topology_user(self.redis_client, namespace, name)
+            if retain:
+                log.info("%s/%s deleted with deletionPolicy Retain: its keys stay under %s", namespace, name, prefix)
+            else:
+                delete_keys(self.redis_client, prefix)
+
+        try:
+            retry_within(
+                delete,
+                transient=lambda exc: isinstance(exc, redis.RedisError),
+                within_s=DELETE_REDIS_WAIT_S,
+                clock=self.clock,
+                delays=backoff(1.0, 1.0, 1.0),
+            )
+        except AclRefused as exc:
+            log.warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
+            if not retain:
+                delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
+        except redis.RedisError as exc:
+            log.warning("keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix)
+
+
+#: the reconciler's own fields that are not settings of its parts
+_STATE = frozenset(
+    {
+        "topologies",
+        "_lock",
+        "pacing",
+        "controllers",
+        "lifecycle",
+        "upgrades",
+        "savepoint_annotations",
+        "ticks",
+        "convergence",
+    }
+)
+
+
+def invalid_spec_message(exc: TopologyError) -> str:
+    return "; ".join(exc.problems)
