@@ -215,7 +215,7 @@ class Lifecycle:
             return wait
         if not managed.facts.suspending:
             managed.set(suspending="taking the last checkpoint before stopping the workers")
-            managed.write()
+            managed.write()  # Suspending, before the checkpoint's barriers hold the pass
         result = controller.suspend()
         managed.note_store()
         managed.set(state_lost=controller.state_lost)
@@ -260,7 +260,7 @@ class Lifecycle:
             return wait
         # not Suspended any more: Resuming until the workers run (a failed try stays so, saying why)
         managed.set(suspended=False, suspended_at="", resuming=True)
-        managed.write()
+        managed.write()  # Resuming, before the restore waits for the pods
         try:
             controller.resume()
         except StateLost as exc:

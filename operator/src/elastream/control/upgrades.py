@@ -253,7 +253,7 @@ class Upgrades:
                 "start from it",
             )
         managed.set(upgrading=f"generation {generation}: taking a checkpoint of the running workers")
-        managed.write()
+        managed.write()  # Upgrading, before the checkpoint's barriers hold the pass
         try:
             managed.backend.record_upgrade(old.topology)  # `old` is still the managed controller
         except BackendError as exc:
@@ -280,7 +280,7 @@ class Upgrades:
         managed.set(
             upgrading=f"generation {generation}: starting the new pods from checkpoint {checkpoint or '(none)'}"
         )
-        managed.write()
+        managed.write()  # before the new pods' start holds the pass
         try:
             controller, report = self._restart_as(managed, body, wanted, f"upgrading to generation {generation}")
         except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:

@@ -1,0 +1,245 @@
+"""The parts of a reconcile pass one by one (`control.reconciler.TopologyReconciler` composes them): the
+attempt in progress as a tagged union (`control.attempts`), the status rendered by a pure function
+(`core.status.render_status`), and `Convergence`, `Lifecycle`, `Upgrades` and `ControllerTick` each called
+alone on a topology over the fakes of `test_reconciler.World` (no pass around them). The whole pass is
+`test_reconciler`'s."""
+
+from __future__ import annotations
+
+from test_reconciler import World, running
+
+from elastream.control.attempts import (
+    Attempt,
+    ResumeAttempt,
+    ScaleAttempt,
+    StartAttempt,
+    SuspendAttempt,
+    UpgradeAttempt,
+    failure_counts,
+    next_attempt,
+)
+from elastream.control.convergence import degrees_to_apply, reached
+from elastream.control.managed import ManagedTopology
+from elastream.control.reconciler import observe_resource
+from elastream.core.ports import BackendError
+from elastream.core.status import (
+    FailureCounts,
+    StatusFacts,
+    StatusReading,
+    VertexReading,
+    WorkloadReading,
+    render_status,
+    utc_timestamp,
+)
+from elastream.core.topology import Topology
+
+
+def managed_of(world: World) -> ManagedTopology:
+    managed = world.topologies.get("default", "t")
+    assert managed is not None
+    return managed
+
+
+def wanted_of(world: World) -> Topology:
+    return observe_resource(world.body, world.topologies.allowed_images, world.topologies.settings)
+
+
+# ------------------------------------------------------------------------------------------- attempts
+
+
+def test_a_failure_at_the_same_target_counts_on_and_another_target_starts_from_one() -> None:
+    first = next_attempt(None, ScaleAttempt.of(5, None), "not ready", now=100.0, retry_s=5.0, retry_cap_s=300.0)
+    assert (first.failures, first.due, first.delay) == (1, 105.0, 5.0)
+    again = next_attempt(first, ScaleAttempt(5), "not ready", now=105.0, retry_s=5.0, retry_cap_s=300.0)
+    assert (again.failures, again.delay) == (2, 10.0)
+    other = next_attempt(again, ScaleAttempt.of(5, {"parse": 3}), "not ready", 110.0, 5.0, 300.0)
+    assert other.failures == 1  # new degrees: a new desired state
+    assert next_attempt(again, StartAttempt(), "quota", 110.0, 5.0, 300.0).failures == 1
+
+
+def test_an_attempt_waits_only_for_its_own_target_until_it_is_due() -> None:
+    attempt = Attempt(SuspendAttempt(), failures=1, due=10.0)
+    assert attempt.waits(SuspendAttempt(), now=4.0) == 6.0
+    assert attempt.waits(SuspendAttempt(), now=10.0) is None
+    assert attempt.waits(UpgradeAttempt(), now=4.0) is None
+
+
+def test_each_kind_of_attempt_counts_its_failures_where_it_belongs() -> None:
+    assert failure_counts(None) == FailureCounts()
+    assert failure_counts(Attempt(StartAttempt(), 2)) == FailureCounts(start=2)
+    assert failure_counts(Attempt(ResumeAttempt(), 3)) == FailureCounts(start=3)
+    assert failure_counts(Attempt(SuspendAttempt(), 1)) == FailureCounts(suspend=1)
+    # an upgrade's failed checkpoint is not a failed scaling
+    assert failure_counts(Attempt(UpgradeAttempt(), 4)) == FailureCounts(upgrade=4)
+    assert failure_counts(Attempt(ScaleAttempt(5), 2)) == FailureCounts(scaling=2)
+
+
+# ------------------------------------------------------------------------------------- status, pure
+
+
+def test_the_status_is_rendered_from_the_facts_and_what_was_read() -> None:
+    facts = StatusFacts(0, 0, started=True)
+    reading = StatusReading(
+        schedule_nodes=3,
+        parallelism={"s": 2},
+        ready=2,
+        workload=WorkloadReading("app=t", 1234.56, (VertexReading("s", 99.94, lag=7),), last_scaling="out 2->3"),
+    )
+    now = utc_timestamp(0.0)
+    rendered = render_status(facts, reading, FailureCounts(), [], 4, now, {"stateEpoch": "e1"})
+    status = rendered.status
+    assert (status["nodes"], status["readyNodes"], status["observedGeneration"]) == (3, 2, 4)
+    assert status["vertices"] == [{"name": "s", "parallelism": 2, "processingRate": 99.9, "lag": 7}]
+    assert status["throughput"] == 1234.6 and status["lastScalingSummary"] == "out 2->3"
+    assert status["stateEpoch"] == "e1" and now == "1970-01-01T00:00:00Z"
+    assert (rendered.facts.ready_nodes, rendered.facts.desired_nodes) == (2, 3)
+    assert facts.ready_nodes == 0  # the facts given are not changed
+
+
+def test_a_reading_that_could_not_count_the_ready_nodes_keeps_the_last_count() -> None:
+    rendered = render_status(
+        StatusFacts(3, 3, started=True), StatusReading(schedule_nodes=3), FailureCounts(), [], 1, "t"
+    )
+    assert rendered.status["readyNodes"] == 3
+
+
+def test_a_suspended_topology_shows_no_node_whatever_was_read() -> None:
+    facts = StatusFacts(3, 3, started=True, suspended=True)
+    reading = StatusReading(schedule_nodes=3, parallelism={"s": 2}, ready=3)
+    rendered = render_status(facts, reading, FailureCounts(), [], 1, "t")
+    assert (rendered.status["nodes"], rendered.status["readyNodes"], rendered.status["phase"]) == (0, 0, "Suspended")
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_stays() -> None:
+    facts = StatusFacts(3, 3, started=True)
+    reading = StatusReading(schedule_nodes=3, ready=3)
+    first = render_status(facts, reading, FailureCounts(), [], 1, "early")
+    later = render_status(facts, reading, FailureCounts(), first.conditions, 1, "late")
+    assert {c["lastTransitionTime"] for c in later.conditions} == {"early"}
+
+
+def test_failures_in_a_row_stall_the_kind_that_failed() -> None:
+    facts = StatusFacts(3, 3, started=True, scaling_failed="pods not ready")
+    stalled = render_status(facts, StatusReading(schedule_nodes=3, ready=3), FailureCounts(scaling=3), [], 1, "t")
+    assert {c["type"]: c["status"] for c in stalled.conditions}["Stalled"] == "True"
+    retried = render_status(facts, StatusReading(schedule_nodes=3, ready=3), FailureCounts(upgrade=3), [], 1, "t")
+    assert "Stalled" not in {c["type"] for c in retried.conditions}
+
+
+# ------------------------------------------------------------------------------- scaling decisions, pure
+
+
+def test_the_spec_degrees_are_migrated_to_only_when_they_changed_and_the_autoscaler_does_not_own_them() -> None:
+    assert degrees_to_apply({"s": 2}, {"s": 2}, autoscaled=False) is None
+    assert degrees_to_apply({"s": 3}, {"s": 2}, autoscaled=False) == {"s": 3}
+    assert degrees_to_apply({"s": 3}, {"s": 2}, autoscaled=True) is None
+
+
+def test_what_runs_reached_the_spec_by_nodes_and_degrees() -> None:
+    world = World(3)
+    wanted = wanted_of(world)
+    degrees = {v: wanted.vertices[v].parallelism for v in wanted.order}
+    assert reached(wanted, 3, degrees)
+    assert not reached(wanted, 2, degrees)
+    assert not reached(wanted, 3, None)
+
+
+# ------------------------------------------------------------------------------------ the parts alone
+
+
+def test_lifecycle_alone_starts_a_topology_and_backs_a_failed_start_off() -> None:
+    world = World(3)
+    calls = world.starts_fail()
+    managed = world.topologies.entry(world.body)
+    lifecycle = world.topologies.lifecycle
+    delay = lifecycle.start(managed, world.body, wanted_of(world), now=0.0)
+    assert delay == 5.0 and len(calls) == 1 and managed.controller is None
+    assert managed.attempt is not None and managed.attempt.target == StartAttempt()
+    assert lifecycle.start(managed, world.body, wanted_of(world), now=1.0) == 4.0  # backing off: no build
+    assert len(calls) == 1
+    world.topologies.build = world.build
+    assert lifecycle.start(managed, world.body, wanted_of(world), now=5.0) is None
+    assert managed.controller is not None and managed.attempt is None and managed.facts.started
+
+
+def test_lifecycle_alone_backs_a_suspend_off_when_its_checkpoint_fails() -> None:
+    world = running(3)
+    managed = managed_of(world)
+    world.checkpoints[-1].failure = "checkpoint timed out"
+    delay = world.topologies.lifecycle.suspend(managed, now=world.clock.monotonic())
+    assert delay == 5.0 and world.pods == {"node-0", "node-1", "node-2"}
+    assert managed.attempt is not None and managed.attempt.target == SuspendAttempt()
+    assert managed.facts_to_report().suspend_failures == 1
+    world.topologies.lifecycle.not_suspending(managed)  # the suspend is no longer asked for
+    assert managed.attempt is None and managed.facts.suspending == ""
+
+
+def test_upgrades_alone_count_a_failed_checkpoint_as_an_upgrade_failure_not_a_scaling_one() -> None:
+    world = running(3)
+    managed = managed_of(world)
+    world.checkpoints[-1].failure = "checkpoint timed out"
+    world.patch_spec(image="elastream-worker:2")
+    managed.spec_changed_at = -100.0  # settled
+    delay = world.topologies.upgrades.apply_spec(managed, world.body, wanted_of(world), world.clock.monotonic())
+    assert delay == 5.0
+    assert managed.attempt is not None and managed.attempt.target == UpgradeAttempt()
+    reported = managed.facts_to_report()
+    assert (reported.upgrade_failures, reported.scaling_failures) == (1, 0)
+    assert "UpgradeBackoff" in world.reasons()
+
+
+def test_convergence_alone_settles_then_scales_and_backs_a_failure_off() -> None:
+    world = running(3)
+    managed = managed_of(world)
+    convergence = world.topologies.convergence
+    world.patch_spec(nodes=5)
+    managed.generation, managed.spec_changed_at = 2, world.clock.monotonic()
+    assert convergence.converge(managed, wanted_of(world), world.clock.monotonic()) == 1.0  # settling
+    world.migrator.outcome = "raise"
+    world.clock.t += 1.0
+    delay = convergence.converge(managed, wanted_of(world), world.clock.monotonic())
+    assert delay == 5.0 and managed.attempt is not None and managed.attempt.target == ScaleAttempt(5)
+    assert managed.facts.scaling_failed and not convergence.converged(managed, wanted_of(world))
+    world.migrator.outcome = "succeeded"
+    world.clock.t += 5.0
+    assert convergence.converge(managed, wanted_of(world), world.clock.monotonic()) == 2.0
+    assert managed.attempt is None and convergence.converged(managed, wanted_of(world))
+    assert len(world.backend.current_schedule().nodes) == 5
+
+
+def test_the_controller_tick_alone_reports_a_lost_worker_and_its_recovery() -> None:
+    world = running(3)
+    managed = managed_of(world)
+    before = len(world.custom.statuses)
+    world.backend.dead = {"node-1": "node-1: worker pod gone"}
+    world.topologies.ticks.tick(managed)
+    # WorkerLost written before the recovery (which may wait for pods), then the recovery's record
+    first = world.custom.statuses[before]
+    assert any(c["reason"] == "WorkerLost" for c in first["conditions"])
+    assert world.status["lastRecovery"]["outcome"] == "succeeded"
+    assert not managed.facts.worker_lost and not managed.facts.recovering  # recovered within the tick
+
+
+def test_the_status_is_written_by_the_pass_not_by_the_parts() -> None:
+    world = World(3)
+    world.starts_fail()
+    world.reconcile()
+    patches = len(world.custom.status_patches)
+    managed = managed_of(world)
+    world.clock.t += 1.0  # within the backoff: the part does nothing, the pass writes what changed (nothing)
+    world.topologies.lifecycle.start(managed, world.body, wanted_of(world), world.clock.monotonic())
+    assert len(world.custom.status_patches) == patches
+    managed.write()
+    assert len(world.custom.status_patches) == patches  # nothing changed: no patch
+
+
+def test_a_backend_that_cannot_say_its_schedule_reads_as_no_node() -> None:
+    world = running(3)
+    managed = managed_of(world)
+
+    def away() -> None:
+        raise BackendError("API server away")
+
+    world.backend.current_schedule = away  # type: ignore[method-assign,assignment]
+    managed.write()
+    assert world.status["nodes"] == 0
