@@ -53,6 +53,16 @@ UPGRADE_ROLLED_BACK = "RolledBack"
 
 
 @dataclass
+class UpgradeMemory:
+    """What the upgrades of a topology leave for the next passes."""
+
+    #: the generation whose upgrade was rolled back: not tried again until the spec changes
+    rolled_back_generation: int = 0
+    #: the generation whose refused change was reported (once per generation)
+    refused_reported: int = 0
+
+
+@dataclass
 class ManagedTopology:
     """One StreamTopology resource: its controller (once started), its one status writer, its events and what
     the reconcile loop remembers between passes. The desired state is never kept here: it is the resource's
@@ -85,10 +95,8 @@ class ManagedTopology:
     #: the last generation fully applied, or judged unappliable (status.observedGeneration: GitOps tools wait
     #: for it); it lags while a scaling or an upgrade of a newer one is in flight
     observed_generation: int = 0
-    #: the generation whose upgrade was rolled back: not tried again until the spec changes
-    rolled_back_generation: int = 0
-    #: the generation whose refused change was reported (once per generation)
-    refused_reported: int = 0
+    #: what `control.upgrades.Upgrades` remembers of this topology's upgrades (its part alone reads it)
+    upgrades: UpgradeMemory = field(default_factory=lambda: UpgradeMemory())
     invalid_reported: str = ""
     #: extra status fields (lastScaling, lastRecovery, autoscaler) as the controller published them
     published: dict[str, Any] = field(default_factory=dict)
@@ -125,7 +133,7 @@ class ManagedTopology:
         if isinstance(upgrade, Mapping):
             managed.published["lastUpgrade"] = dict(upgrade)
             if upgrade.get("outcome") == UPGRADE_ROLLED_BACK and isinstance(upgrade.get("generation"), int):
-                managed.rolled_back_generation = upgrade["generation"]
+                managed.upgrades.rolled_back_generation = upgrade["generation"]
         return managed
 
     @property

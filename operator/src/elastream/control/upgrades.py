@@ -141,7 +141,8 @@ class Upgrades:
     def upgrade_due(self, managed: ManagedTopology, running: Topology, wanted: Topology) -> bool:
         """Whether the wanted spec is a stateful upgrade of `running` still to be tried."""
         change = spec_change(running, wanted)
-        return change.needs_restart and not change.refused and managed.rolled_back_generation != managed.generation
+        rolled_back = managed.upgrades.rolled_back_generation == managed.generation
+        return change.needs_restart and not change.refused and not rolled_back
 
     def take_over_interrupted(
         self, managed: ManagedTopology, body: Mapping[str, Any], previous: Topology, now: float
@@ -185,8 +186,8 @@ class Upgrades:
         change = spec_change(controller.topology, wanted)
         managed.set(upgrade_refused="; ".join(change.refused))
         if change.refused:
-            if managed.refused_reported != managed.generation:
-                managed.refused_reported = managed.generation
+            if managed.upgrades.refused_reported != managed.generation:
+                managed.upgrades.refused_reported = managed.generation
                 managed.events.emit(
                     EventReason.UPGRADE_REFUSED,
                     f"generation {managed.generation} not applied, the previous spec runs on: "
@@ -195,10 +196,10 @@ class Upgrades:
                 )
             return None
         if not change.needs_restart:
-            managed.rolled_back_generation = 0
+            managed.upgrades.rolled_back_generation = 0
             managed.set(upgrade_failed="")
             return self._rebuild(managed, body, wanted, change, now) if change.controller else None
-        if managed.rolled_back_generation == managed.generation:
+        if managed.upgrades.rolled_back_generation == managed.generation:
             last = managed.published.get("lastUpgrade") or {}
             managed.set(upgrade_failed=str(last.get("reason") or f"generation {managed.generation} was rolled back"))
             return None
@@ -360,7 +361,7 @@ class Upgrades:
             f"start ({reason}); the previous spec runs from checkpoint {checkpoint or '(none)'}. Fix the spec: a "
             "new generation is applied at once"
         )
-        managed.rolled_back_generation = generation
+        managed.upgrades.rolled_back_generation = generation
         managed.published["lastUpgrade"] = {
             "generation": generation,
             "outcome": UPGRADE_ROLLED_BACK,
