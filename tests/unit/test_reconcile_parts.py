@@ -152,13 +152,13 @@ def test_lifecycle_alone_starts_a_topology_and_backs_a_failed_start_off() -> Non
     calls = world.starts_fail()
     managed = world.topologies.entry(world.body)
     lifecycle = world.topologies.lifecycle
-    delay = lifecycle.start(managed, world.body, wanted_of(world), now=0.0)
+    delay = lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=0.0)
     assert delay == 5.0 and len(calls) == 1 and managed.controller is None
     assert managed.attempt is not None and managed.attempt.target == StartAttempt()
-    assert lifecycle.start(managed, world.body, wanted_of(world), now=1.0) == 4.0  # backing off: no build
+    assert lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=1.0) == 4.0  # backing off: no build
     assert len(calls) == 1
     world.topologies.build = world.build
-    assert lifecycle.start(managed, world.body, wanted_of(world), now=5.0) is None
+    assert lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=5.0) is None
     assert managed.controller is not None and managed.attempt is None and managed.facts.started
 
 
@@ -180,7 +180,8 @@ def test_upgrades_alone_count_a_failed_checkpoint_as_an_upgrade_failure_not_a_sc
     world.checkpoints[-1].failure = "checkpoint timed out"
     world.patch_spec(image="elastream-worker:2")
     managed.spec_changed_at = -100.0  # settled
-    delay = world.topologies.upgrades.apply_spec(managed, world.body, wanted_of(world), world.clock.monotonic())
+    upgrades, metadata = world.topologies.upgrades, world.body["metadata"]
+    delay = upgrades.apply_spec(managed, metadata, wanted_of(world), world.clock.monotonic())
     assert delay == 5.0
     assert managed.attempt is not None and managed.attempt.target == UpgradeAttempt()
     reported = managed.facts_to_report()
@@ -227,7 +228,7 @@ def test_the_status_is_written_by_the_pass_not_by_the_parts() -> None:
     patches = len(world.custom.status_patches)
     managed = managed_of(world)
     world.clock.t += 1.0  # within the backoff: the part does nothing, the pass writes what changed (nothing)
-    world.topologies.lifecycle.start(managed, world.body, wanted_of(world), world.clock.monotonic())
+    world.topologies.lifecycle.start(managed, world.body["metadata"], wanted_of(world), world.clock.monotonic())
     assert len(world.custom.status_patches) == patches
     managed.write()
     assert len(world.custom.status_patches) == patches  # nothing changed: no patch

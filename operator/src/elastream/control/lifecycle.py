@@ -72,7 +72,9 @@ class Lifecycle:
         self.running_schedule = running_schedule
         self.redis_client = redis_client
 
-    def start(self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, now: float) -> float | None:
+    def start(
+        self, managed: ManagedTopology, metadata: Mapping[str, Any], topology: Topology, now: float
+    ) -> float | None:
         """Build and start the controller (or adopt the pods an earlier operator left); None when it runs,
         else the seconds until the next try (a failed start backs off)."""
         wait = managed.waits(StartAttempt(), now)
@@ -80,7 +82,7 @@ class Lifecycle:
             return wait
         if not (managed.writer.written or {}).get("phase"):
             managed.write()  # a new topology: Pending / Starting, before the pods' start holds this pass
-        controller = self.controllers.new(topology, body["metadata"], managed)
+        controller = self.controllers.new(topology, metadata, managed)
         self.analyzer.start_warm_up(topology)
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over

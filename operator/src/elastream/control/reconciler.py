@@ -79,6 +79,36 @@ log = logging.getLogger("elastream.operator")
 DELETE_REDIS_WAIT_S = 30.0
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What a pass reads of the resource, once: its metadata, generation, spec and annotations, and the
+    topology it asks for (None when it cannot run here: `invalid` says why)."""
+
+    metadata: Mapping[str, Any]
+    generation: int
+    spec: dict[str, Any]
+    annotations: Mapping[str, Any]
+    wanted: Topology | None
+    invalid: str = ""
+
+
+def observe(body: Mapping[str, Any], allowed_images: tuple[str, ...], settings: WorkerPodSettings) -> Observation:
+    """The resource as a pass sees it (`observe_resource` parses and checks what it asks for)."""
+    metadata = body["metadata"]
+    try:
+        wanted, invalid = observe_resource(body, allowed_images, settings), ""
+    except TopologyError as exc:
+        wanted, invalid = None, invalid_spec_message(exc)
+    return Observation(
+        metadata,
+        int(metadata.get("generation") or 0),
+        dict(body.get("spec") or {}),
+        metadata.get("annotations") or {},
+        wanted,
+        invalid,
+    )
+
+
 def observe_resource(body: Mapping[str, Any], allowed_images: tuple[str, ...], settings: WorkerPodSettings) -> Topology:
     """The topology the resource asks for, or `TopologyError` saying why it cannot run here. Parsed before
     anything else walks the spec: a spec too deep or too big (an alias bomb) is one InvalidSpec line, where
@@ -265,38 +295,35 @@ class TopologyReconciler:
             managed.lock.release()
 
     def _pass(self, managed: ManagedTopology, body: Mapping[str, Any]) -> float:
-        """The parts of one pass in order; each returns the seconds until the next pass when the pass must end
-        with it. The status is written by the caller."""
+        """The parts of one pass in order, over what it observed of the resource once; each part returns the
+        seconds until the next pass when the pass must end with it. The status is written by the caller."""
         now = self.clock.monotonic()
-        metadata = body["metadata"]
-        managed.generation = int(metadata.get("generation") or 0)
-        spec = dict(body.get("spec") or {})
-        try:
-            wanted = observe_resource(body, self.allowed_images, self.settings)
-        except TopologyError as exc:
-            message = invalid_spec_message(exc)
-            managed.set(invalid_spec=message)
-            if managed.invalid_reported != message:
-                managed.invalid_reported = message
-                managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
+        seen = observe(body, self.allowed_images, self.settings)
+        managed.generation = seen.generation
+        wanted = seen.wanted
+        if wanted is None:
+            managed.set(invalid_spec=seen.invalid)
+            if managed.invalid_reported != seen.invalid:
+                managed.invalid_reported = seen.invalid
+                managed.events.emit(EventReason.INVALID_SPEC, seen.invalid, warning=True)
             managed.observed_generation = managed.generation  # judged: only a new spec moves it on
             return 30.0  # nothing to do until the spec changes (which wakes the loop)
-        if spec != managed.spec:
-            managed.spec, managed.spec_changed_at = spec, now
+        if seen.spec != managed.spec:
+            managed.spec, managed.spec_changed_at = seen.spec, now
         managed.set(invalid_spec="")
         managed.invalid_reported = ""
-        if (metadata.get("annotations") or {}).get(RESTART_FROM_SCRATCH) == "true":
+        if seen.annotations.get(RESTART_FROM_SCRATCH) == "true":
             self.lifecycle.restart_from_scratch(managed)
         if managed.controller is None:
-            running, interrupted = self.upgrades.running_topology(wanted, metadata)
+            running, interrupted = self.upgrades.running_topology(wanted, seen.metadata)
             if interrupted is not None:
-                delay = self.upgrades.take_over_interrupted(managed, body, interrupted, now)
+                delay = self.upgrades.take_over_interrupted(managed, seen.metadata, interrupted, now)
             else:
-                delay = self.lifecycle.start(managed, body, running, now)
+                delay = self.lifecycle.start(managed, seen.metadata, running, now)
             if delay is not None:
                 return delay
         controller = managed.running()
-        self.savepoint_annotations.reconcile(managed, metadata)
+        self.savepoint_annotations.reconcile(managed, seen.annotations)
         if wanted.suspend:
             delay = self.lifecycle.suspend(managed, now)
             if managed.facts.suspended:  # suspended as asked: the rest of the spec applies on resume
@@ -308,7 +335,7 @@ class TopologyReconciler:
             delay = self.lifecycle.resume(managed, now)
             if delay is not None:
                 return delay
-        delay = self.upgrades.apply_spec(managed, body, wanted, now)
+        delay = self.upgrades.apply_spec(managed, seen.metadata, wanted, now)
         if delay is not None:
             return delay
         self.convergence.apply_settings(managed, wanted)

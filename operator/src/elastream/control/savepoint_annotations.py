@@ -24,7 +24,8 @@ class SavepointAnnotations:
         self.pacing = pacing
         self.clock = clock
 
-    def reconcile(self, managed: ManagedTopology, metadata: Mapping[str, Any]) -> None:
+    def reconcile(self, managed: ManagedTopology, annotations: Mapping[str, Any]) -> None:
+        """Carry out the topology's savepoint annotations (as the pass observed them)."""
         if managed.savepoints is None:
             managed.savepoints = SavepointRequests(
                 self.savepoints(),
@@ -34,7 +35,7 @@ class SavepointAnnotations:
                 retry_cap_s=self.pacing.retry_cap_s,
                 clock=self.clock.monotonic,
             )
-        managed.savepoints.reconcile(managed.running(), metadata.get("annotations") or {})
+        managed.savepoints.reconcile(managed.running(), annotations)
         entries = managed.savepoints.entries
         if entries is not None and (entries or "savepoints" in managed.published):
             managed.published["savepoints"] = entries

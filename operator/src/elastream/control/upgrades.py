@@ -145,13 +145,13 @@ class Upgrades:
         return change.needs_restart and not change.refused and not rolled_back
 
     def take_over_interrupted(
-        self, managed: ManagedTopology, body: Mapping[str, Any], previous: Topology, now: float
+        self, managed: ManagedTopology, metadata: Mapping[str, Any], previous: Topology, now: float
     ) -> float | None:
         """The ConfigMap says an upgrade from `previous` was in flight when the last operator stopped: its pods
         (new ones starting, or the previous spec's not stopped yet) are stopped, and a controller of the
         previous spec is taken over stopped, at the latest checkpoint. The pass then upgrades again from that
         checkpoint (rolling back to `previous` if that fails), or resumes `previous` if the spec went back."""
-        controller = self.controllers.new(previous, body["metadata"], managed)
+        controller = self.controllers.new(previous, metadata, managed)
         try:
             controller.backend.stop_workers()
             controller.start_suspended(None)
@@ -175,7 +175,7 @@ class Upgrades:
         return None
 
     def apply_spec(
-        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, now: float
+        self, managed: ManagedTopology, metadata: Mapping[str, Any], wanted: Topology, now: float
     ) -> float | None:
         """The changes of the spec that do not apply in place (`core.upgrade`): scaling settings rebuild the
         operator's side of the topology (its pods run on); the rest is a stateful upgrade. A change no
@@ -198,7 +198,7 @@ class Upgrades:
         if not change.needs_restart:
             managed.upgrades.rolled_back_generation = 0
             managed.set(upgrade_failed="")
-            return self._rebuild(managed, body, wanted, change, now) if change.controller else None
+            return self._rebuild(managed, metadata, wanted, change, now) if change.controller else None
         if managed.upgrades.rolled_back_generation == managed.generation:
             last = managed.published.get("lastUpgrade") or {}
             managed.set(upgrade_failed=str(last.get("reason") or f"generation {managed.generation} was rolled back"))
@@ -211,10 +211,10 @@ class Upgrades:
         wait = managed.waits(UpgradeAttempt(), now)
         if wait is not None:
             return wait
-        return self._upgrade(managed, body, wanted, change, now)
+        return self._upgrade(managed, metadata, wanted, change, now)
 
     def _rebuild(
-        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
+        self, managed: ManagedTopology, metadata: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
     ) -> float | None:
         """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
         is built again with them and adopts the running pods, as after an operator restart."""
@@ -226,7 +226,7 @@ class Upgrades:
         managed.state_epoch = old.epoch or managed.state_epoch
         old.close(stop_workers=False)
         managed.controller = None
-        delay = self.lifecycle.start(managed, body, wanted, now)
+        delay = self.lifecycle.start(managed, metadata, wanted, now)
         if delay is None:
             managed.events.emit(
                 EventReason.UPGRADED,
@@ -235,7 +235,7 @@ class Upgrades:
         return delay
 
     def _upgrade(
-        self, managed: ManagedTopology, body: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
+        self, managed: ManagedTopology, metadata: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
     ) -> float | None:
         """A stateful upgrade: a checkpoint of the running workers (`TopologyController.suspend`), the old pods
         stopped, a controller of the wanted spec whose pods start from that checkpoint (the recovery's restore:
@@ -283,9 +283,9 @@ class Upgrades:
         )
         managed.write()  # before the new pods' start holds the pass
         try:
-            controller, report = self._restart_as(managed, body, wanted, f"upgrading to generation {generation}")
+            controller, report = self._restart_as(managed, metadata, wanted, f"upgrading to generation {generation}")
         except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
-            return self._roll_back(managed, body, old.topology, change, str(exc), checkpoint, started_at)
+            return self._roll_back(managed, metadata, old.topology, change, str(exc), checkpoint, started_at)
         managed.controller = controller
         managed.applied_parallelism = spec_parallelism(wanted)
         replayed = report.replayed if report is not None else 0
@@ -318,11 +318,11 @@ class Upgrades:
             log.warning("the record of a finished upgrade was not removed: %s", exc)
 
     def _restart_as(
-        self, managed: ManagedTopology, body: Mapping[str, Any], topology: Topology, why: str
+        self, managed: ManagedTopology, metadata: Mapping[str, Any], topology: Topology, why: str
     ) -> tuple[TopologyController, Any]:
         """A controller of `topology` whose pods start from the latest checkpoint (none runs now). On failure its
         pods are stopped and the error raised."""
-        controller = self.controllers.new(topology, body["metadata"], managed)
+        controller = self.controllers.new(topology, metadata, managed)
         self.analyzer.start_warm_up(topology)
         try:
             controller.start_suspended(None)
@@ -339,7 +339,7 @@ class Upgrades:
     def _roll_back(
         self,
         managed: ManagedTopology,
-        body: Mapping[str, Any],
+        metadata: Mapping[str, Any],
         previous: Topology,
         change: SpecChange,
         reason: str,
@@ -372,9 +372,9 @@ class Upgrades:
             "finishedAt": utc_timestamp(self.clock.now()),
         }
         try:
-            controller, _ = self._restart_as(managed, body, previous, "rolling back a failed upgrade")
+            controller, _ = self._restart_as(managed, metadata, previous, "rolling back a failed upgrade")
         except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
-            controller = self.controllers.new(previous, body["metadata"], managed)
+            controller = self.controllers.new(previous, metadata, managed)
             with contextlib.suppress(Exception):
                 controller.start_suspended(None)
             controller.suspended = True  # the next pass's resume starts it, with backoff
