@@ -20,7 +20,7 @@ from elastream.control.attempts import (
 )
 from elastream.control.convergence import degrees_to_apply, reached
 from elastream.control.managed import ManagedTopology
-from elastream.control.reconciler import observe_resource
+from elastream.control.reconciler import observe, observe_resource
 from elastream.core.ports import BackendError
 from elastream.core.status import (
     FailureCounts,
@@ -244,3 +244,12 @@ def test_a_backend_that_cannot_say_its_schedule_reads_as_no_node() -> None:
     world.backend.current_schedule = away  # type: ignore[method-assign,assignment]
     managed.write()
     assert world.status["nodes"] == 0
+
+
+def test_the_pass_observes_the_resource_once_and_an_invalid_one_says_why() -> None:
+    world = World(3)
+    seen = observe(world.body, (), world.topologies.settings)
+    assert seen.wanted is not None and seen.generation == 1 and seen.spec["nodes"] == 3 and not seen.invalid
+    world.body["spec"]["image"] = "evil/miner:1"
+    refused = observe(world.body, ("registry.example.com/",), world.topologies.settings)
+    assert refused.wanted is None and "evil/miner:1" in refused.invalid
