@@ -482,7 +482,7 @@ class UnreadyWiring(Wiring):
             epochs=RedisEpoch(client, topology.redis_prefix),
             expected_epoch=managed.state_epoch,
         )
-        backend.on_waiting = lambda pending: owner.report_pending(managed, pending, write=True)
+        backend.on_waiting = lambda pending: managed.report_pending(pending, write=True)
         return controller
 
 
