@@ -23,11 +23,11 @@ failure rolls back to, which is the answer to anything going wrong after COMMIT 
 only in its process: the old schedule cannot be put back); without one, the migration takes scope `all`.
 
 `restart` (Storm's and Flink's default, the baseline) stops every worker and starts the new schedule from
-the last periodic checkpoint (`control.checkpoint_driver`); the sources replay what they emitted after it and the
-report counts those events. `rollback` is the same restore done in place, for recovery: the surviving
-workers reload the schedule from the checkpoint without a process restart and dead ones are started again.
-A worker that dies before COMMIT completes aborts a CCR or DCR migration and the topology rolls back to the
-last periodic checkpoint, so what the dead process held is replayed, not lost.
+the last periodic checkpoint (`control.checkpoint_driver`); the sources replay what they emitted after it and
+the report counts those events. A rollback (`MigrationDriver.roll_back`) is the same restore done in place,
+for recovery: the surviving workers reload the schedule from the checkpoint without a process restart and
+dead ones are started again. A worker that dies before COMMIT completes aborts a CCR or DCR migration and the
+topology rolls back to the last periodic checkpoint, so what the dead process held is replayed, not lost.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -46,7 +46,6 @@ import redis
 
 from elastream.control.checkpoint_driver import abandon_checkpoint
 from elastream.control.retrying import retry_within
-from elastream.control.rollback import recover_from_failure, roll_back
 from elastream.core.checkpoint_protocol import replayed_events
 from elastream.core.migration_protocol import (
     SENDER,
@@ -299,7 +298,30 @@ class MigrationDriver:
         return None
 
     def recover(self, failed: dict[str, str]) -> MigrationReport | None:
-        return recover_from_failure(self, failed)
+        """Workers died (`failed`: node -> why). With a periodic checkpoint, roll the whole topology back to it
+        in place (`roll_back`): dead nodes start again, survivors reload their executors from it, sources replay
+        what came after it (counted as `replayed`), so nothing is lost. Without one, restart the dead workers
+        empty and say what was lost (returns None)."""
+        if self.store.latest_checkpoint() is not None:
+            return self.roll_back()
+        nodes = sorted(failed)
+        self.backend.restart_nodes(nodes)
+        self.events.emit(
+            EventReason.WORKERS_RESTARTED,
+            f"restarted {', '.join(nodes)} empty ({'; '.join(failed.values())}); no periodic checkpoint to roll "
+            "back to, so the events and state the dead workers held are lost",
+            True,
+        )
+        return None
+
+    def roll_back(self) -> MigrationReport:
+        """Roll the whole topology back to the last periodic checkpoint in place: a `restart` migration to the
+        running schedule that reloads the surviving workers instead of stopping them, with state from the
+        checkpoint and the sources replaying what came after it. What a dead worker, an aborted migration that
+        lost one, and a partial migration that failed after COMMIT come to."""
+        return replace(self, protocol="restart", in_place=True, before_action=None).migrate(
+            self.backend.current_schedule()
+        )
 
     def abandon_restore(self) -> str | None:
         mid = self.store.current()
@@ -407,9 +429,9 @@ class _Run:
             driver.redis_step(lambda: driver.backend.discard(self.new), f"migration {mid} discard")
             failed = driver.backend.failed_nodes()
             if failed:
-                self.rollback = recover_from_failure(driver, failed)
+                self.rollback = driver.recover(failed)
             elif self.fell_back is not None:  # no worker died: the schedule did not come up
-                self.rollback = roll_back(driver)
+                self.rollback = driver.roll_back()
         with contextlib.suppress(redis.RedisError):  # the lease runs out by itself
             driver.owner.release()
         return self.report()
