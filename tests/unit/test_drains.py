@@ -334,22 +334,22 @@ def worker(grace: float) -> Worker:
 def test_a_worker_asks_for_a_drain_only_with_a_grace_period_executors_and_no_stop_yet() -> None:
     w = worker(30.0)
     try:
-        assert not w.wants_drain()  # nothing runs yet (starting, or a staged node): stop at once
-        w.client = object()  # type: ignore[assignment]
-        w.current = SimpleNamespace()  # type: ignore[assignment]
-        assert w.wants_drain()
-        w.draining = threading.Thread(target=lambda: None)
-        assert not w.wants_drain()  # a second SIGTERM stops at once
-        w.draining = None
-        w.on_node_message({"type": "stop"})  # its backend stops it: the SIGTERM that follows asks for nothing
-        assert w.stop.is_set() and w.stopped_by_backend and not w.wants_drain()
+        assert not w.drains.wants_drain()  # nothing runs yet (starting, or a staged node): stop at once
+        w.stores.attach(object(), w.topology.redis_prefix)  # type: ignore[arg-type]
+        w.generations.current = SimpleNamespace()  # type: ignore[assignment]
+        assert w.drains.wants_drain()
+        w.drains.draining = threading.Thread(target=lambda: None)
+        assert not w.drains.wants_drain()  # a second SIGTERM stops at once
+        w.drains.draining = None
+        w.control.on_node_message({"type": "stop"})  # its backend stops it: the SIGTERM that follows asks for nothing
+        assert w.stop.is_set() and w.drains.stopped_by_backend and not w.drains.wants_drain()
     finally:
         w.zmq.term()
     off = worker(0.0)
     try:
-        off.client = object()  # type: ignore[assignment]
-        off.current = SimpleNamespace()  # type: ignore[assignment]
-        assert not off.wants_drain()
+        off.stores.attach(object(), off.topology.redis_prefix)  # type: ignore[arg-type]
+        off.generations.current = SimpleNamespace()  # type: ignore[assignment]
+        assert not off.drains.wants_drain()
     finally:
         off.zmq.term()
 
@@ -359,8 +359,8 @@ def test_a_worker_that_cannot_write_its_drain_request_stops_at_once() -> None:
 
     w = worker(30.0)
     try:
-        w.client = redis_lib.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
-        w.drain()
+        w.stores.attach(redis_lib.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2), "p:")
+        w.drains.drain()
         assert w.stop.is_set()
     finally:
         w.zmq.term()
