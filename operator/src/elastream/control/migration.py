@@ -57,6 +57,7 @@ from elastream.core.migration_protocol import (
     MigrationReport,
     MigrationStalled,
     Phase,
+    PhaseTimes,
     Timeouts,
 )
 from elastream.core.migration_scope import MigrationParts, migration_parts
@@ -84,6 +85,11 @@ class MigrationError(BackendError):
 class MigrationInterrupted(MigrationError):
     """A migration in flight had to stop waiting (Redis away too long, a stalled phase, the topology being
     deleted): its record stays in Redis and `resume` finishes or aborts it."""
+
+
+def _direction(old: Schedule, new: Schedule) -> Direction:
+    """A migration's direction in its report: out when the new schedule has more nodes, in otherwise."""
+    return Direction.OUT if len(new.nodes) > len(old.nodes) else Direction.IN
 
 
 class _Quiet:
@@ -277,10 +283,10 @@ class MigrationDriver:
         return MigrationReport(
             migration_id=mid,
             protocol=self.protocol,
-            direction=Direction.OUT if len(new.nodes) > len(old.nodes) else Direction.IN,
+            direction=_direction(old, new),
             from_nodes=len(old.nodes),
             to_nodes=len(old.nodes),
-            phases_ms={"captureMs": None, "commitMs": None, "rebalanceMs": None, "restoreMs": None},
+            phases_ms=PhaseTimes().durations_ms(),  # every phase None: none of them ran
             captured_events=0,
             lost=0,
             replayed=0,
@@ -613,11 +619,10 @@ class _Run:
         if coordinator.protocol == "restart" and not self.restore_from and outcome == Outcome.SUCCEEDED:
             reason = "no periodic checkpoint yet: state started empty and the sources from their beginning"
         to_nodes = len((self.target or self.new).nodes) if outcome == Outcome.SUCCEEDED else len(self.old.nodes)
-        direction = Direction.OUT if len(self.new.nodes) > len(self.old.nodes) else Direction.IN
         report = MigrationReport(
             migration_id=coordinator.migration_id,
             protocol=coordinator.protocol,
-            direction=direction,
+            direction=_direction(self.old, self.new),
             from_nodes=len(self.old.nodes),
             to_nodes=to_nodes,
             phases_ms=coordinator.times.durations_ms(),
