@@ -1,5 +1,7 @@
 """Running the operator: wire the shared pieces (Redis, the Kubernetes API, one analysis session, Prometheus)
-and hand over to kopf, which calls the handlers in `elastream.handlers.topology`.
+and hand over to kopf, which calls the handlers in `elastream.handlers.topology`: the reconcile loop and its
+pool reach them in kopf's operator memo (`OperatorMemo`, given to `kopf.run`), which kopf copies into each
+resource's memo.
 
 kopf always runs standalone (no kopf peering). With leader election (`--leader-elect`, what the chart runs)
 the process first acquires the Lease (`elastream.control.leader`), answering /healthz meanwhile, and only then
@@ -33,7 +35,7 @@ from elastream.control.backends.worker_objects import (
 from elastream.control.leader import LEASE_NAME, LeaderElector
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.resources import ManagedTopologies
-from elastream.handlers import topology as handlers
+from elastream.handlers.topology import OperatorMemo
 from elastream.store.acl import UserKeeper
 from elastream.worker_inputs.keys import auth_enabled
 
@@ -256,7 +258,7 @@ def run(options: OperatorOptions) -> int:
     load_kubernetes_config()
     redis_client = redis_at_start(options.redis_url)
     slots, pool = reconcile_pool(options)
-    handlers.TOPOLOGIES = ManagedTopologies(
+    topologies = ManagedTopologies(
         redis_client=redis_client,
         redis_url=options.redis_url,
         core_api=client.CoreV1Api(),
@@ -273,13 +275,12 @@ def run(options: OperatorOptions) -> int:
         volatile_every_s=options.status_every_s,
         slots=slots,
     )
-    handlers.POOL = pool
     host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
         from elastream.control.topology_metrics import register_topology_metrics
 
         # each topology's phase, conditions, nodes, checkpoint age and backlog, read at scrape time
-        register_topology_metrics(handlers.TOPOLOGIES, redis_client)
+        register_topology_metrics(topologies, redis_client)
         start_http_server(options.metrics_port, addr=host)
     elector = None
     if options.leader_election is not None:
@@ -295,6 +296,7 @@ def run(options: OperatorOptions) -> int:
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),
             liveness_endpoint=f"http://{host}:{options.health_port}/healthz" if options.health_port else None,
+            memo=OperatorMemo(topologies=topologies, pool=pool),
         )
     finally:
         if elector is not None:
