@@ -652,9 +652,9 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
 
     from elastream.analysis import Analyzer
     from elastream.control.checkpoint_driver import Checkpointer
+    from elastream.control.operator_options import OperatorOptions, worker_pod_settings
     from elastream.control.resources import ManagedTopologies
     from elastream.handlers import topology as handlers
-    from elastream.handlers.main import OperatorOptions, worker_pod_settings
     from elastream.store.acl import UserKeeper
     from elastream.store.registry import connect
 

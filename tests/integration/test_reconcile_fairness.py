@@ -42,13 +42,13 @@ from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.migration import MigrationDriver
+from elastream.control.operator_options import OperatorOptions
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.resource_api import NoRequests
 from elastream.control.resources import ManagedTopologies
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, topology_prefix
 from elastream.handlers import topology as handlers
-from elastream.handlers.main import OperatorOptions
 from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.epoch import RedisEpoch
 from elastream.store.metric_stream import MetricStream

@@ -292,8 +292,8 @@ def test_no_message_of_a_failed_connect_shows_the_password(url: str) -> None:
 
 
 def test_options_that_hold_the_redis_url_never_show_it_in_a_repr() -> None:
+    from elastream.control.operator_options import OperatorOptions
     from elastream.control.resources import ManagedTopologies
-    from elastream.handlers.main import OperatorOptions
     from elastream.runtime.worker import WorkerOptions
 
     url = "redis://app:s3cret@redis:6379/0"
