@@ -49,11 +49,12 @@ def _concerns(body: kopf.Body) -> tuple[str, str]:
     return body["metadata"].get("namespace") or "default", body["metadata"]["name"]
 
 
-def _wake_event(memo: Any) -> asyncio.Event:
+def _wake_event(memo: kopf.Memo) -> asyncio.Event:
+    """The resource's own wake-up (a key of its memo, never of the operator memo it was copied from)."""
     wake = memo.get("wake")
-    if wake is None:
+    if not isinstance(wake, asyncio.Event):
         wake = memo["wake"] = asyncio.Event()
-    return wake  # type: ignore[no-any-return]
+    return wake
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
