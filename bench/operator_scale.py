@@ -548,7 +548,7 @@ def _prefix(namespace: str, name: str) -> str:
 
 
 class TimedPool(ReconcilePool):
-    """The operator's reconcile pool (`handlers.POOL`, `handlers.main.reconcile_pool`), timing each pass: how
+    """The operator's reconcile pool (`OperatorMemo.pool`, `handlers.main.reconcile_pool`), timing each pass: how
     long it waited for a thread (queued) and ran, and the time since the same topology's last pass started
     (its period). While `recording`, the figures go into compact arrays (a few hundred KiB at the largest
     size); the passes of `probe` (a topology's key) are kept apart with wall-clock times, whenever they run."""
@@ -652,9 +652,9 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
 
     from elastream.analysis import Analyzer
     from elastream.control.checkpoint_driver import Checkpointer
+    from elastream.control.operator_options import OperatorOptions, worker_pod_settings
     from elastream.control.reconciler import TopologyReconciler
     from elastream.handlers import topology as handlers
-    from elastream.handlers.main import OperatorOptions, worker_pod_settings
     from elastream.store.acl import UserKeeper
     from elastream.store.registry import connect
 
@@ -683,7 +683,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
         slots=slots,
     )
     pool = TimedPool(slots, options.waiting_passes, probe=PROBE)
-    handlers.TOPOLOGIES, handlers.POOL = topologies, pool
+    shared = handlers.OperatorMemo(topologies, pool)  # the operator memo `elastream operator` gives kopf
     warnings = WarningCounter()
     logging.getLogger().addHandler(warnings)
 
@@ -699,7 +699,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
     Checkpointer.tick = counted_tick  # type: ignore[method-assign]
 
     bodies: dict[str, dict[str, Any]] = {}
-    memos: dict[str, dict[str, Any]] = {}
+    memos: dict[str, handlers.OperatorMemo] = {}
     probe_statuses: list[tuple[float, dict[str, Any]]] = []
 
     def on_status(namespace: str, name: str, status: dict[str, Any], at: float) -> None:
@@ -721,7 +721,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
         body = topology_resource(i)
         name = body["metadata"]["name"]
         api.add_resource(body)
-        bodies[name], memos[name] = body, {}
+        bodies[name], memos[name] = body, copy.copy(shared)  # as kopf makes each resource's memo
         tasks.append(asyncio.create_task(handlers.reconcile_loop(body=body, memo=memos[name], stopped=Stopped())))
         await handlers.changed(event={"type": None, "object": body}, memo=memos[name])
     print(f"PROGRESS {n} topologies created; waiting until all are Running", flush=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -41,13 +42,13 @@ from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.migration import MigrationDriver
+from elastream.control.operator_options import OperatorOptions
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import NoRequests
 from elastream.core.status import EventReason
 from elastream.core.topology import Topology, topology_prefix
 from elastream.handlers import topology as handlers
-from elastream.handlers.main import OperatorOptions
 from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.epoch import RedisEpoch
 from elastream.store.metric_stream import MetricStream
@@ -210,8 +211,8 @@ class Pass:
 
 
 class RecordingPool(ReconcilePool):
-    """The operator's reconcile pool (`handlers.POOL`, its threads and its queue as they are), noting for each
-    pass which topology it is of, when it was submitted, started and ended."""
+    """The operator's reconcile pool (`handlers.OperatorMemo.pool`, its threads and its queue as they are),
+    noting for each pass which topology it is of, when it was submitted, started and ended."""
 
     def __init__(self, slots: ReconcileSlots, waiting: int) -> None:
         super().__init__(slots, waiting)
@@ -315,8 +316,7 @@ def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: 
     look = redis.Redis.from_url(redis_url)  # the test's own
     api, events, wiring = InMemoryStreamTopologies(), InMemoryEvents(), Wiring()
     topologies, pool = operator_loop(client, redis_url, api, events, wiring.build)
-    saved = handlers.TOPOLOGIES, handlers.POOL
-    handlers.TOPOLOGIES, handlers.POOL = topologies, pool
+    shared = handlers.OperatorMemo(topologies, pool)  # the operator memo `elastream operator` gives kopf
 
     def claim(name: str) -> str | None:
         """The checkpoint round holding the topology in Redis (its claim), if any."""
@@ -334,7 +334,8 @@ def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: 
         return "\n".join(lines)
 
     async def scenario() -> dict[str, Any]:
-        memos: dict[str, dict[str, Any]] = {name: {} for name in bodies}
+        # as kopf makes each resource's memo: a shallow copy of the operator memo
+        memos = {name: copy.copy(shared) for name in bodies}
         stops = {name: Stopped() for name in bodies}
         tasks = []
         for name, body in bodies.items():  # as kopf hands them over: the resource listed, its daemon started
@@ -399,7 +400,6 @@ def test_eight_silent_topologies_leave_the_healthy_one_its_scale_out(redis_url: 
         pool.shutdown(wait=True, cancel_futures=True)
         for name in bodies:  # the delete path: controllers closed (an open round abandoned), keys deleted
             topologies.remove(NAMESPACE, name)
-        handlers.TOPOLOGIES, handlers.POOL = saved
         leftover = [k for name in bodies for k in look.scan_iter(match=f"{topology_prefix(NAMESPACE, name)}*")]
         if leftover:
             look.delete(*leftover)
@@ -503,8 +503,7 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
     api, events, wiring = InMemoryStreamTopologies(), InMemoryEvents(), UnreadyWiring()
     topologies, pool = operator_loop(client, redis_url, api, events, wiring.build)
     assert topologies.start_timeout_s == 180.0  # the operator's default wait, not one made short for the test
-    saved = handlers.TOPOLOGIES, handlers.POOL
-    handlers.TOPOLOGIES, handlers.POOL = topologies, pool
+    shared = handlers.OperatorMemo(topologies, pool)  # the operator memo `elastream operator` gives kopf
     slots = topologies.slots
     assert slots is not None
 
@@ -516,7 +515,8 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
         return "\n".join(lines)
 
     async def scenario() -> dict[str, Any]:
-        memos: dict[str, dict[str, Any]] = {name: {} for name in bodies}
+        # as kopf makes each resource's memo: a shallow copy of the operator memo
+        memos = {name: copy.copy(shared) for name in bodies}
         stops = {name: Stopped() for name in bodies}
         tasks: list[asyncio.Task[None]] = []
 
@@ -581,7 +581,6 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
         pool.shutdown(wait=True, cancel_futures=True)
         for name in bodies:
             topologies.remove(NAMESPACE, name)
-        handlers.TOPOLOGIES, handlers.POOL = saved
         client.close()
 
     requested, done_at = run["requested"], run["done_at"]

@@ -570,8 +570,9 @@ def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: An
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
+    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import load_manifest
-    from elastream.handlers.main import listen_address, worker_pod_settings
+    from elastream.handlers.main import listen_address
 
     on_pod_ip = scenario == "listen-on-pod-ip"
     docs = render(scenario)
@@ -616,9 +617,9 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
+    from elastream.control.operator_options import worker_pod_settings
     from elastream.core.images import image_allowed
     from elastream.crd import load_manifest
-    from elastream.handlers.main import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
@@ -662,8 +663,8 @@ def test_placement_settings_reach_the_operator_and_refuse_the_control_plane(helm
         PlacementRefused,
         worker_pod,
     )
+    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import check_manifest, load_manifest
-    from elastream.handlers.main import worker_pod_settings
 
     values = [
         "worker.placement.allowedTolerations[0].key=dedicated",
@@ -740,9 +741,9 @@ def test_pod_template_settings_reach_the_operator_and_refuse_hostpath(helm: str,
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import PodTemplatePolicy, PodTemplateRefused, worker_pod
+    from elastream.control.operator_options import worker_pod_settings
     from elastream.core.topology import parse_manifest
     from elastream.crd import check_manifest
-    from elastream.handlers.main import worker_pod_settings
 
     values = [
         "worker.podTemplate.allowedVolumeTypes={secret,persistentVolumeClaim}",
@@ -829,8 +830,8 @@ def test_drain_settings_reach_the_worker_pods_and_without_budgets_there_is_no_ru
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
+    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import load_manifest
-    from elastream.handlers.main import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))
@@ -895,8 +896,8 @@ def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch)
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_network_policy
+    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import load_manifest
-    from elastream.handlers.main import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     demo = load_manifest(os.path.join(REPO, "examples", "demo.yaml"))

@@ -244,7 +244,7 @@ def demo_worker_pod(operator: Mapping[str, Any], monkeypatch: Any) -> dict[str, 
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
-    from elastream.handlers.main import worker_pod_settings
+    from elastream.control.operator_options import worker_pod_settings
 
     env = env_of(operator)
     monkeypatch.setenv("ELASTREAM_WORKER_IMAGE", env["ELASTREAM_WORKER_IMAGE"])  # read when the parser is built

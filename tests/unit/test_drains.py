@@ -9,16 +9,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 from test_kubernetes_backend import FakeCore, backend, someone_elses
 from test_topology_controller import setup
 
 from elastream.control.backends.worker_objects import WorkerPodSettings, worker_pod
+from elastream.control.controller_drains import DrainOutcome, DrainRunner
 from elastream.core.drain_plan import DrainError, drain_deadline, drain_schedule, refill_schedule
 from elastream.core.ports import DrainRequest, NotOwned
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import EventReason
 from elastream.core.topology import parse_manifest
 from elastream.runtime.worker import Worker, WorkerOptions
+from support.fakes import FakeBackend, FakeClock, FakeMigrator
 from support.manifests import edge, manifest, sink, src
 
 
@@ -226,6 +229,83 @@ def test_the_initial_schedule_drains_a_full_topology_onto_a_replacement() -> Non
     assert moved.executors_on("node-2") == packed.executors_on("node-1")
 
 
+# ------------------------------------------------------------------------- the drain runner, on its own
+
+
+def runner(nodes: int = 3) -> tuple[DictDrains, FakeBackend, FakeMigrator, DrainRunner]:
+    topology, *_ = setup(nodes)
+    backend = FakeBackend()
+    backend.start(initial_schedule(topology))
+    migrator = FakeMigrator(backend)
+    drains = DictDrains()
+    return drains, backend, migrator, DrainRunner(drains, backend, migrator, FakeClock())
+
+
+def test_the_runner_changes_nothing_without_requests_but_forgets_a_deferred_refill() -> None:
+    _drains, _backend, migrator, drainer = runner()
+    assert drainer.take(None) is None
+    assert drainer.take(3) == DrainOutcome(target=None)  # the refill's drain never ran: the next scaling sets it
+    assert migrator.applied == []
+
+
+def test_the_runner_returns_the_drain_then_its_refill_as_outcomes() -> None:
+    drains, backend, migrator, drainer = runner(3)
+    before = backend.current_schedule()
+    drains.ask("node-1", 1000.0, 1020.0)
+    drained = drainer.take(None)
+    assert drained is not None and drained.record is not None
+    assert drained.running == migrator.applied[-1] and "node-1" not in drained.running.nodes
+    assert drained.record["outcome"] == "succeeded" and "refill" not in drained.record
+    assert (drained.target, drained.refill_to, drained.store_error) == (3, 3, "")
+    assert [said.reason for said in drained.said] == [EventReason.DRAINED]
+    assert drains.requests == {}  # the request is done: the port's, not the controller's
+    refilled = drainer.refill(drained)
+    assert refilled.running is not None and len(refilled.running.nodes) == 3
+    assert refilled.running.parallelism() == before.parallelism()
+    assert refilled.target is None and refilled.refill_to is None
+    assert refilled.record is not None and refilled.record["node"] == "node-1"
+    assert refilled.record["refill"]["outcome"] == "succeeded" and refilled.record["refill"]["nodes"] == ["node-3"]
+    assert "refill" not in drained.record  # the drain's own record is not changed by its refill
+
+
+def test_the_runner_defers_the_refill_while_another_worker_waits() -> None:
+    drains, _backend, _migrator, drainer = runner(3)
+    drains.ask("node-0", 1000.0, 1020.0)
+    drains.ask("node-2", 1001.0, 1020.0)
+    outcome = drainer.take(None)
+    assert outcome is not None and outcome.record is not None
+    assert outcome.record["node"] == "node-0" and outcome.record["refill"]["outcome"] == "deferred"
+    assert (outcome.target, outcome.refill_to) == (3, None)
+
+
+def test_the_runner_says_a_redis_error_and_keeps_the_request() -> None:
+    drains, _backend, migrator, drainer = runner(3)
+    drains.ask("node-2", 1000.0, 1020.0)
+
+    def away(schedule: Schedule):
+        raise redis.ConnectionError("gone")
+
+    migrator.migrate = away  # type: ignore[method-assign]
+    outcome = drainer.take(2)
+    assert outcome is not None and outcome.record is not None
+    assert outcome.running is None and outcome.target == 2  # nothing moved, the refill's count kept
+    assert outcome.store_error == "ConnectionError: gone"
+    assert outcome.record["outcome"] == "failed" and outcome.record["reason"] == "Redis: gone"
+    assert [(said.reason, said.warning) for said in outcome.said] == [(EventReason.DRAIN_FAILED, True)]
+    assert "node-2" in drains.requests
+
+
+def test_the_runner_drops_requests_it_cannot_carry_out_and_only_says_why() -> None:
+    drains, backend, migrator, drainer = runner(3)
+    backend.dead = {"node-0": "gone"}
+    drains.ask("node-0", 1000.0, 1020.0)
+    drains.ask("node-9", 1000.0, 1020.0)
+    outcome = drainer.take(None)
+    assert outcome is not None and outcome.record is None and outcome.running is None
+    assert [said.reason for said in outcome.said] == [EventReason.DRAIN_FAILED]
+    assert drains.requests == {} and migrator.applied == []
+
+
 # ------------------------------------------------------------------------------------- the Kubernetes backend
 
 
@@ -334,22 +414,22 @@ def worker(grace: float) -> Worker:
 def test_a_worker_asks_for_a_drain_only_with_a_grace_period_executors_and_no_stop_yet() -> None:
     w = worker(30.0)
     try:
-        assert not w.wants_drain()  # nothing runs yet (starting, or a staged node): stop at once
-        w.client = object()  # type: ignore[assignment]
-        w.current = SimpleNamespace()  # type: ignore[assignment]
-        assert w.wants_drain()
-        w.draining = threading.Thread(target=lambda: None)
-        assert not w.wants_drain()  # a second SIGTERM stops at once
-        w.draining = None
-        w.on_node_message({"type": "stop"})  # its backend stops it: the SIGTERM that follows asks for nothing
-        assert w.stop.is_set() and w.stopped_by_backend and not w.wants_drain()
+        assert not w.drains.wants_drain()  # nothing runs yet (starting, or a staged node): stop at once
+        w.stores.attach(object(), w.topology.redis_prefix)  # type: ignore[arg-type]
+        w.generations.current = SimpleNamespace()  # type: ignore[assignment]
+        assert w.drains.wants_drain()
+        w.drains.draining = threading.Thread(target=lambda: None)
+        assert not w.drains.wants_drain()  # a second SIGTERM stops at once
+        w.drains.draining = None
+        w.control.on_node_message({"type": "stop"})  # its backend stops it: the SIGTERM that follows asks for nothing
+        assert w.stop.is_set() and w.drains.stopped_by_backend and not w.drains.wants_drain()
     finally:
         w.zmq.term()
     off = worker(0.0)
     try:
-        off.client = object()  # type: ignore[assignment]
-        off.current = SimpleNamespace()  # type: ignore[assignment]
-        assert not off.wants_drain()
+        off.stores.attach(object(), off.topology.redis_prefix)  # type: ignore[arg-type]
+        off.generations.current = SimpleNamespace()  # type: ignore[assignment]
+        assert not off.drains.wants_drain()
     finally:
         off.zmq.term()
 
@@ -359,8 +439,8 @@ def test_a_worker_that_cannot_write_its_drain_request_stops_at_once() -> None:
 
     w = worker(30.0)
     try:
-        w.client = redis_lib.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
-        w.drain()
+        w.stores.attach(redis_lib.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2), "p:")
+        w.drains.drain()
         assert w.stop.is_set()
     finally:
         w.zmq.term()

@@ -11,7 +11,7 @@ import pytest
 from test_topology_controller import setup
 
 from elastream.cli import main
-from elastream.control.controller import SETTLE_INTERVALS
+from elastream.control.changes import SETTLE_INTERVALS
 from elastream.control.live_plan import (
     LivePlanError,
     LiveTopology,

@@ -199,7 +199,7 @@ def test_elastream_commands_refuse_a_bad_environment_value_in_one_line(
 def test_the_operator_s_format_reaches_its_worker_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.handlers.main import worker_pod_settings
+    from elastream.control.operator_options import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     monkeypatch.delenv("ELASTREAM_LOG_FORMAT", raising=False)

@@ -355,7 +355,7 @@ def test_an_evaluation_that_raises_decides_nothing_and_the_tick_survives(
     def broken(*args: object, **kwargs: object) -> object:
         raise OverflowError("cannot convert float infinity to integer\n(in a policy)")
 
-    monkeypatch.setattr("elastream.control.scaling.recommend", broken)
+    monkeypatch.setattr("elastream.control.autoscaler.recommend", broken)
     controller.autoscaler = AutoscalerState(scale_in_votes=2)
     before = errors()
     with caplog.at_level(logging.ERROR, logger="elastream.control"):

@@ -744,6 +744,13 @@ def test_an_event_suppressed_within_the_repeat_window_is_posted_again_after_it_o
     assert len(core.events) == 2
 
 
+def test_an_events_timestamps_are_the_loops_clocks_wall_time() -> None:
+    core, clock = FakeCoreApi(), Clock()
+    clock.t = 1_700_000_000.75  # 2023-11-14T22:13:20.75Z: written to the second
+    KubernetesEvents(core, resource(), clock=clock).emit("Scaled", "3 -> 4 nodes")
+    assert core.events[0]["firstTimestamp"] == core.events[0]["lastTimestamp"] == "2023-11-14T22:13:20Z"
+
+
 @pytest.mark.timeout(30)
 def test_a_delete_while_redis_is_away_gives_up_at_its_bound_on_the_loops_clock(
     caplog: pytest.LogCaptureFixture,

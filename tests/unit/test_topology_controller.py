@@ -10,7 +10,10 @@ from dataclasses import dataclass
 import pytest
 import redis
 
+from elastream.control.autoscaler import Autoscaler
+from elastream.control.changes import SETTLE_INTERVALS, settles_at
 from elastream.control.controller import TopologyController
+from elastream.core.autoscaling.decision import AutoscalerState
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule, initial_schedule
@@ -25,6 +28,7 @@ from support.fakes import (
     ListEvents,
     ListFeed,
     ListRequests,
+    ManualClock,
     SimulatedMetrics,
 )
 from support.manifests import edge, manifest, sink, src, work
@@ -283,6 +287,104 @@ def test_autoscale_disabled_never_analyses() -> None:
     controller.start()
     controller.tick()
     assert controller.metrics.analysed == 0 and "autoscaler" not in status.fields
+
+
+# ---- the autoscaler on its own ----------------------------------------------------------------------------------
+
+
+def evaluator(**auto):
+    backend, _migrator, _events, status, controller = autoscaled(**auto)
+    autoscaler = Autoscaler(backend, ManualClock(controller.clock.t), controller.interval_s)  # type: ignore[arg-type]
+    return autoscaler, controller, status
+
+
+def test_the_autoscaler_returns_its_decision_and_changes_nothing_itself() -> None:
+    autoscaler, controller, status = evaluator()
+    metrics = controller.metrics
+    analysed = []
+    real = metrics.analyse
+
+    def analyse(window: int):
+        analysed.append(real(window))
+        return analysed[-1]
+
+    metrics.analyse = analyse
+    evaluation = autoscaler.evaluate(controller.topology, metrics, AutoscalerState())
+    assert evaluation is not None and evaluation.recommendation.action == "scale-out"
+    assert evaluation.status == evaluation.recommendation.to_status()
+    assert [said.reason for said in evaluation.said] == ["AutoscalerDecided"]
+    order = evaluation.scale
+    assert order is not None and order.nodes == evaluation.recommendation.target_nodes
+    assert order.parallelism is not None and order.parallelism["parse"] == 8
+    assert [order.snapshot] == [a.snapshot for a in analysed]  # the plan reuses the one window analysed
+    assert "autoscaler" not in status.fields and controller.last_evaluation is None  # nothing applied
+    assert autoscaler.evaluated_at == autoscaler.clock.now()
+    # within the period: no evaluation at all
+    assert autoscaler.evaluate(controller.topology, controller.metrics, evaluation.state) is None
+
+
+def test_the_autoscaler_only_recommends_with_execute_false() -> None:
+    autoscaler, controller, _status = evaluator(execute=False)
+    evaluation = autoscaler.evaluate(controller.topology, controller.metrics, AutoscalerState())
+    assert evaluation is not None and evaluation.scale is None
+    assert [said.reason for said in evaluation.said] == ["AutoscalerRecommends"]
+
+
+def test_an_autoscaler_evaluation_that_raises_returns_an_undecided_one_forgetting_the_votes() -> None:
+    autoscaler, controller, _status = evaluator()
+
+    class Broken(WindowedMetrics):
+        def analyse(self, window: int):
+            raise ValueError("no window today")
+
+    metrics = Broken(controller.topology, autoscaler.backend, controller.clock)  # type: ignore[arg-type]
+    evaluation = autoscaler.evaluate(controller.topology, metrics, AutoscalerState(scale_in_votes=2))
+    assert evaluation is not None and evaluation.scale is None and evaluation.said == ()
+    assert evaluation.recommendation.action == "none"
+    assert "ValueError: no window today" in evaluation.recommendation.reason
+    assert evaluation.state.scale_in_votes == 0
+
+
+# ---- the settle rule ------------------------------------------------------------------------------------------
+
+
+class SettleLog(SimulatedMetrics):
+    """Records every write of `not_before`: each schedule change must be settled once, by the one rule."""
+
+    def __init__(self, topology, backend: FakeBackend) -> None:
+        self.writes: list[float] = []
+        super().__init__(topology, backend)
+        self.writes.clear()  # the constructor's own initial value
+
+    @property
+    def not_before(self) -> float:
+        return self.writes[-1] if self.writes else 0.0
+
+    @not_before.setter
+    def not_before(self, value: float) -> None:
+        self.writes.append(value)
+
+
+def test_each_schedule_change_is_settled_once_by_the_one_rule() -> None:
+    topology, backend, migrator, _events, _status, _requests, controller = setup(2)
+    metrics = SettleLog(topology, backend)
+    controller.metrics = metrics
+    controller.clock = clock = ManualClock()  # a clock read as often as it is moved: `now` is what was set
+    controller.start()
+    assert metrics.writes == [settles_at(controller.clock.now(), controller.interval_s)]
+    clock.t += 10.0
+    record = controller.scale_to(3)
+    assert record.outcome == "succeeded"
+    assert metrics.writes[1:] == [settles_at(controller.clock.now(), controller.interval_s)]
+    assert settles_at(100.0, 0.5) == 100.0 + SETTLE_INTERVALS * 0.5
+    clock.t += 10.0
+    backend.dead = {"node-0": "gone"}
+    controller.recover(backend.failed_nodes())
+    assert metrics.writes[2:] == [settles_at(controller.clock.now(), controller.interval_s)]
+    clock.t += 10.0
+    migrator.outcome = "aborted"
+    assert controller.scale_to(2).outcome == "failed"
+    assert len(metrics.writes) == 3  # a failed scaling changed no schedule: nothing to settle
 
 
 # ------------------------------------------------------------------------------------------- faults

@@ -20,7 +20,7 @@ import elastream
 from elastream import DEFAULT_WORKER_IMAGE, __version__
 from elastream.cli import build_parser
 from elastream.control.backends.worker_objects import WorkerPodSettings
-from elastream.handlers.main import OperatorOptions
+from elastream.control.operator_options import OperatorOptions
 
 REPO = Path(__file__).resolve().parents[2]
 #: SemVer 2.0.0's own pattern (semver.org), anchored

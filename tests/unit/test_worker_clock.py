@@ -1,4 +1,4 @@
-"""The worker's time goes through its clock (`runtime.worker_state.Clock`): the metric grid it publishes on,
+"""The worker's time goes through its clock (`core.ports.Clock`): the metric grid it publishes on,
 stepped here instead of waited for."""
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def test_samples_fall_on_the_wall_clock_grid_and_a_clock_set_back_starts_the_gri
         if len(published) == 4:
             worker.stop.set()
 
-    monkeypatch.setattr(worker, "publish_metrics", publish)
-    monkeypatch.setattr(worker, "log_data_plane", lambda force=False: None)
+    monkeypatch.setattr(worker.reporting, "publish_metrics", publish)
+    monkeypatch.setattr(worker.reporting, "log_data_plane", lambda force=False: None)
     try:
         worker.serve()
     finally:

@@ -263,7 +263,7 @@ def test_the_policy_reads_the_charts_json_and_names_what_is_wrong() -> None:
 def test_the_operator_reads_the_policy_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.handlers.main import worker_pod_settings
+    from elastream.control.operator_options import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     monkeypatch.setenv("ELASTREAM_WORKER_PLACEMENT", json.dumps(DEDICATED.to_values()))

@@ -292,8 +292,8 @@ def test_no_message_of_a_failed_connect_shows_the_password(url: str) -> None:
 
 
 def test_options_that_hold_the_redis_url_never_show_it_in_a_repr() -> None:
+    from elastream.control.operator_options import OperatorOptions
     from elastream.control.reconciler import TopologyReconciler
-    from elastream.handlers.main import OperatorOptions
     from elastream.runtime.worker import WorkerOptions
 
     url = "redis://app:s3cret@redis:6379/0"
@@ -328,23 +328,30 @@ def test_a_node_with_nothing_to_publish_does_not_end_an_outage(monkeypatch: pyte
     # must not log "reachable again" while the control-list reader still fails (it did, twice a second)
     from types import SimpleNamespace
 
+    from elastream.core.ports import SystemClock
     from elastream.runtime import worker_metrics
+    from elastream.runtime.transport import DataPlaneStats
 
     outage = RedisOutage(logging.getLogger("test.redis"))
     monkeypatch.setattr(worker_metrics, "REDIS", outage)
     outage.failed("node node-3: cannot read its control list", redis.ConnectionError("refused"))
     written: list[object] = []
-    node = SimpleNamespace(
-        node="node-3",
-        current=None,
-        samples=lambda: [],
-        metrics=SimpleNamespace(publish=lambda samples: len(list(samples))),
+    samples_written = [0]  # what the metric stream says it wrote
+    stores = SimpleNamespace(
+        metrics=SimpleNamespace(publish=lambda samples: len(list(samples)) + samples_written[0]),
         store=SimpleNamespace(publish_positions=written.append),
     )
-    worker_metrics.MetricsReporting.publish_metrics(node)  # type: ignore[arg-type]
+    node = worker_metrics.MetricsReporting(
+        "node-3",
+        SystemClock(),
+        stores,  # type: ignore[arg-type]
+        lambda: None,  # staged: no generation runs
+        DataPlaneStats(),
+    )
+    node.publish_metrics()
     assert outage.active and outage.count == 1
-    node.samples = lambda: ["a sample"]  # a node with executors reached Redis: the outage is over
-    worker_metrics.MetricsReporting.publish_metrics(node)  # type: ignore[arg-type]
+    samples_written[0] = 1  # a node with executors reached Redis: the outage is over
+    node.publish_metrics()
     assert not outage.active
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from elastream import DEFAULT_WORKER_IMAGE
 from elastream.cli import CommandError
+from elastream.control.backends.worker_objects import PlacementPolicy
 from elastream.control.leader import LEASE_NAME
+from elastream.control.operator_options import LeaderElection, OperatorOptions
 from elastream.log_format import add_log_format_argument, checked_log_format, configure_logging
 
 
@@ -206,10 +208,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return int(main.run(options))
 
 
-def operator_options(args: argparse.Namespace) -> Any:
-    """The parsed command line as `elastream.handlers.main.OperatorOptions`."""
-    import importlib
-
+def operator_options(args: argparse.Namespace) -> OperatorOptions:
+    """The parsed command line as the operator's settings (`elastream.control.operator_options`)."""
     if not 0 < args.worker_start_timeout <= 3600:
         raise CommandError(f"--worker-start-timeout: {args.worker_start_timeout:g} s; give 1 to 3600 seconds")
     if not 1 <= args.reconcile_workers <= 256:
@@ -232,11 +232,10 @@ def operator_options(args: argparse.Namespace) -> Any:
         log_format = checked_log_format(args.log_format)  # $ELASTREAM_LOG_FORMAT is not checked by argparse either
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    main = importlib.import_module("elastream.handlers.main")
-    return main.OperatorOptions(
+    return OperatorOptions(
         redis_url=args.redis,
         namespaces=tuple(args.namespace),
-        leader_election=leader_election(args, main.LeaderElection) if args.leader_elect else None,
+        leader_election=leader_election(args) if args.leader_elect else None,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         worker_image=args.worker_image,
@@ -260,10 +259,8 @@ def operator_options(args: argparse.Namespace) -> Any:
     )
 
 
-def worker_placement(text: str | None) -> Any:
+def worker_placement(text: str | None) -> PlacementPolicy:
     """`--worker-placement` (or $ELASTREAM_WORKER_PLACEMENT) as a `PlacementPolicy`; the default one when unset."""
-    from elastream.control.backends.worker_objects import PlacementPolicy
-
     if not text:
         return PlacementPolicy()
     try:
@@ -305,10 +302,10 @@ def network_peers(text: str) -> tuple[dict[str, Any], ...]:
     return tuple(peers)
 
 
-def leader_election(args: argparse.Namespace, settings: Any) -> Any:
-    """`--leader-elect-*` as `settings` (`elastream.handlers.main.LeaderElection`), after checking that the
-    timings guarantee one leader (client-go's rules, which the chart checks too): a renew deadline shorter than
-    the lease duration and longer than 1.2 x the retry period."""
+def leader_election(args: argparse.Namespace) -> LeaderElection:
+    """`--leader-elect-*` as the operator's `LeaderElection`, after checking that the timings guarantee one
+    leader (client-go's rules, which the chart checks too): a renew deadline shorter than the lease duration and
+    longer than 1.2 x the retry period."""
     from elastream.control.leader import default_identity
     from elastream.core.lease import JITTER_FACTOR
 
@@ -333,7 +330,7 @@ def leader_election(args: argparse.Namespace, settings: Any) -> Any:
         )
     if not args.leader_elect_namespace:
         raise CommandError("--leader-elect-namespace: empty; give the namespace the Lease lives in")
-    return settings(
+    return LeaderElection(
         namespace=args.leader_elect_namespace,
         identity=default_identity(),
         lease_duration_s=duration,

@@ -19,6 +19,11 @@ source (Spark analysis), the migrator (`control.migration`), where requests come
 (Redis keys in local mode, the custom resource on Kubernetes), the event sink and the clock. So the same code
 serves `elastream run`, `elastream demo` and the operator, and its unit tests use in-memory fakes.
 `local_controller` wires it for local mode.
+
+Its parts with their own state change nothing of it: the drains (`control.controller_drains.DrainRunner`)
+and the autoscaler's evaluation (`control.autoscaler.Autoscaler`) return outcomes, which it applies. Every
+schedule change (a start, a restore, a recovery, a scaling, a drain, a refill) is settled in one place,
+`_settle`, by the one rule of `control.changes`: the analysis skips the samples of the switch.
 """
 
 from __future__ import annotations
@@ -30,14 +35,16 @@ from typing import Any
 
 import redis
 
+from elastream.control.autoscaler import Autoscaler, Evaluation
 from elastream.control.catch_up import CatchUpFollowUp
+from elastream.control.changes import Said, settles_at
 from elastream.control.checkpoint_driver import Checkpoints
 from elastream.control.connectors import LAG_READ_S, ConnectorWatch, LagSource, partition_lag
-from elastream.control.controller_drains import take_drain
+from elastream.control.controller_drains import DrainOutcome, DrainRunner
 from elastream.control.metrics import SkippedSamples
 from elastream.control.monitor import LiveRates, SampleFollower
 from elastream.control.retrying import backoff_delay
-from elastream.control.scaling import PrintEvents, ScalingRecord, autoscale, planned_message
+from elastream.control.scaling import PrintEvents, ScalingRecord, planned_message
 from elastream.core.autoscaling.decision import AutoscalerState, Recommendation
 from elastream.core.metrics import MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
@@ -64,10 +71,6 @@ from elastream.core.status import REDIS_BUSY, REDIS_OUT_OF_MEMORY, EventReason, 
 from elastream.core.topology import Topology, split_executor_id
 
 log = logging.getLogger("elastream.control")
-
-#: intervals after a schedule change whose samples the analysis skips (the switch and the first catch-up)
-SETTLE_INTERVALS = 2
-
 
 #: an OOM noted by `note_store` lasts at least this long after the last call that met it (seconds)
 OOM_HOLD_S = 60.0
@@ -142,7 +145,12 @@ class TopologyController:
         self.partition_lag: dict[str, dict[int, int]] = {}
         self.lag_read_at = float("-inf")
         self._started: list[Background] = []
-        self.evaluated_at: float | None = None
+        #: the autoscaler's evaluation once per period (`control.autoscaler`); it remembers when it last ran
+        self.evaluator = Autoscaler(self.backend, self.clock, self.interval_s, self.evaluation_period_s)
+        #: carries out the drain requests (`control.controller_drains`); None without drains
+        self.drainer = (
+            DrainRunner(self.drains, self.backend, self.migrator, self.clock) if self.drains is not None else None
+        )
         #: why Redis cannot be used now ("" when it can), and since when
         self.store_error = ""
         self.store_down_since: float | None = None
@@ -182,7 +190,7 @@ class TopologyController:
                 )
             return
         self.backend.start(target or schedule or initial_schedule(self.topology))
-        self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+        self._settle()
         self._since = self.clock.now()
         self._resume()
         for task in self.background:
@@ -315,7 +323,7 @@ class TopologyController:
                     raise BackendError(
                         f"the restore from checkpoint {latest} failed: {report.reason if report else 'no report'}"
                     )
-        self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+        self._settle()
         self._since = self.clock.now()
         for task in self.background:
             task.start()
@@ -425,7 +433,7 @@ class TopologyController:
         if self.migrator.unfinished() is not None:
             self._resume()
         # before the recovery: a drained worker that exits is out of the schedule, not lost
-        take_drain(self)
+        self._take_drain()
         failed = self.backend.failed_nodes()
         if failed and self.clock.now() >= self.recovery_due:
             self.recover(failed)
@@ -499,7 +507,7 @@ class TopologyController:
                 self._recovery_failed()
             else:
                 self.recovery_failures, self.recovery_due = 0, 0.0
-        self.metrics.not_before = self.clock.now() + SETTLE_INTERVALS * self.interval_s
+        self._settle()
         self.last_recovery = status
         self.status.publish("lastRecovery", status)
         return status
@@ -543,9 +551,7 @@ class TopologyController:
         if parallelism is not None:
             status["requestedParallelism"] = dict(parallelism)
         if record.outcome == Outcome.SUCCEEDED:
-            now = self.clock.now()
-            self.metrics.not_before = now + SETTLE_INTERVALS * self.interval_s
-            self.autoscaler = self.autoscaler.changed(now, record.direction)
+            self.autoscaler = self.autoscaler.changed(self.clock.now(), record.direction)
             self.follow_up.follow(status, record.started_at, self._caught_up, resumed_at=record.finished_at)
         self.last_scaling = record
         self.status.publish("lastScaling", status)
@@ -606,8 +612,7 @@ class TopologyController:
             self.events.emit(EventReason.SCALING_FAILED, record.reason, warning=True)
             return record
         record.outcome = Outcome.SUCCEEDED
-        if plan.to_nodes != self.topology.nodes:
-            self.topology = self.topology.with_nodes(plan.to_nodes)
+        self._settle(plan.to_nodes)
         pause = report.pause_ms
         self.events.emit(
             EventReason.SCALED,
@@ -620,9 +625,70 @@ class TopologyController:
     # ------------------------------------------------------------------------------------------- autoscaling
 
     def autoscale(self) -> ScalingRecord | None:
-        """Once per evaluation period: the autoscaler's evaluation (`control.scaling.autoscale`), and the
-        scaling it decides when it decides one (returned)."""
-        return autoscale(self)
+        """Once per evaluation period: the autoscaler's evaluation (`control.autoscaler`), published as
+        `autoscaler`, and the scaling it decides when it decides one (returned; unless `execute: false`,
+        which only recommends)."""
+        evaluation = self.evaluator.evaluate(self.topology, self.metrics, self.autoscaler)
+        return None if evaluation is None else self._apply_evaluation(evaluation)
+
+    @property
+    def evaluated_at(self) -> float | None:
+        """When the autoscaler last evaluated (None: never)."""
+        return self.evaluator.evaluated_at
+
+    def _apply_evaluation(self, evaluation: Evaluation) -> ScalingRecord | None:
+        self.autoscaler = evaluation.state
+        self.last_evaluation = evaluation.recommendation
+        self.status.publish("autoscaler", evaluation.status)
+        self._say(evaluation.said)
+        order = evaluation.scale
+        if order is None:
+            return None
+        record = self.scale_to(order.nodes, order.parallelism, "autoscaler", order.snapshot)
+        if (
+            record.outcome == Outcome.SUCCEEDED
+            and self.on_nodes_changed is not None
+            and record.to_nodes != record.from_nodes
+        ):
+            self.on_nodes_changed(record.to_nodes)
+        return record
+
+    # ------------------------------------------------------------------------------------------------ drains
+
+    def _take_drain(self) -> None:
+        """The oldest pending drain request, and the refill after it when one is due (`control.controller_drains`)."""
+        if self.drainer is None:
+            return
+        outcome = self.drainer.take(self.drain_target)
+        if outcome is None:
+            return
+        self._apply_drain(outcome)
+        if outcome.refill_to is not None:
+            self._apply_drain(self.drainer.refill(outcome))
+
+    def _apply_drain(self, outcome: DrainOutcome) -> None:
+        if outcome.store_error:
+            self.note_store(outcome.store_error)
+        if outcome.running is not None:
+            self._settle(len(outcome.running.nodes))
+        self.drain_target = outcome.target
+        self._say(outcome.said)
+        if outcome.record is not None:
+            self.last_drain = outcome.record
+            self.status.publish("lastDrain", dict(outcome.record))
+
+    # ------------------------------------------------------------------------------------- applying changes
+
+    def _settle(self, nodes: int | None = None) -> None:
+        """The topology runs a new schedule from now (on `nodes` nodes, when given): the one place a schedule
+        change is applied to the analysis, which skips the samples of the switch (`control.changes`)."""
+        if nodes is not None and nodes != self.topology.nodes:
+            self.topology = self.topology.with_nodes(nodes)
+        self.metrics.not_before = settles_at(self.clock.now(), self.interval_s)
+
+    def _say(self, said: Sequence[Said]) -> None:
+        for event in said:
+            self.events.emit(event.reason, event.message, warning=event.warning)
 
 
 def _stop_quietly(task: Background) -> None:

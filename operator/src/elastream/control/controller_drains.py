@@ -19,161 +19,197 @@ already dead, or past its deadline is dropped: a dead or departed worker is the 
 last checkpoint), as without drains. A drain that fails leaves its request, tried again on the next tick
 while the worker's deadline allows. Each drain is recorded as `lastDrain` and said in a Drained or
 DrainFailed event.
+
+`DrainRunner` holds the ports a drain uses (the drain requests, the backend, the migrator, the clock) and
+changes nothing of the controller: each step returns a `DrainOutcome` (the record to publish, the schedule
+running now, the node count the drains bring back, the events to say, a Redis error met), which
+`TopologyController` applies through its one path, settling on the new schedule there (`control.changes`).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 
-from elastream.core.drain_plan import DrainPlan, drain_schedule, refill_schedule
+from elastream.control.changes import Said
+from elastream.core.drain_plan import drain_schedule, refill_schedule
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Outcome
-from elastream.core.ports import BackendError, DrainRequest
+from elastream.core.ports import Backend, BackendError, Clock, DrainRequest, DrainRequests, Migrator
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
 
-if TYPE_CHECKING:
-    from elastream.control.controller import TopologyController
 
-log = logging.getLogger("elastream.control")
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What one step of the drains changed, for the controller to apply."""
+
+    #: the `lastDrain` record to publish (None: no drain ran)
+    record: dict[str, Any] | None = None
+    #: the schedule the topology runs now, when a migration moved it (the controller settles on it)
+    running: Schedule | None = None
+    #: the node count before the drains in progress, which their refill brings back (None when none is)
+    target: int | None = None
+    #: the node count a refill brings back next (`DrainRunner.refill`), None when none runs now
+    refill_to: int | None = None
+    #: the events to say, in order
+    said: tuple[Said, ...] = ()
+    #: why Redis could not be used ("" when it could), noted by the controller as Redis away
+    store_error: str = ""
 
 
-def take_drain(controller: TopologyController) -> dict[str, Any] | None:
-    """Carry out the oldest pending drain request (one per tick), dropping the ones that cannot or need not
-    be drained; returns the drain's record (also published as `lastDrain`), None when none ran."""
-    requests = controller.drains
-    if requests is None:
-        return None
-    pending = requests.pending()
-    if not pending:
-        # a refill deferred for a drain that never ran (its worker died): the next scaling sets the count
-        controller.drain_target = None
-        return None
-    schedule = controller.backend.current_schedule()
-    failed = controller.backend.failed_nodes()
-    now = controller.clock.now()
-    for request in sorted(pending.values(), key=lambda r: (r.requested_at, r.node)):
+@dataclass
+class DrainRunner:
+    """Carries out the drain requests of one topology through its ports; returns what changed."""
+
+    requests: DrainRequests
+    backend: Backend
+    migrator: Migrator
+    clock: Clock
+
+    def take(self, target: int | None) -> DrainOutcome | None:
+        """Carry out the oldest pending drain request (one per tick), dropping the ones that cannot or need not
+        be drained. `target`: the node count the drains in progress bring back (None when none is). None
+        when nothing changed."""
+        pending = self.requests.pending()
+        if not pending:
+            # a refill deferred for a drain that never ran (its worker died): the next scaling sets the count
+            return None if target is None else DrainOutcome(target=None)
+        schedule = self.backend.current_schedule()
+        failed = self.backend.failed_nodes()
+        now = self.clock.now()
+        said: list[Said] = []
+        for request in sorted(pending.values(), key=lambda r: (r.requested_at, r.node)):
+            node = request.node
+            if node not in schedule.nodes:
+                self.requests.done(node)  # drained already, or removed by a scaling meanwhile: nothing to move
+            elif node in failed:
+                self.requests.done(node)
+                said.append(
+                    Said(
+                        EventReason.DRAIN_FAILED,
+                        f"node {node}: its worker died before its drain; the recovery rolls back to the last "
+                        "checkpoint",
+                        warning=True,
+                    )
+                )
+            elif now >= request.deadline:
+                self.requests.done(node)
+                said.append(
+                    Said(
+                        EventReason.DRAIN_FAILED,
+                        f"node {node}: its drain request came too late (past its worker's deadline); when the "
+                        "worker exits, the recovery rolls back to the last checkpoint",
+                        warning=True,
+                    )
+                )
+            else:
+                # the others waiting for their drain receive nothing: their executors would only move twice
+                others = frozenset(n for n in pending if n != node and n in schedule.nodes)
+                return self._drain(request, schedule, others, target, said)
+        return DrainOutcome(target=target, said=tuple(said)) if said else None
+
+    def _drain(
+        self, request: DrainRequest, schedule: Schedule, avoid: frozenset[str], target: int | None, said: list[Said]
+    ) -> DrainOutcome:
         node = request.node
-        if node not in schedule.nodes:
-            requests.done(node)  # drained already, or removed by a scaling meanwhile: nothing to move
-        elif node in failed:
-            requests.done(node)
-            controller.events.emit(
-                EventReason.DRAIN_FAILED,
-                f"node {node}: its worker died before its drain; the recovery rolls back to the last checkpoint",
-                warning=True,
+        started = self.clock.now()
+        plan = drain_schedule(schedule, node, avoid)
+        record: dict[str, Any] = {
+            "node": node,
+            "requestedAt": request.requested_at,
+            "startedAt": started,
+            "moves": plan.moves(schedule),
+        }
+        if plan.replacement is not None:
+            record["replacement"] = plan.replacement
+        report, reason, store_error = self._migrate(plan.schedule)
+        record["finishedAt"] = self.clock.now()
+        if report is not None:
+            record.update(_summary(report))
+        if report is None or report.outcome != Outcome.SUCCEEDED:
+            record["outcome"] = Outcome.FAILED
+            record["reason"] = reason or (report.reason if report is not None else "") or "migration failed"
+            left = request.deadline - self.clock.now()
+            said.append(
+                Said(
+                    EventReason.DRAIN_FAILED,
+                    f"node {node}: {record['reason']}; "
+                    + (
+                        f"tried again while its worker waits ({left:.0f} s left)"
+                        if left > 0
+                        else "its worker exits now"
+                    )
+                    + ", else the recovery rolls back to the last checkpoint",
+                    warning=True,
+                )
             )
-        elif now >= request.deadline:
-            requests.done(node)
-            controller.events.emit(
-                EventReason.DRAIN_FAILED,
-                f"node {node}: its drain request came too late (past its worker's deadline); when the worker "
-                "exits, the recovery rolls back to the last checkpoint",
-                warning=True,
+            return DrainOutcome(record, target=target, said=tuple(said), store_error=store_error)
+        self.requests.done(node)
+        record["outcome"] = Outcome.SUCCEEDED
+        onto = plan.replacement or ", ".join(sorted({m["to"] for m in record["moves"]}))
+        pause = report.pause_ms
+        said.append(
+            Said(
+                EventReason.DRAINED,
+                f"node {node} drained by {report.protocol}: {len(record['moves'])} executors moved to {onto}, "
+                f"{record['replayed']} events replayed"
+                + (f", sources paused {pause:.0f} ms" if pause is not None else "")
+                + "; its worker exits",
             )
-        else:
-            # the others waiting for their drain receive nothing: their executors would only move twice
-            others = frozenset(n for n in pending if n != node and n in schedule.nodes)
-            return drain(controller, request, schedule, others)
-    return None
-
-
-def drain(
-    controller: TopologyController, request: DrainRequest, schedule: Schedule, avoid: frozenset[str] = frozenset()
-) -> dict[str, Any]:
-    node = request.node
-    started = controller.clock.now()
-    plan = drain_schedule(schedule, node, avoid)
-    record: dict[str, Any] = {
-        "node": node,
-        "requestedAt": request.requested_at,
-        "startedAt": started,
-        "moves": plan.moves(schedule),
-    }
-    if plan.replacement is not None:
-        record["replacement"] = plan.replacement
-    report, reason = _migrate(controller, plan.schedule)
-    record["finishedAt"] = controller.clock.now()
-    if report is not None:
-        record.update(_summary(report))
-    if report is None or report.outcome != Outcome.SUCCEEDED:
-        record["outcome"] = Outcome.FAILED
-        record["reason"] = reason or (report.reason if report is not None else "") or "migration failed"
-        left = request.deadline - controller.clock.now()
-        controller.events.emit(
-            EventReason.DRAIN_FAILED,
-            f"node {node}: {record['reason']}; "
-            + (f"tried again while its worker waits ({left:.0f} s left)" if left > 0 else "its worker exits now")
-            + ", else the recovery rolls back to the last checkpoint",
-            warning=True,
         )
-        _publish(controller, record)
-        return record
-    controller.drains.done(node)  # type: ignore[union-attr]
-    _settled(controller, plan.schedule)
-    record["outcome"] = Outcome.SUCCEEDED
-    onto = plan.replacement or ", ".join(sorted({m["to"] for m in record["moves"]}))
-    pause = report.pause_ms
-    controller.events.emit(
-        EventReason.DRAINED,
-        f"node {node} drained by {report.protocol}: {len(record['moves'])} executors moved to {onto}, "
-        f"{record['replayed']} events replayed"
-        + (f", sources paused {pause:.0f} ms" if pause is not None else "")
-        + "; its worker exits",
-    )
-    _publish(controller, record)
-    if plan.replacement is None:
-        if controller.drain_target is None:
-            controller.drain_target = len(schedule.nodes)
+        if plan.replacement is not None:
+            return DrainOutcome(record, plan.schedule, target, said=tuple(said))
+        if target is None:
+            target = len(schedule.nodes)
         if avoid:  # more workers wait for their drain (within their grace period): the refill comes after
             record["refill"] = {"outcome": "deferred", "reason": f"{', '.join(sorted(avoid))} drained first"}
-        else:
-            record["refill"] = _refill(controller, plan, controller.drain_target)
-            controller.drain_target = None
-        _publish(controller, record)
-    return record
+            return DrainOutcome(record, plan.schedule, target, said=tuple(said))
+        return DrainOutcome(record, plan.schedule, target, refill_to=target, said=tuple(said))
 
-
-def _refill(controller: TopologyController, plan: DrainPlan, nodes: int) -> dict[str, Any]:
-    """Bring the node count back: fresh nodes take executors from the fullest nodes (degrees unchanged)."""
-    current = controller.backend.current_schedule()
-    target = refill_schedule(current, nodes)
-    added = [n for n in target.nodes if n not in current.nodes]
-    moves = [{"executor": e, "from": n, "to": target.assignment[e]} for e, n in current if target.assignment[e] != n]
-    report, reason = _migrate(controller, target)
-    refill: dict[str, Any] = {"nodes": added, "moves": moves}
-    if report is not None:
-        refill.update(_summary(report))
-    if report is None or report.outcome != Outcome.SUCCEEDED:
-        refill.update(outcome=Outcome.FAILED, reason=reason or (report.reason if report is not None else ""))
-        controller.events.emit(
-            EventReason.DRAIN_FAILED,
-            f"node {plan.node} was drained, but starting {', '.join(added)} in its place failed: {refill['reason']}; "
-            f"the topology runs on {len(current.nodes)} nodes until the next scaling",
-            warning=True,
+    def refill(self, drained: DrainOutcome) -> DrainOutcome:
+        """After `drained` (whose `refill_to` is set): bring the node count back, fresh nodes taking executors
+        from the fullest nodes (degrees unchanged). Its record is the drain's with the refill in it."""
+        assert drained.record is not None and drained.refill_to is not None
+        node = drained.record["node"]
+        current = self.backend.current_schedule()
+        refilled = refill_schedule(current, drained.refill_to)
+        added = [n for n in refilled.nodes if n not in current.nodes]
+        moves = [
+            {"executor": e, "from": n, "to": refilled.assignment[e]} for e, n in current if refilled.assignment[e] != n
+        ]
+        report, reason, store_error = self._migrate(refilled)
+        refill: dict[str, Any] = {"nodes": added, "moves": moves}
+        if report is not None:
+            refill.update(_summary(report))
+        record = drained.record | {"refill": refill}
+        if report is None or report.outcome != Outcome.SUCCEEDED:
+            refill.update(outcome=Outcome.FAILED, reason=reason or (report.reason if report is not None else ""))
+            failed = Said(
+                EventReason.DRAIN_FAILED,
+                f"node {node} was drained, but starting {', '.join(added)} in its place failed: {refill['reason']}; "
+                f"the topology runs on {len(current.nodes)} nodes until the next scaling",
+                warning=True,
+            )
+            return DrainOutcome(record, said=(failed,), store_error=store_error)
+        refill["outcome"] = Outcome.SUCCEEDED
+        drained_said = Said(
+            EventReason.DRAINED,
+            f"{', '.join(added)} started in place of {node}: {len(moves)} executors moved onto it, "
+            f"{refill['replayed']} events replayed; {len(refilled.nodes)} nodes again",
         )
-        return refill
-    _settled(controller, target)
-    refill["outcome"] = Outcome.SUCCEEDED
-    controller.events.emit(
-        EventReason.DRAINED,
-        f"{', '.join(added)} started in place of {plan.node}: {len(moves)} executors moved onto it, "
-        f"{refill['replayed']} events replayed; {len(target.nodes)} nodes again",
-    )
-    return refill
+        return DrainOutcome(record, running=refilled, said=(drained_said,))
 
-
-def _migrate(controller: TopologyController, target: Schedule) -> tuple[MigrationReport | None, str]:
-    try:
-        return controller.migrator.migrate(target), ""
-    except redis.RedisError as exc:
-        controller.note_store(f"{type(exc).__name__}: {exc}")
-        return None, f"Redis: {exc}"
-    except BackendError as exc:
-        return None, str(exc)
+    def _migrate(self, target: Schedule) -> tuple[MigrationReport | None, str, str]:
+        """The migration's report, or why there is none, and the Redis error met ("" when none)."""
+        try:
+            return self.migrator.migrate(target), "", ""
+        except redis.RedisError as exc:
+            return None, f"Redis: {exc}", f"{type(exc).__name__}: {exc}"
+        except BackendError as exc:
+            return None, str(exc), ""
 
 
 def _summary(report: MigrationReport) -> dict[str, Any]:
@@ -189,17 +225,3 @@ def _summary(report: MigrationReport) -> dict[str, Any]:
     else:
         summary.update(replayed=0, capturedDelivered=report.replayed)
     return summary
-
-
-def _settled(controller: TopologyController, schedule: Schedule) -> None:
-    """The topology runs `schedule` now: its node count, and the analysis skips the switch's samples."""
-    from elastream.control.controller import SETTLE_INTERVALS
-
-    if len(schedule.nodes) != controller.topology.nodes:
-        controller.topology = controller.topology.with_nodes(len(schedule.nodes))
-    controller.metrics.not_before = controller.clock.now() + SETTLE_INTERVALS * controller.interval_s
-
-
-def _publish(controller: TopologyController, record: dict[str, Any]) -> None:
-    controller.last_drain = record
-    controller.status.publish("lastDrain", dict(record))

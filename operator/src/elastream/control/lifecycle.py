@@ -17,7 +17,6 @@ from typing import Any
 
 import redis
 
-from elastream.analysis import Analyzer
 from elastream.control.attempts import AttemptTarget, ResumeAttempt, StartAttempt, SuspendAttempt
 from elastream.control.controller import TopologyController
 from elastream.control.controller_factory import ControllerFactory
@@ -59,7 +58,7 @@ class Lifecycle:
         controllers: ControllerFactory,
         pacing: Pacing,
         clock: Clock,
-        analyzer: Analyzer,
+        warm_up: Callable[[Topology], object],
         savepoints: Callable[[], Savepoints],
         running_schedule: Callable[[Topology], Schedule | None],
         redis_client: redis.Redis,
@@ -67,7 +66,8 @@ class Lifecycle:
         self.controllers = controllers
         self.pacing = pacing
         self.clock = clock
-        self.analyzer = analyzer
+        #: the analysis session warms up for a topology about to start (on a thread of its own)
+        self.warm_up = warm_up
         self.savepoints = savepoints
         self.running_schedule = running_schedule
         self.redis_client = redis_client
@@ -83,7 +83,7 @@ class Lifecycle:
         if not (managed.writer.written or {}).get("phase"):
             managed.write()  # a new topology: Pending / Starting, before the pods' start holds this pass
         controller = self.controllers.new(topology, metadata, managed)
-        self.analyzer.start_warm_up(topology)
+        self.warm_up(topology)
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over
             schedule = self.running_schedule(topology)

@@ -50,7 +50,7 @@ import redis
 
 from elastream.analysis import Analyzer
 from elastream.analysis.sources import HotWindow, reported_by_all
-from elastream.control.controller import SETTLE_INTERVALS
+from elastream.control.changes import SETTLE_INTERVALS
 from elastream.control.local_mode import status_key
 from elastream.control.metrics import StreamMetricSource, hot_window_budget
 from elastream.control.resource_api import GROUP, PLURAL, VERSION, topology_from_resource

@@ -38,7 +38,7 @@ from elastream.analysis.sources import (
     reported_by_all,
     write_parquet_local,
 )
-from elastream.control.topology_metrics import series
+from elastream.control.metric_series import series
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.status import EventReason
@@ -51,7 +51,7 @@ from elastream.store.registry import redacted
 log = logging.getLogger("elastream.control")
 
 #: autoscaler evaluations that raised (analysis or policy): each decided nothing and the topology kept running.
-#: Like every per-topology series, made through `topology_metrics.series` (a deleted topology's are removed)
+#: Like every per-topology series, made through `metric_series.series` (a deleted topology's are removed)
 AUTOSCALER_EVALUATION_ERRORS = Counter(
     "elastream_autoscaler_evaluation_errors",
     "autoscaler evaluations that raised and decided nothing (the topology kept running), by topology and policy",

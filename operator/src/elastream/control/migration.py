@@ -23,11 +23,11 @@ failure rolls back to, which is the answer to anything going wrong after COMMIT 
 only in its process: the old schedule cannot be put back); without one, the migration takes scope `all`.
 
 `restart` (Storm's and Flink's default, the baseline) stops every worker and starts the new schedule from
-the last periodic checkpoint (`control.checkpoint_driver`); the sources replay what they emitted after it and the
-report counts those events. `rollback` is the same restore done in place, for recovery: the surviving
-workers reload the schedule from the checkpoint without a process restart and dead ones are started again.
-A worker that dies before COMMIT completes aborts a CCR or DCR migration and the topology rolls back to the
-last periodic checkpoint, so what the dead process held is replayed, not lost.
+the last periodic checkpoint (`control.checkpoint_driver`); the sources replay what they emitted after it and
+the report counts those events. A rollback (`MigrationDriver.roll_back`) is the same restore done in place,
+for recovery: the surviving workers reload the schedule from the checkpoint without a process restart and
+dead ones are started again. A worker that dies before COMMIT completes aborts a CCR or DCR migration and the
+topology rolls back to the last periodic checkpoint, so what the dead process held is replayed, not lost.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -46,7 +46,6 @@ import redis
 
 from elastream.control.checkpoint_driver import abandon_checkpoint
 from elastream.control.retrying import retry_within
-from elastream.control.rollback import recover_from_failure, roll_back
 from elastream.core.checkpoint_protocol import replayed_events
 from elastream.core.migration_protocol import (
     SENDER,
@@ -58,6 +57,7 @@ from elastream.core.migration_protocol import (
     MigrationReport,
     MigrationStalled,
     Phase,
+    PhaseTimes,
     Timeouts,
 )
 from elastream.core.migration_scope import MigrationParts, migration_parts
@@ -85,6 +85,11 @@ class MigrationError(BackendError):
 class MigrationInterrupted(MigrationError):
     """A migration in flight had to stop waiting (Redis away too long, a stalled phase, the topology being
     deleted): its record stays in Redis and `resume` finishes or aborts it."""
+
+
+def _direction(old: Schedule, new: Schedule) -> Direction:
+    """A migration's direction in its report: out when the new schedule has more nodes, in otherwise."""
+    return Direction.OUT if len(new.nodes) > len(old.nodes) else Direction.IN
 
 
 class _Quiet:
@@ -278,10 +283,10 @@ class MigrationDriver:
         return MigrationReport(
             migration_id=mid,
             protocol=self.protocol,
-            direction=Direction.OUT if len(new.nodes) > len(old.nodes) else Direction.IN,
+            direction=_direction(old, new),
             from_nodes=len(old.nodes),
             to_nodes=len(old.nodes),
-            phases_ms={"captureMs": None, "commitMs": None, "rebalanceMs": None, "restoreMs": None},
+            phases_ms=PhaseTimes().durations_ms(),  # every phase None: none of them ran
             captured_events=0,
             lost=0,
             replayed=0,
@@ -299,7 +304,30 @@ class MigrationDriver:
         return None
 
     def recover(self, failed: dict[str, str]) -> MigrationReport | None:
-        return recover_from_failure(self, failed)
+        """Workers died (`failed`: node -> why). With a periodic checkpoint, roll the whole topology back to it
+        in place (`roll_back`): dead nodes start again, survivors reload their executors from it, sources replay
+        what came after it (counted as `replayed`), so nothing is lost. Without one, restart the dead workers
+        empty and say what was lost (returns None)."""
+        if self.store.latest_checkpoint() is not None:
+            return self.roll_back()
+        nodes = sorted(failed)
+        self.backend.restart_nodes(nodes)
+        self.events.emit(
+            EventReason.WORKERS_RESTARTED,
+            f"restarted {', '.join(nodes)} empty ({'; '.join(failed.values())}); no periodic checkpoint to roll "
+            "back to, so the events and state the dead workers held are lost",
+            True,
+        )
+        return None
+
+    def roll_back(self) -> MigrationReport:
+        """Roll the whole topology back to the last periodic checkpoint in place: a `restart` migration to the
+        running schedule that reloads the surviving workers instead of stopping them, with state from the
+        checkpoint and the sources replaying what came after it. What a dead worker, an aborted migration that
+        lost one, and a partial migration that failed after COMMIT come to."""
+        return replace(self, protocol="restart", in_place=True, before_action=None).migrate(
+            self.backend.current_schedule()
+        )
 
     def abandon_restore(self) -> str | None:
         mid = self.store.current()
@@ -407,9 +435,9 @@ class _Run:
             driver.redis_step(lambda: driver.backend.discard(self.new), f"migration {mid} discard")
             failed = driver.backend.failed_nodes()
             if failed:
-                self.rollback = recover_from_failure(driver, failed)
+                self.rollback = driver.recover(failed)
             elif self.fell_back is not None:  # no worker died: the schedule did not come up
-                self.rollback = roll_back(driver)
+                self.rollback = driver.roll_back()
         with contextlib.suppress(redis.RedisError):  # the lease runs out by itself
             driver.owner.release()
         return self.report()
@@ -591,11 +619,10 @@ class _Run:
         if coordinator.protocol == "restart" and not self.restore_from and outcome == Outcome.SUCCEEDED:
             reason = "no periodic checkpoint yet: state started empty and the sources from their beginning"
         to_nodes = len((self.target or self.new).nodes) if outcome == Outcome.SUCCEEDED else len(self.old.nodes)
-        direction = Direction.OUT if len(self.new.nodes) > len(self.old.nodes) else Direction.IN
         report = MigrationReport(
             migration_id=coordinator.migration_id,
             protocol=coordinator.protocol,
-            direction=direction,
+            direction=_direction(self.old, self.new),
             from_nodes=len(self.old.nodes),
             to_nodes=to_nodes,
             phases_ms=coordinator.times.durations_ms(),

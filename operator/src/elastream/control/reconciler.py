@@ -218,7 +218,7 @@ class TopologyReconciler:
             self.controllers,
             self.pacing,
             self.clock,
-            self.analyzer,
+            self._warm_up,
             self.savepoints,
             self.running_schedule or registry_schedule(self.redis_client),
             self.redis_client,
@@ -228,7 +228,7 @@ class TopologyReconciler:
             self.lifecycle,
             self.pacing,
             self.clock,
-            self.analyzer,
+            self._warm_up,
             self.core_api,
             self.settings,
             self.allowed_images,
@@ -237,6 +237,9 @@ class TopologyReconciler:
         self.savepoint_annotations = SavepointAnnotations(self.savepoints, self.pacing, self.clock)
         self.ticks = ControllerTick()
         self.convergence = Convergence(self.pacing, self.clock)
+
+    def _warm_up(self, topology: Topology) -> None:
+        self.analyzer.start_warm_up(topology)
 
     def _built(
         self, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology

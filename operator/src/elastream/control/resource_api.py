@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,7 +136,8 @@ class KubernetesEvents:
             if now - self.recent.get((reason, message), -1e9) < self.repeat_s:
                 return
             self.recent[(reason, message)] = now
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # the Event's time is written down: the clock's wall time (`Clock.now`), in UTC to the second
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.now()))
         event = {
             "metadata": {"generateName": f"{self.involved['name']}.", "namespace": self.namespace},
             "involvedObject": self.involved,

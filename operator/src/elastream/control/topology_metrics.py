@@ -18,19 +18,19 @@ refreshed after each tick) and serves the same collector at 127.0.0.1:P.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.metrics import MetricWrapperBase
 
 from elastream.control.checkpoint_driver import Checkpointer
+from elastream.control.metric_series import forget_topology as forget_topology
+from elastream.control.metric_series import series
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.status import PHASES, EventReason, StatusFacts, desired_conditions, phase
 
@@ -70,30 +70,6 @@ RECOVERIES = Counter(
     "rollbacks after a worker died, by outcome",
     ["namespace", "topology", "outcome"],
 )
-
-M = TypeVar("M", bound=MetricWrapperBase)
-
-#: every labelled series made through `series`, per (namespace, topology): what `forget_topology` removes
-_SERIES: dict[tuple[str, str], dict[tuple[int, tuple[str, ...]], tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
-_SERIES_LOCK = threading.Lock()
-
-
-def series(metric: M, namespace: str, topology: str, *labels: str) -> M:
-    """`metric`'s series of this topology (its first two labels are namespace and topology), remembered so
-    that `forget_topology` can remove it."""
-    values = (namespace, topology, *labels)
-    with _SERIES_LOCK:
-        _SERIES.setdefault((namespace, topology), {})[(id(metric), values)] = (metric, values)
-    return metric.labels(*values)
-
-
-def forget_topology(namespace: str, topology: str) -> None:
-    """Remove every series `series` made for this topology (it was deleted: its series must not stay)."""
-    with _SERIES_LOCK:
-        made = _SERIES.pop((namespace, topology), {})
-    for metric, values in made.values():
-        with contextlib.suppress(KeyError):  # removed already
-            metric.remove(*values)
 
 
 def count_rescale(namespace: str, topology: str, record: ScalingRecord) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 
 import redis
 
-from elastream.analysis import Analyzer
 from elastream.control.attempts import ResumeAttempt, StartAttempt, UpgradeAttempt
 from elastream.control.backends.worker_objects import (
     WorkerPodSettings,
@@ -66,7 +65,7 @@ class Upgrades:
         lifecycle: Lifecycle,
         pacing: Pacing,
         clock: Clock,
-        analyzer: Analyzer,
+        warm_up: Callable[[Topology], object],
         core_api: CoreApi,
         settings: WorkerPodSettings,
         allowed_images: tuple[str, ...],
@@ -76,7 +75,8 @@ class Upgrades:
         self.lifecycle = lifecycle
         self.pacing = pacing
         self.clock = clock
-        self.analyzer = analyzer
+        #: the analysis session warms up for a topology about to start (on a thread of its own)
+        self.warm_up = warm_up
         self.core_api = core_api
         self.settings = settings
         self.allowed_images = allowed_images
@@ -323,7 +323,7 @@ class Upgrades:
         """A controller of `topology` whose pods start from the latest checkpoint (none runs now). On failure its
         pods are stopped and the error raised."""
         controller = self.controllers.new(topology, metadata, managed)
-        self.analyzer.start_warm_up(topology)
+        self.warm_up(topology)
         try:
             controller.start_suspended(None)
             report = controller.restart_from_checkpoint(why)

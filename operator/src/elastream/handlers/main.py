@@ -1,5 +1,7 @@
 """Running the operator: wire the shared pieces (Redis, the Kubernetes API, one analysis session, Prometheus)
-and hand over to kopf, which calls the handlers in `elastream.handlers.topology`.
+and hand over to kopf, which calls the handlers in `elastream.handlers.topology`: the reconcile loop and its
+pool reach them in kopf's operator memo (`OperatorMemo`, given to `kopf.run`), which kopf copies into each
+resource's memo.
 
 kopf always runs standalone (no kopf peering). With leader election (`--leader-elect`, what the chart runs)
 the process first acquires the Lease (`elastream.control.leader`), answering /healthz meanwhile, and only then
@@ -18,103 +20,21 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import kopf
 
-from elastream import DEFAULT_WORKER_IMAGE
-from elastream.control.backends.worker_objects import (
-    POD_TEMPLATE_ENV,
-    PlacementPolicy,
-    PodTemplatePolicy,
-    WorkerPodSettings,
-)
-from elastream.control.leader import LEASE_NAME, LeaderElector
+from elastream.control.leader import LeaderElector
+from elastream.control.operator_options import LeaderElection, OperatorOptions, worker_pod_settings
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.reconciler import TopologyReconciler
-from elastream.handlers import topology as handlers
+from elastream.handlers.topology import OperatorMemo
 from elastream.store.acl import UserKeeper
-from elastream.worker_inputs.keys import auth_enabled
 
 log = logging.getLogger("elastream.operator")
 
 #: the exit code of an operator that lost its Lease (as controller-runtime, it exits rather than carry on)
 LOST_LEASE_EXIT = 1
-
-
-@dataclass(frozen=True)
-class LeaderElection:
-    """`--leader-elect` and its timings: one active replica, holding the Lease `name` in `namespace`."""
-
-    namespace: str
-    identity: str
-    lease_duration_s: int = 15
-    renew_deadline_s: float = 10.0
-    retry_period_s: float = 2.0
-    name: str = LEASE_NAME
-
-
-def pod_template_policy_from_env() -> PodTemplatePolicy:
-    """What a topology's spec.podTemplate may ask for: $ELASTREAM_WORKER_POD_TEMPLATE (the chart's
-    worker.podTemplate as JSON), the default policy when unset. A value it cannot read stops the operator at start
-    with one line naming the variable (rather than every topology's pods failing later)."""
-    text = os.environ.get(POD_TEMPLATE_ENV)
-    if not text:
-        return PodTemplatePolicy()
-    try:
-        return PodTemplatePolicy.from_json(text)
-    except ValueError as exc:
-        raise SystemExit(f"error: ${POD_TEMPLATE_ENV} (the chart's worker.podTemplate): {exc}") from None
-
-
-@dataclass(frozen=True)
-class OperatorOptions:
-    #: never in a repr (a log line, a traceback's locals): it may hold a password
-    redis_url: str = field(repr=False)
-    namespaces: tuple[str, ...] = ()
-    #: None: this process acts alone, at once (outside a cluster, one replica); else first the Lease
-    leader_election: LeaderElection | None = None
-    metrics_port: int = 8080
-    health_port: int = 8081
-    worker_image: str = DEFAULT_WORKER_IMAGE
-    #: the pull policy and pull Secrets of every worker pod
-    worker_image_pull_policy: str = "IfNotPresent"
-    worker_image_pull_secrets: tuple[str, ...] = ()
-    #: the images a topology's spec.image may name (`elastream.core.images`); empty: any
-    allowed_images: tuple[str, ...] = ()
-    #: keep a NetworkPolicy per topology (its workers reachable from its own workers only), whose metrics port
-    #: accepts `metrics_from` (NetworkPolicyPeers: the Prometheus that scrapes the workers)
-    network_policies: bool = False
-    metrics_from: tuple[dict[str, Any], ...] = ()
-    #: give each topology's workers a Redis ACL user of its own (`elastream.store.acl`); off: the operator's URL
-    redis_topology_users: bool = True
-    engine: Literal["spark", "python"] = "spark"
-    interval_s: float = 1.0
-    #: metrics and health listen on the pod IP ($POD_IP) instead of every interface, and so do the worker
-    #: pods: for clusters whose pods share the host's network (one port space), like the e2e tier
-    listen_on_pod_ip: bool = False
-    #: how long a worker pod may take to be scheduled, started and ready before a start or scale fails
-    worker_start_timeout_s: float = 180.0
-    #: reconcile passes doing work at once, shared by every topology (`control.reconcile_slots`)
-    reconcile_workers: int = 8
-    #: passes that may wait at once beside them (pods not ready yet, a migration's barriers), each on a thread
-    #: of its own with its slot given back; past this, passes queue for a thread
-    waiting_passes: int = 256
-    #: seconds between status writes for the rates alone (everything else is written when it changes)
-    status_every_s: float = 15.0
-    #: worker pods' terminationGracePeriodSeconds, the time a drain has before the worker is killed
-    worker_grace_period_s: int = 30
-    #: workers ask for a graceful drain on SIGTERM (off: they stop at once, the topology rolls back)
-    drains: bool = True
-    #: keep a PodDisruptionBudget (maxUnavailable 1) per topology
-    disruption_budgets: bool = True
-    #: what a topology's spec.placement may ask for (`--worker-placement`, $ELASTREAM_WORKER_PLACEMENT)
-    worker_placement: PlacementPolicy = field(default_factory=PlacementPolicy)
-    #: what a topology's spec.podTemplate may add to its pods ($ELASTREAM_WORKER_POD_TEMPLATE)
-    worker_pod_template: PodTemplatePolicy = field(default_factory=pod_template_policy_from_env)
-    #: the operator's log lines (`--log-format`: text or json, `elastream.log_format`), and its worker pods'
-    log_format: str = "text"
 
 
 def load_kubernetes_config() -> None:
@@ -125,26 +45,6 @@ def load_kubernetes_config() -> None:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
-
-
-def worker_pod_settings(options: OperatorOptions) -> WorkerPodSettings:
-    """What the operator's options decide for every worker pod."""
-    return WorkerPodSettings(
-        image=options.worker_image,
-        image_pull_policy=options.worker_image_pull_policy,
-        image_pull_secrets=options.worker_image_pull_secrets,
-        log_level=os.environ.get("ELASTREAM_LOG_LEVEL", "INFO"),
-        log_format=options.log_format,
-        listen_on_pod_ip=options.listen_on_pod_ip,
-        data_plane_auth=auth_enabled(),
-        network_policy=options.network_policies,
-        metrics_from=options.metrics_from,
-        termination_grace_s=options.worker_grace_period_s,
-        drains=options.drains,
-        disruption_budget=options.disruption_budgets,
-        placement=options.worker_placement,
-        pod_template=options.worker_pod_template,
-    )
 
 
 def listen_address(on_pod_ip: bool) -> str:
@@ -256,7 +156,7 @@ def run(options: OperatorOptions) -> int:
     load_kubernetes_config()
     redis_client = redis_at_start(options.redis_url)
     slots, pool = reconcile_pool(options)
-    handlers.TOPOLOGIES = TopologyReconciler(
+    topologies = TopologyReconciler(
         redis_client=redis_client,
         redis_url=options.redis_url,
         core_api=client.CoreV1Api(),
@@ -273,13 +173,12 @@ def run(options: OperatorOptions) -> int:
         volatile_every_s=options.status_every_s,
         slots=slots,
     )
-    handlers.POOL = pool
     host = listen_address(options.listen_on_pod_ip)
     if options.metrics_port:
         from elastream.control.topology_metrics import register_topology_metrics
 
         # each topology's phase, conditions, nodes, checkpoint age and backlog, read at scrape time
-        register_topology_metrics(handlers.TOPOLOGIES, redis_client)
+        register_topology_metrics(topologies, redis_client)
         start_http_server(options.metrics_port, addr=host)
     elector = None
     if options.leader_election is not None:
@@ -295,6 +194,7 @@ def run(options: OperatorOptions) -> int:
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),
             liveness_endpoint=f"http://{host}:{options.health_port}/healthz" if options.health_port else None,
+            memo=OperatorMemo(topologies=topologies, pool=pool),
         )
     finally:
         if elector is not None:

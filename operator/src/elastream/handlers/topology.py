@@ -1,6 +1,6 @@
-"""kopf handlers for StreamTopology resources: thin, every decision is in `elastream.control.resources`.
+"""kopf handlers for StreamTopology resources: thin, every decision is in `elastream.control.reconciler`.
 
-- a daemon per resource runs its level-triggered reconcile loop: each pass (`ManagedTopologies.reconcile`,
+- a daemon per resource runs its level-triggered reconcile loop: each pass (`TopologyReconciler.reconcile`,
   on the operator's reconcile pool, so a thousand topologies are a thousand asyncio tasks, not a thousand
   threads; a pass that waits for pods gives its slot back: `control.reconcile_slots`) compares the
   resource's spec with what runs and acts; it sleeps until the next pass is due or the resource changes;
@@ -8,6 +8,11 @@
 - delete: kopf's finalizer keeps the resource until a migration in flight stopped (bounded), the pods are
   stopped and its Redis keys deleted.
 The status has one writer (the loop's); these handlers write nothing.
+
+What every topology's handlers share (the reconcile loop and the pool its passes run on) reaches them through
+kopf's memo, never a module global: `elastream operator` hands kopf an `OperatorMemo` holding both
+(`kopf.run(memo=...)`), and kopf starts each resource's memo as a shallow copy of it, so each handler finds them
+in its own `memo` argument, beside the resource's own keys (`wake`, `seen`).
 """
 
 from __future__ import annotations
@@ -24,17 +29,19 @@ from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import GROUP, PLURAL, VERSION
 from elastream.log_format import CURRENT_TOPOLOGY
 
-#: set by `elastream operator` before kopf starts
-TOPOLOGIES: TopologyReconciler | None = None
-#: the threads passes run on (`control.reconcile_slots.ReconcilePool`: every topology shares its slots; a pass
-#: that waits gives its slot back)
-POOL: Executor | None = None
 
+class OperatorMemo(kopf.Memo):
+    """kopf's operator memo as `elastream operator` fills it (`handlers.main.run`): kopf shallow-copies it into
+    each resource's memo, so the handlers read these two from their `memo` argument, typed."""
 
-def topologies() -> TopologyReconciler:
-    if TOPOLOGIES is None:
-        raise kopf.PermanentError("the operator is not configured (run it with `elastream operator`)")
-    return TOPOLOGIES
+    #: the reconcile loop of every topology (`control.reconciler`)
+    topologies: TopologyReconciler
+    #: the threads passes run on (`control.reconcile_slots.ReconcilePool`: every topology shares its slots; a
+    #: pass that waits gives its slot back)
+    pool: Executor
+
+    def __init__(self, topologies: TopologyReconciler, pool: Executor) -> None:
+        super().__init__(topologies=topologies, pool=pool)
 
 
 def _concerns(body: kopf.Body) -> tuple[str, str]:
@@ -42,15 +49,16 @@ def _concerns(body: kopf.Body) -> tuple[str, str]:
     return body["metadata"].get("namespace") or "default", body["metadata"]["name"]
 
 
-def _wake_event(memo: Any) -> asyncio.Event:
+def _wake_event(memo: kopf.Memo) -> asyncio.Event:
+    """The resource's own wake-up (a key of its memo, never of the operator memo it was copied from)."""
     wake = memo.get("wake")
-    if wake is None:
+    if not isinstance(wake, asyncio.Event):
         wake = memo["wake"] = asyncio.Event()
-    return wake  # type: ignore[no-any-return]
+    return wake
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
-async def reconcile_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def reconcile_loop(body: kopf.Body, memo: OperatorMemo, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """The resource's loop: a pass, then sleep until it is due or the resource changes."""
     # the daemon's task has a context of its own, which the pool copies into each pass's thread: every line
     # of this loop and its passes names the topology (`elastream.log_format`)
@@ -60,7 +68,7 @@ async def reconcile_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonS
     while not stopped:
         wake.clear()
         resource = copy.deepcopy(dict(body))  # the live view changes under a pass: it reads one version
-        delay = await loop.run_in_executor(POOL, topologies().reconcile, resource)
+        delay = await loop.run_in_executor(memo.pool, memo.topologies.reconcile, resource)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=max(0.05, delay))
 
@@ -77,14 +85,17 @@ async def changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def stop(body: kopf.Body, **_: Any) -> None:
+def stop(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     CURRENT_TOPOLOGY.set(_concerns(body))  # kopf runs a sync handler in a copy of the context: this call's own
     retain = (body.get("spec") or {}).get("deletionPolicy") == "Retain"
-    topologies().remove(body["metadata"].get("namespace", "default"), body["metadata"]["name"], retain=retain)
+    memo.topologies.remove(body["metadata"].get("namespace", "default"), body["metadata"]["name"], retain=retain)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # here (the operator memo) rather than in every resource's handler: without it no handler could act
+    if not isinstance(memo, OperatorMemo):
+        raise kopf.PermanentError("the operator is not configured (run it with `elastream operator`)")
     # our events are posted by `KubernetesEvents`, once per fact; kopf's own log lines would bury them
     settings.posting.enabled = False
     settings.persistence.finalizer = "elastream.dev/finalizer"

@@ -7,16 +7,26 @@ which part of its vertex's shared captured list a new executor replays. Nothing 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from elastream.core.migration_protocol import SENDER, ControlType
 from elastream.runtime.operators.api import Context
+from elastream.runtime.participant import Migration
+from elastream.runtime.routing import Router
 
-if TYPE_CHECKING:
-    from elastream.runtime.executor import ExecutorLoop
+
+class Sender(Protocol):
+    """What a partial migration touches of an executor that stays: its migration bookkeeping and its router
+    (an `executor.ExecutorLoop`, which imports this module: hence a port, not the class)."""
+
+    @property
+    def migration(self) -> Migration: ...
+
+    @property
+    def router(self) -> Router: ...
 
 
-def on_sender_control(thread: ExecutorLoop, message: Mapping[str, Any]) -> bool:
+def on_sender_control(thread: Sender, message: Mapping[str, Any]) -> bool:
     """The messages of a partial migration to an executor that stays (`core.migration_scope`); True when
     `message` was one. PREPARE (role `sender`): hold what is addressed to the moving receivers, ack. COMMIT
     (role `sender`): COMMIT in-band on the channels into them, ack. REROUTE (from this worker's switch): the
@@ -42,7 +52,7 @@ def on_sender_control(thread: ExecutorLoop, message: Mapping[str, Any]) -> bool:
     return True
 
 
-def release_held(thread: ExecutorLoop) -> None:
+def release_held(thread: Sender) -> None:
     """A partial migration was aborted: what this executor held goes to the old receivers after all."""
     if thread.migration.holding is not None:
         thread.migration.holding = None

@@ -1,6 +1,6 @@
 """The worker's graceful drain: the first SIGTERM of a worker that runs executors asks the controller to move
 them off (`store.drain_requests`) and serves on until the switch that takes its node out of the schedule, for at most
-the grace period less `core.drain_plan.DRAIN_MARGIN_S`. Methods of `Worker`, kept apart by concern.
+the grace period less `core.drain_plan.DRAIN_MARGIN_S`.
 
 Drains are on with a grace period (`--drain-grace`, `ELASTREAM_DRAIN_GRACE_S`; on Kubernetes the pod's
 terminationGracePeriodSeconds). The migration's switch after COMMIT takes the node out of the schedule and
@@ -17,29 +17,59 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from elastream.core.drain_plan import drain_deadline
-from elastream.runtime.worker_state import WorkerState
+from elastream.core.ports import Clock
+from elastream.runtime.worker_state import RedisStores
 from elastream.store.drain_requests import cancel_drain, request_drain
 from elastream.store.retry import is_redis_outage
 
 log = logging.getLogger("elastream.worker")
 
 
-class Drains(WorkerState):
-    """`Worker`'s drain on SIGTERM and its signal handlers."""
+class Drains:
+    """A worker's drain on SIGTERM and its signal handlers. It owns the drain's thread (`draining`) and whether
+    the backend stopped the node (`stopped_by_backend`); it may set the worker's `stop`, write and take back
+    this node's drain request through its `stores`, and ask whether executors are `running`."""
+
+    def __init__(
+        self,
+        node: str,
+        prefix: str,
+        grace_s: float,
+        clock: Clock,
+        stop: threading.Event,
+        stores: RedisStores,
+        running: Callable[[], bool],
+    ) -> None:
+        self.node = node
+        self.prefix = prefix
+        self.grace_s = grace_s
+        self.clock = clock
+        self.stop = stop
+        self.stores = stores
+        self.running = running
+        #: the thread waiting for this node's drain, once the first SIGTERM asked for one
+        self.draining: threading.Thread | None = None
+        #: a STOP came on the control list: a SIGTERM around it is the backend's, not a drain request
+        self.stopped_by_backend = False
+
+    def backend_stops(self) -> None:
+        """A STOP came from the backend: the SIGTERM that follows (or raced it) asks for no drain."""
+        self.stopped_by_backend = True
 
     def wants_drain(self) -> bool:
         """Whether a SIGTERM now asks for a drain rather than stopping: drains on, none asked yet, not
         stopping, executors running (a staged or starting node has nothing to move), its parent alive."""
         parent = watched_parent()
         return (
-            drain_deadline(self.options.drain_grace_s) > 0
+            drain_deadline(self.grace_s) > 0
             and self.draining is None
             and not self.stop.is_set()
-            and self.current is not None
-            and getattr(self, "client", None) is not None
+            and self.running()
+            and self.stores.connected
             and (parent is None or os.getppid() == parent)
         )
 
@@ -47,10 +77,10 @@ class Drains(WorkerState):
         """Ask the controller to move this node's executors off, then wait (bounded) for the switch that takes
         the node out of the schedule, which stops the worker; stop anyway at the deadline or when the request
         cannot be written."""
-        wait_s = drain_deadline(self.options.drain_grace_s)
+        wait_s = drain_deadline(self.grace_s)
         now = self.clock.now()
         try:
-            request_drain(self.client, self.topology.redis_prefix, self.node, now, now + wait_s)
+            request_drain(self.stores.client, self.prefix, self.node, now, now + wait_s)
         except Exception as exc:
             if not is_redis_outage(exc):
                 log.exception("node %s: the drain request failed", self.node)
@@ -63,7 +93,7 @@ class Drains(WorkerState):
         if self.clock.wait(self.stop, wait_s):
             if self.stopped_by_backend:  # the SIGTERM was its backend's stop, which raced the STOP: no drain
                 with contextlib.suppress(Exception):
-                    cancel_drain(self.client, self.topology.redis_prefix, self.node)
+                    cancel_drain(self.stores.client, self.prefix, self.node)
         else:
             log.warning(
                 "node %s: not drained within %.0f s; stopping (the controller rolls back to the last checkpoint)",
@@ -72,7 +102,7 @@ class Drains(WorkerState):
             )
             self.stop.set()
 
-    def _install_signals(self) -> None:
+    def install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
 
@@ -88,6 +118,12 @@ class Drains(WorkerState):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for a drain in progress: it takes back a request the backend's stop made moot (one Redis call)."""
+        draining = self.draining
+        if draining is not None:
+            draining.join(timeout=timeout_s)
 
 
 def watched_parent() -> int | None:

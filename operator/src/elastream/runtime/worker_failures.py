@@ -2,7 +2,7 @@
 or the main loop that dies of an exception that is not a user operator's (those are counted in `errors`)
 logs it with the traceback, takes the node's readiness back (the /ready probe fails, its `ready:<version>`
 mark goes) and exits with `EXIT_INTERNAL_ERROR` (70) within seconds, so the backend sees a failed worker
-and recovery starts. Methods of `Worker`, kept apart by concern."""
+and recovery starts."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterable
 
 from elastream.runtime.executor import ExecutorLoop
-from elastream.runtime.worker_state import WorkerState
-from elastream.store.registry import Registry
+from elastream.runtime.worker_state import RedisStores
 
 log = logging.getLogger("elastream.worker")
 
@@ -25,8 +25,27 @@ EXIT_INTERNAL_ERROR = 70
 FAILURE_EXIT_S = 10.0
 
 
-class FailurePath(WorkerState):
-    """`Worker`'s failure path."""
+class FailurePath:
+    """A worker's failure path: it owns what failed first (`failed`), sets the worker's `stop` and, on the way
+    out, takes the node's readiness marks back (its `stores`' registry, the `versions` it is marked for) and
+    runs the worker's `shutdown` under a watchdog."""
+
+    def __init__(
+        self,
+        node: str,
+        stop: threading.Event,
+        stores: RedisStores,
+        versions: Callable[[], Iterable[int]],
+        shutdown: Callable[[], None],
+    ) -> None:
+        self.node = node
+        self.stop = stop
+        self.stores = stores
+        self.versions = versions
+        self.shutdown = shutdown
+        #: what failed (an executor, "the control dispatcher", "the main loop"), when the worker's own code did:
+        #: it exits with EXIT_INTERNAL_ERROR and is not ready
+        self.failed: str | None = None
 
     def executor_failed(self, thread: ExecutorLoop) -> None:
         """An executor's loop died (it logged the traceback): the worker fails."""
@@ -62,13 +81,11 @@ class FailurePath(WorkerState):
     def unmark_ready(self) -> None:
         """Remove this node's ready and staged marks (one attempt each: a failed worker does not wait for
         Redis; its exit tells the backend anyway)."""
-        registry: Registry | None = getattr(self, "registry", None)
-        if registry is None:  # failed before it connected
+        if not self.stores.connected:  # failed before it connected
             return
-        versions = {g.version for g in (self.current, self.staged) if g is not None}
-        for version in versions:
+        for version in set(self.versions()):
             try:
-                registry.unmark(version, self.node)
+                self.stores.registry.unmark(version, self.node)
             except Exception as exc:
                 log.warning("node %s: could not take back its ready mark of version %d: %s", self.node, version, exc)
 

@@ -1,6 +1,6 @@
 """The worker's metrics: one `MetricSample` per executor published to Redis every interval, the sources'
 positions beside them, the same counters served to Prometheus (`WorkerCollector`), and what the data plane
-dropped and refused, logged when it grew. Methods of `Worker`, kept apart by concern.
+dropped and refused, logged when it grew.
 
 What the inboxes drop (malformed frames, frames of unchecked connections, control messages no executor sends
 in-band) and the handshakes they refuse are counted (`DataPlaneStats`), served as Prometheus counters and
@@ -10,18 +10,20 @@ Redis is away is skipped (the counters are cumulative: the next one carries it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from elastream.core.metrics import MAX_PROBLEM_CHARS, MetricSample
-from elastream.core.topology import split_executor_id
+from elastream.core.ports import Clock
+from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import LATENCY_BUCKETS_S, Counters, ExecutorThread
 from elastream.runtime.source_thread import SourceThread
-from elastream.runtime.worker_state import Generation, WorkerState
+from elastream.runtime.transport import DataPlaneStats
+from elastream.runtime.worker_state import Generation, RedisStores
 from elastream.store.codec import pack
 from elastream.store.retry import REDIS, RedisAttempt
 
@@ -31,20 +33,39 @@ log = logging.getLogger("elastream.worker")
 DATA_PLANE_LOG_S = 10.0
 
 
-class MetricsReporting(WorkerState):
-    """`Worker`'s metric samples, Prometheus counters and data-plane log lines."""
+class MetricsReporting:
+    """A worker's metric samples and data-plane log lines. It owns when the data plane was last logged and what
+    it said; it may read the running generation's executors (`generation`), the inboxes' counts
+    (`data_plane`) and publish through its `stores` (the metric stream, the sources' positions and lags)."""
+
+    def __init__(
+        self,
+        node: str,
+        clock: Clock,
+        stores: RedisStores,
+        generation: Callable[[], Generation | None],
+        data_plane: DataPlaneStats,
+    ) -> None:
+        self.node = node
+        self.clock = clock
+        self.stores = stores
+        self.generation = generation
+        self.data_plane = data_plane
+        self._data_plane_logged: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self._data_plane_log_at = 0.0
 
     def publish_metrics(self) -> None:
         """One sample per executor and the sources' positions, one attempt: while Redis is away the interval's
         sample is skipped (the counters are cumulative: the next one carries it) and the outage logged once."""
         with RedisAttempt(f"node {self.node}: cannot publish metrics", REDIS) as attempt:
-            written = self.metrics.publish(self.samples())
-            current = self.current
-            positions = self.source_positions(current.threads) if current is not None else {}
-            self.store.publish_positions(positions)
-            lags = self.partition_lag(current.threads) if current is not None else {}
+            current = self.generation()
+            threads = current.threads if current is not None else []
+            written = self.stores.metrics.publish(self.samples(threads))
+            positions = source_positions(threads)
+            self.stores.store.publish_positions(positions)
+            lags = partition_lag(threads)
             if lags:
-                self.store.publish_partition_lag(lags)
+                self.stores.store.publish_partition_lag(lags)
             # Redis answered only if something was written (a staged node has nothing to publish: no proof)
             attempt.reached = bool(written or positions)
 
@@ -67,19 +88,9 @@ class MetricsReporting(WorkerState):
             _by_reason(refused),
         )
 
-    def source_positions(self, threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
-        """The read position of each running source of `threads` (`restart` counts what the sources will
-        replay from them); a source still waiting for INIT has none yet."""
-        positions: dict[str, bytes] = {}
-        for thread in threads:
-            position = getattr(thread.operator, "position", None)
-            if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
-                positions[thread.executor] = pack(position())
-        return positions
-
-    def samples(self, generation: Generation | None = None) -> Iterable[MetricSample]:
+    def samples(self, threads: Iterable[ExecutorThread | SourceThread]) -> Iterable[MetricSample]:
+        """One sample of each of `threads`, stamped now."""
         now = self.clock.now()
-        threads = self.threads if generation is None else generation.threads
         for thread in threads:
             c: Counters = thread.counters
             received, queue_len = (
@@ -101,14 +112,42 @@ class MetricsReporting(WorkerState):
                 problem=connector_problem(thread.operator),
             )
 
-    def partition_lag(self, threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
-        """The consumer lag per partition of each running kafka source executor of `threads`, packed."""
-        lags: dict[str, bytes] = {}
-        for thread in threads:
-            lag = getattr(thread.operator, "partition_lag", None)
-            if isinstance(thread, SourceThread) and thread.opened and callable(lag):
-                lags[thread.executor] = pack({int(p): int(n) for p, n in lag().items()})
-        return lags
+
+def source_positions(threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
+    """The read position of each running source of `threads` (`restart` counts what the sources will replay
+    from them); a source still waiting for INIT has none yet."""
+    positions: dict[str, bytes] = {}
+    for thread in threads:
+        position = getattr(thread.operator, "position", None)
+        if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
+            positions[thread.executor] = pack(position())
+    return positions
+
+
+def partition_lag(threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
+    """The consumer lag per partition of each running kafka source executor of `threads`, packed."""
+    lags: dict[str, bytes] = {}
+    for thread in threads:
+        lag = getattr(thread.operator, "partition_lag", None)
+        if isinstance(thread, SourceThread) and thread.opened and callable(lag):
+            lags[thread.executor] = pack({int(p): int(n) for p, n in lag().items()})
+    return lags
+
+
+class Scraped(Protocol):
+    """What `WorkerCollector` reads of a worker at scrape time."""
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def threads(self) -> list[ExecutorThread | SourceThread]: ...
+
+    @property
+    def data_plane(self) -> DataPlaneStats: ...
 
 
 class WorkerCollector:
@@ -117,7 +156,7 @@ class WorkerCollector:
     plane's: namespace, topology and node). A sink's latency histogram is built here from its counters'
     buckets (`Counters.latency_buckets`)."""
 
-    def __init__(self, worker: WorkerState) -> None:
+    def __init__(self, worker: Scraped) -> None:
         self.worker = worker
 
     def collect(self) -> Iterable[Any]:

@@ -1,30 +1,30 @@
-"""The state every part of a worker shares (`Worker` is made of `WorkerState` and its parts: `worker_control`,
-`worker_metrics`, `worker_drains`, `worker_failures`), its options and its generations of executors. The
-methods one part calls on another are declared here, so each part is type-checked on its own."""
+"""What a worker is given and what its parts pass between them: its options (`WorkerOptions`, what
+`elastream worker` builds), its generations of executors (`Generation`), its Redis stores once connected
+(`RedisStores`) and how its parts wait on Redis (`RedisWaits`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import zmq
 
-from elastream.core.ports import Clock, SystemClock
+from elastream.core.ports import Clock
 from elastream.core.schedule import Schedule
-from elastream.core.topology import Topology
-from elastream.runtime.executor import ExecutorLoop, ExecutorThread
+from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.operators.api import Context
-from elastream.runtime.operators.cpu import NodeCpu
-from elastream.runtime.security import PeerAuthenticator
 from elastream.runtime.source_thread import SourceThread
-from elastream.runtime.transport import DataPlaneStats, Inbox
+from elastream.runtime.transport import Inbox
 from elastream.store.checkpoint_store import CheckpointStore
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import Registry
+from elastream.store.retry import REDIS, AnyOf, RedisAttempt, backoff, retry_redis
 from elastream.worker_inputs.keys import DataPlaneKeys
+
+log = logging.getLogger("elastream.worker")
 
 
 @dataclass(frozen=True)
@@ -91,69 +91,70 @@ class Generation:
             stop.set()
 
 
-class WorkerState:
-    """What a worker holds, and the methods its parts call on one another (defined by `Worker` and its parts)."""
+class RedisStores:
+    """The worker's Redis client and the stores on it, attached once start-up has connected (`attach`); the
+    parts that publish, drain or take readiness back hold this, not the worker."""
 
-    #: set by `connect`: the worker's Redis client and the stores on it
     client: redis.Redis
     registry: Registry
     metrics: MetricStream
     store: CheckpointStore
 
-    def __init__(self, topology: Topology, options: WorkerOptions, clock: Clock | None = None) -> None:
-        self.topology = topology
-        self.clock: Clock = clock or SystemClock()
-        self.options = options
-        self.node = options.node
-        self.stop = threading.Event()
-        self.zmq = zmq.Context(io_threads=1)
-        #: what every inbox of this worker dropped and refused
-        self.data_plane = DataPlaneStats()
-        self._data_plane_logged: tuple[dict[str, int], dict[str, int]] = ({}, {})
-        self._data_plane_log_at = 0.0
-        #: the ZAP handler that admits only the topology's peers to the inboxes (before any inbox binds)
-        self.authenticator: PeerAuthenticator | None = None
-        if options.data_plane is not None:
-            self.authenticator = PeerAuthenticator(self.zmq, options.data_plane)
-            self.authenticator.start()
-        self.cpu = NodeCpu(topology.node_cpu)
-        #: the generation running now, and the one staged ahead of a migration (inboxes bound, idle)
-        self.current: Generation | None = None
-        self.staged: Generation | None = None
-        self._switching = threading.Lock()
-        #: what failed (an executor, "control", "main loop"), when the worker's own code did: it exits with
-        #: EXIT_INTERNAL_ERROR and is not ready
-        self.failed: str | None = None
-        #: the thread waiting for this node's drain, once the first SIGTERM asked for one
-        self.draining: threading.Thread | None = None
-        #: a STOP came on the control list: a SIGTERM around it is the backend's, not a drain request
-        self.stopped_by_backend = False
+    def __init__(self) -> None:
+        self.connected = False
 
-    @property
-    def threads(self) -> list[ExecutorThread | SourceThread]:
-        current = self.current
-        return list(current.threads) if current is not None else []
+    def attach(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.registry = Registry(client, prefix)
+        self.metrics = MetricStream(client, prefix)
+        self.store = CheckpointStore(client, prefix)
+        self.connected = True
+
+
+class RedisWaits:
+    """How a worker's parts wait on Redis: a probe polled until it answers (`wait_for`), a call retried through
+    an outage (`redis_call`); both give up once the worker's `stop` (or the caller's own) is set."""
+
+    def __init__(self, node: str, clock: Clock, stop: threading.Event) -> None:
+        self.node = node
+        self.clock = clock
+        self.stop = stop
+
+    def wait_for(
+        self,
+        what: str | Callable[[], str],
+        probe: Callable[[], Any],
+        poll_s: float = 0.05,
+        max_poll_s: float = 1.0,
+        stop: threading.Event | None = None,
+    ) -> Any:
+        """Call `probe()` until it returns something truthy, logging every 5 s what is awaited. The pause
+        between probes starts at `poll_s` and grows by half each time up to `max_poll_s`, so a long wait
+        (a peer that never comes) does not hammer Redis while a short one stays quick."""
+        last_log = self.clock.monotonic()
+        stop = stop or self.stop
+        delays = backoff(poll_s, 1.5, max_poll_s)
+        while not stop.is_set() and not self.stop.is_set():
+            result = None
+            with RedisAttempt(lambda: f"node {self.node}: waiting for {_described(what)}", REDIS):
+                result = probe()
+            if result:
+                return result
+            if self.clock.monotonic() - last_log >= 5.0:
+                last_log = self.clock.monotonic()
+                log.warning("waiting for %s%s", _described(what), " (Redis is away)" if REDIS.active else "")
+            self.clock.wait(stop, next(delays))
+        return None
 
     def redis_call(self, what: str, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
-        raise NotImplementedError
+        """`call()` until Redis answers (an outage is waited out, logged once); `RetryCancelled` once `stop`
+        (default: the worker's) or the worker's stop is set."""
+        return retry_redis(call, f"node {self.node}: cannot {what}", _either(stop, self.stop))
 
-    def stage(self, version: int, schedule: Schedule, keep: Generation | None = None) -> Generation:
-        raise NotImplementedError
 
-    def activate(self, generation: Generation) -> bool:
-        raise NotImplementedError
+def _described(what: str | Callable[[], str]) -> str:
+    return what() if callable(what) else what
 
-    def retire(self, generation: Generation, executors: Iterable[str] | None = None) -> None:
-        raise NotImplementedError
 
-    def client_factory(self) -> redis.Redis:
-        raise NotImplementedError
-
-    def fail(self, what: str, exc: BaseException | None) -> None:
-        raise NotImplementedError
-
-    def executor_failed(self, thread: ExecutorLoop) -> None:
-        raise NotImplementedError
-
-    def shutdown(self) -> None:
-        raise NotImplementedError
+def _either(first: threading.Event | None, second: threading.Event) -> threading.Event | AnyOf:
+    return second if first is None or first is second else AnyOf(first, second)

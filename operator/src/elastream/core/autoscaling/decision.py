@@ -23,7 +23,7 @@ infinite or negative rates, an empty window, no nodes, a vertex with no executor
 nothing: action "none", the current node count as target, and the reason "<why>: nothing decided". It is
 not remembered for eq. 5's capacity trend, and it breaks a run of scale-in votes. `recommend` never
 raises on the numbers of a window; the controller still catches anything that escapes
-(`control.scaling.autoscale`), so an evaluation can never take it down.
+(`control.autoscaler.Autoscaler`), so an evaluation can never take it down.
 
 The clock is an argument (`now`), the state (`AutoscalerState`) is returned anew, so tests drive it cell
 by cell without processes or sleeps.

@@ -67,7 +67,7 @@ This module makes the plan (Stela's, the climbs, the rebalance's layouts and mov
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,9 +126,7 @@ def stela_plus_scale_out(
 
     max_moves = budget.moves if budget.moves is not None else new_slot_count(schedule, len(new_nodes))
     packings, info = _packings(search, schedule, rates, [("", start.nodes)], max_moves, spread=True)
-    best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
-    polished = _polish(search, schedule, packings, outcome, info, max_moves)
-    best = _choose(search, schedule, best, outcome, [*packings, *polished], info)
+    best, outcome = _climb_and_choose(search, schedule, start, moves, (packings, info), max_moves)
     return best, [*steps, outcome.as_step(len(steps))]
 
 
@@ -164,9 +162,7 @@ def stela_plus_scale_in(
     def moves(result: SimulationResult, current: Schedule) -> list[Iterator[Move]]:
         return [in_moves(search, schedule, current, result, forced + max_moves)]
 
-    best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
-    polished = _polish(search, schedule, packings, outcome, info, max_moves)
-    best = _choose(search, schedule, best, outcome, [*packings, *polished], info)
+    best, outcome = _climb_and_choose(search, schedule, start, moves, (packings, info), max_moves)
     return best, [*steps, outcome.as_step(len(steps))]
 
 
@@ -303,6 +299,23 @@ def _pack_layouts(
 
 class _OutOfBudget(Exception):
     """The work or simulation budget has no room for the next packing."""
+
+
+def _climb_and_choose(
+    search: Search,
+    old: Schedule,
+    start: Schedule,
+    moves: Callable[[SimulationResult, Schedule], Sequence[Iterator[Move]]],
+    rebalance: tuple[list[_Candidate], dict[str, Any]],
+    max_moves: int,
+) -> tuple[Schedule, Outcome]:
+    """What both directions do once the rebalance has packed (`rebalance`: `_packings`' result): the climb
+    from Stela's plan `start` with `moves` (none when a packing already carries the offered rate), the second
+    climb from the best packing (`_polish`), and the choice among them (`_choose`)."""
+    packings, info = rebalance
+    best, outcome = search.run(start, moves, climb=not _carries_offered(packings, info))
+    polished = _polish(search, old, packings, outcome, info, max_moves)
+    return _choose(search, old, best, outcome, [*packings, *polished], info), outcome
 
 
 def _polish(
