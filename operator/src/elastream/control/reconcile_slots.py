@@ -109,7 +109,7 @@ class ReconcilePool(Executor):
     more whenever a pass parks while none is idle (so the passes still queued find a thread while the slot
     it gave back is free), at most `waiting` more in all, each leaving again after a pass once the parked
     passes are back; one first-in first-out queue. A pass takes its slot itself
-    (`ManagedTopologies.reconcile`): an idle thread holds none. A pass runs in its submitter's context."""
+    (`TopologyReconciler.reconcile`): an idle thread holds none. A pass runs in its submitter's context."""
 
     def __init__(self, slots: ReconcileSlots, waiting: int, name: str = "reconcile") -> None:
         self.slots = slots
