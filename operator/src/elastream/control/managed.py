@@ -66,7 +66,15 @@ class UpgradeMemory:
 class ManagedTopology:
     """One StreamTopology resource: its controller (once started), its one status writer, its events and what
     the reconcile loop remembers between passes. The desired state is never kept here: it is the resource's
-    spec, read afresh on every pass."""
+    spec, read afresh on every pass.
+
+    Who writes what: the pass its observation of the resource (generation, spec and when it changed, the
+    invalid spec reported) and `observed_generation`; `Lifecycle` the controller it starts or stops and the
+    start, resume and suspend attempts; `Upgrades` the controller it replaces, `upgrades` and
+    `published["lastUpgrade"]`; `Convergence` the scaling attempt and `applied_parallelism`; `autoscaled`
+    `expect_generation`; `SavepointAnnotations` `savepoints` and `published["savepoints"]`; the controller
+    (as the `StatusSink`) the rest of `published`. Every part notes what it found in `facts`; only `write`
+    renders them."""
 
     key: str
     writer: StatusWriter
