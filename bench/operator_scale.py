@@ -652,7 +652,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
 
     from elastream.analysis import Analyzer
     from elastream.control.checkpoint_driver import Checkpointer
-    from elastream.control.operator_options import OperatorOptions, worker_pod_settings
+    from elastream.control.operator_options import OperatorOptions
     from elastream.control.reconciler import TopologyReconciler
     from elastream.handlers import topology as handlers
     from elastream.store.acl import UserKeeper
@@ -673,7 +673,7 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
         core_api=api,
         custom_api=api,
         analyzer=Analyzer(engine="python"),
-        settings=worker_pod_settings(options),
+        settings=options.worker,
         policy_api=api,
         topology_users=options.redis_topology_users,
         user_keeper=UserKeeper(redis_client),

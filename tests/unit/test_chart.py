@@ -570,7 +570,6 @@ def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: An
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
-    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import load_manifest
     from elastream.handlers.main import listen_address
 
@@ -586,10 +585,10 @@ def test_every_listener_binds_every_interface_unless_listen_on_pod_ip(render: An
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     args = build_parser().parse_args(operator["command"][1:] + operator["args"])
     options = operator_options(args)
-    assert listen_address(options.listen_on_pod_ip) == ("127.0.0.9" if on_pod_ip else "0.0.0.0")
+    assert listen_address(options.worker.listen_on_pod_ip) == ("127.0.0.9" if on_pod_ip else "0.0.0.0")
     pod = worker_pod(
         load_manifest(os.path.join(REPO, "examples", "demo.yaml")), "node-0", {"name": "demo", "uid": "u"},
-        worker_pod_settings(options),
+        options.worker,
     )  # fmt: skip
     assert_worker_binds(pod, on_pod_ip)
 
@@ -617,7 +616,6 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
-    from elastream.control.operator_options import worker_pod_settings
     from elastream.core.images import image_allowed
     from elastream.crd import load_manifest
 
@@ -635,7 +633,7 @@ def test_worker_image_settings_reach_the_worker_pods_and_the_allow_list(render: 
         operator = container(render(scenario))
         options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
         assert options.allowed_images == allowed
-        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, options.worker)
         assert pod["spec"]["containers"][0]["imagePullPolicy"] == policy
         assert pod["spec"].get("imagePullSecrets") == secrets
     assert image_allowed("ghcr.io/acme/worker:1.2", allowed) and not image_allowed("ghcr.io/acme/evil:1", allowed)
@@ -663,7 +661,6 @@ def test_placement_settings_reach_the_operator_and_refuse_the_control_plane(helm
         PlacementRefused,
         worker_pod,
     )
-    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import check_manifest, load_manifest
 
     values = [
@@ -692,8 +689,8 @@ def test_placement_settings_reach_the_operator_and_refuse_the_control_plane(helm
         assert operator["args"] == [a for a in operator["args"] if "placement" not in a]  # the environment's
         monkeypatch.setenv("ELASTREAM_WORKER_PLACEMENT", env_of(operator)["ELASTREAM_WORKER_PLACEMENT"])
         options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
-        assert options.worker_placement == expected
-        settings = worker_pod_settings(options)
+        assert options.worker.placement == expected
+        settings = options.worker
         zoned = {**demo, "spec": {**demo["spec"], "placement": {"nodeSelector": {"topology.kubernetes.io/zone": "z"}}}}
         assert worker_pod(check_manifest(zoned), "node-0", {"name": "demo", "uid": "u"}, settings)["spec"][
             "nodeSelector"
@@ -741,7 +738,6 @@ def test_pod_template_settings_reach_the_operator_and_refuse_hostpath(helm: str,
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import PodTemplatePolicy, PodTemplateRefused, worker_pod
-    from elastream.control.operator_options import worker_pod_settings
     from elastream.core.topology import parse_manifest
     from elastream.crd import check_manifest
 
@@ -776,8 +772,8 @@ def test_pod_template_settings_reach_the_operator_and_refuse_hostpath(helm: str,
         operator = container(tuple(d for d in yaml.safe_load_all(proc.stdout) if d))
         monkeypatch.setenv("ELASTREAM_WORKER_POD_TEMPLATE", env_of(operator)["ELASTREAM_WORKER_POD_TEMPLATE"])
         options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
-        assert options.worker_pod_template == expected
-        settings = worker_pod_settings(options)
+        assert options.worker.pod_template == expected
+        settings = options.worker
         with_claim = check_manifest({**demo, "spec": {**demo["spec"], "podTemplate": claimed}})
         if allowed:
             made = worker_pod(with_claim, "node-0", {"name": "demo", "uid": "u"}, settings)
@@ -830,7 +826,6 @@ def test_drain_settings_reach_the_worker_pods_and_without_budgets_there_is_no_ru
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
-    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import load_manifest
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
@@ -838,8 +833,8 @@ def test_drain_settings_reach_the_worker_pods_and_without_budgets_there_is_no_ru
     for scenario, grace, drain_env, budgets in (("default", 30, "30", True), ("no-drains", 12, "0", False)):
         docs = render(scenario)
         options = operator_options(build_parser().parse_args(container(docs)["command"][1:] + container(docs)["args"]))
-        assert options.disruption_budgets is budgets
-        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert options.worker.disruption_budget is budgets
+        pod = worker_pod(demo, "node-0", {"name": "demo", "uid": "u"}, options.worker)
         assert pod["spec"]["terminationGracePeriodSeconds"] == grace
         assert env_of(pod["spec"]["containers"][0])["ELASTREAM_DRAIN_GRACE_S"] == drain_env
         assert (DISRUPTION_BUDGET_RULE in rules_of(one(docs, "ClusterRole", FULLNAME))) is budgets
@@ -896,7 +891,6 @@ def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch)
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_network_policy
-    from elastream.control.operator_options import worker_pod_settings
     from elastream.crd import load_manifest
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
@@ -906,8 +900,8 @@ def test_the_scraper_reaches_the_per_topology_policies(render: Any, monkeypatch)
         docs = render(scenario)
         operator = container(docs)
         options = operator_options(build_parser().parse_args(operator["command"][1:] + operator["args"]))
-        assert options.network_policies
-        policy = worker_network_policy(demo, {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+        assert options.worker.network_policy
+        policy = worker_network_policy(demo, {"name": "demo", "uid": "u"}, options.worker)
         assert policy["spec"]["ingress"][1] == {"from": [scraper], "ports": [{"protocol": "TCP", "port": 9100}]}
         assert one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"][0]["from"] == [scraper]
 

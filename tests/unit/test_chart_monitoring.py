@@ -244,7 +244,6 @@ def demo_worker_pod(operator: Mapping[str, Any], monkeypatch: Any) -> dict[str, 
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
     from elastream.control.backends.worker_objects import worker_pod
-    from elastream.control.operator_options import worker_pod_settings
 
     env = env_of(operator)
     monkeypatch.setenv("ELASTREAM_WORKER_IMAGE", env["ELASTREAM_WORKER_IMAGE"])  # read when the parser is built
@@ -253,7 +252,7 @@ def demo_worker_pod(operator: Mapping[str, Any], monkeypatch: Any) -> dict[str, 
     with open(os.path.join(EXAMPLES, "demo.yaml"), encoding="utf-8") as handle:
         manifest = yaml.safe_load(handle)
     del manifest["spec"]["image"]
-    return worker_pod(check_manifest(manifest), "node-0", {"name": "demo", "uid": "u"}, worker_pod_settings(options))
+    return worker_pod(check_manifest(manifest), "node-0", {"name": "demo", "uid": "u"}, options.worker)
 
 
 def test_the_pod_monitor_selects_the_worker_pods_the_operator_makes(template: Any, monkeypatch: Any) -> None:

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from elastream.control.leader import LeaderElector, default_identity, lease_body, record_of
+from elastream.control.leader import LeaderElection, LeaderElector, default_identity, lease_body, record_of
 from elastream.core.lease import (
     LeaseConfigError,
     LeaseRecord,
@@ -250,7 +250,11 @@ def world() -> tuple[FakeCoordinationApi, FakeClock]:
 def elector(world: tuple[FakeCoordinationApi, FakeClock], identity: str, lost: list[str] | None = None) -> Stepped:
     api, clock = world
     return Stepped(
-        api, "ops", identity, clock=clock, on_lost=(lost.append if lost is not None else None), request_timeout_s=4.0
+        api,
+        LeaderElection("ops", identity),
+        clock=clock,
+        on_lost=(lost.append if lost is not None else None),
+        request_timeout_s=4.0,
     )
 
 
@@ -467,9 +471,9 @@ def test_real_threads_renew_and_a_lost_lease_is_reported_once() -> None:
     """The renew and watchdog threads on the real clock (1 s lease, 0.5 s renew deadline, 0.1 s retry)."""
     api = FakeCoordinationApi()
     lost: list[str] = []
-    a = LeaderElector(api, "ops", "pod-a", lease_duration_s=1, renew_deadline_s=0.5, retry_period_s=0.1,
-                      on_lost=lost.append)  # fmt: skip
-    b = LeaderElector(api, "ops", "pod-b", lease_duration_s=1, renew_deadline_s=0.5, retry_period_s=0.1)
+    timing = LeaseTiming(lease_duration_s=1, renew_deadline_s=0.5, retry_period_s=0.1)
+    a = LeaderElector(api, LeaderElection("ops", "pod-a", timing), on_lost=lost.append)
+    b = LeaderElector(api, LeaderElection("ops", "pod-b", timing))
     assert a.acquire(no_stop())
     time.sleep(1.5)  # longer than the lease: only renewing keeps it
     assert a.is_leader() and not lost
@@ -510,15 +514,13 @@ def test_leader_elect_flags(monkeypatch) -> None:
     assert (election.namespace, election.identity, election.name) == (
         "elastream-system", "elastream-0", "elastream-operator"
     )  # fmt: skip
-    assert (election.lease_duration_s, election.renew_deadline_s, election.retry_period_s) == (15, 10.0, 2.0)
+    assert election.timing == LeaseTiming(lease_duration_s=15, renew_deadline_s=10.0, retry_period_s=2.0)
     # what the chart passes
     election = parse(
         "--leader-elect", "--leader-elect-lease-duration", "30", "--leader-elect-renew-deadline", "20",
         "--leader-elect-retry-period", "4", "--leader-elect-namespace", "ops",
     ).leader_election  # fmt: skip
-    assert (election.namespace, election.lease_duration_s, election.renew_deadline_s, election.retry_period_s) == (
-        "ops", 30, 20.0, 4.0
-    )  # fmt: skip
+    assert (election.namespace, election.timing) == ("ops", LeaseTiming(30, 20.0, 4.0))
     monkeypatch.delenv("POD_NAMESPACE")
     assert parse("--leader-elect").leader_election.namespace == "default"
 

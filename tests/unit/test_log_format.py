@@ -199,14 +199,13 @@ def test_elastream_commands_refuse_a_bad_environment_value_in_one_line(
 def test_the_operator_s_format_reaches_its_worker_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.operator_options import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     monkeypatch.delenv("ELASTREAM_LOG_FORMAT", raising=False)
-    assert operator_options(build_parser().parse_args(["operator"])).log_format == "text"
+    assert operator_options(build_parser().parse_args(["operator"])).worker.log_format == "text"
     options = operator_options(build_parser().parse_args(["operator", "--log-format", "json"]))
     topology = parse_manifest(manifest([src("s"), sink("out")], [edge("s", "out")], name="web"))
-    pod = worker_pod(topology, "node-0", {"name": "web", "uid": "u"}, worker_pod_settings(options))
+    pod = worker_pod(topology, "node-0", {"name": "web", "uid": "u"}, options.worker)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["ELASTREAM_LOG_FORMAT"] == "json"
     plain = worker_pod(topology, "node-0", {"name": "web", "uid": "u"}, WorkerPodSettings())

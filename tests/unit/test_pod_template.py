@@ -435,14 +435,13 @@ def test_the_policy_reads_the_charts_json_and_names_what_is_wrong() -> None:
 def test_the_operator_reads_the_policy_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.operator_options import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     monkeypatch.setenv("ELASTREAM_WORKER_POD_TEMPLATE", json.dumps(GENEROUS.to_values()))
     options = operator_options(build_parser().parse_args(["operator"]))
-    assert options.worker_pod_template == GENEROUS and worker_pod_settings(options).pod_template == GENEROUS
+    assert options.worker.pod_template == GENEROUS
     monkeypatch.delenv("ELASTREAM_WORKER_POD_TEMPLATE")
-    assert operator_options(build_parser().parse_args(["operator"])).worker_pod_template == PodTemplatePolicy()
+    assert operator_options(build_parser().parse_args(["operator"])).worker.pod_template == PodTemplatePolicy()
     monkeypatch.setenv("ELASTREAM_WORKER_POD_TEMPLATE", '{"allowedVolumeTypes": ["hostPath"]}')
     with pytest.raises(SystemExit, match=r"^error: \$ELASTREAM_WORKER_POD_TEMPLATE \(the chart's worker.podTemplate\): "
                        r"allowedVolumeTypes\[0\]: hostPath is never allowed"):  # fmt: skip

@@ -77,7 +77,7 @@ def test_the_images_are_labelled_with_the_version() -> None:
 def test_the_default_worker_image_is_this_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert f"elastream-worker:{__version__}" == DEFAULT_WORKER_IMAGE
     assert WorkerPodSettings().image == DEFAULT_WORKER_IMAGE
-    assert OperatorOptions(redis_url="redis://127.0.0.1:6379/0").worker_image == DEFAULT_WORKER_IMAGE
+    assert OperatorOptions(redis_url="redis://127.0.0.1:6379/0").worker.image == DEFAULT_WORKER_IMAGE
     # the CLI's default is read when the parser is built: without $ELASTREAM_WORKER_IMAGE it is the constant
     monkeypatch.delenv("ELASTREAM_WORKER_IMAGE", raising=False)
     args = build_parser().parse_args(["operator"])

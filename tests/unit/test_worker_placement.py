@@ -263,14 +263,13 @@ def test_the_policy_reads_the_charts_json_and_names_what_is_wrong() -> None:
 def test_the_operator_reads_the_policy_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from elastream.cli import build_parser
     from elastream.cli.operator import operator_options
-    from elastream.control.operator_options import worker_pod_settings
 
     monkeypatch.setenv("ELASTREAM_REDIS_URL", "redis://:pw@redis:6379/0")
     monkeypatch.setenv("ELASTREAM_WORKER_PLACEMENT", json.dumps(DEDICATED.to_values()))
     options = operator_options(build_parser().parse_args(["operator"]))
-    assert options.worker_placement == DEDICATED and worker_pod_settings(options).placement == DEDICATED
+    assert options.worker.placement == DEDICATED
     monkeypatch.delenv("ELASTREAM_WORKER_PLACEMENT")
-    assert operator_options(build_parser().parse_args(["operator"])).worker_placement == PlacementPolicy()
+    assert operator_options(build_parser().parse_args(["operator"])).worker.placement == PlacementPolicy()
     monkeypatch.setenv("ELASTREAM_WORKER_PLACEMENT", '{"allowAffinity": 1}')
     with pytest.raises(CommandError, match=r"^--worker-placement \(\$ELASTREAM_WORKER_PLACEMENT\): allowAffinity"):
         operator_options(build_parser().parse_args(["operator"]))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Any
 
 from elastream import DEFAULT_WORKER_IMAGE
 from elastream.cli import CommandError
 from elastream.control.backends.worker_objects import PlacementPolicy
-from elastream.control.leader import LEASE_NAME
-from elastream.control.operator_options import LeaderElection, OperatorOptions
+from elastream.control.leader import LEASE_NAME, LeaderElection
+from elastream.control.operator_options import OperatorOptions, worker_policy, worker_settings_from_env
 from elastream.log_format import add_log_format_argument, checked_log_format, configure_logging
 
 
@@ -202,7 +203,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     options = operator_options(args)
     # before kopf is imported and runs: its lines go through this handler too (`elastream.handlers.main`)
-    configure_logging(options.log_format)
+    configure_logging(options.worker.log_format)
     # loaded only for this command: kopf (which only `elastream.handlers` imports) stays out of every other one
     main = importlib.import_module("elastream.handlers.main")
     return int(main.run(options))
@@ -238,35 +239,36 @@ def operator_options(args: argparse.Namespace) -> OperatorOptions:
         leader_election=leader_election(args) if args.leader_elect else None,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
-        worker_image=args.worker_image,
-        worker_image_pull_policy=args.worker_image_pull_policy,
-        worker_image_pull_secrets=tuple(args.worker_image_pull_secret),
         allowed_images=tuple(args.allowed_image),
-        network_policies=args.network_policies,
-        metrics_from=metrics_from,
         redis_topology_users=args.redis_topology_users == "on",
         engine=args.engine,
-        listen_on_pod_ip=args.listen_on_pod_ip,
         worker_start_timeout_s=args.worker_start_timeout,
         reconcile_workers=args.reconcile_workers,
         waiting_passes=args.waiting_passes,
         status_every_s=args.status_every,
-        worker_grace_period_s=args.worker_grace_period,
-        drains=args.drains == "on",
-        disruption_budgets=args.disruption_budgets == "on",
-        worker_placement=placement,
-        log_format=log_format,
+        worker=dataclasses.replace(
+            worker_settings_from_env(),
+            image=args.worker_image,
+            image_pull_policy=args.worker_image_pull_policy,
+            image_pull_secrets=tuple(args.worker_image_pull_secret),
+            log_format=log_format,
+            listen_on_pod_ip=args.listen_on_pod_ip,
+            network_policy=args.network_policies,
+            metrics_from=metrics_from,
+            termination_grace_s=args.worker_grace_period,
+            drains=args.drains == "on",
+            disruption_budget=args.disruption_budgets == "on",
+            placement=placement,
+        ),
     )
 
 
 def worker_placement(text: str | None) -> PlacementPolicy:
     """`--worker-placement` (or $ELASTREAM_WORKER_PLACEMENT) as a `PlacementPolicy`; the default one when unset."""
-    if not text:
-        return PlacementPolicy()
     try:
-        return PlacementPolicy.from_json(text)
+        return worker_policy(PlacementPolicy, text, "--worker-placement ($ELASTREAM_WORKER_PLACEMENT)")
     except ValueError as exc:
-        raise CommandError(f"--worker-placement ($ELASTREAM_WORKER_PLACEMENT): {exc}") from None
+        raise CommandError(str(exc)) from None
 
 
 def durable_commits() -> None:
@@ -307,7 +309,7 @@ def leader_election(args: argparse.Namespace) -> LeaderElection:
     leader (client-go's rules, which the chart checks too): a renew deadline shorter than the lease duration and
     longer than 1.2 x the retry period."""
     from elastream.control.leader import default_identity
-    from elastream.core.lease import JITTER_FACTOR
+    from elastream.core.lease import JITTER_FACTOR, LeaseTiming
 
     duration, deadline, retry = (
         args.leader_elect_lease_duration,
@@ -333,7 +335,5 @@ def leader_election(args: argparse.Namespace) -> LeaderElection:
     return LeaderElection(
         namespace=args.leader_elect_namespace,
         identity=default_identity(),
-        lease_duration_s=duration,
-        renew_deadline_s=deadline,
-        retry_period_s=retry,
+        timing=LeaseTiming(duration, deadline, retry),
     )

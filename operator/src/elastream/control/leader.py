@@ -24,6 +24,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastream.core.lease import (
@@ -43,6 +44,17 @@ log = logging.getLogger("elastream.leader")
 
 #: the Lease the chart's Role lets the operator get, create and update (in the operator's namespace)
 LEASE_NAME = "elastream-operator"
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """`--leader-elect` and its timings (`cli.operator.leader_election`): one active replica, holding the Lease
+    `name` in `namespace` as `identity`."""
+
+    namespace: str
+    identity: str
+    timing: LeaseTiming = field(default_factory=LeaseTiming)
+    name: str = LEASE_NAME
 
 
 def default_identity() -> str:
@@ -131,27 +143,22 @@ class LeaderElector:
     def __init__(
         self,
         coordination_api: CoordinationApi,
-        namespace: str,
-        identity: str,
-        name: str = LEASE_NAME,
-        lease_duration_s: int = 15,
-        renew_deadline_s: float = 10.0,
-        retry_period_s: float = 2.0,
+        election: LeaderElection,
         clock: Clock | None = None,
         on_lost: Callable[[str], None] | None = None,
         request_timeout_s: float | None = None,
     ) -> None:
-        if not identity:
+        if not election.identity:
             raise ValueError("leader election needs a non-empty identity")
         self.api = coordination_api
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity
-        self.timing = LeaseTiming(lease_duration_s, renew_deadline_s, retry_period_s)
+        self.namespace = election.namespace
+        self.name = election.name
+        self.identity = election.identity
+        self.timing = election.timing
         self.clock: Clock = clock or SystemClock()
         self.on_lost = on_lost
         #: each API call's bound; a leader's calls are also cut to what is left of its renew deadline
-        self.request_timeout_s = request_timeout_s or max(1.0, min(5.0, renew_deadline_s / 2))
+        self.request_timeout_s = request_timeout_s or max(1.0, min(5.0, self.timing.renew_deadline_s / 2))
         #: serialises attempts (API calls); `_state` guards the fields the watchdog reads, never held over a call
         self._attempt = threading.Lock()
         self._state = threading.Lock()

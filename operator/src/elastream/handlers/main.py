@@ -24,8 +24,8 @@ from typing import Any
 
 import kopf
 
-from elastream.control.leader import LeaderElector
-from elastream.control.operator_options import LeaderElection, OperatorOptions, worker_pod_settings
+from elastream.control.leader import LeaderElection, LeaderElector
+from elastream.control.operator_options import OperatorOptions
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.reconciler import TopologyReconciler
 from elastream.handlers.topology import OperatorMemo
@@ -104,16 +104,7 @@ def elect(election: LeaderElection, host: str, health_port: int) -> LeaderElecto
     """Block until this replica holds the Lease (renewing from then on); None when stopped first."""
     from kubernetes import client
 
-    elector = LeaderElector(
-        client.CoordinationV1Api(),
-        namespace=election.namespace,
-        identity=election.identity,
-        name=election.name,
-        lease_duration_s=election.lease_duration_s,
-        renew_deadline_s=election.renew_deadline_s,
-        retry_period_s=election.retry_period_s,
-        on_lost=exit_on_lost_lease,
-    )
+    elector = LeaderElector(client.CoordinationV1Api(), election, on_lost=exit_on_lost_lease)
     stop = threading.Event()  # SIGTERM/SIGINT reach the main thread as KeyboardInterrupt (elastream.cli)
     try:
         with standby_health(host, health_port):
@@ -162,7 +153,7 @@ def run(options: OperatorOptions) -> int:
         core_api=client.CoreV1Api(),
         custom_api=client.CustomObjectsApi(),
         analyzer=Analyzer(engine=options.engine),
-        settings=worker_pod_settings(options),
+        settings=options.worker,
         allowed_images=options.allowed_images,
         networking_api=client.NetworkingV1Api() if options.network_policies else None,
         policy_api=client.PolicyV1Api() if options.disruption_budgets else None,
@@ -173,7 +164,7 @@ def run(options: OperatorOptions) -> int:
         volatile_every_s=options.status_every_s,
         slots=slots,
     )
-    host = listen_address(options.listen_on_pod_ip)
+    host = listen_address(options.worker.listen_on_pod_ip)
     if options.metrics_port:
         from elastream.control.topology_metrics import register_topology_metrics
 
