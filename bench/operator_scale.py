@@ -64,6 +64,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))  # support/
 sys.path.insert(0, os.path.join(HERE, os.pardir, "operator", "src"))
+from elastream.control.pacing import LoopSettings  # noqa: E402
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots  # noqa: E402
 from support.paths import REPO  # noqa: E402
 
@@ -675,11 +676,8 @@ async def operate(args: argparse.Namespace) -> dict[str, Any]:
         analyzer=Analyzer(engine="python"),
         settings=options.worker,
         policy_api=api,
-        topology_users=options.redis_topology_users,
         user_keeper=UserKeeper(redis_client),
-        interval_s=options.interval_s,
-        start_timeout_s=options.worker_start_timeout_s,
-        volatile_every_s=options.status_every_s,
+        loop=LoopSettings.of_options(options),
         slots=slots,
     )
     pool = TimedPool(slots, options.waiting_passes, probe=PROBE)

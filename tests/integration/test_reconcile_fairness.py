@@ -43,6 +43,7 @@ from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.migration import MigrationDriver
 from elastream.control.operator_options import OperatorOptions
+from elastream.control.pacing import LoopSettings
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import NoRequests
@@ -135,7 +136,7 @@ class Wiring:
             "status": managed,
             "events": managed.events,
             "clock": owner.clock,
-            "interval_s": owner.interval_s,
+            "interval_s": owner.loop.interval_s,
             "epochs": RedisEpoch(client, topology.redis_prefix),
             "expected_epoch": managed.state_epoch,
             "on_nodes_changed": lambda nodes: managed.autoscaled(nodes),
@@ -191,7 +192,7 @@ def operator_loop(
         custom_api=api,
         analyzer=NoWarmUp(),  # type: ignore[arg-type]
         running_spec=lambda topology, metadata: (None, None),  # no ConfigMap: new topologies
-        topology_users=False,
+        loop=LoopSettings(topology_users=False),
         build=build,
         slots=slots,
     )
@@ -465,7 +466,7 @@ class UnreadyWiring(Wiring):
         if topology.name == HEALTHY:
             return super().build(owner, topology, metadata, managed)
         client = owner.redis_client
-        backend = UnreadyWorkers(topology, client, owner.start_timeout_s, clock=owner.clock)
+        backend = UnreadyWorkers(topology, client, owner.loop.start_timeout_s, clock=owner.clock)
         self.unready[topology.name] = backend
         migrator = MigrationDriver(topology, backend, client, topology.scaling.migration, clock=owner.clock)
         controller = TopologyController(
@@ -478,7 +479,7 @@ class UnreadyWiring(Wiring):
             status=managed,
             events=managed.events,
             clock=owner.clock,
-            interval_s=owner.interval_s,
+            interval_s=owner.loop.interval_s,
             epochs=RedisEpoch(client, topology.redis_prefix),
             expected_epoch=managed.state_epoch,
         )
@@ -502,7 +503,7 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
     client = connect(redis_url, wait_s=5.0)
     api, events, wiring = InMemoryStreamTopologies(), InMemoryEvents(), UnreadyWiring()
     topologies, pool = operator_loop(client, redis_url, api, events, wiring.build)
-    assert topologies.start_timeout_s == 180.0  # the operator's default wait, not one made short for the test
+    assert topologies.loop.start_timeout_s == 180.0  # the operator's default wait, not one made short for the test
     shared = handlers.OperatorMemo(topologies, pool)  # the operator memo `elastream operator` gives kopf
     slots = topologies.slots
     assert slots is not None

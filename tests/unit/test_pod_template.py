@@ -565,7 +565,7 @@ def test_a_configmap_edited_to_a_refused_template_brings_no_pod_of_it() -> None:
         built.append(copy.deepcopy(dict(topology.spec)))
         return build(owner, topology, metadata, managed)
 
-    restarted.topologies.build = recording
+    restarted.rewire(build=recording)
     restarted.run_for(5.0)
     assert built and all("podTemplate" not in spec for spec in built)
     assert restarted.status["phase"] == "Running"

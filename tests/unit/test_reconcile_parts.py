@@ -157,7 +157,8 @@ def test_lifecycle_alone_starts_a_topology_and_backs_a_failed_start_off() -> Non
     assert managed.attempt is not None and managed.attempt.target == StartAttempt()
     assert lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=1.0) == 4.0  # backing off: no build
     assert len(calls) == 1
-    world.topologies.build = world.build
+    world.rewire(build=world.build)  # starts succeed again: a reconciler built with the working build
+    lifecycle = world.topologies.lifecycle
     assert lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=5.0) is None
     assert managed.controller is not None and managed.attempt is None and managed.facts.started
 

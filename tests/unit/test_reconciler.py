@@ -6,6 +6,7 @@ cluster, no Redis; a fake clock, so backoff and settling are exact."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import pytest
 
 from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
+from elastream.control.pacing import LoopSettings
 from elastream.control.reconciler import TopologyReconciler
 from elastream.control.resource_api import KubernetesEvents
 from elastream.control.status_writer import StatusWriter, merge_patch, stable_part
@@ -167,6 +169,11 @@ class World:
             checkpoints=checkpoints,
         )
 
+    def rewire(self, **changes: Any) -> None:
+        """Another reconciler with these settings or wiring, over the same topologies (a reconciler's parts are
+        built once, from what it was made with)."""
+        self.topologies = dataclasses.replace(self.topologies, **changes)
+
     def patch_spec(self, **spec: Any) -> None:
         self.body["spec"].update(spec)
         self.body["metadata"]["generation"] += 1
@@ -227,7 +234,7 @@ class World:
             controller.start = no_start  # type: ignore[method-assign]
             return controller
 
-        self.topologies.build = broken
+        self.rewire(build=broken)
         return calls
 
 
@@ -266,10 +273,10 @@ def restarted_operator(world: World, adopting: bool = False) -> World:
     again.pods, again.keys, again.checkpoint_keys = world.pods, world.keys, world.checkpoint_keys
     again.running_doc, again.configmap = world.running_doc, world.configmap
     again.broken_images = world.broken_images
-    again.topologies.custom_api = world.custom
+    again.rewire(custom_api=world.custom)
     if adopting:
         schedule = world.backend.schedule
-        again.topologies.running_schedule = lambda topology: schedule
+        again.rewire(running_schedule=lambda topology: schedule)
     return again
 
 
@@ -293,7 +300,7 @@ def test_a_new_resource_is_started_and_reported_running() -> None:
 def test_a_patch_of_spec_nodes_migrates_once_the_spec_settled() -> None:
     world = running(3)
     world.patch_spec(nodes=4)
-    assert world.reconcile() <= world.topologies.settle_s  # too fresh: wait for the burst to end
+    assert world.reconcile() <= world.topologies.pacing.settle_s  # too fresh: wait for the burst to end
     assert world.migrator.applied == []
     world.run_for(2.0)
     assert [len(s.nodes) for s in world.migrator.applied] == [4]
@@ -515,7 +522,7 @@ def test_a_failed_start_backs_off_and_says_so() -> None:
 
 def test_a_spec_image_outside_the_allow_list_is_invalid_and_creates_nothing() -> None:
     world = World(3, image="evil.example/miner:1")
-    world.topologies.allowed_images = ("registry.example.com/streams/",)
+    world.rewire(allowed_images=("registry.example.com/streams/",))
     world.run_for(65.0)
     assert world.backends == []  # never built: no pod, no ConfigMap, no Secret
     assert world.status["phase"] == "Failed"
@@ -553,7 +560,7 @@ def test_an_object_in_the_way_is_degraded_object_not_owned_and_cleared_once_it_i
         controller.start = refuse_or_start  # type: ignore[method-assign]
         return controller
 
-    world.topologies.build = blocked
+    world.rewire(build=blocked)
     world.run_for(30.0)
     assert world.status["phase"] == "Degraded"
     degraded = world.condition("Degraded")
@@ -567,7 +574,7 @@ def test_an_object_in_the_way_is_degraded_object_not_owned_and_cleared_once_it_i
 
 def test_delete_completes_while_a_pass_holds_the_topology() -> None:
     world = running(3)
-    world.topologies.delete_wait_s = 0.2
+    world.rewire(loop=LoopSettings(delete_wait_s=0.2))
     managed = world.topologies.topologies["default/t"]
     managed.lock.acquire()  # a migration in flight
     deleted = threading.Event()
@@ -576,7 +583,7 @@ def test_delete_completes_while_a_pass_holds_the_topology() -> None:
         world.topologies.remove("default", "t")
         deleted.set()
 
-    world.topologies.redis_client = _NoKeys()  # type: ignore[assignment]
+    world.rewire(redis_client=_NoKeys())
     thread = threading.Thread(target=delete)
     thread.start()
     thread.join(timeout=10.0)
@@ -626,7 +633,7 @@ def test_a_start_refused_acl_commands_starts_no_worker_and_says_the_fix() -> Non
         controller.start = refuse  # type: ignore[method-assign]
         return controller
 
-    world.topologies.build = refusing
+    world.rewire(build=refusing)
     world.run_for(30.0)
     assert world.status["phase"] == "Degraded" and world.condition("Degraded")["reason"] == "RedisUserRefused"
     assert "RedisUserRefused" in world.reasons() and "StartFailed" not in world.reasons()
@@ -672,7 +679,7 @@ def test_delete_without_a_controller_removes_the_keys_under_the_braced_prefix() 
     world = running(3)
     world.topologies.topologies.pop("default/t")
     client = _Keys("elastream:{default/t}:schedule", "elastream:default/t:old", "elastream:{default/u}:schedule")
-    world.topologies.redis_client = client  # type: ignore[assignment]
+    world.rewire(redis_client=client)
     world.topologies.remove("default", "t")
     assert client.keys == {"elastream:default/t:old", "elastream:{default/u}:schedule"}
     # and its Redis user, before the keys (its clients are disconnected with it)
@@ -770,7 +777,7 @@ def test_a_delete_while_redis_is_away_gives_up_at_its_bound_on_the_loops_clock(
         core_api=FakeCoreApi(),
         custom_api=None,
         analyzer=Analyzer(),
-        topology_users=False,
+        loop=LoopSettings(topology_users=False),
         clock=clock,
     )
     topologies.remove("default", "t")
@@ -820,7 +827,7 @@ def test_restart_from_scratch_answers_state_lost_and_removes_the_annotation() ->
     old_epoch = world.status["stateEpoch"]
     world.keys.clear()
     world.run_for(3.0)
-    world.topologies.redis_client = _NoKeys()  # type: ignore[assignment]
+    world.rewire(redis_client=_NoKeys())
     world.body["metadata"]["annotations"] = {"elastream.dev/restart-from-scratch": "true"}
     world.run_for(3.0)
     assert world.status["phase"] == "Running" and world.status["stateEpoch"] != old_epoch

@@ -193,7 +193,8 @@ def test_the_status_lists_the_savepoints_again_after_an_operator_restart() -> No
     status = dict(world.status)
     status.pop("savepoints")
     again = World(3)  # a new operator: its memory is empty, Redis (the fakes) is the same
-    again.savepoints, again.topologies.savepoint_service = world.savepoints, world.savepoints
+    again.savepoints = world.savepoints
+    again.rewire(savepoint_service=world.savepoints)
     again.keys, again.checkpoint_keys = world.keys, world.checkpoint_keys
     again.body["status"] = status
     again.reconcile()
@@ -209,7 +210,7 @@ def world_from(shared: Any, namespace: str = "default", **spec: Any) -> World:
     world.body["metadata"]["namespace"] = namespace
     prefix = topology_prefix(namespace, "t")
     world.savepoints = shared
-    world.topologies.savepoint_service = shared
+    world.rewire(savepoint_service=shared)
     shared.stores[prefix], shared.epochs[prefix] = world.checkpoint_keys, world.keys
     return world
 
@@ -293,7 +294,7 @@ def test_retain_keeps_the_keys_and_delete_wipes_them_savepoints_stay_either_way(
             "elastream:{default/t}:sink:out",
             "elastream:savepoint:{default/t}:sp:meta",
         )
-        world.topologies.redis_client = client  # type: ignore[assignment]
+        world.rewire(redis_client=client)
         world.topologies.remove("default", "t", retain=retain)
         assert "workers stopped" in world.backend.log
         assert len(client.keys) == left and "elastream:savepoint:{default/t}:sp:meta" in client.keys
@@ -303,7 +304,7 @@ def test_retain_keeps_the_keys_and_delete_wipes_them_savepoints_stay_either_way(
 def test_a_new_resource_over_retained_state_continues_from_it_and_says_so() -> None:
     world = World(3)
     world.keys["epoch"] = "e-old"  # what an earlier topology of this name left (deletionPolicy Retain)
-    world.topologies.running_schedule = lambda topology: world_schedule(topology)
+    world.rewire(running_schedule=lambda topology: world_schedule(topology))
     world.reconcile()
     assert world.status["phase"] == "Running" and world.status["stateEpoch"] == "e-old"
     event = next(e for e in world.core.events if e["reason"] == "RetainedStateAdopted")

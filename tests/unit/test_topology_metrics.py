@@ -224,7 +224,7 @@ def test_the_collector_reads_every_managed_topology_and_a_deleted_one_vanishes()
     assert REGISTRY.get_sample_value("elastream_last_rescale_pause_seconds", labels) == 0.042
     assert REGISTRY.get_sample_value("elastream_recoveries_total", {**labels, "outcome": "succeeded"}) == 1.0
 
-    world.topologies.redis_client = _NoKeys()  # type: ignore[assignment]
+    world.rewire(redis_client=_NoKeys())
     world.topologies.remove("default", "t")
     assert series_of(registry, "default", "t") == set()
     assert series_of(REGISTRY, "default", "t") == set()  # the counters' series too

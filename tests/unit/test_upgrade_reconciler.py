@@ -133,7 +133,7 @@ def test_an_operator_restarted_after_a_rollback_does_not_try_the_generation_agai
     restarted.pods, restarted.keys, restarted.checkpoint_keys = world.pods, world.keys, world.checkpoint_keys
     restarted.running_doc = world.running_doc  # the ConfigMap: the previous spec runs
     restarted.broken_images = world.broken_images
-    restarted.topologies.custom_api = world.custom
+    restarted.rewire(custom_api=world.custom)
     restarted.run_for(60.0)
     assert len(restarted.backends) == 1  # adopted the previous spec's pods; nothing upgraded again
     assert gitops_conditions(restarted) == {"Ready": ("False", "UpgradeFailed"), "Stalled": ("True", "UpgradeFailed")}
@@ -145,7 +145,7 @@ def test_a_spec_changed_while_no_operator_ran_is_upgraded_not_assumed() -> None:
     restarted.body, restarted.custom.body = world.body, world.body
     restarted.pods, restarted.keys, restarted.checkpoint_keys = world.pods, world.keys, world.checkpoint_keys
     restarted.running_doc = world.running_doc
-    restarted.topologies.custom_api = world.custom
+    restarted.rewire(custom_api=world.custom)
     world.patch_spec(image="elastream-worker:2")  # while no operator runs
     restarted.run_for(5.0)
     first, second = restarted.backends
@@ -282,7 +282,7 @@ def test_a_configmap_edited_to_an_image_outside_the_allow_list_brings_no_pod_of_
     world.running_doc = {"spec": {**copy.deepcopy(world.body["spec"]), "image": "evil/miner:1"}}
     world.configmap["previous"] = {"spec": {**copy.deepcopy(world.body["spec"]), "image": "evil/miner:1"}}
     restarted = restarted_operator(world)
-    restarted.topologies.allowed_images = ("elastream-worker",)
+    restarted.rewire(allowed_images=("elastream-worker",))
     restarted.run_for(5.0)
     assert restarted.built_images and "evil/miner:1" not in restarted.built_images
     assert restarted.status["phase"] == "Running"

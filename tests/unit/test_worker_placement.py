@@ -315,7 +315,7 @@ def test_a_placement_refused_where_pods_are_made_is_a_start_failure_naming_the_f
     """Whatever reached the pod maker (a spec the reconcile pass let through, a ConfigMap's), `worker_pod` refuses
     it: the start fails, the status and a StartFailed event name the field and the fix, retried with backoff."""
     world = World(3, placement={"tolerations": [{"key": "dedicated", "operator": "Exists"}]})
-    world.topologies.settings = WorkerPodSettings(placement=ANYTHING)  # the pass lets it through...
+    world.rewire(settings=WorkerPodSettings(placement=ANYTHING))  # the pass lets it through...
     build = world.build
 
     def building(owner: Any, topology_: Any, metadata: Any, managed: Any) -> Any:
@@ -331,7 +331,7 @@ def test_a_placement_refused_where_pods_are_made_is_a_start_failure_naming_the_f
         controller.start = start_making_pods  # type: ignore[method-assign]
         return controller
 
-    world.topologies.build = building
+    world.rewire(build=building)
     world.run_for(30.0)
     says = "spec.placement.tolerations[0]: the toleration dedicated:(every effect) is not one the operator allows"
     assert world.status["phase"] == "Pending"

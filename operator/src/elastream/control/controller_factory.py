@@ -19,6 +19,7 @@ from elastream.control.controller import TopologyController
 from elastream.control.managed import ManagedTopology
 from elastream.control.metrics import StreamMetricSource
 from elastream.control.migration import MigrationDriver
+from elastream.control.pacing import LoopSettings
 from elastream.control.resource_api import NoRequests
 from elastream.core.ports import Clock, CoreApi, NetworkingApi, PolicyApi, SystemClock
 from elastream.core.topology import Topology
@@ -44,13 +45,11 @@ class ControllerFactory:
     settings: WorkerPodSettings = field(default_factory=WorkerPodSettings)
     networking_api: NetworkingApi | None = None
     policy_api: PolicyApi | None = None
-    topology_users: bool = True
     user_keeper: UserKeeper | None = None
-    interval_s: float = 1.0
-    start_timeout_s: float = 180.0
+    #: the loop's settings: the pods' start timeout, Redis users per topology, the metric interval
+    loop: LoopSettings = field(default_factory=LoopSettings)
     clock: Clock = field(default_factory=SystemClock)
-    #: builds instead of `over_pods` when it returns a controller (`TopologyReconciler.build`, read at each call:
-    #: tests set it on a running reconciler)
+    #: builds instead of `over_pods` when it returns a controller (`TopologyReconciler.build`)
     hook: Callable[[Topology, Mapping[str, Any], ManagedTopology], TopologyController | None] | None = None
 
     def new(self, topology: Topology, metadata: Mapping[str, Any], managed: ManagedTopology) -> TopologyController:
@@ -69,10 +68,10 @@ class ControllerFactory:
             {"name": metadata["name"], "uid": metadata["uid"]},
             self.redis_url,
             self.settings,
-            self.start_timeout_s,
+            self.loop.start_timeout_s,
             networking=self.networking_api,
             policy=self.policy_api,
-            topology_users=self.topology_users,
+            topology_users=self.loop.topology_users,
             user_keeper=self.user_keeper,
             clock=self.clock,
         )
@@ -97,7 +96,7 @@ class ControllerFactory:
         controller = TopologyController(
             topology=topology,
             backend=backend,
-            metrics=StreamMetricSource(client, topology, self.analyzer, self.interval_s),
+            metrics=StreamMetricSource(client, topology, self.analyzer, self.loop.interval_s),
             migrator=migrator,
             feed=MetricStream(client, topology.redis_prefix),
             requests=NoRequests(),
@@ -106,7 +105,7 @@ class ControllerFactory:
             clock=self.clock,
             background=[Checkpointer(checkpoints, float(topology.scaling.checkpoint_interval_s), own_thread=False)],
             checkpoints=checkpoints,
-            interval_s=self.interval_s,
+            interval_s=self.loop.interval_s,
             on_nodes_changed=managed.autoscaled,
             epochs=RedisEpoch(client, topology.redis_prefix),
             expected_epoch=managed.state_epoch,

@@ -50,7 +50,7 @@ from elastream.control.lifecycle import (
     registry_schedule,
 )
 from elastream.control.managed import ManagedTopology
-from elastream.control.pacing import Pacing
+from elastream.control.pacing import LoopSettings
 from elastream.control.reconcile_slots import ReconcileSlots
 from elastream.control.resource_api import (
     KubernetesEvents,
@@ -60,7 +60,6 @@ from elastream.control.resource_api import (
 from elastream.control.retrying import retry_within
 from elastream.control.savepoint_actions import RedisSavepoints, Savepoints
 from elastream.control.savepoint_annotations import SavepointAnnotations
-from elastream.control.scaling import ScalingRecord
 from elastream.control.status_writer import StatusWriter
 from elastream.control.topology_metrics import forget_topology
 from elastream.control.upgrades import RunningSpec, Upgrades
@@ -148,25 +147,12 @@ class TopologyReconciler:
     networking_api: NetworkingApi | None = None
     #: a `kubernetes.client.PolicyV1Api`, for each topology's PodDisruptionBudget (`settings.disruption_budget`)
     policy_api: PolicyApi | None = None
-    #: give each topology's workers a Redis ACL user of its own (`store.acl`); off: the operator's URL
-    topology_users: bool = True
-    #: sets those users again within a tick when Redis lost them, for every topology on one thread (None: only
-    #: the reconcile passes look)
+    #: sets the topologies' Redis users (`loop.topology_users`) again within a tick when Redis lost them, for
+    #: every topology on one thread (None: only the reconcile passes look)
     user_keeper: UserKeeper | None = None
-    interval_s: float = 1.0
-    #: how long worker pods may take to be scheduled, started and ready
-    start_timeout_s: float = 180.0
-    #: seconds between passes of an idle topology (dead workers, checkpoints, the autoscaler, rates)
-    tick_s: float = 2.0
-    #: a changed spec is acted on once it has been still this long (a burst of patches moves once)
-    settle_s: float = 1.0
-    #: seconds between status writes for the rates alone
-    volatile_every_s: float = 15.0
-    #: a failed scaling or start of the same desired state is retried after this, doubling up to the cap
-    retry_s: float = 5.0
-    retry_cap_s: float = 300.0
-    #: how long a delete waits for a pass in progress (a migration) before it stops the workers anyway
-    delete_wait_s: float = 60.0
+    #: the loop's settings (its pacing, timeouts, intervals, Redis users per topology), handed whole to the
+    #: controller factory and the parts
+    loop: LoopSettings = field(default_factory=LoopSettings)
     #: builds the controller of a topology (tests replace it with one over in-memory fakes)
     build: BuildController | None = None
     #: where savepoints are kept (None: in Redis, through `redis_client`)
@@ -190,15 +176,10 @@ class TopologyReconciler:
             self.clock = self.slots.clock(self.clock)
         self._wire()
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name not in _STATE and self.__dict__.get("lifecycle") is not None:
-            self._wire()  # a setting changed on a running reconciler (tests do): its parts are built with it
-
     def _wire(self) -> None:
-        """The parts of a pass, built from the settings (they keep no topology's state: that is each
-        `ManagedTopology`'s)."""
-        self.pacing = Pacing(self.tick_s, self.settle_s, self.retry_s, self.retry_cap_s)
+        """The parts of a pass, built once from the settings (they keep no topology's state: that is each
+        `ManagedTopology`'s). A reconciler with other settings is another reconciler (`dataclasses.replace`)."""
+        self.pacing = self.loop.pacing
         self.controllers = ControllerFactory(
             self.redis_client,
             self.redis_url,
@@ -207,10 +188,8 @@ class TopologyReconciler:
             self.settings,
             networking_api=self.networking_api,
             policy_api=self.policy_api,
-            topology_users=self.topology_users,
             user_keeper=self.user_keeper,
-            interval_s=self.interval_s,
-            start_timeout_s=self.start_timeout_s,
+            loop=self.loop,
             clock=self.clock,
             hook=self._built,
         )
@@ -262,7 +241,7 @@ class TopologyReconciler:
             if managed is None:
                 resource = ResourceApi(self.custom_api, namespace, name)
                 writer = StatusWriter(
-                    resource.patch_status, volatile_every_s=self.volatile_every_s, clock=self.clock.monotonic
+                    resource.patch_status, volatile_every_s=self.loop.volatile_every_s, clock=self.clock.monotonic
                 )
                 events = KubernetesEvents(self.core_api, body, clock=self.clock)
                 managed = ManagedTopology.of_resource(body, key, writer, events, resource, self.clock)
@@ -293,7 +272,7 @@ class TopologyReconciler:
             log.exception("reconcile of %s failed", managed.key)
             managed.set(backend_error=f"internal error: {type(exc).__name__}: {exc}")
             managed.write()
-            return self.retry_s
+            return self.pacing.retry_s
         finally:
             managed.lock.release()
 
@@ -349,17 +328,7 @@ class TopologyReconciler:
         if converged or stalled(managed.facts_to_report()) is not None:
             # applied, or only the user can move it on: either way this generation is what the status is about
             managed.observed_generation = managed.generation
-        return min(self.tick_s, delay)
-
-    def scale(
-        self,
-        managed: ManagedTopology,
-        nodes: int,
-        parallelism: Mapping[str, int] | None = None,
-        trigger: str = "request",
-    ) -> ScalingRecord:
-        """Analyse, plan, migrate to `nodes` (and `parallelism`): `Convergence.scale`."""
-        return self.convergence.scale(managed, nodes, parallelism, trigger)
+        return min(self.pacing.tick_s, delay)
 
     def remove(self, namespace: str, name: str, retain: bool = False) -> None:
         """The resource is being deleted: stop a migration in flight (bounded), the controller and its pods,
@@ -375,10 +344,12 @@ class TopologyReconciler:
             cancelled = getattr(controller.migrator, "cancelled", None)
             if cancelled is not None:
                 cancelled.set()
-            held = managed.lock.acquire(timeout=self.delete_wait_s)
+            held = managed.lock.acquire(timeout=self.loop.delete_wait_s)
             if not held:
                 log.warning(
-                    "%s: a pass still runs after %.0f s; stopping the workers anyway", managed.key, self.delete_wait_s
+                    "%s: a pass still runs after %.0f s; stopping the workers anyway",
+                    managed.key,
+                    self.loop.delete_wait_s,
                 )
             try:
                 controller.close()
@@ -390,7 +361,7 @@ class TopologyReconciler:
             prefix = controller.topology.redis_prefix
 
         def delete() -> None:
-            if self.topology_users:
+            if self.loop.topology_users:
                 # first: it also disconnects what is left of the workers' connections, which could still
                 # write after the keys are gone
                 delete_topology_user(self.redis_client, namespace, name)
@@ -413,22 +384,6 @@ class TopologyReconciler:
                 delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
         except redis.RedisError as exc:
             log.warning("keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix)
-
-
-#: the reconciler's own fields that are not settings of its parts
-_STATE = frozenset(
-    {
-        "topologies",
-        "_lock",
-        "pacing",
-        "controllers",
-        "lifecycle",
-        "upgrades",
-        "savepoint_annotations",
-        "ticks",
-        "convergence",
-    }
-)
 
 
 def invalid_spec_message(exc: TopologyError) -> str:

@@ -26,6 +26,7 @@ import kopf
 
 from elastream.control.leader import LeaderElection, LeaderElector
 from elastream.control.operator_options import OperatorOptions
+from elastream.control.pacing import LoopSettings
 from elastream.control.reconcile_slots import ReconcilePool, ReconcileSlots
 from elastream.control.reconciler import TopologyReconciler
 from elastream.handlers.topology import OperatorMemo
@@ -157,11 +158,8 @@ def run(options: OperatorOptions) -> int:
         allowed_images=options.allowed_images,
         networking_api=client.NetworkingV1Api() if options.network_policies else None,
         policy_api=client.PolicyV1Api() if options.disruption_budgets else None,
-        topology_users=options.redis_topology_users,
         user_keeper=UserKeeper(redis_client) if options.redis_topology_users else None,
-        interval_s=options.interval_s,
-        start_timeout_s=options.worker_start_timeout_s,
-        volatile_every_s=options.status_every_s,
+        loop=LoopSettings.of_options(options),
         slots=slots,
     )
     host = listen_address(options.worker.listen_on_pod_ip)
