@@ -20,7 +20,7 @@ from elastream.control.attempts import (
 )
 from elastream.control.convergence import degrees_to_apply, reached
 from elastream.control.managed import ManagedTopology
-from elastream.control.reconciler import observe, observe_resource
+from elastream.control.pass_context import PassContext, observe, observe_resource
 from elastream.core.ports import BackendError
 from elastream.core.status import (
     FailureCounts,
@@ -42,6 +42,16 @@ def managed_of(world: World) -> ManagedTopology:
 
 def wanted_of(world: World) -> Topology:
     return observe_resource(world.body, world.topologies.allowed_images, world.topologies.settings)
+
+
+def context_of(world: World, now: float | None = None) -> PassContext:
+    """What a pass of `world` would hand its parts at `now` (the clock's by default): the resource observed,
+    and what its controller runs once there is one."""
+    seen = observe(world.body, world.topologies.allowed_images, world.topologies.settings)
+    context = PassContext(seen, world.clock.monotonic() if now is None else now)
+    managed = world.topologies.get("default", "t")
+    controller = managed.controller if managed is not None else None
+    return context.reading(controller) if controller is not None else context
 
 
 # ------------------------------------------------------------------------------------------- attempts
@@ -152,14 +162,14 @@ def test_lifecycle_alone_starts_a_topology_and_backs_a_failed_start_off() -> Non
     calls = world.starts_fail()
     managed = world.topologies.entry(world.body)
     lifecycle = world.topologies.lifecycle
-    delay = lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=0.0)
+    delay = lifecycle.start(managed, context_of(world, now=0.0), wanted_of(world))
     assert delay == 5.0 and len(calls) == 1 and managed.controller is None
     assert managed.attempt is not None and managed.attempt.target == StartAttempt()
-    assert lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=1.0) == 4.0  # backing off: no build
+    assert lifecycle.start(managed, context_of(world, now=1.0), wanted_of(world)) == 4.0  # backing off: no build
     assert len(calls) == 1
     world.rewire(build=world.build)  # starts succeed again: a reconciler built with the working build
     lifecycle = world.topologies.lifecycle
-    assert lifecycle.start(managed, world.body["metadata"], wanted_of(world), now=5.0) is None
+    assert lifecycle.start(managed, context_of(world, now=5.0), wanted_of(world)) is None
     assert managed.controller is not None and managed.attempt is None and managed.facts.started
 
 
@@ -167,7 +177,7 @@ def test_lifecycle_alone_backs_a_suspend_off_when_its_checkpoint_fails() -> None
     world = running(3)
     managed = managed_of(world)
     world.checkpoints[-1].failure = "checkpoint timed out"
-    delay = world.topologies.lifecycle.suspend(managed, now=world.clock.monotonic())
+    delay = world.topologies.lifecycle.suspend(managed, context_of(world))
     assert delay == 5.0 and world.pods == {"node-0", "node-1", "node-2"}
     assert managed.attempt is not None and managed.attempt.target == SuspendAttempt()
     assert managed.facts_to_report().suspend_failures == 1
@@ -181,8 +191,7 @@ def test_upgrades_alone_count_a_failed_checkpoint_as_an_upgrade_failure_not_a_sc
     world.checkpoints[-1].failure = "checkpoint timed out"
     world.patch_spec(image="elastream-worker:2")
     managed.spec_changed_at = -100.0  # settled
-    upgrades, metadata = world.topologies.upgrades, world.body["metadata"]
-    delay = upgrades.apply_spec(managed, metadata, wanted_of(world), world.clock.monotonic())
+    delay = world.topologies.upgrades.apply_spec(managed, context_of(world))
     assert delay == 5.0
     assert managed.attempt is not None and managed.attempt.target == UpgradeAttempt()
     reported = managed.facts_to_report()
@@ -196,16 +205,16 @@ def test_convergence_alone_settles_then_scales_and_backs_a_failure_off() -> None
     convergence = world.topologies.convergence
     world.patch_spec(nodes=5)
     managed.generation, managed.spec_changed_at = 2, world.clock.monotonic()
-    assert convergence.converge(managed, wanted_of(world), world.clock.monotonic()) == 1.0  # settling
+    assert convergence.converge(managed, context_of(world)) == 1.0  # settling
     world.migrator.outcome = "raise"
     world.clock.t += 1.0
-    delay = convergence.converge(managed, wanted_of(world), world.clock.monotonic())
+    delay = convergence.converge(managed, context_of(world))
     assert delay == 5.0 and managed.attempt is not None and managed.attempt.target == ScaleAttempt(5)
-    assert managed.facts.scaling_failed and not convergence.converged(managed, wanted_of(world))
+    assert managed.facts.scaling_failed and not convergence.converged(managed, context_of(world))
     world.migrator.outcome = "succeeded"
     world.clock.t += 5.0
-    assert convergence.converge(managed, wanted_of(world), world.clock.monotonic()) == 2.0
-    assert managed.attempt is None and convergence.converged(managed, wanted_of(world))
+    assert convergence.converge(managed, context_of(world)) == 2.0
+    assert managed.attempt is None and convergence.converged(managed, context_of(world))
     assert len(world.backend.current_schedule().nodes) == 5
 
 
@@ -229,7 +238,7 @@ def test_the_status_is_written_by_the_pass_not_by_the_parts() -> None:
     patches = len(world.custom.status_patches)
     managed = managed_of(world)
     world.clock.t += 1.0  # within the backoff: the part does nothing, the pass writes what changed (nothing)
-    world.topologies.lifecycle.start(managed, world.body["metadata"], wanted_of(world), world.clock.monotonic())
+    world.topologies.lifecycle.start(managed, context_of(world), wanted_of(world))
     assert len(world.custom.status_patches) == patches
     managed.write()
     assert len(world.custom.status_patches) == patches  # nothing changed: no patch

@@ -18,6 +18,7 @@ from typing import Any
 from elastream.control.attempts import ScaleAttempt, StartAttempt
 from elastream.control.managed import ManagedTopology, spec_parallelism
 from elastream.control.pacing import Pacing
+from elastream.control.pass_context import PassContext
 from elastream.control.scaling import ScalingRecord
 from elastream.control.topology_metrics import count_rescale
 from elastream.core.outcomes import Outcome
@@ -52,11 +53,11 @@ class Convergence:
         self.pacing = pacing
         self.clock = clock
 
-    def apply_settings(self, managed: ManagedTopology, wanted: Topology) -> None:
+    def apply_settings(self, managed: ManagedTopology, context: PassContext) -> None:
         """What of a changed spec applies without moving executors: `scaling.auto` (the autoscaler's switch,
         bounds and thresholds), now, and the vertices' degrees into the running model (`converge` migrates
         to them). The rest is `Upgrades.apply_spec`'s."""
-        controller = managed.running()
+        controller, wanted = managed.running(), context.wanted
         running = controller.topology
         scaling = dataclasses.replace(running.scaling, auto=wanted.scaling.auto)
         same_shape = [_without_parallelism(v) for v in running.spec.get("vertices") or []] == [
@@ -72,14 +73,14 @@ class Convergence:
                 vertices=wanted.vertices if same_shape else running.vertices,
             )
 
-    def converge(self, managed: ManagedTopology, wanted: Topology, now: float) -> float:
-        """Move what runs towards the spec: its node count, and its vertices' degrees when the spec's changed.
-        Returns the seconds until this needs another look."""
-        controller = managed.running()
-        if managed.generation < managed.expect_generation or controller.store_error or controller.state_lost:
+    def converge(self, managed: ManagedTopology, context: PassContext) -> float:
+        """Move what runs (the context's schedule) towards the spec: its node count, and its vertices' degrees
+        when the spec's changed. Returns the seconds until this needs another look."""
+        wanted, now = context.wanted, context.now
+        if context.generation < managed.expect_generation or context.store_error or context.state_lost:
             # our own write of spec.nodes is not seen yet / Redis away / its state gone: nothing may move
             return self.pacing.tick_s
-        schedule = controller.backend.current_schedule()
+        schedule = context.running_schedule()
         parallelism = degrees_to_apply(
             spec_parallelism(wanted), managed.applied_parallelism, wanted.scaling.auto.enabled
         )
@@ -135,16 +136,17 @@ class Convergence:
         count_rescale(controller.topology.namespace, controller.topology.name, record)
         return record
 
-    def converged(self, managed: ManagedTopology, wanted: Topology) -> bool:
-        """Whether this pass reached the spec: not while the autoscaler's own write of spec.nodes is unseen,
-        the state is lost or an upgrade is still to come (Redis away, settling)."""
-        controller = managed.running()
-        if managed.generation < managed.expect_generation or controller.state_lost:
+    def converged(self, managed: ManagedTopology, context: PassContext) -> bool:
+        """Whether what runs (the context's schedule, read after `converge`) is the spec: not while the
+        autoscaler's own write of spec.nodes is unseen, the state is lost or an upgrade is still to come (Redis
+        away, settling)."""
+        wanted = context.wanted
+        if context.generation < managed.expect_generation or context.state_lost:
             return False
-        change = spec_change(controller.topology, wanted)
+        change = spec_change(managed.running().topology, wanted)
         if change.needs_restart or change.controller:
             return False
-        return reached(wanted, len(controller.backend.current_schedule().nodes), managed.applied_parallelism)
+        return reached(wanted, len(context.running_schedule().nodes), managed.applied_parallelism)
 
 
 def _without_parallelism(vertex: Any) -> Any:

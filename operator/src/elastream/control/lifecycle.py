@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -25,6 +25,7 @@ from elastream.control.managed import (
     spec_parallelism,
 )
 from elastream.control.pacing import Pacing
+from elastream.control.pass_context import PassContext
 from elastream.control.savepoint_actions import SavepointError, Savepoints
 from elastream.core.ports import BackendError, Clock, NotOwned, StateLost
 from elastream.core.savepoint_rules import SavepointMeta
@@ -72,17 +73,16 @@ class Lifecycle:
         self.running_schedule = running_schedule
         self.redis_client = redis_client
 
-    def start(
-        self, managed: ManagedTopology, metadata: Mapping[str, Any], topology: Topology, now: float
-    ) -> float | None:
-        """Build and start the controller (or adopt the pods an earlier operator left); None when it runs,
-        else the seconds until the next try (a failed start backs off)."""
+    def start(self, managed: ManagedTopology, context: PassContext, topology: Topology) -> float | None:
+        """Build and start the controller of `topology` (or adopt the pods an earlier operator left); None when
+        it runs, else the seconds until the next try (a failed start backs off)."""
+        now = context.now
         wait = managed.waits(StartAttempt(), now)
         if wait is not None:
             return wait
         if not (managed.writer.written or {}).get("phase"):
             managed.write()  # a new topology: Pending / Starting, before the pods' start holds this pass
-        controller = self.controllers.new(topology, metadata, managed)
+        controller = self.controllers.new(topology, context.metadata, managed)
         self.warm_up(topology)
         try:
             # after an operator restart the running schedule is in Redis: adopt it rather than start over
@@ -193,7 +193,7 @@ class Lifecycle:
         """Another failure to reach `target`, backed off: the seconds until the next try."""
         return managed.failed(target, reason, now, self.pacing.retry_s, self.pacing.retry_cap_s).delay
 
-    def suspend(self, managed: ManagedTopology, now: float) -> float:
+    def suspend(self, managed: ManagedTopology, context: PassContext) -> float:
         """`spec.suspend` is true: take the last checkpoint and stop the workers (`TopologyController.suspend`),
         or, once done, keep the status saying Suspended. Nothing else of the pass runs: no recovery, no
         scaling, no autoscaler (a changed spec.nodes is kept in the spec and applies on resume). A
@@ -212,7 +212,7 @@ class Lifecycle:
                 state_lost=controller.state_lost,
             )
             return SUSPENDED_TICK_S
-        wait = managed.waits(SuspendAttempt(), now)
+        wait = managed.waits(SuspendAttempt(), context.now)
         if wait is not None:
             return wait
         if not managed.facts.suspending:
@@ -251,12 +251,13 @@ class Lifecycle:
             managed.attempt = None
         managed.set(suspending="")
 
-    def resume(self, managed: ManagedTopology, now: float) -> float | None:
+    def resume(self, managed: ManagedTopology, context: PassContext) -> float | None:
         """`spec.suspend` is false again: start the workers from the suspend's checkpoint
         (`TopologyController.resume`); None when they run, else the seconds until the next try (a failed
         resume backs off as a failed start does; Redis away is RedisUnavailable, a lost state StateLost)."""
         controller = managed.controller
         assert controller is not None
+        now = context.now
         wait = managed.waits(ResumeAttempt(), now)
         if wait is not None:
             return wait

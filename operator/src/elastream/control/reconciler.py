@@ -12,7 +12,8 @@ that fails leaves the old schedule running and is retried with backoff while it 
 is tried at once).
 
 A pass is composed of parts, each an object with its own state and a narrow interface, none inheriting from
-another: the resource observed once (`observe_resource`: the wanted topology, or why it is invalid), then
+another: the resource observed once (`control.pass_context`: the wanted topology, or why it is invalid), handed
+to each part with the pass's `now` and what runs as one `PassContext`, then
 `Lifecycle` (start, resume, suspend, restart from scratch), `SavepointAnnotations`, `Upgrades` (stateful
 upgrades, their rollback, a rebuilt controller), `ControllerTick` (pods, recovery, checkpoints, drains, the
 autoscaler through the controller's tick) and `Convergence` (scaling to the spec). The controllers are built
@@ -37,7 +38,7 @@ from typing import Any
 import redis
 
 from elastream.analysis import Analyzer
-from elastream.control.backends.worker_objects import WorkerPodSettings, placement_problems, pod_template_problems
+from elastream.control.backends.worker_objects import WorkerPodSettings
 from elastream.control.controller import TopologyController
 from elastream.control.controller_factory import BuildController, ControllerFactory
 from elastream.control.controller_tick import ControllerTick
@@ -51,11 +52,11 @@ from elastream.control.lifecycle import (
 )
 from elastream.control.managed import ManagedTopology
 from elastream.control.pacing import LoopSettings
+from elastream.control.pass_context import PassContext, observe
 from elastream.control.reconcile_slots import ReconcileSlots
 from elastream.control.resource_api import (
     KubernetesEvents,
     ResourceApi,
-    topology_from_resource,
 )
 from elastream.control.retrying import retry_within
 from elastream.control.savepoint_actions import RedisSavepoints, Savepoints
@@ -63,11 +64,10 @@ from elastream.control.savepoint_annotations import SavepointAnnotations
 from elastream.control.status_writer import StatusWriter
 from elastream.control.topology_metrics import forget_topology
 from elastream.control.upgrades import RunningSpec, Upgrades
-from elastream.core.images import image_allowed, image_refusal
 from elastream.core.ports import Clock, CoreApi, CustomObjectsApi, NetworkingApi, PolicyApi, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason, stalled
-from elastream.core.topology import Topology, TopologyError, topology_prefix
+from elastream.core.topology import Topology, topology_prefix
 from elastream.store.acl import AclRefused, UserKeeper, delete_topology_user
 from elastream.store.retry import backoff
 
@@ -76,55 +76,6 @@ log = logging.getLogger("elastream.operator")
 
 #: how long a delete waits for Redis to delete the topology's user and keys (the finalizer goes either way)
 DELETE_REDIS_WAIT_S = 30.0
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What a pass reads of the resource, once: its metadata, generation, spec and annotations, and the
-    topology it asks for (None when it cannot run here: `invalid` says why)."""
-
-    metadata: Mapping[str, Any]
-    generation: int
-    spec: dict[str, Any]
-    annotations: Mapping[str, Any]
-    wanted: Topology | None
-    invalid: str = ""
-
-
-def observe(body: Mapping[str, Any], allowed_images: tuple[str, ...], settings: WorkerPodSettings) -> Observation:
-    """The resource as a pass sees it (`observe_resource` parses and checks what it asks for)."""
-    metadata = body["metadata"]
-    try:
-        wanted, invalid = observe_resource(body, allowed_images, settings), ""
-    except TopologyError as exc:
-        wanted, invalid = None, invalid_spec_message(exc)
-    return Observation(
-        metadata,
-        int(metadata.get("generation") or 0),
-        dict(body.get("spec") or {}),
-        metadata.get("annotations") or {},
-        wanted,
-        invalid,
-    )
-
-
-def observe_resource(body: Mapping[str, Any], allowed_images: tuple[str, ...], settings: WorkerPodSettings) -> Topology:
-    """The topology the resource asks for, or `TopologyError` saying why it cannot run here. Parsed before
-    anything else walks the spec: a spec too deep or too big (an alias bomb) is one InvalidSpec line, where
-    comparing it with the last one would have ended in RecursionError."""
-    wanted = topology_from_resource(body)
-    image = str(wanted.spec.get("image") or "")
-    if image and not image_allowed(image, allowed_images):
-        # before anything is created: no pod of a refused image, no ConfigMap or Secret for it
-        raise TopologyError([image_refusal(image, allowed_images)])
-    # likewise a placement outside the operator's policy (worker.placement): the control plane, another's nodes
-    refused = placement_problems(wanted.spec.get("placement"), settings.placement, wanted.namespace)
-    # and a podTemplate (or a connector's Secret) outside its policy (worker.podTemplate): hostPath, a mount
-    # over the image's code, the operator's env or labels, a service account it did not allow
-    refused += pod_template_problems(wanted.spec, settings)
-    if refused:
-        raise TopologyError(refused)
-    return wanted
 
 
 @dataclass
@@ -277,13 +228,13 @@ class TopologyReconciler:
             managed.lock.release()
 
     def _pass(self, managed: ManagedTopology, body: Mapping[str, Any]) -> float:
-        """The parts of one pass in order, over what it observed of the resource once; each part returns the
-        seconds until the next pass when the pass must end with it. The status is written by the caller."""
+        """The parts of one pass in order, over what it observed once (`PassContext`: the resource, `now`, and
+        what runs, read again only after a step that changes it); each part returns the seconds until the next
+        pass when the pass must end with it. The status is written by the caller."""
         now = self.clock.monotonic()
         seen = observe(body, self.allowed_images, self.settings)
         managed.generation = seen.generation
-        wanted = seen.wanted
-        if wanted is None:
+        if seen.wanted is None:
             managed.set(invalid_spec=seen.invalid)
             if managed.invalid_reported != seen.invalid:
                 managed.invalid_reported = seen.invalid
@@ -294,36 +245,37 @@ class TopologyReconciler:
             managed.spec, managed.spec_changed_at = seen.spec, now
         managed.set(invalid_spec="")
         managed.invalid_reported = ""
+        context = PassContext(seen, now)
         if seen.annotations.get(RESTART_FROM_SCRATCH) == "true":
             self.lifecycle.restart_from_scratch(managed)
         if managed.controller is None:
-            running, interrupted = self.upgrades.running_topology(wanted, seen.metadata)
+            running, interrupted = self.upgrades.running_topology(context)
             if interrupted is not None:
-                delay = self.upgrades.take_over_interrupted(managed, seen.metadata, interrupted, now)
+                delay = self.upgrades.take_over_interrupted(managed, context, interrupted)
             else:
-                delay = self.lifecycle.start(managed, seen.metadata, running, now)
+                delay = self.lifecycle.start(managed, context, running)
             if delay is not None:
                 return delay
         controller = managed.running()
-        self.savepoint_annotations.reconcile(managed, seen.annotations)
-        if wanted.suspend:
-            delay = self.lifecycle.suspend(managed, now)
+        self.savepoint_annotations.reconcile(managed, context)
+        if context.wanted.suspend:
+            delay = self.lifecycle.suspend(managed, context)
             if managed.facts.suspended:  # suspended as asked: the rest of the spec applies on resume
                 managed.observed_generation = managed.generation
             return delay
         self.lifecycle.not_suspending(managed)
         self.lifecycle.check_redis_user(managed)  # before a resume too: the workers that start must find their user
-        if controller.suspended and not self.upgrades.upgrade_due(managed, controller.topology, wanted):
-            delay = self.lifecycle.resume(managed, now)
+        if controller.suspended and not self.upgrades.upgrade_due(managed, context, controller.topology):
+            delay = self.lifecycle.resume(managed, context)
             if delay is not None:
                 return delay
-        delay = self.upgrades.apply_spec(managed, seen.metadata, wanted, now)
+        delay = self.upgrades.apply_spec(managed, context.reading(managed.running()))
         if delay is not None:
             return delay
-        self.convergence.apply_settings(managed, wanted)
+        self.convergence.apply_settings(managed, context)
         self.ticks.tick(managed)
-        delay = self.convergence.converge(managed, wanted, now)
-        converged = self.convergence.converged(managed, wanted)
+        delay = self.convergence.converge(managed, context.reading(managed.running()))
+        converged = self.convergence.converged(managed, context.reading(managed.running()))
         # the facts as the pass's write will show them (with the attempt's failures): Stalled is judged on those
         if converged or stalled(managed.facts_to_report()) is not None:
             # applied, or only the user can move it on: either way this generation is what the status is about
@@ -384,7 +336,3 @@ class TopologyReconciler:
                 delete_keys_logged(self.redis_client, prefix, f"{namespace}/{name}")
         except redis.RedisError as exc:
             log.warning("keys of %s/%s not deleted (Redis: %s); they stay under %s", namespace, name, exc, prefix)
-
-
-def invalid_spec_message(exc: TopologyError) -> str:
-    return "; ".join(exc.problems)

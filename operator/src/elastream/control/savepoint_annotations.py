@@ -7,11 +7,11 @@ topology's controller and the savepoint store (`Savepoints`), and removes the an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from elastream.control.managed import ManagedTopology
 from elastream.control.pacing import Pacing
+from elastream.control.pass_context import PassContext
 from elastream.control.savepoint_actions import SavepointRequests, Savepoints
 from elastream.core.ports import Clock
 
@@ -24,7 +24,7 @@ class SavepointAnnotations:
         self.pacing = pacing
         self.clock = clock
 
-    def reconcile(self, managed: ManagedTopology, annotations: Mapping[str, Any]) -> None:
+    def reconcile(self, managed: ManagedTopology, context: PassContext) -> None:
         """Carry out the topology's savepoint annotations (as the pass observed them)."""
         if managed.savepoints is None:
             managed.savepoints = SavepointRequests(
@@ -35,7 +35,7 @@ class SavepointAnnotations:
                 retry_cap_s=self.pacing.retry_cap_s,
                 clock=self.clock.monotonic,
             )
-        managed.savepoints.reconcile(managed.running(), annotations)
+        managed.savepoints.reconcile(managed.running(), context.seen.annotations)
         entries = managed.savepoints.entries
         if entries is not None and (entries or "savepoints" in managed.published):
             managed.published["savepoints"] = entries

@@ -36,6 +36,7 @@ from elastream.control.managed import (
     spec_parallelism,
 )
 from elastream.control.pacing import Pacing
+from elastream.control.pass_context import PassContext
 from elastream.core.images import image_allowed
 from elastream.core.ports import BackendError, Clock, CoreApi, StateLost
 from elastream.core.status import (
@@ -82,15 +83,15 @@ class Upgrades:
         self.allowed_images = allowed_images
         self.running_spec = running_spec or self._configmap_spec
 
-    def running_topology(self, wanted: Topology, metadata: Mapping[str, Any]) -> tuple[Topology, Topology | None]:
+    def running_topology(self, context: PassContext) -> tuple[Topology, Topology | None]:
         """When the operator takes a topology over: (what its pods run, the spec of an upgrade in flight started
         from, or None), from its ConfigMap (written with every start, upgrade and schedule), so a spec changed
         while no operator ran is applied by the upgrade path rather than assumed, and an interrupted upgrade
         can still go back. The wanted one when there is none (a new topology) or it cannot be read or parsed
         (then the start says what is wrong)."""
-        read = self.running_spec
+        wanted, read = context.wanted, self.running_spec
         try:
-            running_doc, previous_doc = read(wanted, metadata)
+            running_doc, previous_doc = read(wanted, context.metadata)
         except Exception as exc:  # the API server away: the start itself will wait and say so
             log.debug("running spec of %s/%s not read: %s", wanted.namespace, wanted.name, exc)
             return wanted, None
@@ -138,20 +139,18 @@ class Upgrades:
     ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
         return running_spec_of(self.core_api, wanted, {"name": metadata["name"], "uid": metadata.get("uid", "")})
 
-    def upgrade_due(self, managed: ManagedTopology, running: Topology, wanted: Topology) -> bool:
+    def upgrade_due(self, managed: ManagedTopology, context: PassContext, running: Topology) -> bool:
         """Whether the wanted spec is a stateful upgrade of `running` still to be tried."""
-        change = spec_change(running, wanted)
-        rolled_back = managed.upgrades.rolled_back_generation == managed.generation
+        change = spec_change(running, context.wanted)
+        rolled_back = managed.upgrades.rolled_back_generation == context.generation
         return change.needs_restart and not change.refused and not rolled_back
 
-    def take_over_interrupted(
-        self, managed: ManagedTopology, metadata: Mapping[str, Any], previous: Topology, now: float
-    ) -> float | None:
+    def take_over_interrupted(self, managed: ManagedTopology, context: PassContext, previous: Topology) -> float | None:
         """The ConfigMap says an upgrade from `previous` was in flight when the last operator stopped: its pods
         (new ones starting, or the previous spec's not stopped yet) are stopped, and a controller of the
         previous spec is taken over stopped, at the latest checkpoint. The pass then upgrades again from that
         checkpoint (rolling back to `previous` if that fails), or resumes `previous` if the spec went back."""
-        controller = self.controllers.new(previous, metadata, managed)
+        controller = self.controllers.new(previous, context.metadata, managed)
         try:
             controller.backend.stop_workers()
             controller.start_suspended(None)
@@ -161,7 +160,7 @@ class Upgrades:
         except (BackendError, redis.RedisError, AclRefused) as exc:
             with contextlib.suppress(Exception):
                 controller.close(stop_workers=False)
-            return self.lifecycle.start_failed(managed, StartAttempt(), exc, now)
+            return self.lifecycle.start_failed(managed, StartAttempt(), exc, context.now)
         controller.suspended = True  # whatever ran was stopped: the restore starts it
         managed.controller = controller
         managed.attempt = None
@@ -174,16 +173,15 @@ class Upgrades:
         )
         return None
 
-    def apply_spec(
-        self, managed: ManagedTopology, metadata: Mapping[str, Any], wanted: Topology, now: float
-    ) -> float | None:
+    def apply_spec(self, managed: ManagedTopology, context: PassContext) -> float | None:
         """The changes of the spec that do not apply in place (`core.upgrade`): scaling settings rebuild the
         operator's side of the topology (its pods run on); the rest is a stateful upgrade. A change no
         checkpoint can carry is refused (Stalled, UpgradeRefused). Returns the seconds until the next pass
         when this one must end here, None to go on."""
         controller = managed.controller
         assert controller is not None
-        change = spec_change(controller.topology, wanted)
+        now = context.now
+        change = spec_change(controller.topology, context.wanted)
         managed.set(upgrade_refused="; ".join(change.refused))
         if change.refused:
             if managed.upgrades.refused_reported != managed.generation:
@@ -198,12 +196,12 @@ class Upgrades:
         if not change.needs_restart:
             managed.upgrades.rolled_back_generation = 0
             managed.set(upgrade_failed="")
-            return self._rebuild(managed, metadata, wanted, change, now) if change.controller else None
+            return self._rebuild(managed, context, change) if change.controller else None
         if managed.upgrades.rolled_back_generation == managed.generation:
             last = managed.published.get("lastUpgrade") or {}
             managed.set(upgrade_failed=str(last.get("reason") or f"generation {managed.generation} was rolled back"))
             return None
-        if controller.store_error or controller.state_lost:
+        if context.store_error or context.state_lost:
             return None  # nothing can be checkpointed: the upgrade waits (RedisUnavailable / StateLost say why)
         settle = managed.spec_changed_at + self.pacing.settle_s - now
         if settle > 0:
@@ -211,14 +209,12 @@ class Upgrades:
         wait = managed.waits(UpgradeAttempt(), now)
         if wait is not None:
             return wait
-        return self._upgrade(managed, metadata, wanted, change, now)
+        return self._upgrade(managed, context, change)
 
-    def _rebuild(
-        self, managed: ManagedTopology, metadata: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
-    ) -> float | None:
+    def _rebuild(self, managed: ManagedTopology, context: PassContext, change: SpecChange) -> float | None:
         """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
         is built again with them and adopts the running pods, as after an operator restart."""
-        settle = managed.spec_changed_at + self.pacing.settle_s - now
+        settle = managed.spec_changed_at + self.pacing.settle_s - context.now
         if settle > 0:
             return settle
         old = managed.controller
@@ -226,7 +222,7 @@ class Upgrades:
         managed.state_epoch = old.epoch or managed.state_epoch
         old.close(stop_workers=False)
         managed.controller = None
-        delay = self.lifecycle.start(managed, metadata, wanted, now)
+        delay = self.lifecycle.start(managed, context, context.wanted)
         if delay is None:
             managed.events.emit(
                 EventReason.UPGRADED,
@@ -234,9 +230,7 @@ class Upgrades:
             )
         return delay
 
-    def _upgrade(
-        self, managed: ManagedTopology, metadata: Mapping[str, Any], wanted: Topology, change: SpecChange, now: float
-    ) -> float | None:
+    def _upgrade(self, managed: ManagedTopology, context: PassContext, change: SpecChange) -> float | None:
         """A stateful upgrade: a checkpoint of the running workers (`TopologyController.suspend`), the old pods
         stopped, a controller of the wanted spec whose pods start from that checkpoint (the recovery's restore:
         kept vertices' key groups carry their state, exactly-once sinks' output staged after it discarded).
@@ -245,7 +239,7 @@ class Upgrades:
         (`_roll_back`). Returns None when the pass may go on with the new controller."""
         old = managed.controller
         assert old is not None
-        generation = managed.generation
+        wanted, metadata, generation = context.wanted, context.metadata, managed.generation
         started_at = utc_timestamp(self.clock.now())
         if not managed.facts.upgrading:
             managed.events.emit(
