@@ -190,7 +190,7 @@ def test_upgrades_alone_count_a_failed_checkpoint_as_an_upgrade_failure_not_a_sc
     managed = managed_of(world)
     world.checkpoints[-1].failure = "checkpoint timed out"
     world.patch_spec(image="elastream-worker:2")
-    managed.spec_changed_at = -100.0  # settled
+    managed.seen.changed_at = -100.0  # settled
     delay = world.topologies.upgrades.apply_spec(managed, context_of(world))
     assert delay == 5.0
     assert managed.attempt is not None and managed.attempt.target == UpgradeAttempt()
@@ -204,7 +204,7 @@ def test_convergence_alone_settles_then_scales_and_backs_a_failure_off() -> None
     managed = managed_of(world)
     convergence = world.topologies.convergence
     world.patch_spec(nodes=5)
-    managed.generation, managed.spec_changed_at = 2, world.clock.monotonic()
+    managed.seen.generation, managed.seen.changed_at = 2, world.clock.monotonic()
     assert convergence.converge(managed, context_of(world)) == 1.0  # settling
     world.migrator.outcome = "raise"
     world.clock.t += 1.0

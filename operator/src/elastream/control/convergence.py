@@ -5,7 +5,8 @@ backoff while it is still wanted, and whether what runs is what the spec asks fo
 autoscaler's own decisions are the controller's tick's (`control.controller_tick`), written back to
 `spec.nodes` (`ManagedTopology.autoscaled`) so that this part then finds nothing to do.
 
-It owns the `ScaleAttempt` of a topology, its applied degrees and the facts of a scaling (scaling,
+It owns the `ScaleAttempt` of a topology, its record (`control.managed.ConvergenceMemory`: the degrees applied,
+which `Lifecycle` and `Upgrades` report through `started` and `upgraded`) and the facts of a scaling (scaling,
 scaling_failed); it writes the status once before the migration (phase Scaling)."""
 
 from __future__ import annotations
@@ -81,15 +82,16 @@ class Convergence:
             # our own write of spec.nodes is not seen yet / Redis away / its state gone: nothing may move
             return self.pacing.tick_s
         schedule = context.running_schedule()
+        memory = managed.convergence
         parallelism = degrees_to_apply(
-            spec_parallelism(wanted), managed.applied_parallelism, wanted.scaling.auto.enabled
+            spec_parallelism(wanted), memory.applied_parallelism, wanted.scaling.auto.enabled
         )
         if wanted.nodes == len(schedule.nodes) and parallelism is None:
             if managed.attempt is not None and managed.attempt.target != StartAttempt():
                 managed.attempt = None  # undone meanwhile: nothing to retry
                 managed.set(scaling_failed="")
             return self.pacing.tick_s
-        settle = managed.spec_changed_at + self.pacing.settle_s - now
+        settle = managed.seen.changed_at + self.pacing.settle_s - now
         if settle > 0:
             return settle
         target = ScaleAttempt.of(wanted.nodes, parallelism)
@@ -111,8 +113,18 @@ class Convergence:
             return attempt.delay
         managed.attempt = None
         if parallelism is not None:
-            managed.applied_parallelism = dict(parallelism)
+            memory.applied_parallelism = dict(parallelism)
         return self.pacing.tick_s
+
+    def started(self, managed: ManagedTopology, topology: Topology) -> None:
+        """A controller of `topology` started (`Lifecycle.start`): its spec's degrees are what runs, unless the
+        status already said which ran (an operator restart)."""
+        if managed.convergence.applied_parallelism is None:
+            managed.convergence.applied_parallelism = spec_parallelism(topology)
+
+    def upgraded(self, managed: ManagedTopology, topology: Topology) -> None:
+        """The pods of `topology` started by an upgrade (`Upgrades`): its spec's degrees are what runs."""
+        managed.convergence.applied_parallelism = spec_parallelism(topology)
 
     def scale(
         self,
@@ -146,7 +158,7 @@ class Convergence:
         change = spec_change(managed.running().topology, wanted)
         if change.needs_restart or change.controller:
             return False
-        return reached(wanted, len(context.running_schedule().nodes), managed.applied_parallelism)
+        return reached(wanted, len(context.running_schedule().nodes), managed.convergence.applied_parallelism)
 
 
 def _without_parallelism(vertex: Any) -> Any:

@@ -20,9 +20,9 @@ import redis
 from elastream.control.attempts import AttemptTarget, ResumeAttempt, StartAttempt, SuspendAttempt
 from elastream.control.controller import TopologyController
 from elastream.control.controller_factory import ControllerFactory
+from elastream.control.convergence import Convergence
 from elastream.control.managed import (
     ManagedTopology,
-    spec_parallelism,
 )
 from elastream.control.pacing import Pacing
 from elastream.control.pass_context import PassContext
@@ -57,6 +57,7 @@ class Lifecycle:
     def __init__(
         self,
         controllers: ControllerFactory,
+        convergence: Convergence,
         pacing: Pacing,
         clock: Clock,
         warm_up: Callable[[Topology], object],
@@ -65,6 +66,8 @@ class Lifecycle:
         redis_client: redis.Redis,
     ) -> None:
         self.controllers = controllers
+        #: told of the degrees a started controller runs (its record's)
+        self.convergence = convergence
         self.pacing = pacing
         self.clock = clock
         #: the analysis session warms up for a topology about to start (on a thread of its own)
@@ -107,9 +110,8 @@ class Lifecycle:
                 return self.start_failed(managed, StartAttempt(), exc, now)
             message = str(exc)  # the user's to fix: InvalidSpec naming spec.initialSavepoint
             managed.set(invalid_spec=message)
-            if managed.invalid_reported != message:
-                managed.invalid_reported = message
-                managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
+            # said at each try (every 30 s): the pass's record of the invalid spec it reported is its own
+            managed.events.emit(EventReason.INVALID_SPEC, message, warning=True)
             return 30.0
         except (BackendError, redis.RedisError, AclRefused) as exc:
             delay = self.start_failed(managed, StartAttempt(), exc, now)
@@ -124,8 +126,7 @@ class Lifecycle:
                 f"started from savepoint {restored.name} of {restored.namespace}/{restored.topology} "
                 f"(checkpoint {restored.checkpoint}, taken {restored.taken_at})",
             )
-        if managed.applied_parallelism is None:
-            managed.applied_parallelism = spec_parallelism(topology)
+        self.convergence.started(managed, topology)
         managed.set(
             started=True, backend_error="", redis_unavailable="", state_lost="", not_owned="", redis_user_refused=""
         )
@@ -253,8 +254,9 @@ class Lifecycle:
 
     def resume(self, managed: ManagedTopology, context: PassContext) -> float | None:
         """`spec.suspend` is false again: start the workers from the suspend's checkpoint
-        (`TopologyController.resume`); None when they run, else the seconds until the next try (a failed
-        resume backs off as a failed start does; Redis away is RedisUnavailable, a lost state StateLost)."""
+        (`TopologyController.resume`); None when they run (the pass then converges at once to the scaling
+        asked meanwhile), else the seconds until the next try (a failed resume backs off as a failed start
+        does; Redis away is RedisUnavailable, a lost state StateLost)."""
         controller = managed.controller
         assert controller is not None
         now = context.now
@@ -273,8 +275,6 @@ class Lifecycle:
         except (BackendError, redis.RedisError, AclRefused) as exc:
             return self.start_failed(managed, ResumeAttempt(), exc, now)
         managed.attempt = None
-        # the scaling asked while suspended (spec.nodes, degrees) is converged to at once, with no settling
-        managed.spec_changed_at = min(managed.spec_changed_at, now - self.pacing.settle_s)
         managed.set(
             resuming=False,
             backend_error="",

@@ -63,25 +63,56 @@ class UpgradeMemory:
 
 
 @dataclass
+class SpecMemory:
+    """What the reconcile pass remembers of the resource it observed (the pass alone writes it)."""
+
+    #: the resource's generation as the last pass saw it
+    generation: int = 0
+    #: the spec last seen, and when it last changed (a burst of patches settles before anything moves)
+    spec: dict[str, Any] | None = None
+    changed_at: float = 0.0
+    #: the invalid spec last reported (an InvalidSpec event once per message)
+    invalid_reported: str = ""
+    #: the last generation fully applied, or judged unappliable (status.observedGeneration: GitOps tools wait
+    #: for it); it lags while a scaling or an upgrade of a newer one is in flight
+    observed_generation: int = 0
+
+    def settled(self, at: float) -> None:
+        """The spec counts as still since `at` at the latest (a resume converges at once, with no settling)."""
+        self.changed_at = min(self.changed_at, at)
+
+
+@dataclass
+class ConvergenceMemory:
+    """What `control.convergence.Convergence` remembers of a topology (its part alone writes it)."""
+
+    #: vertex degrees of the spec last applied (a Stela scale-out adds executors: the running degrees are not
+    #: the spec's, so only a change of the spec's degrees asks for a migration to them)
+    applied_parallelism: dict[str, int] | None = None
+
+
+@dataclass
 class ManagedTopology:
     """One StreamTopology resource: its controller (once started), its one status writer, its events and what
     the reconcile loop remembers between passes. The desired state is never kept here: it is the resource's
     spec, read afresh on every pass.
 
-    Who writes what: the pass its observation of the resource (generation, spec and when it changed, the
-    invalid spec reported) and `observed_generation`; `Lifecycle` the controller it starts or stops and the
-    start, resume and suspend attempts; `Upgrades` the controller it replaces, `upgrades` and
-    `published["lastUpgrade"]`; `Convergence` the scaling attempt and `applied_parallelism`; `autoscaled`
-    `expect_generation`; `SavepointAnnotations` `savepoints` and `published["savepoints"]`; the controller
-    (as the `StatusSink`) the rest of `published`. Every part notes what it found in `facts`; only `write`
-    renders them."""
+    Who writes what: the pass its record of the resource it observed (`seen`: generation, spec and when it
+    changed, the invalid spec reported, the observed generation); `Lifecycle` the controller it starts or stops
+    and the start, resume and suspend attempts; `Upgrades` the controller it replaces, its record (`upgrades`)
+    and `published["lastUpgrade"]`; `Convergence` the scaling attempt and its record (`convergence`: the
+    degrees applied); `autoscaled` `expect_generation`; `SavepointAnnotations` `savepoints` and
+    `published["savepoints"]`; the controller (as the `StatusSink`) the rest of `published`. The attempt in
+    progress is one for the whole topology (a new target replaces the old). Every part notes what it found in
+    `facts`; only `write` renders them."""
 
     key: str
     writer: StatusWriter
     events: KubernetesEvents
     resource: ResourceApi
     controller: TopologyController | None = None
-    generation: int = 0
+    #: what the pass remembers of the resource it observed (`SpecMemory`: the pass alone writes it)
+    seen: SpecMemory = field(default_factory=lambda: SpecMemory())
     #: what the parts of the pass found out (started, scaling, Redis away, the last failure, ...)
     facts: StatusFacts = field(default_factory=lambda: StatusFacts(0, 0))
     #: the facts the last status write showed: `facts` with what it read (ready nodes) and the attempt's counts
@@ -89,23 +120,15 @@ class ManagedTopology:
     #: one pass at a time per topology; a delete waits for it (bounded) before stopping the workers
     lock: threading.Lock = field(default_factory=threading.Lock)
     conditions: list[dict[str, Any]] = field(default_factory=list)
-    #: the spec last seen, and when it last changed (a burst of patches settles before anything moves)
-    spec: dict[str, Any] | None = None
-    spec_changed_at: float = 0.0
-    #: vertex degrees of the spec last applied (a Stela scale-out adds executors: the running degrees are not
-    #: the spec's, so only a change of the spec's degrees asks for a migration to them)
-    applied_parallelism: dict[str, int] | None = None
+    #: what `control.convergence.Convergence` remembers of this topology (its part alone writes it)
+    convergence: ConvergenceMemory = field(default_factory=lambda: ConvergenceMemory())
     #: the generation the autoscaler's own write of spec.nodes produced: until the watch shows it, the
     #: resource seen is older than what runs and must not move it back
     expect_generation: int = 0
     #: the start, resume, suspend, upgrade or scaling that failed, retried with backoff while it is still wanted
     attempt: Attempt | None = None
-    #: the last generation fully applied, or judged unappliable (status.observedGeneration: GitOps tools wait
-    #: for it); it lags while a scaling or an upgrade of a newer one is in flight
-    observed_generation: int = 0
     #: what `control.upgrades.Upgrades` remembers of this topology's upgrades (its part alone reads it)
     upgrades: UpgradeMemory = field(default_factory=lambda: UpgradeMemory())
-    invalid_reported: str = ""
     #: extra status fields (lastScaling, lastRecovery, autoscaler) as the controller published them
     published: dict[str, Any] = field(default_factory=dict)
     #: the epoch of the topology's state in Redis (`store.epoch`), kept in the status: outside Redis
@@ -134,15 +157,20 @@ class ManagedTopology:
         managed.state_epoch = status.get("stateEpoch") or None
         applied = status.get("appliedParallelism")
         if isinstance(applied, Mapping):
-            managed.applied_parallelism = {str(v): int(k) for v, k in applied.items()}
+            managed.convergence.applied_parallelism = {str(v): int(k) for v, k in applied.items()}
         observed = status.get("observedGeneration")
-        managed.observed_generation = observed if isinstance(observed, int) else 0
+        managed.seen.observed_generation = observed if isinstance(observed, int) else 0
         upgrade = status.get("lastUpgrade")
         if isinstance(upgrade, Mapping):
             managed.published["lastUpgrade"] = dict(upgrade)
             if upgrade.get("outcome") == UPGRADE_ROLLED_BACK and isinstance(upgrade.get("generation"), int):
                 managed.upgrades.rolled_back_generation = upgrade["generation"]
         return managed
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The spec the last pass saw (`seen.spec`)."""
+        return self.seen.spec
 
     @property
     def topology(self) -> Topology:
@@ -191,7 +219,7 @@ class ManagedTopology:
         """The autoscaler moved the topology: write its node count to spec.nodes, and remember the generation
         that write made (until the watch shows it, the resource seen still asks for the old count)."""
         generation = self.resource.patch_spec_nodes(nodes)
-        self.expect_generation = generation or self.generation + 1
+        self.expect_generation = generation or self.seen.generation + 1
 
     def report_pending(self, pending: Mapping[str, str], write: bool = False) -> None:
         """Worker pods that cannot start (the scheduler's or the kubelet's reason) go into the Available
@@ -225,8 +253,9 @@ class ManagedTopology:
         if controller is not None:
             self.state_epoch = controller.epoch or self.state_epoch
         extra: dict[str, Any] = {}
-        if controller is not None and self.applied_parallelism is not None:
-            extra["appliedParallelism"] = dict(self.applied_parallelism)
+        applied = self.convergence.applied_parallelism
+        if controller is not None and applied is not None:
+            extra["appliedParallelism"] = dict(applied)
         if self.state_epoch:
             extra["stateEpoch"] = self.state_epoch
         extra.update(self.published)
@@ -237,7 +266,7 @@ class ManagedTopology:
             reading,
             failure_counts(self.attempt),
             self.conditions,
-            self.observed_generation,
+            self.seen.observed_generation,
             utc_timestamp(self.clock.now()),
             extra,
         )

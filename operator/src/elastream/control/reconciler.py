@@ -144,8 +144,10 @@ class TopologyReconciler:
             clock=self.clock,
             hook=self._built,
         )
+        self.convergence = Convergence(self.pacing, self.clock)
         self.lifecycle = Lifecycle(
             self.controllers,
+            self.convergence,
             self.pacing,
             self.clock,
             self._warm_up,
@@ -156,6 +158,7 @@ class TopologyReconciler:
         self.upgrades = Upgrades(
             self.controllers,
             self.lifecycle,
+            self.convergence,
             self.pacing,
             self.clock,
             self._warm_up,
@@ -166,7 +169,6 @@ class TopologyReconciler:
         )
         self.savepoint_annotations = SavepointAnnotations(self.savepoints, self.pacing, self.clock)
         self.ticks = ControllerTick()
-        self.convergence = Convergence(self.pacing, self.clock)
 
     def _warm_up(self, topology: Topology) -> None:
         self.analyzer.start_warm_up(topology)
@@ -233,18 +235,19 @@ class TopologyReconciler:
         pass when the pass must end with it. The status is written by the caller."""
         now = self.clock.monotonic()
         seen = observe(body, self.allowed_images, self.settings)
-        managed.generation = seen.generation
+        memory = managed.seen
+        memory.generation = seen.generation
         if seen.wanted is None:
             managed.set(invalid_spec=seen.invalid)
-            if managed.invalid_reported != seen.invalid:
-                managed.invalid_reported = seen.invalid
+            if memory.invalid_reported != seen.invalid:
+                memory.invalid_reported = seen.invalid
                 managed.events.emit(EventReason.INVALID_SPEC, seen.invalid, warning=True)
-            managed.observed_generation = managed.generation  # judged: only a new spec moves it on
+            memory.observed_generation = seen.generation  # judged: only a new spec moves it on
             return 30.0  # nothing to do until the spec changes (which wakes the loop)
-        if seen.spec != managed.spec:
-            managed.spec, managed.spec_changed_at = seen.spec, now
+        if seen.spec != memory.spec:
+            memory.spec, memory.changed_at = seen.spec, now
         managed.set(invalid_spec="")
-        managed.invalid_reported = ""
+        memory.invalid_reported = ""
         context = PassContext(seen, now)
         if seen.annotations.get(RESTART_FROM_SCRATCH) == "true":
             self.lifecycle.restart_from_scratch(managed)
@@ -261,7 +264,7 @@ class TopologyReconciler:
         if context.wanted.suspend:
             delay = self.lifecycle.suspend(managed, context)
             if managed.facts.suspended:  # suspended as asked: the rest of the spec applies on resume
-                managed.observed_generation = managed.generation
+                memory.observed_generation = seen.generation
             return delay
         self.lifecycle.not_suspending(managed)
         self.lifecycle.check_redis_user(managed)  # before a resume too: the workers that start must find their user
@@ -269,6 +272,8 @@ class TopologyReconciler:
             delay = self.lifecycle.resume(managed, context)
             if delay is not None:
                 return delay
+            # the scaling asked while suspended (spec.nodes, degrees) is converged to at once, with no settling
+            memory.settled(now - self.pacing.settle_s)
         delay = self.upgrades.apply_spec(managed, context.reading(managed.running()))
         if delay is not None:
             return delay
@@ -279,7 +284,7 @@ class TopologyReconciler:
         # the facts as the pass's write will show them (with the attempt's failures): Stalled is judged on those
         if converged or stalled(managed.facts_to_report()) is not None:
             # applied, or only the user can move it on: either way this generation is what the status is about
-            managed.observed_generation = managed.generation
+            memory.observed_generation = seen.generation
         return min(self.pacing.tick_s, delay)
 
     def remove(self, namespace: str, name: str, retain: bool = False) -> None:

@@ -28,12 +28,12 @@ from elastream.control.backends.worker_objects import (
 )
 from elastream.control.controller import SuspendResult, TopologyController
 from elastream.control.controller_factory import ControllerFactory
+from elastream.control.convergence import Convergence
 from elastream.control.lifecycle import Lifecycle
 from elastream.control.managed import (
     UPGRADE_ROLLED_BACK,
     UPGRADE_SUCCEEDED,
     ManagedTopology,
-    spec_parallelism,
 )
 from elastream.control.pacing import Pacing
 from elastream.control.pass_context import PassContext
@@ -64,6 +64,7 @@ class Upgrades:
         self,
         controllers: ControllerFactory,
         lifecycle: Lifecycle,
+        convergence: Convergence,
         pacing: Pacing,
         clock: Clock,
         warm_up: Callable[[Topology], object],
@@ -74,6 +75,8 @@ class Upgrades:
     ) -> None:
         self.controllers = controllers
         self.lifecycle = lifecycle
+        #: told of the degrees an upgrade's pods run (its record's)
+        self.convergence = convergence
         self.pacing = pacing
         self.clock = clock
         #: the analysis session warms up for a topology about to start (on a thread of its own)
@@ -184,11 +187,11 @@ class Upgrades:
         change = spec_change(controller.topology, context.wanted)
         managed.set(upgrade_refused="; ".join(change.refused))
         if change.refused:
-            if managed.upgrades.refused_reported != managed.generation:
-                managed.upgrades.refused_reported = managed.generation
+            if managed.upgrades.refused_reported != context.generation:
+                managed.upgrades.refused_reported = context.generation
                 managed.events.emit(
                     EventReason.UPGRADE_REFUSED,
-                    f"generation {managed.generation} not applied, the previous spec runs on: "
+                    f"generation {context.generation} not applied, the previous spec runs on: "
                     + "; ".join(change.refused),
                     warning=True,
                 )
@@ -197,13 +200,13 @@ class Upgrades:
             managed.upgrades.rolled_back_generation = 0
             managed.set(upgrade_failed="")
             return self._rebuild(managed, context, change) if change.controller else None
-        if managed.upgrades.rolled_back_generation == managed.generation:
+        if managed.upgrades.rolled_back_generation == context.generation:
             last = managed.published.get("lastUpgrade") or {}
-            managed.set(upgrade_failed=str(last.get("reason") or f"generation {managed.generation} was rolled back"))
+            managed.set(upgrade_failed=str(last.get("reason") or f"generation {context.generation} was rolled back"))
             return None
         if context.store_error or context.state_lost:
             return None  # nothing can be checkpointed: the upgrade waits (RedisUnavailable / StateLost say why)
-        settle = managed.spec_changed_at + self.pacing.settle_s - now
+        settle = managed.seen.changed_at + self.pacing.settle_s - now
         if settle > 0:
             return settle
         wait = managed.waits(UpgradeAttempt(), now)
@@ -214,7 +217,7 @@ class Upgrades:
     def _rebuild(self, managed: ManagedTopology, context: PassContext, change: SpecChange) -> float | None:
         """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
         is built again with them and adopts the running pods, as after an operator restart."""
-        settle = managed.spec_changed_at + self.pacing.settle_s - context.now
+        settle = managed.seen.changed_at + self.pacing.settle_s - context.now
         if settle > 0:
             return settle
         old = managed.controller
@@ -226,7 +229,7 @@ class Upgrades:
         if delay is None:
             managed.events.emit(
                 EventReason.UPGRADED,
-                f"generation {managed.generation}: {', '.join(change.controller)} applied; the pods run on",
+                f"generation {context.generation}: {', '.join(change.controller)} applied; the pods run on",
             )
         return delay
 
@@ -239,7 +242,7 @@ class Upgrades:
         (`_roll_back`). Returns None when the pass may go on with the new controller."""
         old = managed.controller
         assert old is not None
-        wanted, metadata, generation = context.wanted, context.metadata, managed.generation
+        wanted, metadata, generation = context.wanted, context.metadata, context.generation
         started_at = utc_timestamp(self.clock.now())
         if not managed.facts.upgrading:
             managed.events.emit(
@@ -279,9 +282,9 @@ class Upgrades:
         try:
             controller, report = self._restart_as(managed, metadata, wanted, f"upgrading to generation {generation}")
         except (BackendError, redis.RedisError, AclRefused, StateLost) as exc:
-            return self._roll_back(managed, metadata, old.topology, change, str(exc), checkpoint, started_at)
+            return self._roll_back(managed, context, old.topology, change, str(exc), checkpoint, started_at)
         managed.controller = controller
-        managed.applied_parallelism = spec_parallelism(wanted)
+        self.convergence.upgraded(managed, wanted)
         replayed = report.replayed if report is not None else 0
         self._upgrade_done(managed)
         managed.set(upgrading="", upgrade_failed="", started=True, backend_error="", scaling_failed="", suspended=False)
@@ -333,7 +336,7 @@ class Upgrades:
     def _roll_back(
         self,
         managed: ManagedTopology,
-        metadata: Mapping[str, Any],
+        context: PassContext,
         previous: Topology,
         change: SpecChange,
         reason: str,
@@ -344,7 +347,7 @@ class Upgrades:
         checkpoint (nothing ran after it). The generation is Stalled (UpgradeFailed) and not tried again until
         the spec changes. When even that restore fails, a suspended controller of the previous spec is kept:
         the resume path retries it with backoff."""
-        generation = managed.generation
+        generation, metadata = context.generation, context.metadata
         managed.events.emit(
             EventReason.UPGRADE_FAILED,
             f"generation {generation}'s pods did not start: {reason}; rolling back to the previous spec",
