@@ -6,6 +6,8 @@ alone on a topology over the fakes of `test_reconciler.World` (no pass around th
 
 from __future__ import annotations
 
+import pytest
+import redis
 from test_reconciler import World, running
 
 from elastream.control.attempts import (
@@ -19,9 +21,28 @@ from elastream.control.attempts import (
     next_attempt,
 )
 from elastream.control.convergence import degrees_to_apply, reached
-from elastream.control.managed import ManagedTopology
+from elastream.control.lifecycle import (
+    KeepSuspended,
+    SuspendOutcome,
+    TakeLastCheckpoint,
+    WaitToSuspend,
+    start_failure,
+    suspend_outcome,
+    suspend_step,
+)
+from elastream.control.managed import ManagedTopology, UpgradeMemory
+from elastream.control.operator_options import OperatorOptions
+from elastream.control.pacing import LoopSettings, Pacing
 from elastream.control.pass_context import PassContext, observe, observe_resource
-from elastream.core.ports import BackendError
+from elastream.control.upgrades import (
+    ApplyInPlace,
+    KeepRolledBack,
+    RefuseChange,
+    StartUpgrade,
+    WaitToUpgrade,
+    spec_step,
+)
+from elastream.core.ports import BackendError, NotOwned
 from elastream.core.status import (
     FailureCounts,
     StatusFacts,
@@ -32,6 +53,8 @@ from elastream.core.status import (
     utc_timestamp,
 )
 from elastream.core.topology import Topology
+from elastream.core.upgrade import SpecChange
+from elastream.store.acl import AclRefused
 
 
 def managed_of(world: World) -> ManagedTopology:
@@ -263,3 +286,82 @@ def test_the_pass_observes_the_resource_once_and_an_invalid_one_says_why() -> No
     world.body["spec"]["image"] = "evil/miner:1"
     refused = observe(world.body, ("registry.example.com/",), world.topologies.settings)
     assert refused.wanted is None and "evil/miner:1" in refused.invalid
+
+
+# ------------------------------------------------------------------------------- decisions, pure
+
+
+def test_a_refused_change_is_reported_once_per_generation() -> None:
+    refused = SpecChange(refused=("spec.vertices[0].name: renaming a vertex loses its state",))
+    assert spec_step(refused, UpgradeMemory(), 3, True, 0.0, None) == RefuseChange(report=True)
+    assert spec_step(refused, UpgradeMemory(refused_reported=3), 3, True, 0.0, None) == RefuseChange(report=False)
+
+
+def test_scaling_settings_rebuild_the_controller_once_the_spec_settled_and_nothing_else_waits() -> None:
+    rebuild = SpecChange(controller=("strategy",))
+    assert spec_step(rebuild, UpgradeMemory(), 2, True, settle_s=0.4, backoff_s=None) == ApplyInPlace(True, 0.4)
+    assert spec_step(rebuild, UpgradeMemory(), 2, True, settle_s=-1.0, backoff_s=None) == ApplyInPlace(True)
+    # no change that needs anything: nothing waits, not even a settling spec
+    assert spec_step(SpecChange(), UpgradeMemory(), 2, False, settle_s=0.4, backoff_s=9.0) == ApplyInPlace(False)
+
+
+def test_an_upgrade_waits_for_redis_the_settling_spec_and_its_backoff_in_that_order() -> None:
+    image = SpecChange(restart=("spec.image",))
+    memory = UpgradeMemory()
+    assert spec_step(image, UpgradeMemory(rolled_back_generation=4), 4, True, -1.0, None) == KeepRolledBack()
+    assert spec_step(image, memory, 4, redis_ok=False, settle_s=0.5, backoff_s=3.0) == WaitToUpgrade(None)
+    assert spec_step(image, memory, 4, redis_ok=True, settle_s=0.5, backoff_s=3.0) == WaitToUpgrade(0.5)
+    assert spec_step(image, memory, 4, redis_ok=True, settle_s=0.0, backoff_s=3.0) == WaitToUpgrade(3.0)
+    assert spec_step(image, memory, 4, redis_ok=True, settle_s=0.0, backoff_s=None) == StartUpgrade()
+    # a rolled-back generation is not tried again; a newer one is
+    assert spec_step(image, UpgradeMemory(rolled_back_generation=4), 5, True, 0.0, None) == StartUpgrade()
+
+
+def test_a_failed_start_is_reported_by_what_failed() -> None:
+    quota = start_failure(BackendError("exceeded quota: pods"), StartAttempt(), 5.0)
+    assert (quota.fact, quota.reason) == ("backend_error", "StartFailed")
+    assert quota.message == "starting: exceeded quota: pods; retrying in 5 s"
+    away = start_failure(redis.ConnectionError("refused"), ResumeAttempt(), 10.0)
+    assert (away.fact, away.detail) == ("redis_unavailable", "ConnectionError: refused")
+    assert away.message == "resuming: refused; retrying in 10 s"
+    owned = start_failure(NotOwned("configmap t is not ours"), StartAttempt(), 5.0)
+    assert (owned.fact, owned.reason, owned.message) == ("not_owned", "ObjectNotOwned", "configmap t is not ours")
+    acl = start_failure(AclRefused("no +acl"), StartAttempt(), 5.0)
+    assert (acl.fact, acl.reason) == ("redis_user_refused", "RedisUserRefused")
+
+
+def test_a_suspend_announces_itself_once_backs_off_and_keeps_what_it_stopped() -> None:
+    assert suspend_step(suspended=True, backoff_s=4.0, suspending="") == KeepSuspended()
+    assert suspend_step(suspended=False, backoff_s=4.0, suspending="taking...") == WaitToSuspend(4.0)
+    assert suspend_step(suspended=False, backoff_s=None, suspending="") == TakeLastCheckpoint(announce=True)
+    assert suspend_step(suspended=False, backoff_s=None, suspending="retrying") == TakeLastCheckpoint(announce=False)
+    assert suspend_outcome(done=True, state_lost="") is SuspendOutcome.SUSPENDED
+    assert suspend_outcome(done=False, state_lost="epoch gone") is SuspendOutcome.RUN_ON_LOST_STATE
+    assert suspend_outcome(done=False, state_lost="") is SuspendOutcome.BACK_OFF
+
+
+# ------------------------------------------------------------------------- settings, pass context
+
+
+def test_the_loops_settings_come_from_the_operators_options_and_reach_every_part() -> None:
+    options = OperatorOptions(redis_url="redis://unused", interval_s=0.5, worker_start_timeout_s=90.0)
+    loop = LoopSettings.of_options(options)
+    assert (loop.interval_s, loop.start_timeout_s, loop.pacing) == (0.5, 90.0, Pacing())
+    world = World(3)
+    world.rewire(loop=LoopSettings(pacing=Pacing(tick_s=7.0), start_timeout_s=90.0))
+    reconciler = world.topologies
+    assert reconciler.lifecycle.pacing is reconciler.loop.pacing is reconciler.convergence.pacing
+    assert reconciler.controllers.loop.start_timeout_s == 90.0
+    world.reconcile()  # the start
+    assert world.reconcile() == 7.0  # an idle topology's next pass: the pacing's tick
+
+
+def test_the_pass_context_reads_what_runs_from_the_controller_without_asking_again() -> None:
+    world = running(3)
+    context = context_of(world)
+    assert context.schedule is not None and len(context.running_schedule().nodes) == 3
+    assert (context.store_error, context.state_lost) == ("", "")
+    before = PassContext(context.seen, context.now)
+    assert before.schedule is None
+    with pytest.raises(BackendError):
+        before.running_schedule()  # a pass that has not read what runs cannot compare with it

@@ -4,15 +4,20 @@ retried with backoff, `spec.suspend` carried out (a last checkpoint, then the wo
 topology's Redis user kept, and the restart from scratch a user annotates after StateLost.
 
 It owns the `StartAttempt`, `ResumeAttempt` and `SuspendAttempt` of a topology and the facts of a start
-(started, the start's errors) and of a suspend (suspending, suspended). It acts through the controller it
-builds (`ControllerFactory`) and that controller's ports; it writes the status only before a step that waits
-(the pods' start, the suspend's checkpoint, the resume): the pass writes it at its end."""
+(started, the start's errors) and of a suspend (suspending, suspended). What a suspend does, what its checkpoint
+led to and how a failed start is reported are pure decisions (`suspend_step`, `suspend_outcome`,
+`start_failure`) that the part carries out. It acts through the controller it builds (`ControllerFactory`) and
+that controller's ports, and tells `Convergence` the degrees a started controller runs; it writes the status
+only before a step that waits (the pods' start, the suspend's checkpoint, the resume): the pass writes it at
+its end."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -49,6 +54,80 @@ RESTART_FROM_SCRATCH = "elastream.dev/restart-from-scratch"
 
 #: seconds between passes of a suspended topology (nothing runs; a change of the resource wakes it at once)
 SUSPENDED_TICK_S = 30.0
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """How a failed start or resume is reported: the fact it sets (a `StatusFacts` field and its text) and the
+    Warning event that says it."""
+
+    fact: str
+    detail: str
+    reason: str
+    message: str
+
+
+def start_failure(exc: Exception, target: AttemptTarget, delay: float) -> StartFailure:
+    """How a start (or a resume: `target`) that failed with `exc`, retried in `delay` seconds, is reported
+    (pure)."""
+    if isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
+        return StartFailure("not_owned", str(exc), EventReason.OBJECT_NOT_OWNED, str(exc))
+    if isinstance(exc, AclRefused):  # no worker starts without its user: the fix is the operator's
+        return StartFailure("redis_user_refused", str(exc), EventReason.REDIS_USER_REFUSED, str(exc))
+    what = "resuming" if isinstance(target, ResumeAttempt) else "starting"
+    message = f"{what}: {exc}; retrying in {delay:.0f} s"
+    if isinstance(exc, redis.RedisError):
+        return StartFailure("redis_unavailable", f"{type(exc).__name__}: {exc}", EventReason.START_FAILED, message)
+    return StartFailure("backend_error", str(exc), EventReason.START_FAILED, message)
+
+
+@dataclass(frozen=True)
+class KeepSuspended:
+    """The workers are stopped already: the status keeps saying Suspended."""
+
+
+@dataclass(frozen=True)
+class WaitToSuspend:
+    """The suspend's last checkpoint failed and backs off for `wait_s` more seconds."""
+
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class TakeLastCheckpoint:
+    """Take the last checkpoint and stop the workers (`announce`: say Suspending first, the first try)."""
+
+    announce: bool
+
+
+#: what `Lifecycle.suspend` does while `spec.suspend` is true
+SuspendStep = KeepSuspended | WaitToSuspend | TakeLastCheckpoint
+
+
+def suspend_step(suspended: bool, backoff_s: float | None, suspending: str) -> SuspendStep:
+    """What a suspend does this pass (pure): `backoff_s` is what a failed checkpoint still waits (None: none),
+    `suspending` what the status says of a suspend in progress ("" none)."""
+    if suspended:
+        return KeepSuspended()
+    if backoff_s is not None:
+        return WaitToSuspend(backoff_s)
+    return TakeLastCheckpoint(announce=not suspending)
+
+
+class SuspendOutcome(enum.Enum):
+    """What a suspend's checkpoint led to."""
+
+    SUSPENDED = "suspended"
+    #: no checkpoint over a lost state, and stopping would lose what the workers hold: they run on
+    RUN_ON_LOST_STATE = "run on: the state is lost"
+    BACK_OFF = "back off: the checkpoint failed"
+
+
+def suspend_outcome(done: bool, state_lost: str) -> SuspendOutcome:
+    """The suspend's checkpoint was taken and the workers stopped (`done`), or why not (pure)."""
+    if done:
+        return SuspendOutcome.SUSPENDED
+    return SuspendOutcome.RUN_ON_LOST_STATE if state_lost else SuspendOutcome.BACK_OFF
 
 
 class Lifecycle:
@@ -173,21 +252,9 @@ class Lifecycle:
         """A start (or a resume: `target`) failed: note why in the facts, say it in an event, back off.
         Returns the seconds until the next try."""
         delay = self._failed(managed, target, str(exc), now)
-        if isinstance(exc, redis.RedisError):
-            managed.set(redis_unavailable=f"{type(exc).__name__}: {exc}")
-        elif isinstance(exc, NotOwned):  # someone else's object in the way: untouched, said once
-            managed.set(not_owned=str(exc))
-        elif isinstance(exc, AclRefused):  # no worker starts without its user: the fix is the operator's
-            managed.set(redis_user_refused=str(exc))
-        else:
-            managed.set(backend_error=str(exc))
-        if isinstance(exc, NotOwned):
-            managed.events.emit(EventReason.OBJECT_NOT_OWNED, str(exc), warning=True)
-        elif isinstance(exc, AclRefused):
-            managed.events.emit(EventReason.REDIS_USER_REFUSED, str(exc), warning=True)
-        else:
-            what = "resuming" if isinstance(target, ResumeAttempt) else "starting"
-            managed.events.emit(EventReason.START_FAILED, f"{what}: {exc}; retrying in {delay:.0f} s", warning=True)
+        report = start_failure(exc, target, delay)
+        managed.set(**{report.fact: report.detail})
+        managed.events.emit(report.reason, report.message, warning=True)
         return delay
 
     def _failed(self, managed: ManagedTopology, target: AttemptTarget, reason: str, now: float) -> float:
@@ -204,7 +271,10 @@ class Lifecycle:
         rolled back by the suspend first."""
         controller = managed.controller
         assert controller is not None
-        if controller.suspended:
+        step = suspend_step(
+            controller.suspended, managed.waits(SuspendAttempt(), context.now), managed.facts.suspending
+        )
+        if isinstance(step, KeepSuspended):
             controller.check_state()
             managed.set(
                 suspended=True,
@@ -213,21 +283,21 @@ class Lifecycle:
                 state_lost=controller.state_lost,
             )
             return SUSPENDED_TICK_S
-        wait = managed.waits(SuspendAttempt(), context.now)
-        if wait is not None:
-            return wait
-        if not managed.facts.suspending:
+        if isinstance(step, WaitToSuspend):
+            return step.wait_s
+        if step.announce:
             managed.set(suspending="taking the last checkpoint before stopping the workers")
             managed.write()  # Suspending, before the checkpoint's barriers hold the pass
         result = controller.suspend()
         managed.note_store()
         managed.set(state_lost=controller.state_lost)
-        if not result.done and controller.state_lost:
+        outcome = suspend_outcome(result.done, controller.state_lost)
+        if outcome is SuspendOutcome.RUN_ON_LOST_STATE:
             # no checkpoint can be written over a lost state, and stopping would lose what the workers hold:
             # the workers run on, Stalled (StateLost) says what the user must decide
             managed.set(suspending="the topology's state in Redis is lost: nothing is stopped")
             return self.pacing.tick_s
-        if not result.done:
+        if outcome is SuspendOutcome.BACK_OFF:
             delay = self.not_yet(
                 managed, SuspendAttempt(), result.reason, EventReason.SUSPEND_BACKOFF, f"suspend: {result.reason}"
             )

@@ -5,8 +5,10 @@ from the same checkpoint. Also what an operator restart finds of an upgrade in f
 and a change of the scaling settings only (the controller rebuilt, the pods run on).
 
 It owns the `UpgradeAttempt` of a topology, its upgrade facts (upgrading, upgrade_failed, upgrade_refused),
-`status.lastUpgrade` and the rolled-back generation. It builds controllers through `ControllerFactory`, starts
-one through `Lifecycle.start` (a rebuild) and backs off through `Lifecycle.not_yet`/`start_failed`; it writes
+`status.lastUpgrade` and its record (`control.managed.UpgradeMemory`: the rolled-back generation, the refused
+one reported). What a changed spec leads to is a pure decision (`spec_step`) that `apply_spec` carries out. It
+builds controllers through `ControllerFactory`, starts one through `Lifecycle.start` (a rebuild), backs off
+through `Lifecycle.not_yet`/`start_failed` and tells `Convergence` the degrees an upgrade's pods run; it writes
 the status before each step that waits (the checkpoint, the new pods' start)."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -34,6 +37,7 @@ from elastream.control.managed import (
     UPGRADE_ROLLED_BACK,
     UPGRADE_SUCCEEDED,
     ManagedTopology,
+    UpgradeMemory,
 )
 from elastream.control.pacing import Pacing
 from elastream.control.pass_context import PassContext
@@ -55,6 +59,70 @@ log = logging.getLogger("elastream.operator")
 
 #: the spec a topology's pods run and the one of an upgrade in flight (its ConfigMap's), None when none
 RunningSpec = Callable[[Topology, Mapping[str, Any]], tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class RefuseChange:
+    """No checkpoint can carry the change: the previous spec runs on (`report`: say so, once per generation)."""
+
+    report: bool
+
+
+@dataclass(frozen=True)
+class ApplyInPlace:
+    """Nothing to restart: the upgrade facts clear; `rebuild`: the controller is built again with the new
+    scaling settings once the spec settled (`wait_s`: the seconds it still has to be still, None: now)."""
+
+    rebuild: bool
+    wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class KeepRolledBack:
+    """This generation's upgrade was rolled back: not tried again until the spec changes."""
+
+
+@dataclass(frozen=True)
+class WaitToUpgrade:
+    """An upgrade is due but not now: Redis away or the state lost (`wait_s` None: the pass goes on), the spec
+    still settling, or a failed checkpoint backing off (the seconds until the next look)."""
+
+    wait_s: float | None
+
+
+@dataclass(frozen=True)
+class StartUpgrade:
+    """The stateful upgrade starts now (a checkpoint, the old pods stop, the new ones start from it)."""
+
+
+#: what `Upgrades.apply_spec` does with a changed spec
+SpecStep = RefuseChange | ApplyInPlace | KeepRolledBack | WaitToUpgrade | StartUpgrade
+
+
+def spec_step(
+    change: SpecChange,
+    memory: UpgradeMemory,
+    generation: int,
+    redis_ok: bool,
+    settle_s: float,
+    backoff_s: float | None,
+) -> SpecStep:
+    """What to do with the spec's change from what runs (pure): `settle_s` is how long the spec has still to be
+    still (<= 0: settled), `backoff_s` the seconds a failed upgrade checkpoint still backs off (None: none)."""
+    if change.refused:
+        return RefuseChange(report=memory.refused_reported != generation)
+    if not change.needs_restart:
+        rebuild = bool(change.controller)
+        return ApplyInPlace(rebuild, wait_s=settle_s if rebuild and settle_s > 0 else None)
+    if memory.rolled_back_generation == generation:
+        return KeepRolledBack()
+    if not redis_ok:
+        return WaitToUpgrade(None)  # nothing can be checkpointed (RedisUnavailable / StateLost say why)
+    if settle_s > 0:
+        return WaitToUpgrade(settle_s)
+    if backoff_s is not None:
+        return WaitToUpgrade(backoff_s)
+    return StartUpgrade()
 
 
 class Upgrades:
@@ -179,15 +247,22 @@ class Upgrades:
     def apply_spec(self, managed: ManagedTopology, context: PassContext) -> float | None:
         """The changes of the spec that do not apply in place (`core.upgrade`): scaling settings rebuild the
         operator's side of the topology (its pods run on); the rest is a stateful upgrade. A change no
-        checkpoint can carry is refused (Stalled, UpgradeRefused). Returns the seconds until the next pass
-        when this one must end here, None to go on."""
+        checkpoint can carry is refused (Stalled, UpgradeRefused). What to do is `spec_step`'s decision; this
+        carries it out. Returns the seconds until the next pass when this one must end here, None to go on."""
         controller = managed.controller
         assert controller is not None
-        now = context.now
         change = spec_change(controller.topology, context.wanted)
         managed.set(upgrade_refused="; ".join(change.refused))
-        if change.refused:
-            if managed.upgrades.refused_reported != context.generation:
+        step = spec_step(
+            change,
+            managed.upgrades,
+            context.generation,
+            redis_ok=not (context.store_error or context.state_lost),
+            settle_s=managed.seen.changed_at + self.pacing.settle_s - context.now,
+            backoff_s=managed.waits(UpgradeAttempt(), context.now),
+        )
+        if isinstance(step, RefuseChange):
+            if step.report:
                 managed.upgrades.refused_reported = context.generation
                 managed.events.emit(
                     EventReason.UPGRADE_REFUSED,
@@ -196,30 +271,24 @@ class Upgrades:
                     warning=True,
                 )
             return None
-        if not change.needs_restart:
+        if isinstance(step, ApplyInPlace):
             managed.upgrades.rolled_back_generation = 0
             managed.set(upgrade_failed="")
-            return self._rebuild(managed, context, change) if change.controller else None
-        if managed.upgrades.rolled_back_generation == context.generation:
+            if not step.rebuild:
+                return None
+            return step.wait_s if step.wait_s is not None else self._rebuild(managed, context, change)
+        if isinstance(step, KeepRolledBack):
             last = managed.published.get("lastUpgrade") or {}
             managed.set(upgrade_failed=str(last.get("reason") or f"generation {context.generation} was rolled back"))
             return None
-        if context.store_error or context.state_lost:
-            return None  # nothing can be checkpointed: the upgrade waits (RedisUnavailable / StateLost say why)
-        settle = managed.seen.changed_at + self.pacing.settle_s - now
-        if settle > 0:
-            return settle
-        wait = managed.waits(UpgradeAttempt(), now)
-        if wait is not None:
-            return wait
+        if isinstance(step, WaitToUpgrade):
+            return step.wait_s
         return self._upgrade(managed, context, change)
 
     def _rebuild(self, managed: ManagedTopology, context: PassContext, change: SpecChange) -> float | None:
-        """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed: the controller
-        is built again with them and adopts the running pods, as after an operator restart."""
-        settle = managed.seen.changed_at + self.pacing.settle_s - context.now
-        if settle > 0:
-            return settle
+        """Scaling settings (strategy, migration protocol, window, checkpoint interval) changed, and the spec
+        settled: the controller is built again with them and adopts the running pods, as after an operator
+        restart."""
         old = managed.controller
         assert old is not None
         managed.state_epoch = old.epoch or managed.state_epoch
