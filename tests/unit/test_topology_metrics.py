@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from test_reconciler import World, _NoKeys
 
 from elastream.control.checkpoint_driver import Checkpointer, CheckpointResult
+from elastream.control.metric_series import forget_topology
 from elastream.control.scaling import ScalingRecord
 from elastream.control.topology_metrics import (
     FAMILIES,
@@ -23,7 +24,6 @@ from elastream.control.topology_metrics import (
     checkpoint_facts,
     count_recovery,
     count_rescale,
-    forget_topology,
     managed_readings,
     memory_of,
     register_topology_metrics,

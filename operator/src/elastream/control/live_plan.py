@@ -50,7 +50,7 @@ import redis
 
 from elastream.analysis import Analyzer
 from elastream.analysis.sources import HotWindow, reported_by_all
-from elastream.control.changes import SETTLE_INTERVALS
+from elastream.control.changes import settles_at
 from elastream.control.local_mode import status_key
 from elastream.control.metrics import StreamMetricSource, hot_window_budget
 from elastream.control.resource_api import GROUP, PLURAL, VERSION, topology_from_resource
@@ -155,7 +155,7 @@ class LiveTopology:
         the last scaling and recovery, plus `SETTLE_INTERVALS` (0.0 when neither happened)."""
         ends = [_finished_at(r) for r in (self.last_scaling, self.last_recovery)]
         known = [t for t in ends if t is not None]
-        return max(known) + SETTLE_INTERVALS * interval_s if known else 0.0
+        return settles_at(max(known), interval_s) if known else 0.0
 
     def where_spec(self) -> str:
         return {

@@ -84,12 +84,3 @@ class OperatorOptions:
     #: what the operator decides for every worker pod (image, pulls, drains, placement, pod template,
     #: NetworkPolicy and PodDisruptionBudget...); its `log_format` and `listen_on_pod_ip` are the operator's own too
     worker: WorkerPodSettings = field(default_factory=worker_settings_from_env)
-
-    # the API clients the operator needs follow what it keeps for every topology (read by `handlers.main.run`)
-    @property
-    def network_policies(self) -> bool:
-        return self.worker.network_policy
-
-    @property
-    def disruption_budgets(self) -> bool:
-        return self.worker.disruption_budget

@@ -51,6 +51,7 @@ from elastream.control.lifecycle import (
     registry_schedule,
 )
 from elastream.control.managed import ManagedTopology
+from elastream.control.metric_series import forget_topology
 from elastream.control.pacing import LoopSettings
 from elastream.control.pass_context import PassContext, observe
 from elastream.control.reconcile_slots import ReconcileSlots
@@ -62,7 +63,6 @@ from elastream.control.retrying import retry_within
 from elastream.control.savepoint_actions import RedisSavepoints, Savepoints
 from elastream.control.savepoint_annotations import SavepointAnnotations
 from elastream.control.status_writer import StatusWriter
-from elastream.control.topology_metrics import forget_topology
 from elastream.control.upgrades import RunningSpec, Upgrades
 from elastream.core.ports import Clock, CoreApi, CustomObjectsApi, NetworkingApi, PolicyApi, SystemClock
 from elastream.core.schedule import Schedule

@@ -29,7 +29,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from elastream.control.checkpoint_driver import Checkpointer
-from elastream.control.metric_series import forget_topology as forget_topology
 from elastream.control.metric_series import series
 from elastream.core.ports import Clock, EventSink, SystemClock
 from elastream.core.status import PHASES, EventReason, StatusFacts, desired_conditions, phase
