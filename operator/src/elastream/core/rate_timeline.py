@@ -2,7 +2,10 @@
 
 `rate_timeline` turns metric samples into input and output rates per bucket (the curves of the CCR paper's
 Fig. 7); `recovery_times` reads the catch-up and stabilization times off the output curve, as the paper
-measures them (`control.catch_up` reports them after each rescale, bench/migration.py per run).
+measures them, against the level before the request (bench/migration.py per run). `recovery` does the same
+against the level the output actually settles at: a scale that changes what a congested topology can deliver
+moves that level (1,887/s to 2,833/s), and measured against the old level the output is "not stable" for good;
+`control.catch_up` reports it after each rescale, saying which reference it used.
 """
 
 from __future__ import annotations
@@ -10,8 +13,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from elastream.core.metrics import MetricSample
+
+#: what catch-up and stabilization are measured against: the output's level before the request, or the new
+#: level it settled at after the pause (the scale changed what the topology delivers)
+Reference = Literal["before", "newLevel"]
 
 
 def rate_timeline(
@@ -20,9 +29,13 @@ def rate_timeline(
     sinks: Iterable[str],
     at: float = 0.0,
     bucket_s: float = 0.5,
+    offered: bool = False,
 ) -> dict[str, list[tuple[float, float]]]:
     """Input (the sources' processing rate) and output (the sinks') per `bucket_s`, times relative to `at`:
-    the curves of the CCR paper's Fig. 7 and what `recovery_times` reads. Rates come from consecutive
+    the curves of the CCR paper's Fig. 7 and what `recovery_times` reads. With `offered`, also the sources'
+    offered rate (their `received` counter: what their input offered them, emitted or not), on the same time
+    axis: a source emitting less than it is offered is held back by a congested topology, one emitting more
+    is working off a backlog (what `recovery` tells a new level from a transient by). Rates come from consecutive
     samples of one executor incarnation; buckets without a sample (workers stopped or starting) are rates
     of zero, not gaps to draw across.
 
@@ -35,6 +48,8 @@ def rate_timeline(
     source_set, sink_set = set(sources), set(sinks)
     #: kind -> bucket index (on the wall clock's grid) -> incarnation -> its rates in that bucket
     series: dict[str, dict[int, dict[tuple[str, float], list[float]]]] = {"input": {}, "output": {}}
+    if offered:
+        series["offered"] = {}
     previous: dict[tuple[str, float], MetricSample] = {}
     for sample in sorted(samples, key=lambda s: s.ts):
         kind = "input" if sample.vertex in source_set else "output" if sample.vertex in sink_set else None
@@ -47,6 +62,9 @@ def rate_timeline(
             bucket = grid_index(sample.ts, bucket_s)
             rate = (sample.processed - old.processed) / (sample.ts - old.ts)
             series[kind].setdefault(bucket, {}).setdefault(key, []).append(rate)
+            if offered and kind == "input":
+                received = (sample.received - old.received) / (sample.ts - old.ts)
+                series["offered"].setdefault(bucket, {}).setdefault(key, []).append(received)
     indices = [i for buckets in series.values() for i in buckets]
     if not indices:
         return {kind: [] for kind in series}
@@ -89,13 +107,96 @@ def recovery_times(
     (the request's analysis and the migration's prepare phase take seconds), and a point there is neither a
     catch-up nor a stabilization."""
     before = [rate for t, rate in output if t < migrated_at]
-    start = migrated_at if resumed_at is None else max(migrated_at, resumed_at)
-    after = [(t, rate) for t, rate in output if t >= start]
+    after = _after_pause(output, migrated_at, resumed_at)
     if not before or not after:
         return None, None
     reference = statistics.median(before)
     if reference <= 0.0:
         return None, None
+    return _times_against(after, reference, migrated_at, tolerance, hold)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Catch-up and stabilization (seconds after the request; None: not reached) and what they are measured
+    against: `recovery`'s answer."""
+
+    catch_up: float | None
+    stabilization: float | None
+    #: "newLevel" when the output settled at a level more than the tolerance away from `level_before`;
+    #: "before" otherwise, also while the output has not settled yet (`final` says when it has)
+    reference: Reference
+    #: the sinks' output before the request (the median of its points), events/s; None: no point before it
+    level_before: float | None
+    #: the level the output settled at after the pause, events/s; None: not settled (yet)
+    level_after: float | None
+    #: whether the sources were offered more than they emitted before the request (the topology held them
+    #: back: congested); None when the samples tell no offered rate
+    congested_before: bool | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether more output cannot change the answer: the output settled, so the reference is decided, and
+        it stabilized against that reference."""
+        return self.level_after is not None and self.stabilization is not None
+
+
+def recovery(
+    output: Sequence[tuple[float, float]],
+    migrated_at: float = 0.0,
+    tolerance: float = 0.1,
+    hold: int = 3,
+    resumed_at: float | None = None,
+    emitted: Sequence[tuple[float, float]] = (),
+    offered: Sequence[tuple[float, float]] = (),
+) -> Recovery:
+    """Catch-up and stabilization as `recovery_times` measures them, against the level the output settles at
+    when a scale moved it. A scale-out of a congested topology raises what its sinks deliver (from 1,887/s to
+    2,833/s while the sources offer 3,200/s), a scale-in can lower it: the level before the request is not the
+    one the output comes back to, and measured against it the output never stabilizes.
+
+    The level after the pause is known (`level_after`, the median of the points) once the last `hold` + 1
+    points lie within ±`tolerance` of the level before, or within `tolerance` x their median of each other
+    (largest minus smallest: an output still rising through the old level is not a level). The newest point is
+    left out (read live, its bucket may hold only some executors' samples yet), and no point may be one where
+    the sources emit more than `tolerance` above what they are offered: they are working off the backlog the
+    pause left, a transient, not a level. When the settled level differs from the level before by more than
+    `tolerance` (or there was no output before), catch-up and stabilization are measured against it
+    ("newLevel"), otherwise against the level before, exactly as `recovery_times` does ("before", also while
+    the level is not known yet).
+
+    `emitted` and `offered` are the sources' emitted and offered rates on the output's time axis
+    (`rate_timeline`'s "input" and "offered"); they also tell whether the topology was congested before the
+    request (`congested_before`). Without an offered rate (none given, or all zero: sources that do not tell
+    it) the decision rests on the output alone, and a long backlog worked off at a higher rate can read as a
+    new level."""
+    before = [rate for t, rate in output if t < migrated_at]
+    after = _after_pause(output, migrated_at, resumed_at)
+    level_before = statistics.median(before) if before else None
+    draining = _draining(emitted, offered, tolerance)
+    level_after = _settled_level(after, tolerance, hold, draining, level_before)
+    congested_before = _congested_before(emitted, offered, migrated_at, tolerance)
+    if level_after is not None and (
+        level_before is None or level_before <= 0.0 or abs(level_after - level_before) > tolerance * level_before
+    ):
+        catch_up, stable = _times_against(after, level_after, migrated_at, tolerance, hold)
+        return Recovery(catch_up, stable, "newLevel", level_before, level_after, congested_before)
+    catch_up, stable = recovery_times(output, migrated_at, tolerance, hold, resumed_at)
+    return Recovery(catch_up, stable, "before", level_before, level_after, congested_before)
+
+
+def _after_pause(
+    output: Sequence[tuple[float, float]], migrated_at: float, resumed_at: float | None
+) -> list[tuple[float, float]]:
+    start = migrated_at if resumed_at is None else max(migrated_at, resumed_at)
+    return [(t, rate) for t, rate in output if t >= start]
+
+
+def _times_against(
+    after: Sequence[tuple[float, float]], reference: float, migrated_at: float, tolerance: float, hold: int
+) -> tuple[float | None, float | None]:
+    """Catch-up (the first point back to at least (1 - tolerance) x `reference`) and stabilization (the first
+    of `hold` points in a row within ±tolerance of it), in seconds after `migrated_at`."""
     catch_up = next((t - migrated_at for t, rate in after if rate >= (1.0 - tolerance) * reference), None)
     stable: float | None = None
     for i in range(len(after) - hold + 1):
@@ -104,3 +205,59 @@ def recovery_times(
             stable = window[0][0] - migrated_at
             break
     return catch_up, stable
+
+
+def _settled_level(
+    after: Sequence[tuple[float, float]],
+    tolerance: float,
+    hold: int,
+    draining: set[float],
+    level_before: float | None,
+) -> float | None:
+    """The median of the `hold` + 1 points before the newest when none is a backlog worked off and they either
+    all lie within ±tolerance of `level_before` (back at the old level, as steady as `recovery_times` asks) or
+    agree within `tolerance` x their median (`recovery`); None otherwise, or when that level is no output."""
+    window = list(after[-(hold + 2) : -1])
+    if len(window) < hold + 1 or any(t in draining for t, _ in window):
+        return None
+    rates = [rate for _, rate in window]
+    level = statistics.median(rates)
+    if level <= 0.0:
+        return None
+    if level_before is not None and all(abs(rate - level_before) <= tolerance * level_before for rate in rates):
+        return level
+    return level if max(rates) - min(rates) <= tolerance * level else None
+
+
+def _draining(
+    emitted: Sequence[tuple[float, float]], offered: Sequence[tuple[float, float]], tolerance: float
+) -> set[float]:
+    """The times at which the sources emitted more than `tolerance` above what they were offered."""
+    offered_at = dict(offered)
+    return {t for t, rate in emitted if offered_at.get(t, 0.0) > 0.0 and rate > (1.0 + tolerance) * offered_at[t]}
+
+
+def _congested_before(
+    emitted: Sequence[tuple[float, float]],
+    offered: Sequence[tuple[float, float]],
+    migrated_at: float,
+    tolerance: float,
+) -> bool | None:
+    """Whether the sources emitted more than `tolerance` less than they were offered before the request (the
+    medians of both); None when no offered rate is known there."""
+    offered_before = [rate for t, rate in offered if t < migrated_at]
+    emitted_before = [rate for t, rate in emitted if t < migrated_at]
+    if not emitted_before or not any(rate > 0.0 for rate in offered_before):
+        return None
+    return statistics.median(offered_before) > (1.0 + tolerance) * statistics.median(emitted_before)
+
+
+def reference_phrase(reference: str | None, level_before: float | None, level_after: float | None) -> str:
+    """What catch-up and stabilization were measured against, for a line a user reads: "the new level 2,833/s
+    (the scale raised the output from 1,887/s)" or "the level before, 1,887/s"."""
+    if reference == "newLevel" and level_after is not None:
+        if level_before is None or level_before <= 0.0:
+            return f"the new level {level_after:,.0f}/s (no output before the request)"
+        moved = "raised" if level_after > level_before else "lowered"
+        return f"the new level {level_after:,.0f}/s (the scale {moved} the output from {level_before:,.0f}/s)"
+    return "the level before" + ("" if level_before is None else f", {level_before:,.0f}/s")
