@@ -376,6 +376,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from elastream.analysis import Analyzer
     from elastream.control.catch_up import measure_catch_up
     from elastream.control.local_mode import local_controller
+    from elastream.core.rate_timeline import reference_phrase
 
     path = args.file or default_demo_manifest()
     topology = load_manifest(path)
@@ -389,7 +390,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     analyzer = Analyzer(engine=args.engine)
     # the analysis session starts, and runs a first analysis, while the topology warms up
     warm = analyzer.start_warm_up(topology)
-    rows: list[tuple[str, int, float, float | None, float | None, float | None, float | None]] = []
+    rows: list[tuple[str, int, float, float | None, float | None, float | None, float | None, str]] = []
     with redis_for(args.redis) as url:
         try:
             cluster = LocalCluster(topology, path, url, interval_s=1.0, extra_env=worker_env)
@@ -406,7 +407,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             with cluster, controller:
                 controller.start()
                 seen = watch(controller, args.phase)
-                rows.append(("start", topology.nodes, steady(seen), None, None, None, None))
+                rows.append(("start", topology.nodes, steady(seen), None, None, None, None, "-"))
                 for label, nodes in (("scale-out", out_nodes), ("scale-in", in_nodes)):
                     warm.join()
                     record = controller.scale_to(nodes)
@@ -421,26 +422,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     if record.outcome == Outcome.FAILED:
                         raise CommandError(record.reason or "scaling failed")
                     seen = watch(controller, args.phase)
-                    catch_up, stable = measure_catch_up(
+                    found = measure_catch_up(
                         controller.feed, topology, record.started_at, resumed_at=record.finished_at
                     )
+                    catch_up, stable = found.catch_up, found.stabilization
+                    against = reference_phrase(found.reference, found.level_before, found.level_after)
                     print(
-                        f"  after the {label}: catch-up {_seconds(catch_up)}, "
-                        f"stabilization {_seconds(stable)} (sink output back to 90 % / within ±10 % of before)",
+                        f"  after the {label}: catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} "
+                        f"(sink output back to 90 % / within ±10 % of {against}"
+                        + ("" if found.level_after is not None else "; the output has not settled yet")
+                        + ")"
+                        + (
+                            "; congested before: the sources were offered more than they could emit"
+                            if found.congested_before
+                            else ""
+                        ),
                         flush=True,
                     )
                     pause = record.report.get("pauseMs")
-                    rows.append((label, nodes, steady(seen), record.predicted_throughput, pause, catch_up, stable))
+                    reference = "new level" if found.reference == "newLevel" else "before"
+                    rows.append(
+                        (label, nodes, steady(seen), record.predicted_throughput, pause, catch_up, stable, reference)
+                    )
         except BackendError as exc:
             raise CommandError(str(exc)) from None
-    print("\nphase       nodes   measured/s   predicted/s   pause   catch-up   stabilization")
-    for label, nodes, measured, predicted, pause, catch_up, stable in rows:
+    print("\nphase       nodes   measured/s   predicted/s   pause   catch-up   stabilization   against")
+    for label, nodes, measured, predicted, pause, catch_up, stable, reference in rows:
         shown = "-" if predicted is None else f"{predicted:.0f}"
         paused = "-" if pause is None else f"{pause:.0f} ms"
         print(
             f"{label:<10} {nodes:>6} {measured:>12.0f} {shown:>13} {paused:>7} {_seconds(catch_up):>10} "
-            f"{_seconds(stable):>15}"
+            f"{_seconds(stable):>15}   {reference}"
         )
+    print(
+        "against: the level catch-up and stabilization are measured from: before = the sink output's level before\n"
+        "         the request; new level = the level it settled at after the pause, more than 10 % away from\n"
+        "         before (the scale changed what a congested topology delivers)"
+    )
     return 0
 
 

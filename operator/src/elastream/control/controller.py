@@ -36,7 +36,7 @@ from typing import Any
 import redis
 
 from elastream.control.autoscaler import Autoscaler, Evaluation
-from elastream.control.catch_up import CatchUpFollowUp
+from elastream.control.catch_up import CATCH_UP_FIELDS, CatchUpFollowUp
 from elastream.control.changes import Said, settles_at
 from elastream.control.checkpoint_driver import Checkpoints
 from elastream.control.connectors import LAG_READ_S, ConnectorWatch, LagSource, partition_lag
@@ -66,6 +66,7 @@ from elastream.core.ports import (
     StatusSink,
     SystemClock,
 )
+from elastream.core.rate_timeline import reference_phrase
 from elastream.core.schedule import Schedule, initial_schedule
 from elastream.core.status import REDIS_BUSY, REDIS_OUT_OF_MEMORY, EventReason, redis_reason
 from elastream.core.topology import Topology, split_executor_id
@@ -560,12 +561,16 @@ class TopologyController:
     def _caught_up(self, status: dict[str, Any]) -> None:
         self.autoscaler = self.autoscaler.settled(self.clock.now())
         catch_up, stable = status.get("catchUpMs"), status.get("stabilizationMs")
+        against = reference_phrase(
+            status.get("catchUpReference"), status.get("outputBefore"), status.get("outputAfter")
+        )
         self.events.emit(
             EventReason.CATCH_UP_MEASURED,
-            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['catchUp']})",
+            f"catch-up {_seconds(catch_up)}, stabilization {_seconds(stable)} after the scaling ({status['catchUp']}), "
+            f"measured against {against}",
         )
         if self.last_scaling is not None:
-            self.last_scaling.report.update(catchUpMs=catch_up, stabilizationMs=stable)
+            self.last_scaling.report.update({k: status.get(k) for k in CATCH_UP_FIELDS})
         self.status.publish("lastScaling", status)
 
     def _scale(

@@ -67,6 +67,11 @@ class ScalingRecord:
             "prepareMs": report.get("prepareMs"),
             "catchUpMs": report.get("catchUpMs"),
             "stabilizationMs": report.get("stabilizationMs"),
+            # what catch-up and stabilization are measured against (before | newLevel) and the two levels
+            # (`control.catch_up.recovery_fields`)
+            "catchUpReference": report.get("catchUpReference"),
+            "outputBefore": report.get("outputBefore"),
+            "outputAfter": report.get("outputAfter"),
         }
 
 
