@@ -22,15 +22,20 @@ from elastream.core.keygroup_batches import (
     KeyGroupTable,
     Move,
     Recipient,
+    Step,
     batch_size,
-    moves,
     plan_batches,
+    plan_steps,
     predicted_hold_s,
     senders_of,
+    vertex_levels,
+    whole_vertices,
 )
+from elastream.core.keygroup_batches import moves as all_moves_of
+from elastream.core.migration_scope import migration_parts
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import parse_manifest
-from support.manifests import by_key, manifest, sink, src, work
+from support.manifests import by_key, edge, manifest, sink, src, work
 
 MAX_P = 16
 
@@ -50,30 +55,31 @@ def schedule(placement: dict[str, list[str]]) -> Schedule:
 OLD = schedule({"node-0": ["src#0", "b#0"], "node-1": ["src#1", "b#1", "out#0"]})
 
 
+def moves(top: Any, old: Schedule, new: Schedule) -> tuple[Move, ...]:
+    """The moves with the executors `core.migration_scope` keeps (scope `moving`)."""
+    return all_moves_of(top, old, new, migration_parts(top, old, new, "moving").kept)
+
+
 # ------------------------------------------------------------------------------------------------ moves
 
 
-def test_a_parallelism_change_moves_exactly_the_groups_whose_owner_changes() -> None:
+def test_a_parallelism_change_moves_every_group_of_the_vertex_to_new_instances() -> None:
     new = schedule({"node-0": ["src#0", "b#0"], "node-1": ["src#1", "b#1", "out#0"], "node-2": ["b#2"]})
     found = moves(topology(3), OLD, new)
-    old_ranges, new_ranges = key_group_ranges(MAX_P, 2), key_group_ranges(MAX_P, 3)
-    expected = {
-        g
-        for g in range(MAX_P)
-        if next(i for i, r in enumerate(old_ranges) if g in r) != next(i for i, r in enumerate(new_ranges) if g in r)
-    }
-    assert {m.key_group for m in found} == expected
+    assert {m.key_group for m in found} == set(range(MAX_P))
     assert {m.vertex for m in found} == {"b"}  # out keeps its executor and node; sources have no key groups
-    assert all(m.donor != m.recipient for m in found)
-    # b#0 keeps what it keeps: none of its remaining groups is a move
-    assert not [m for m in found if m.key_group in new_ranges[0] and m.donor.executor == "b#0"]
+    assert all(not m.donor.new and m.recipient.new for m in found)
+    new_ranges = key_group_ranges(MAX_P, 3)
+    for m in found:  # b#0 stays on node-0 but is a new instance there, with the new ranges
+        assert m.key_group in new_ranges[int(m.recipient.executor.split("#")[1])]
+    assert Instance("b#0", "node-0", True) in {m.recipient for m in found}
 
 
 def test_an_executor_that_changes_node_moves_all_its_groups_to_its_new_instance() -> None:
     new = schedule({"node-0": ["src#0", "b#0"], "node-1": ["src#1", "out#0"], "node-2": ["b#1"]})
     found = moves(topology(), OLD, new)
     assert {m.key_group for m in found} == set(key_group_ranges(MAX_P, 2)[1])
-    assert {(m.donor, m.recipient) for m in found} == {(Instance("b#1", "node-1"), Instance("b#1", "node-2"))}
+    assert {(m.donor, m.recipient) for m in found} == {(Instance("b#1", "node-1"), Instance("b#1", "node-2", True))}
 
 
 def test_a_schedule_that_changes_nothing_moves_nothing() -> None:
@@ -147,7 +153,7 @@ def test_flipping_every_batch_gives_the_new_schedules_owners() -> None:
     table = KeyGroupTable.of(OLD, top, "b")
     for batch in plan_batches(moves(top, OLD, new), {"b": 3}):
         table = table.flipped(batch)
-    assert table == KeyGroupTable.of(new, top, "b")
+    assert table == KeyGroupTable.of(new, top, "b", new=True)
 
 
 def test_a_batch_flipped_twice_is_refused() -> None:
@@ -167,17 +173,26 @@ def test_flip_goes_to_every_executor_of_the_parents() -> None:
 # ----------------------------------------------------------------------------------------- coordinator
 
 
-def pair_batches(pairs: list[tuple[str, str]]) -> tuple[Batch, ...]:
-    return tuple(Batch(i, "b", Instance(d, "node-0"), Instance(r, "node-1"), (i,)) for i, (d, r) in enumerate(pairs))
+def pair_steps(pairs: list[tuple[str, str]], levels: list[int] | None = None) -> tuple[Step, ...]:
+    """One step of one batch per (donor, recipient) pair."""
+    return tuple(
+        Step(
+            i,
+            "b",
+            (Batch(i, "b", Instance(d, "node-0"), Instance(r, "node-1", True), (i,)),),
+            0 if levels is None else levels[i],
+        )
+        for i, (d, r) in enumerate(pairs)
+    )
 
 
 def flipped(actions: list[Any]) -> list[int]:
-    return [a.batch.number for a in actions if a.kind == BatchActionKind.FLIP]
+    return [a.step.number for a in actions if a.kind == BatchActionKind.FLIP]
 
 
-def test_at_most_in_flight_batches_are_open_and_busy_pairs_wait() -> None:
-    batches = pair_batches([("b#0", "b#2"), ("b#0", "b#2"), ("b#1", "b#3"), ("b#1", "b#3")])
-    coordinator = BatchCoordinator(batches, BatchBudget(in_flight=2))
+def test_at_most_in_flight_steps_are_open_and_busy_instances_wait() -> None:
+    steps = pair_steps([("b#0", "b#2"), ("b#0", "b#2"), ("b#1", "b#3"), ("b#1", "b#3")])
+    coordinator = BatchCoordinator(steps, BatchBudget(in_flight=2))
     assert flipped(coordinator.start(0.0)) == [0, 2]  # 1 shares b#0/b#2 with 0
     assert coordinator.on_installed(3, 0.1) == []  # not flipped: ignored
     assert flipped(coordinator.on_installed(0, 0.1)) == [1]
@@ -189,24 +204,62 @@ def test_at_most_in_flight_batches_are_open_and_busy_pairs_wait() -> None:
     assert coordinator.hold_times_s() == pytest.approx([0.1, 0.4 - 0.1, 0.3, 0.5 - 0.3])
 
 
-def test_one_pair_moves_its_batches_one_after_another() -> None:
-    coordinator = BatchCoordinator(pair_batches([("b#0", "b#1")] * 3), BatchBudget(in_flight=4))
+def test_a_level_opens_only_once_the_levels_below_are_installed() -> None:
+    steps = pair_steps([("b#0", "b#2"), ("c#0", "c#2"), ("d#0", "d#2")], levels=[0, 1, 0])
+    coordinator = BatchCoordinator(steps, BatchBudget(in_flight=3))
+    assert flipped(coordinator.start(0.0)) == [0, 2]
+    assert coordinator.on_installed(0, 0.1) == []
+    assert flipped(coordinator.on_installed(2, 0.2)) == [1]
+
+
+def test_a_step_of_several_batches_is_installed_when_all_of_them_are() -> None:
+    a, b = (Batch(n, "b", Instance(f"b#{n}", "node-0"), Instance(f"b#{n}", "node-1", True), (n,)) for n in (0, 1))
+    coordinator = BatchCoordinator((Step(0, "b", (a, b), 0),))
+    assert flipped(coordinator.start(0.0)) == [0]
+    assert coordinator.on_installed(1, 0.1) == []
+    assert [x.kind for x in coordinator.on_installed(0, 0.2)] == [BatchActionKind.DONE]
+
+
+def test_one_pair_moves_its_steps_one_after_another() -> None:
+    coordinator = BatchCoordinator(pair_steps([("b#0", "b#1")] * 3), BatchBudget(in_flight=4))
     assert flipped(coordinator.start(0.0)) == [0]
     assert flipped(coordinator.on_installed(0, 1.0)) == [1]
 
 
-def test_no_batches_is_done_at_once() -> None:
+def test_no_steps_is_done_at_once() -> None:
     assert [a.kind for a in BatchCoordinator(()).start(0.0)] == [BatchActionKind.DONE]
 
 
-def test_a_batch_that_stalls_fails_the_migration_once() -> None:
-    coordinator = BatchCoordinator(pair_batches([("b#0", "b#1")]), BatchBudget(stall_s=5.0))
+def test_a_step_that_stalls_fails_the_migration_once() -> None:
+    coordinator = BatchCoordinator(pair_steps([("b#0", "b#1")]), BatchBudget(stall_s=5.0))
     coordinator.start(0.0)
     assert coordinator.on_tick(4.0) == []
     failed = coordinator.on_tick(6.0)
     assert [a.kind for a in failed] == [BatchActionKind.FAIL]
-    assert "batch 0" in failed[0].reason and "not installed within 5 s" in failed[0].reason
+    assert "of b" in failed[0].reason and "not installed within 5 s" in failed[0].reason
     assert coordinator.on_tick(7.0) == [] and coordinator.on_installed(0, 7.0) == []
+
+
+def test_levels_go_downstream_first_and_unkeyed_inputs_move_whole() -> None:
+    top = parse_manifest(
+        manifest(
+            [src("s"), work("a", 2), work("b", 2), sink("out")],
+            [by_key("s", "a"), edge("a", "b"), by_key("b", "out")],
+        )
+    )
+    assert vertex_levels(top, ["a", "b", "out"]) == {"out": 0, "b": 1, "a": 2}
+    assert vertex_levels(top, ["a", "out"]) == {"out": 0, "a": 0}  # b runs on between them: no order
+    assert whole_vertices(top, ["a", "b", "out"]) == frozenset({"b"})
+    batches = tuple(
+        Batch(n, v, Instance(f"{v}#0", "node-0"), Instance(f"{v}#0", "node-1", True), (n,))
+        for n, v in enumerate(["a", "b", "b", "out"])
+    )
+    steps = plan_steps(batches, top)
+    assert [(s.vertex, [b.number for b in s.batches], s.level) for s in steps] == [
+        ("out", [3], 0),
+        ("b", [1, 2], 1),
+        ("a", [0], 2),
+    ]
 
 
 # ------------------------------------------------------------------------------------------ executor roles
@@ -263,11 +316,12 @@ def simulate(seed: int, in_flight: int, size: int) -> int:
     top = topology(3)
     new = schedule({"node-0": ["src#0", "b#0"], "node-1": ["src#1", "out#0"], "node-2": ["b#1", "b#2"]})
     batches = plan_batches(moves(top, OLD, new), {"b": size})
-    coordinator = BatchCoordinator(batches, BatchBudget(in_flight=in_flight))
+    coordinator = BatchCoordinator(plan_steps(batches, top), BatchBudget(in_flight=in_flight))
     senders = list(senders_of(top, OLD, "b"))
     tables = {s: KeyGroupTable.of(OLD, top, "b") for s in senders}
     instances: dict[Instance, SimInstance] = {}
-    for table_owner in set(KeyGroupTable.of(OLD, top, "b").owners) | set(KeyGroupTable.of(new, top, "b").owners):
+    final = KeyGroupTable.of(new, top, "b", new=True)
+    for table_owner in set(KeyGroupTable.of(OLD, top, "b").owners) | set(final.owners):
         owned = {g for g, o in enumerate(KeyGroupTable.of(OLD, top, "b").owners) if o == table_owner}
         instances[table_owner] = SimInstance(
             table_owner, owned, Donor(frozenset(senders)), Recipient.of(batches, table_owner)
@@ -282,7 +336,8 @@ def simulate(seed: int, in_flight: int, size: int) -> int:
         for action in actions:
             if action.kind == BatchActionKind.FLIP:
                 for sender in senders:
-                    pending_flips.append((step + rng.randint(0, 20), sender, action.batch))
+                    for batch in action.step.batches:
+                        pending_flips.append((step + rng.randint(0, 20), sender, batch))
 
     def deliver(target: SimInstance, sender: str, item: Any) -> None:
         if item[0] == "marker":
@@ -334,7 +389,6 @@ def simulate(seed: int, in_flight: int, size: int) -> int:
             for group, event in recipient.recipient.on_state(batch.key_groups):  # type: ignore[misc]
                 recipient.process(group, event)
             act(coordinator.on_installed(batch.number, step), step)
-    final = KeyGroupTable.of(new, top, "b")
     for group in range(MAX_P):
         holder = instances[final.owner(group)]
         others = [i for i in instances.values() if i is not holder and group in i.state and i.state[group]]
@@ -343,7 +397,7 @@ def simulate(seed: int, in_flight: int, size: int) -> int:
         for sender in senders:
             assert [e for e in got if e[0] == sender] == emitted.get((sender, group), [])
     assert all(not i.recipient.held for i in instances.values())
-    assert sorted(coordinator.installed_at) == [b.number for b in batches]  # every batch installed, none failed
+    assert sorted(coordinator.installed) == [b.number for b in batches]  # every batch installed, none failed
     return held_most
 
 

@@ -47,13 +47,16 @@ from elastream.core.topology import Topology, executor_id, split_executor_id
 
 @dataclass(frozen=True, order=True)
 class Instance:
-    """An executor on a node: what owns key groups. An executor that changes node is a new instance."""
+    """An executor instance: what owns key groups. A migration starts a *new* instance of every executor that
+    moves (its node or its vertex's parallelism changes: `core.migration_scope`), beside the old one, in the
+    worker's staged generation; an executor that is kept is one instance throughout (`new` False)."""
 
     executor: str
     node: str
+    new: bool = False
 
     def __str__(self) -> str:
-        return f"{self.executor}@{self.node}"
+        return f"{self.executor}@{self.node}{' (new)' if self.new else ''}"
 
 
 @dataclass(frozen=True, order=True)
@@ -66,16 +69,20 @@ class Move:
     recipient: Instance
 
 
-def owner(schedule: Schedule, vertex: str, max_parallelism: int, key_group: int) -> Instance:
-    """The instance that owns `key_group` of `vertex` under `schedule`."""
+def owner(
+    schedule: Schedule, vertex: str, max_parallelism: int, key_group: int, new: bool, kept: frozenset[str]
+) -> Instance:
+    """The instance that owns `key_group` of `vertex` under `schedule` (`new`: the migration's target, whose
+    executors are new instances unless `kept`)."""
     parallelism = schedule.parallelism()[vertex]
     executor = executor_id(vertex, key_group_owner(max_parallelism, parallelism, key_group))
-    return Instance(executor, schedule.node_of(executor))
+    return Instance(executor, schedule.node_of(executor), new and executor not in kept)
 
 
-def moves(topology: Topology, old: Schedule, new: Schedule) -> tuple[Move, ...]:
-    """Every key group whose owner differs between `old` and `new`, sorted by vertex and key group. A source's
-    read position is not a key group: sources that move are not here (they move as in CCR `moving`)."""
+def moves(topology: Topology, old: Schedule, new: Schedule, kept: frozenset[str]) -> tuple[Move, ...]:
+    """Every key group whose owner differs between `old` and `new` (`kept`: the executors that run on as they
+    are), sorted by vertex and key group: every key group of an executor that moves. A source's read position
+    is not a key group: sources are not here (a moving source hands its position over at the end)."""
     found: list[Move] = []
     sources = set(topology.sources)
     for name in sorted(topology.vertices):
@@ -83,8 +90,8 @@ def moves(topology: Topology, old: Schedule, new: Schedule) -> tuple[Move, ...]:
             continue
         max_parallelism = topology.vertices[name].max_parallelism
         for group in range(max_parallelism):
-            donor = owner(old, name, max_parallelism, group)
-            recipient = owner(new, name, max_parallelism, group)
+            donor = owner(old, name, max_parallelism, group, False, kept)
+            recipient = owner(new, name, max_parallelism, group, True, kept)
             if donor != recipient:
                 found.append(Move(name, group, donor, recipient))
     return tuple(found)
@@ -182,9 +189,13 @@ class KeyGroupTable:
     owners: tuple[Instance, ...]
 
     @classmethod
-    def of(cls, schedule: Schedule, topology: Topology, vertex: str) -> KeyGroupTable:
+    def of(
+        cls, schedule: Schedule, topology: Topology, vertex: str, new: bool = False, kept: frozenset[str] = frozenset()
+    ) -> KeyGroupTable:
         max_parallelism = topology.vertices[vertex].max_parallelism
-        return cls(vertex, tuple(owner(schedule, vertex, max_parallelism, g) for g in range(max_parallelism)))
+        return cls(
+            vertex, tuple(owner(schedule, vertex, max_parallelism, g, new, kept) for g in range(max_parallelism))
+        )
 
     def owner(self, key_group: int) -> Instance:
         return self.owners[key_group]
@@ -205,11 +216,68 @@ class KeyGroupTable:
         return KeyGroupTable(self.vertex, tuple(owners))
 
 
+# ------------------------------------------------------------------------------------------------ steps
+
+
+@dataclass(frozen=True)
+class Step:
+    """Batches flipped together by one FLIP: one batch of a vertex whose every input is keyed, or all the
+    batches of a vertex with an input that is not (a shuffle, broadcast or global stream cannot send one key
+    group elsewhere: its senders switch the whole stream to the new instances at once)."""
+
+    number: int
+    vertex: str
+    batches: tuple[Batch, ...]
+    #: steps of a lower level go first (`vertex_levels`)
+    level: int
+
+    def instances(self) -> frozenset[Instance]:
+        return frozenset(i for b in self.batches for i in (b.donor, b.recipient))
+
+
+def whole_vertices(topology: Topology, vertices: Iterable[str]) -> frozenset[str]:
+    """Of `vertices`, those with an input stream that is not keyed (`fields`): they move in one step."""
+    return frozenset(
+        v for v in vertices if any(topology.stream(p, v).grouping != "fields" for p in topology.parents(v))
+    )
+
+
+def vertex_levels(topology: Topology, vertices: Iterable[str]) -> dict[str, int]:
+    """The order moving `vertices` go in: downstream first. A vertex's level is 0 without a moving child, else
+    one more than its moving children's highest. So while a vertex's key groups move, its senders (the
+    executors of its parents) are the old schedule's and stay so, and the new instances of a parent only
+    start sending once its children's groups are all in place."""
+    moving = set(vertices)
+    levels: dict[str, int] = {}
+
+    def level(vertex: str) -> int:
+        if vertex not in levels:
+            below = [level(c) for c in topology.children(vertex) if c in moving]
+            levels[vertex] = 1 + max(below) if below else 0
+        return levels[vertex]
+
+    for vertex in sorted(moving):
+        level(vertex)
+    return levels
+
+
+def plan_steps(batches: Sequence[Batch], topology: Topology) -> tuple[Step, ...]:
+    """The batches as steps (see `Step`), lowest level first, in the batches' order within a level."""
+    vertices = {b.vertex for b in batches}
+    whole, levels = whole_vertices(topology, vertices), vertex_levels(topology, vertices)
+    grouped: list[tuple[str, tuple[Batch, ...]]] = []
+    for vertex in sorted(whole):
+        grouped.append((vertex, tuple(b for b in batches if b.vertex == vertex)))
+    grouped += [(b.vertex, (b,)) for b in batches if b.vertex not in whole]
+    order = sorted(range(len(grouped)), key=lambda i: (levels[grouped[i][0]], grouped[i][1][0].number))
+    return tuple(Step(n, grouped[i][0], grouped[i][1], levels[grouped[i][0]]) for n, i in enumerate(order))
+
+
 # ------------------------------------------------------------------------------------------- coordinator
 
 
 class BatchActionKind(enum.Enum):
-    #: senders of the batch's vertex route its key groups to the recipient and send MARKER in band
+    #: the senders of the step's vertex route its key groups to their recipients and send MARKER in band
     FLIP = "flip"
     #: every batch is installed: the new schedule runs (instances that own nothing now retire)
     DONE = "done"
@@ -220,11 +288,11 @@ class BatchActionKind(enum.Enum):
 @dataclass(frozen=True)
 class BatchAction:
     kind: BatchActionKind
-    batch: Batch | None = None
+    step: Step | None = None
     reason: str = ""
 
 
-class BatchState(enum.Enum):
+class StepState(enum.Enum):
     WAITING = "waiting"
     FLIPPED = "flipped"
     INSTALLED = "installed"
@@ -232,40 +300,53 @@ class BatchState(enum.Enum):
 
 @dataclass
 class BatchCoordinator:
-    """The controller's side: which batches to flip and when (events in: installed acks, ticks, failures;
-    actions out). At most `budget.in_flight` batches are open at once; a batch waits while its donor or its
-    recipient is in another open batch, unless nothing else could open (so a plan of one pair still runs)."""
+    """The controller's side: which steps to flip and when (events in: a batch's recipient installed it, ticks,
+    failures; actions out). Steps of a level open only once every step of the levels below is installed; at
+    most `budget.in_flight` steps are open at once, and a step waits while one of its instances is in another
+    open step, unless nothing is open (so a plan of one donor and one recipient still runs)."""
 
-    batches: tuple[Batch, ...]
+    steps: tuple[Step, ...]
     budget: BatchBudget = field(default_factory=BatchBudget)
-    states: dict[int, BatchState] = field(init=False)
+    states: dict[int, StepState] = field(init=False)
+    installed: set[int] = field(init=False, default_factory=set)
     flipped_at: dict[int, float] = field(init=False, default_factory=dict)
     installed_at: dict[int, float] = field(init=False, default_factory=dict)
     finished: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        self.states = {b.number: BatchState.WAITING for b in self.batches}
+        self.states = {s.number: StepState.WAITING for s in self.steps}
+        self._step_of = {b.number: s.number for s in self.steps for b in s.batches}
+
+    @property
+    def batches(self) -> int:
+        return len(self._step_of)
 
     def start(self, now: float) -> list[BatchAction]:
         return self._open(now)
 
-    def on_installed(self, number: int, now: float) -> list[BatchAction]:
-        """The recipient of batch `number` installed its state (acks may repeat: a second one changes nothing)."""
-        if self.finished or self.states.get(number) != BatchState.FLIPPED:
+    def on_installed(self, batch: int, now: float) -> list[BatchAction]:
+        """The recipient of `batch` installed it (acks may repeat: a second one changes nothing)."""
+        number = self._step_of.get(batch)
+        if self.finished or number is None or self.states[number] != StepState.FLIPPED or batch in self.installed:
             return []
-        self.states[number] = BatchState.INSTALLED
-        self.installed_at[number] = now
-        return self._open(now)
+        self.installed.add(batch)
+        if all(b.number in self.installed for b in self.steps[number].batches):
+            self.states[number] = StepState.INSTALLED
+            self.installed_at[number] = now
+            return self._open(now)
+        return []
 
     def on_tick(self, now: float) -> list[BatchAction]:
         if self.finished:
             return []
         for number, at in sorted(self.flipped_at.items()):
-            if self.states[number] == BatchState.FLIPPED and now - at > self.budget.stall_s:
-                batch = self.batches[number]
+            if self.states[number] == StepState.FLIPPED and now - at > self.budget.stall_s:
+                step = self.steps[number]
+                missing = [b for b in step.batches if b.number not in self.installed]
                 return self.on_failure(
-                    f"batch {number} ({len(batch.key_groups)} key groups of {batch.vertex}, {batch.donor} → "
-                    f"{batch.recipient}) not installed within {self.budget.stall_s:g} s",
+                    f"{len(missing)} batch(es) of {step.vertex} (the first: {missing[0].donor} → "
+                    f"{missing[0].recipient}, {len(missing[0].key_groups)} key groups) not installed within "
+                    f"{self.budget.stall_s:g} s",
                     now,
                 )
         return []
@@ -276,33 +357,35 @@ class BatchCoordinator:
         self.finished = True
         return [BatchAction(BatchActionKind.FAIL, reason=reason)]
 
-    def open_batches(self) -> list[Batch]:
-        return [b for b in self.batches if self.states[b.number] == BatchState.FLIPPED]
+    def open_steps(self) -> list[Step]:
+        return [s for s in self.steps if self.states[s.number] == StepState.FLIPPED]
 
     def _open(self, now: float) -> list[BatchAction]:
         actions: list[BatchAction] = []
-        open_now = self.open_batches()
-        busy = {i for b in open_now for i in (b.donor, b.recipient)}
-        waiting = [b for b in self.batches if self.states[b.number] == BatchState.WAITING]
-        while len(open_now) < max(1, self.budget.in_flight) and waiting:
-            free = next((b for b in waiting if b.donor not in busy and b.recipient not in busy), None)
+        open_now = self.open_steps()
+        busy = {i for s in open_now for i in s.instances()}
+        waiting = [s for s in self.steps if self.states[s.number] == StepState.WAITING]
+        level = min((s.level for s in open_now + waiting), default=0)
+        while len(open_now) < max(1, self.budget.in_flight):
+            ready = [s for s in waiting if s.level == level]
+            free = next((s for s in ready if not s.instances() & busy), None)
             if free is None:
-                if open_now:
+                if open_now or not ready:
                     break
-                free = waiting[0]
+                free = ready[0]
             waiting.remove(free)
-            self.states[free.number] = BatchState.FLIPPED
+            self.states[free.number] = StepState.FLIPPED
             self.flipped_at[free.number] = now
             open_now.append(free)
-            busy |= {free.donor, free.recipient}
-            actions.append(BatchAction(BatchActionKind.FLIP, batch=free))
+            busy |= free.instances()
+            actions.append(BatchAction(BatchActionKind.FLIP, step=free))
         if not waiting and not open_now and not self.finished:
             self.finished = True
             actions.append(BatchAction(BatchActionKind.DONE))
         return actions
 
     def hold_times_s(self) -> list[float]:
-        """Flip → installed of every installed batch: the longest any of its events waited."""
+        """Flip → installed of every installed step: the longest any of its events waited."""
         return [self.installed_at[n] - self.flipped_at[n] for n in sorted(self.installed_at)]
 
 
