@@ -155,12 +155,13 @@ def recovery(
     2,833/s while the sources offer 3,200/s), a scale-in can lower it: the level before the request is not the
     one the output comes back to, and measured against it the output never stabilizes.
 
-    The level after the pause is known (`level_after`, the median of the points) once the last `hold` + 1
-    points lie within ±`tolerance` of the level before, or within `tolerance` x their median of each other
-    (largest minus smallest: an output still rising through the old level is not a level). The newest point is
-    left out (read live, its bucket may hold only some executors' samples yet), and no point may be one where
-    the sources emit more than `tolerance` above what they are offered: they are working off the backlog the
-    pause left, a transient, not a level. When the settled level differs from the level before by more than
+    The level after the pause is known (`level_after`, the median of the points) once `hold` + 1 points in a
+    row lie within ±`tolerance` of the level before, or within `tolerance` x their median of each other
+    (largest minus smallest: an output still rising through the old level is not a level); the first such run
+    gives it, so a later read with more output finds the same. The newest point is left out (read live, its
+    bucket may hold only some executors' samples yet), and no point may be one where the sources emit more
+    than `tolerance` above what they are offered: they are working off the backlog the pause left, a
+    transient, not a level. When the settled level differs from the level before by more than
     `tolerance` (or there was no output before), catch-up and stabilization are measured against it
     ("newLevel"), otherwise against the level before, exactly as `recovery_times` does ("before", also while
     the level is not known yet).
@@ -214,19 +215,25 @@ def _settled_level(
     draining: set[float],
     level_before: float | None,
 ) -> float | None:
-    """The median of the `hold` + 1 points before the newest when none is a backlog worked off and they either
-    all lie within ±tolerance of `level_before` (back at the old level, as steady as `recovery_times` asks) or
-    agree within `tolerance` x their median (`recovery`); None otherwise, or when that level is no output."""
-    window = list(after[-(hold + 2) : -1])
-    if len(window) < hold + 1 or any(t in draining for t, _ in window):
-        return None
-    rates = [rate for _, rate in window]
-    level = statistics.median(rates)
-    if level <= 0.0:
-        return None
-    if level_before is not None and all(abs(rate - level_before) <= tolerance * level_before for rate in rates):
-        return level
-    return level if max(rates) - min(rates) <= tolerance * level else None
+    """The median of the first `hold` + 1 points in a row (the newest point left out) where none is a backlog
+    worked off and they either all lie within ±tolerance of `level_before` (back at the old level, as steady
+    as `recovery_times` asks) or agree within `tolerance` x their median (`recovery`); None when no such run
+    has come yet, or when its level is no output. The first such run, so that a later read of the same
+    output, with more points after it, finds the same level."""
+    points = list(after[:-1])
+    for i in range(len(points) - hold):
+        window = points[i : i + hold + 1]
+        if any(t in draining for t, _ in window):
+            continue
+        rates = [rate for _, rate in window]
+        level = statistics.median(rates)
+        if level <= 0.0:
+            continue
+        if level_before is not None and all(abs(rate - level_before) <= tolerance * level_before for rate in rates):
+            return level
+        if max(rates) - min(rates) <= tolerance * level:
+            return level
+    return None
 
 
 def _draining(
