@@ -44,9 +44,11 @@ from typing import Any
 
 import redis
 
+from elastream.control.batched_migration import BatchedRun, Load, direction
 from elastream.control.checkpoint_driver import abandon_checkpoint
 from elastream.control.retrying import retry_within
 from elastream.core.checkpoint_protocol import replayed_events
+from elastream.core.keygroup_batches import BatchBudget
 from elastream.core.migration_protocol import (
     SENDER,
     Ack,
@@ -61,7 +63,7 @@ from elastream.core.migration_protocol import (
     Timeouts,
 )
 from elastream.core.migration_scope import MigrationParts, migration_parts
-from elastream.core.outcomes import Direction, Outcome
+from elastream.core.outcomes import Outcome
 from elastream.core.ports import Backend, BackendError, Clock, EventSink, SystemClock
 from elastream.core.schedule import Schedule
 from elastream.core.status import EventReason
@@ -87,11 +89,6 @@ class MigrationInterrupted(MigrationError):
     deleted): its record stays in Redis and `resume` finishes or aborts it."""
 
 
-def _direction(old: Schedule, new: Schedule) -> Direction:
-    """A migration's direction in its report: out when the new schedule has more nodes, in otherwise."""
-    return Direction.OUT if len(new.nodes) > len(old.nodes) else Direction.IN
-
-
 class _Quiet:
     def emit(self, reason: str, message: str, warning: bool = False) -> None:
         (log.warning if warning else log.info)("%s: %s", reason, message)
@@ -112,6 +109,8 @@ class MigrationDriver:
     poll_s: float = 0.005
     #: called before each action is carried out (fault tests kill a worker or the controller here)
     before_action: Callable[[Action, MigrationCoordinator], None] | None = None
+    #: `keyGroups`: called before each step's FLIP with its number (the same, for a batched migration)
+    before_step: Callable[[int], None] | None = None
     #: this controller as the owner of its migrations (`store.claim`), and how long its lease lasts unrenewed
     identity: str = field(default_factory=controller_identity)
     owner_ttl_s: int = OWNER_TTL_S
@@ -127,8 +126,12 @@ class MigrationDriver:
     #: the id of this controller's own checkpoint round in progress (`CheckpointDriver.open_round`): driven, so
     #: never "unfinished" (a round spans reconcile passes and holds the topology's claim meanwhile)
     own_round: Callable[[], str | None] | None = None
-    #: CCR: pause every executor (`all`) or only those that move (`moving`); see the module
+    #: CCR: pause every executor (`all`), only those that move (`moving`), or nothing but key groups in flight
+    #: (`keyGroups`, `control.batched_migration`); see the module
     scope: MigrationScope = "all"
+    #: `keyGroups`: what a batch may cost, and each vertex's state and input rate its batch sizes follow
+    batch_budget: BatchBudget = field(default_factory=BatchBudget)
+    load: Callable[[], Load] | None = None
     #: whether a completed migration (the latest checkpoint then) waits for its commit to be on disk
     durability: DurableCommits = field(default_factory=DurableCommits.from_env)
     #: the topology's own Redis user's connection, which a completion runs on (`CheckpointStore.commit_as`)
@@ -242,6 +245,22 @@ class MigrationDriver:
                 f"migration {current} of {self.topology.name} is in progress; wait for it to finish "
                 "(or let a restarted controller resume it)"
             )
+        if scope == "keyGroups":
+            self.events.emit(
+                EventReason.MIGRATION_STARTED,
+                f"key-group migration {mid}: {len(old.nodes)} -> {len(new.nodes)} nodes",
+            )
+            batched = BatchedRun(
+                self,
+                mid,
+                old,
+                new,
+                migration_parts(self.topology, old, new, "moving"),
+                budget=self.batch_budget,
+                load=self.load() if self.load is not None else {},
+                prepare_ms=prepare_ms,
+            )
+            return batched.go()
         parts = migration_parts(self.topology, old, new, scope)
         coordinator = MigrationCoordinator(mid, self.protocol, parts.participants, parts.moving_new, self.timeouts)
         run = _Run(self, coordinator, old, new, self._control(), parts, restore_from=str(record.get("restoreFrom", "")))
@@ -253,14 +272,14 @@ class MigrationDriver:
         return run.go(coordinator.start(self.clock.now()))
 
     def scope_for(self) -> MigrationScope:
-        """The scope this migration takes: `moving` only for CCR, and only with a periodic checkpoint to roll
-        back to should anything go wrong after COMMIT (see the module)."""
-        if self.scope != "moving" or self.protocol != "ccr":
+        """The scope this migration takes: `moving` or `keyGroups` only for CCR, and only with a periodic
+        checkpoint to roll back to should anything go wrong once state has moved (see the module)."""
+        if self.scope == "all" or self.protocol != "ccr":
             return "all"
         if self.store.latest_checkpoint() is None:
             log.info("%s: no periodic checkpoint yet: this migration pauses every executor", self.topology.name)
             return "all"
-        return "moving"
+        return self.scope
 
     def _begin(self, mid: str, record: dict[str, Any], new: Schedule) -> bool:
         """Claim the topology for `mid` and take the owner lease; Redis away: nothing was paused yet, so the
@@ -283,7 +302,7 @@ class MigrationDriver:
         return MigrationReport(
             migration_id=mid,
             protocol=self.protocol,
-            direction=_direction(old, new),
+            direction=direction(old, new),
             from_nodes=len(old.nodes),
             to_nodes=len(old.nodes),
             phases_ms=PhaseTimes().durations_ms(),  # every phase None: none of them ran
@@ -325,7 +344,7 @@ class MigrationDriver:
         running schedule that reloads the surviving workers instead of stopping them, with state from the
         checkpoint and the sources replaying what came after it. What a dead worker, an aborted migration that
         lost one, and a partial migration that failed after COMMIT come to."""
-        return replace(self, protocol="restart", in_place=True, before_action=None).migrate(
+        return replace(self, protocol="restart", in_place=True, before_action=None, before_step=None).migrate(
             self.backend.current_schedule()
         )
 
@@ -354,6 +373,17 @@ class MigrationDriver:
         record = self.store.record(mid)
         old = Schedule.from_dict(json.loads(record["old"]))
         new = Schedule.from_dict(json.loads(record["new"]))
+        if record.get("scope") == "keyGroups":
+            # the state that moved lives only in the processes: roll back to the last periodic checkpoint
+            self.events.emit(
+                EventReason.MIGRATION_RESUMED,
+                f"key-group migration {mid} found unfinished; rolling back to the last periodic checkpoint",
+                warning=True,
+            )
+            with contextlib.suppress(BackendError, redis.RedisError):
+                self.backend.discard(new)
+            self.store.delete_migration(mid)
+            return self.roll_back()
         protocol: MigrationProtocol = record.get("protocol", "ccr")  # type: ignore[assignment]
         scope: MigrationScope = "moving" if record.get("scope") == "moving" else "all"
         parts = migration_parts(self.topology, old, new, scope)
@@ -622,7 +652,7 @@ class _Run:
         report = MigrationReport(
             migration_id=coordinator.migration_id,
             protocol=coordinator.protocol,
-            direction=_direction(self.old, self.new),
+            direction=direction(self.old, self.new),
             from_nodes=len(self.old.nodes),
             to_nodes=to_nodes,
             phases_ms=coordinator.times.durations_ms(),

@@ -59,6 +59,16 @@ class ControlType(enum.StrEnum):
     #: a worker to one of its executors that stays in a partial migration: the new schedule's outputs and
     #: upstream (never sent through Redis: it carries the channels)
     REROUTE = "reroute"
+    #: a migration of scope `keyGroups` (`core.keygroup_batches`): a node starts its staged generation's new
+    #: executor instances beside the running ones (OVERLAP); the controller tells a vertex's senders to send
+    #: a step's key groups to their recipients (FLIP); a sender tells a donor, in band, that nothing more of
+    #: those groups follows (MARKER); a donor ships their state to the recipient, in band (STATE); a moving
+    #: source pauses and saves its position (HANDOFF)
+    OVERLAP = "overlap"
+    FLIP = "flip"
+    MARKER = "marker"
+    STATE = "state"
+    HANDOFF = "handoff"
 
 
 #: the `role` of PREPARE and COMMIT to an executor that stays and sends to moving ones (`core.migration_scope`)
@@ -384,6 +394,10 @@ class MigrationReport:
     #: executors of the old schedule that paused (captured, drained or stopped), and how many it had
     paused_executors: int | None = None
     executors: int | None = None
+    #: scope `keyGroups`: the batches the key groups moved in, and the longest a batch's events waited (its
+    #: flip to its state installed)
+    batches: int | None = None
+    longest_hold_ms: float | None = None
 
     def to_status(self) -> dict[str, object]:
         return {
@@ -405,4 +419,5 @@ class MigrationReport:
             "scope": self.scope,
             "pausedExecutors": self.paused_executors,
             "executors": self.executors,
+            **({} if self.batches is None else {"batches": self.batches, "longestHoldMs": self.longest_hold_ms}),
         }

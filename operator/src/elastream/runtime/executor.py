@@ -27,6 +27,7 @@ from operator import itemgetter, length_hint
 from typing import Any
 
 from elastream.core.migration_protocol import ControlType, Mode
+from elastream.runtime.keygroup_migration import IN_BAND_BATCHING, Batching, accepts, hold_or_pass, on_flip, on_in_band
 from elastream.runtime.operators.api import SAME, Context
 from elastream.runtime.partial_migration import on_sender_control, pending_share, release_held
 from elastream.runtime.participant import Migration
@@ -180,6 +181,8 @@ class ExecutorLoop(threading.Thread):
         self.failure: BaseException | None = None
         #: a source's pause (set: it emits nothing; until every node is ready, and during a migration)
         self.paused = threading.Event()
+        #: its part in a migration of scope `keyGroups` (`runtime.keygroup_migration`)
+        self.batching = Batching()
         _bind_errors(operator, self.counters, context, executor)
 
     #: what the log lines call this thread's executor
@@ -192,6 +195,7 @@ class ExecutorLoop(threading.Thread):
             self.operator.open(self.context)
             self.loop()
             self.router.flush()
+            self.batching.close()
             self.operator.close()
         except RetryCancelled:
             log.info("%s %s stopped while waiting for Redis", self.kind, self.executor)
@@ -274,7 +278,12 @@ class ExecutorThread(ExecutorLoop):
         is in the state that moves, and must be emitted once, by the new executor), nor while waiting for
         INIT or aligning a checkpoint barrier (the state being saved must not change meanwhile)."""
         migration = self.migration
-        return migration.awaiting is None and migration.participant.mode is Mode.RUNNING and self.barrier is None
+        return (
+            migration.awaiting is None
+            and migration.participant.mode is Mode.RUNNING
+            and self.barrier is None
+            and not self.batching.donating()
+        )
 
     def on_timer(self) -> None:
         """Let an idle operator emit what is due by time (a window closing), then send it."""
@@ -331,6 +340,8 @@ class ExecutorThread(ExecutorLoop):
         kind = message.get("type")
         if type(kind) is not str:
             return False
+        if kind in IN_BAND_BATCHING:
+            return accepts(self, sender, message)
         if kind not in IN_BAND and not (kind == ControlType.PREPARE and message.get("protocol") == "dcr"):
             return False
         return sender in self.migration.participant.upstream
@@ -343,6 +354,10 @@ class ExecutorThread(ExecutorLoop):
         migration = self.migration
         if migration.awaiting is not None:
             self.held.append(frame)
+        elif self.batching.receiving():  # a new instance of a key-group migration: hold what is still to come
+            events = hold_or_pass(self, sender, payload)
+            if events:
+                self.process_batch(events, sender)
         elif migration.participant.captures():
             self.counters.received += len(payload)
             migration.capture(sender, payload)
@@ -356,6 +371,11 @@ class ExecutorThread(ExecutorLoop):
         kind, mid = message.get("type"), str(message.get("mid"))
         log.debug("executor %s: %s of migration %s from %s", self.executor, kind, mid, sender)
         if sender == CONTROLLER and on_sender_control(self, message):
+            return
+        if sender == CONTROLLER and kind == ControlType.FLIP:
+            on_flip(self.executor, self.router, message)
+            return
+        if sender != CONTROLLER and on_in_band(self, sender, message):
             return
         if kind == ControlType.PREPARE:
             participant.protocol = message.get("protocol", "ccr")

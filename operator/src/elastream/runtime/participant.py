@@ -66,6 +66,11 @@ class Migration:
     def ack(self, mid: str, phase: str, **info: int) -> None:
         self._redis(f"ack {phase} of {mid}", lambda: self.store.ack(mid, phase, self.executor, info))
 
+    def ack_batch(self, mid: str, batch: int) -> None:
+        """A recipient installed `batch` of a migration of scope `keyGroups`: acked under the batch's number."""
+        info = {"executor": self.executor}
+        self._redis(f"ack batch {batch} of {mid}", lambda: self.store.ack(mid, "installed", str(batch), info))
+
     def capture(self, sender: str, events: Any) -> None:
         """Keep events that arrived after PREPARE, by the key group they belong to in this vertex (fields
         inputs) or in the shared list (other groupings), in arrival order."""

@@ -14,6 +14,11 @@ to the moving receivers (`hold`): a shuffle stream sends to the receivers that s
 global one keeps the events for a moving receiver aside; COMMIT goes in-band on the held channels only
 (`send_control_held`); once the new schedule is in place `reroute` swaps in its outputs and sends what was
 held to the new receivers (or `release` sends it to the old ones after all, when the migration aborted).
+
+During a migration of scope `keyGroups` (`core.keygroup_batches`) nothing is held here: `flip` sends MARKER
+behind what went to each donor and from then on routes the step's key groups to their recipients (a keyed
+stream: a per-key-group table of channels, the recipients' channels added), or sends the whole stream to the
+vertex's new instances (any other grouping).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -69,6 +75,9 @@ class OutputStream:
         self.held_whole = False
         #: what is held for them: (event, receiver index, or None to be routed afresh by the new schedule)
         self.held_events: list[tuple[Any, int | None]] = []
+        #: during a migration of scope `keyGroups`, a keyed stream's owner of each key group (an index into
+        #: `channels`, which then holds the recipients' channels after the old ones); None: by the ranges
+        self.owners: list[int] | None = None
 
     def choose(self, n: int, stop: threading.Event) -> tuple[Channel, float]:
         """The channel for the next frame of `n` events: the one with the most free credit, ties going to the
@@ -119,7 +128,10 @@ class OutputStream:
             return (index,)
         if self.grouping == "fields":
             key = grouping_key(event, self.field)
-            return (key_group_owner(self.max_parallelism, k, key_group_of(key, self.max_parallelism)),)
+            group = key_group_of(key, self.max_parallelism)
+            if self.owners is not None:
+                return (self.owners[group],)
+            return (key_group_owner(self.max_parallelism, k, group),)
         if self.grouping == "all":
             return range(k)
         return (0,)
@@ -127,12 +139,16 @@ class OutputStream:
 
 class Router:
     """Buffers emitted events per downstream executor and sends them in frames of up to the channel's
-    `frame_limit` (`MAX_BATCH` at most, half the channel's credit window)."""
+    `frame_limit` (`MAX_BATCH` at most, half the channel's credit window). `opener` opens a channel to a
+    receiver a migration of scope `keyGroups` names (None: this router cannot take part in one)."""
 
-    def __init__(self, outputs: Sequence[OutputStream], stop: threading.Event) -> None:
+    def __init__(
+        self, outputs: Sequence[OutputStream], stop: threading.Event, opener: OpenChannel | None = None
+    ) -> None:
         self.outputs = list(outputs)
         self.stop = stop
         self.blocked_s = 0.0
+        self.opener = opener
 
     def route(self, event: Any) -> None:
         for output in self.outputs:
@@ -166,7 +182,7 @@ class Router:
                 output.pending += events
                 while len(output.pending) >= output.pending_limit:
                     self.blocked_s += output.send_pending(self.stop, output.pending_limit)
-            elif len(output.channels) == 1 or output.grouping == "global":
+            elif output.owners is None and (len(output.channels) == 1 or output.grouping == "global"):
                 self._fill(output, 0, events)
             elif output.grouping == "all":
                 for index in range(len(output.channels)):
@@ -286,6 +302,49 @@ class Router:
                         output.buffers[target] = []
         self.flush()
 
+    def flip(self, sender: str, flip: FlipOrder, marker: Callable[[list[Mapping[str, Any]]], dict[str, Any]]) -> None:
+        """A step of a migration of scope `keyGroups` (`core.keygroup_batches`): what went to each donor so far
+        goes out, then MARKER (`marker(batches)`, the donor's batches of the step) behind it; from now on the
+        step's key groups go to their recipients (a keyed stream), or the whole stream goes to the vertex's
+        new instances (`flip.channels`: any other grouping; the old donors' channels close)."""
+        if self.opener is None:
+            raise RuntimeError(f"{sender}: a key-group migration needs a router that can open channels")
+        output = next((o for o in self.outputs if o.stream.dst == flip.vertex), None)
+        if output is None:
+            raise ValueError(f"{sender} sends nothing to {flip.vertex}; a FLIP of its key groups is not for it")
+        self.flush()
+        by_donor: dict[int, list[Mapping[str, Any]]] = {}
+        for batch in flip.batches:
+            by_donor.setdefault(int(batch["donorIndex"]), []).append(batch)
+        for index, batches in sorted(by_donor.items()):
+            self.blocked_s += output.channels[index].send_control(marker(batches), self.stop)
+        existing = {(c.receiver, c.endpoint): i for i, c in enumerate(output.channels)}
+
+        def channel_to(receiver: str, endpoint: str) -> int:
+            found = existing.get((receiver, endpoint))
+            if found is None:
+                assert self.opener is not None
+                output.channels.append(self.opener(sender, receiver, endpoint))
+                output.buffers.append([])
+                found = existing[(receiver, endpoint)] = len(output.channels) - 1
+            return found
+
+        if flip.channels is None:
+            if output.owners is None:
+                k = len(output.channels)
+                output.owners = [key_group_owner(output.max_parallelism, k, g) for g in range(output.max_parallelism)]
+            for batch in flip.batches:
+                recipient = channel_to(str(batch["recipient"]), str(batch["endpoint"]))
+                for group in batch["groups"]:
+                    output.owners[int(group)] = recipient
+            return
+        channels = [output.channels[channel_to(receiver, endpoint)] for receiver, endpoint in flip.channels]
+        kept = {id(c) for c in channels}
+        for channel in output.channels:
+            if id(channel) not in kept:
+                channel.close()  # after the MARKER it carried: the donor has all it will get from this sender
+        self.outputs[self.outputs.index(output)] = OutputStream(output.stream, output.max_parallelism, channels)
+
     def send_control(self, message: dict[str, Any]) -> None:
         """Send a control message in-band on every output channel (behind the data already sent)."""
         self.flush()
@@ -332,6 +391,17 @@ class Router:
     def take_blocked(self) -> float:
         blocked, self.blocked_s = self.blocked_s, 0.0
         return blocked
+
+
+@dataclass(frozen=True)
+class FlipOrder:
+    """What a FLIP tells a sender (`Router.flip`): the vertex whose key groups move, the step's batches as the
+    message carries them ({"n", "donorIndex", "recipient", "endpoint", "groups"}), and for a stream that is not
+    keyed the vertex's new receivers in index order, (executor, endpoint) each (None for a keyed stream)."""
+
+    vertex: str
+    batches: Sequence[Mapping[str, Any]]
+    channels: Sequence[tuple[str, str]] | None = None
 
 
 def build_outputs(

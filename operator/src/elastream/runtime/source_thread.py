@@ -11,6 +11,7 @@ from typing import Any
 
 from elastream.core.migration_protocol import ControlType
 from elastream.runtime.executor import CONTROLLER, FLUSH_S, ExecutorLoop
+from elastream.runtime.keygroup_migration import on_flip
 from elastream.runtime.partial_migration import on_sender_control, release_held
 from elastream.runtime.transport import MAX_BATCH
 
@@ -101,7 +102,16 @@ class SourceThread(ExecutorLoop):
         kind, mid = message.get("type"), str(message.get("mid"))
         if on_sender_control(self, message):
             return
-        if kind == ControlType.PREPARE:
+        if kind == ControlType.FLIP:  # a key-group migration of a vertex this source feeds
+            on_flip(self.executor, self.router, message)
+        elif kind == ControlType.HANDOFF:
+            # a key-group migration moves this source: it stops here, and its new instance starts where it did
+            self.paused.set()
+            self.router.flush()
+            position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
+            migration.checkpoint(mid, self.operator, position)
+            migration.ack(mid, "handoff")
+        elif kind == ControlType.PREPARE:
             self.paused.set()
             migration.participant.protocol = message.get("protocol", "ccr")
             migration.participant.on_prepare(mid)

@@ -130,6 +130,7 @@ class Worker:
             self.client_factory,
             self.waits.redis_call,
             self.generations.running,
+            self.generations.overlapping,
             self.generations,
             self.drains.backend_stops,
             self.failures.fail,

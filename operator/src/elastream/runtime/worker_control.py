@@ -27,7 +27,11 @@ class ScheduleSwitch(Protocol):
 
     def unstage(self, version: int) -> None: ...
 
-    def switch(self, version: int, migration_id: str | None, partial: bool = False) -> None: ...
+    def switch(
+        self, version: int, migration_id: str | None, partial: bool = False, overlapped: bool = False
+    ) -> None: ...
+
+    def overlap(self, migration_id: str) -> None: ...
 
 
 class ControlMessages:
@@ -45,6 +49,7 @@ class ControlMessages:
         client_factory: Callable[[], redis.Redis],
         redis_call: Callable[[str, Callable[[], Any]], Any],
         executors: Callable[[], Mapping[str, ExecutorLoop]],
+        new_executors: Callable[[], Mapping[str, ExecutorLoop]],
         schedules: ScheduleSwitch,
         backend_stops: Callable[[], None],
         fail: Callable[[str, BaseException | None], None],
@@ -55,6 +60,8 @@ class ControlMessages:
         self.client_factory = client_factory
         self.redis_call = redis_call
         self.executors = executors
+        #: the new instances a key-group migration runs beside the old ones (messages marked `"to": "new"`)
+        self.new_executors = new_executors
         self.schedules = schedules
         self.backend_stops = backend_stops
         self.fail = fail
@@ -98,7 +105,8 @@ class ControlMessages:
                 else:  # half switched: this node's executors are in no known state
                     self.fail(f"the switch to schedule version {message.get('version')}", exc)
             return
-        thread = self.executors().get(executor)
+        running = self.new_executors() if message.get("to") == "new" else self.executors()
+        thread = running.get(executor)
         if thread is None:
             log.warning("control message %s for %s, which is not on this node; dropped", message, executor)
             return
@@ -107,13 +115,16 @@ class ControlMessages:
     def on_node_message(self, message: Mapping[str, Any]) -> None:
         kind = message.get("type")
         version = int(message.get("version", 0))
-        partial = message.get("scope") == "moving"
+        scope = message.get("scope")
+        partial = scope in ("moving", "keyGroups")
         if kind == ControlType.STAGE:
             self.schedules.stage_ahead(version, partial)
         elif kind == ControlType.UNSTAGE:
             self.schedules.unstage(version)
         elif kind == ControlType.SWITCH:
-            self.schedules.switch(version, message.get("mid") or None, partial)
+            self.schedules.switch(version, message.get("mid") or None, partial, overlapped=scope == "keyGroups")
+        elif kind == ControlType.OVERLAP:
+            self.schedules.overlap(str(message.get("mid")))
         elif kind == ControlType.STOP:
             self.backend_stops()  # before anything else: a SIGTERM may come between any two lines
             self.stop.set()

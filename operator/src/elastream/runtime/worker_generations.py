@@ -17,6 +17,7 @@ from typing import Any
 import redis
 import zmq
 
+from elastream.core.keygroup_batches import Recipient
 from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.core.migration_scope import migration_parts
 from elastream.core.ports import Clock
@@ -171,11 +172,27 @@ class Generations:
     def activate(self, generation: Generation) -> bool:
         """Connect `generation`'s outputs to the registered endpoints of its downstream executors, build its
         threads and start them; False when stopped while waiting for endpoints."""
+        kept = list(generation.threads)  # the kept threads of a partial switch
+        endpoints = self._endpoints(generation, list(generation.operators) + [t.executor for t in kept])
+        if endpoints is None:
+            return False
+        open_channel = self._opener(generation)
+        parallelism = generation.schedule.parallelism()
+        for running in kept:  # a partial switch: the kept threads take the new schedule's outputs and upstream
+            running.control.put(self._reroute(running, parallelism, endpoints, open_channel))
+        for executor in generation.operators:
+            generation.threads.append(self._thread(generation, executor, endpoints, open_channel, generation.awaiting))
+        for thread in generation.threads:
+            if thread not in kept:
+                thread.start()
+        return self._mark_ready(generation)
+
+    def _endpoints(self, generation: Generation, senders: list[str]) -> dict[str, str] | None:
+        """The registered endpoints of every executor `senders` send to under `generation`'s schedule, once all
+        are registered; None when stopped while waiting."""
         schedule, version = generation.schedule, generation.version
         registry = self.stores.registry
         parallelism = schedule.parallelism()
-        mine = list(generation.operators)
-        senders = mine + [t.executor for t in generation.threads]  # the kept threads of a partial switch too
         needed = {
             f"{child}#{i}"
             for executor in senders
@@ -194,47 +211,46 @@ class Generations:
             return f"endpoints of {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''} (on {', '.join(nodes)})"
 
         if not self.waits.wait_for(missing, all_endpoints, poll_s=0.005, stop=generation.stop):
-            return False
-        endpoints = found["endpoints"]
+            return None
+        return found["endpoints"]
 
+    def _opener(self, generation: Generation) -> OpenChannel:
         def open_channel(sender: str, receiver: str, endpoint: str) -> Channel:
             window = generation.windows.get((sender, split_executor_id(receiver)[0]), INITIAL_WINDOW)
             return Channel(self.sockets, sender, receiver, endpoint, self.options.data_plane, window)
 
-        kept = list(generation.threads)
-        for running in kept:  # a partial switch: the kept threads take the new schedule's outputs and upstream
-            running.control.put(self._reroute(running, parallelism, endpoints, open_channel))
-        for executor in mine:
-            vertex_name, _ = split_executor_id(executor)
-            operator, context = generation.operators[executor]
-            stop = generation.stops[executor]
-            outputs = build_outputs(self.topology, executor, parallelism, endpoints, open_channel)
-            router = Router(outputs, stop)
-            migration = self._migration_for(executor, parallelism, generation.awaiting, stop)
-            thread: ExecutorThread | SourceThread
-            if self.topology.vertices[vertex_name].kind == "source":
-                thread = SourceThread(executor, operator, context, router, stop, migration, self.on_failure)
-                thread.paused.set()  # until every node is ready (and, during a migration, until RESUME)
-            else:
-                is_sink = self.topology.vertices[vertex_name].kind == "sink"
-                inbox = generation.inboxes[executor]
-                thread = ExecutorThread(
-                    executor,
-                    operator,
-                    context,
-                    inbox,
-                    router,
-                    stop,
-                    is_sink,
-                    migration,
-                    self.on_failure,
-                )
-            generation.threads.append(thread)
+        return open_channel
+
+    def _thread(
+        self,
+        generation: Generation,
+        executor: str,
+        endpoints: Mapping[str, str],
+        open_channel: OpenChannel,
+        awaiting: str | None,
+    ) -> ExecutorThread | SourceThread:
+        """The thread of one of `generation`'s executors, its outputs connected, not started."""
+        vertex_name, _ = split_executor_id(executor)
+        parallelism = generation.schedule.parallelism()
+        operator, context = generation.operators[executor]
+        stop = generation.stops[executor]
+        outputs = build_outputs(self.topology, executor, parallelism, endpoints, open_channel)
+        router = Router(outputs, stop, open_channel)
+        migration = self._migration_for(executor, parallelism, awaiting, stop)
+        if self.topology.vertices[vertex_name].kind == "source":
+            source = SourceThread(executor, operator, context, router, stop, migration, self.on_failure)
+            source.paused.set()  # until every node is ready (and, during a migration, until RESUME)
+            return source
+        is_sink = self.topology.vertices[vertex_name].kind == "sink"
+        inbox = generation.inboxes[executor]
+        return ExecutorThread(executor, operator, context, inbox, router, stop, is_sink, migration, self.on_failure)
+
+    def _mark_ready(self, generation: Generation) -> bool:
+        """`generation` runs: register the worker and mark the node ready (never after an executor died)."""
+        schedule, version = generation.schedule, generation.version
+        registry = self.stores.registry
         # about an hour of samples for the executors that actually run, at the actual interval
         self.stores.metrics.maxlen = metric_stream_maxlen(len(schedule), self.options.interval_s)
-        for thread in generation.threads:
-            if thread not in kept:
-                thread.start()
         self.current = generation
         info = {
             "pid": os.getpid(),
@@ -255,6 +271,47 @@ class Generations:
             f", waiting for INIT of migration {generation.awaiting}" if generation.awaiting else "",
         )
         return True
+
+    # ------------------------------------------------------------------------ a migration of scope keyGroups
+
+    def overlap(self, migration_id: str) -> None:
+        """OVERLAP (a migration of scope `keyGroups`, `core.keygroup_batches`): start the staged generation's
+        executors now, beside the running ones. Each new instance awaits every key group it will own (its
+        donors ship them in band); a new source stays paused until its old instance hands its position over.
+        Acked with the staged version (a repeated OVERLAP is acked again, nothing started twice)."""
+        with self._switching:
+            staged = self.staged
+            if staged is None:
+                raise OperatorLoadError(f"node {self.node}: OVERLAP of migration {migration_id}, but nothing is staged")
+            if not staged.overlapping:
+                endpoints = self._endpoints(staged, list(staged.operators))
+                if endpoints is None:
+                    return
+                open_channel = self._opener(staged)
+                for executor in staged.operators:
+                    is_source = self.topology.vertices[split_executor_id(executor)[0]].kind == "source"
+                    thread = self._thread(
+                        staged, executor, endpoints, open_channel, migration_id if is_source else None
+                    )
+                    if not is_source:
+                        thread.batching.recipient = Recipient(set(thread.context.key_groups))
+                    staged.threads.append(thread)
+                for thread in staged.threads:
+                    thread.start()
+                staged.overlapping = True
+                log.info(
+                    "node %s: %d new executor instances run beside the old ones (migration %s)",
+                    self.node,
+                    len(staged.threads),
+                    migration_id,
+                )
+        store, info = self.stores.store, {"version": staged.version}
+        self.waits.redis_call("ack OVERLAP", lambda: store.ack(migration_id, "overlap", self.node, info))
+
+    def overlapping(self) -> Mapping[str, ExecutorThread | SourceThread]:
+        """The new instances an OVERLAP started, by id (the controller's messages marked for them go there)."""
+        staged = self.staged
+        return staged.by_executor() if staged is not None and staged.overlapping else {}
 
     def start_sources_when_all_ready(self, generation: Generation) -> None:
         """Start the sources once every node of the schedule is ready (during a migration the controller
@@ -353,17 +410,27 @@ class Generations:
                 self.stop.set()
 
     def discard_staged(self) -> None:
+        """Drop the staged generation; the new instances an OVERLAP started stop (what they received is rolled
+        back with the rest of the topology: a key-group migration that does not finish ends in a rollback)."""
         staged, self.staged = self.staged, None
         if staged is not None:
+            if staged.threads:
+                staged.halt()
+                join(staged.threads, 5.0, self.clock)
+                for thread in staged.threads:
+                    for channel in thread.router.channels():
+                        channel.close(0)
             for inbox in staged.inboxes.values():
                 inbox.close()
 
-    def switch(self, version: int, migration_id: str | None, partial: bool = False) -> None:
+    def switch(self, version: int, migration_id: str | None, partial: bool = False, overlapped: bool = False) -> None:
         """Load schedule `version` in place: stop this node's executors of the running schedule (after a
         migration's COMMIT they are checkpointed and idle), start the ones the new schedule places here,
         waiting for INIT of `migration_id`, or stop the process when the node is no longer in it. `partial`
         (a migration of scope `moving`): the executors that stay as they are (`core.migration_scope`) run
-        on, untouched but for their outputs and upstream (REROUTE); only the others stop and start."""
+        on, untouched but for their outputs and upstream (REROUTE); only the others stop and start.
+        `overlapped` (a migration of scope `keyGroups`): the new instances run already (OVERLAP) and own every
+        key group; the old instances they replace, idle now, stop, and the kept ones join the new generation."""
         registry = self.stores.registry
         found = self.waits.redis_call("read the new schedule", lambda: registry.schedule_version(version))
         if found is None:
@@ -388,6 +455,31 @@ class Generations:
                 self.stop.set()
                 return
             staged = self.staged if self.staged is not None and self.staged.version == version else None
+            if overlapped:
+                if staged is None or not staged.overlapping:
+                    raise OperatorLoadError(
+                        f"node {self.node}: switch to schedule version {version} of a key-group migration, but its "
+                        "new executor instances are not running here"
+                    )
+                self.staged = None
+                adopted: list[ExecutorThread | SourceThread] = []
+                if old is not None:  # (a node the migration adds runs nothing else)
+                    kept = migration_parts(self.topology, old.schedule, schedule, "moving").kept
+                    self.retire(old, [t.executor for t in old.threads if t.executor not in kept])
+                    adopted = [t for t in old.threads if t.executor in kept]
+                for thread in adopted:
+                    assert old is not None
+                    staged.stops[thread.executor] = old.stops[thread.executor]
+                    if thread.executor in old.inboxes:
+                        staged.inboxes[thread.executor] = old.inboxes[thread.executor]
+                self._adopt(staged, adopted)
+                log.info(
+                    "node %s switched to schedule version %d in %.0f ms (key groups moved in band)",
+                    self.node,
+                    version,
+                    (time.perf_counter() - started) * 1000.0,
+                )
+                return
             if staged is None:
                 self.discard_staged()
             self.staged = None
@@ -415,6 +507,19 @@ class Generations:
             (time.perf_counter() - started) * 1000.0,
             "" if staged is None else " (staged ahead)",
         )
+
+    def _adopt(self, generation: Generation, kept: list[ExecutorThread | SourceThread]) -> None:
+        """The end of an overlapped switch: the kept threads join `generation` with the new schedule's outputs
+        and upstream (REROUTE: every key group's owner is the new schedule's already), and it runs."""
+        endpoints = self._endpoints(generation, [t.executor for t in kept])
+        if endpoints is None:
+            return
+        open_channel = self._opener(generation)
+        parallelism = generation.schedule.parallelism()
+        for running in kept:
+            running.control.put(self._reroute(running, parallelism, endpoints, open_channel))
+            generation.threads.append(running)
+        self._mark_ready(generation)
 
     # ------------------------------------------------------------------------------------------------ stop
 

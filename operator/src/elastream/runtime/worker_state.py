@@ -80,6 +80,8 @@ class Generation:
     awaiting: str | None = None
     #: what the previous generation's channels learned (`transport.learned_windows`): new channels start there
     windows: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: staged and running beside the current generation: a migration of scope `keyGroups` (OVERLAP)
+    overlapping: bool = False
 
     def by_executor(self) -> dict[str, ExecutorThread | SourceThread]:
         return {thread.executor: thread for thread in self.threads}

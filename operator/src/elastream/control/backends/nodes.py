@@ -171,7 +171,7 @@ class NodeBackend:
             self.discard_prepared()
             version = self.registry.stage_schedule(schedule, after=self.version)
         alive = self.running_nodes() - set(self.failed_nodes())
-        if scope == "moving" and not set(schedule.nodes) <= alive:
+        if scope in ("moving", "keyGroups") and not set(schedule.nodes) <= alive:
             # a partial switch keeps executors whose state is only in their process: a worker that died since
             # PREPARE took theirs with it, and a new one could not restore them from the migration
             dead = ", ".join(sorted(set(schedule.nodes) - alive))

@@ -21,9 +21,10 @@ DEFAULT_WINDOW = 20
 STRATEGIES = ("stela", "stela-plus", "round-robin", "least-link-load", "random")
 #: how a running topology moves to a new schedule (`spec.scaling.migration`)
 MigrationProtocol = Literal["ccr", "dcr", "restart"]
-#: what a CCR migration pauses (`spec.scaling.migrationScope`): every executor and source, or only the executors
-#: that move and the channels into them
-MigrationScope = Literal["all", "moving"]
+#: what a CCR migration pauses (`spec.scaling.migrationScope`): every executor and source, only the executors
+#: that move and the channels into them, or nothing but a few key groups at a time (`keyGroups`,
+#: `core.keygroup_batches`)
+MigrationScope = Literal["all", "moving", "keyGroups"]
 
 # Upper bounds. A topology's author must not be able to take the operator down for everyone: every number
 # that sizes memory, work or a loop is bounded, by the CRD's `maximum`s and `maxItems`, and by these where the
