@@ -14,9 +14,14 @@
    load-aware vs round-robin, alternated.
 6. The cost of the authenticated, encrypted data plane (CURVE, `ELASTREAM_DATA_PLANE_AUTH`, on by default):
    the raw-throughput topology on 1 and 2 worker processes with it off and on, alternated.
+7. Steady end-to-end latency (p50, p99, max from the events' due time) and the throughput reached at 400,
+   5,000 and 50,000 events/s offered, on a small keyed DAG (src -> keyed count x2 -> redis-stream sink, 2
+   worker processes): batching must not buy throughput at high rates with latency at low ones.
 
 Writes docs/benchmarks/runtime.md and runtime.png. `--quick` shortens every run. `--only data-plane` runs
-section 6 alone and replaces just that section of an existing runtime.md.
+section 6 alone and replaces just that section of an existing runtime.md; `--only rates` does the same for
+section 7, `--rounds` times, beside the workers of each `--baseline` (alternated at every rate) and writes
+runtime-rates.png.
 
 Three runs print only (they write no table: a busy machine's numbers are for comparing side by side):
 `--only throughput` runs section 1 `--rounds` times, `--only latency` sections 2 and 3, and `--only profile`
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import shutil
 import statistics
@@ -53,6 +59,7 @@ from elastream.core.simulate import simulate, snapshot_from_simulation
 from elastream.core.topology import Topology
 from elastream.crd import load_manifest
 from elastream.store.metric_stream import MetricStream
+from latency import arrival_s, due_clock, percentile, sample
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -305,12 +312,30 @@ def source_env(tree: str) -> dict[str, str]:
     return {"PYTHONPATH": path}
 
 
-def trees(baseline: str | None) -> list[tuple[str, dict[str, str]]]:
-    """(label, worker environment) of this checkout and, with `baseline`, of that one."""
+def trees(baseline: str | list[str] | None) -> list[tuple[str, dict[str, str]]]:
+    """(label, worker environment) of this checkout and, with `baseline`, of those checkouts first. A
+    baseline is a directory, or `LABEL=DIR` to name it in the tables (default: "baseline")."""
     found = [("this tree", source_env(REPO))]
-    if baseline:
-        found.insert(0, ("baseline", source_env(baseline)))
+    given = [baseline] if isinstance(baseline, str) else list(baseline or [])
+    for entry in reversed(given):
+        label, _, tree = entry.rpartition("=") if "=" in entry else ("baseline", "", entry)
+        found.insert(0, (label or "baseline", source_env(tree)))
     return found
+
+
+def tree_of(env: dict[str, str]) -> str:
+    """The checkout whose source tree a worker environment of `source_env` runs."""
+    return os.path.dirname(os.path.dirname(env["PYTHONPATH"]))
+
+
+def commit_of(tree: str) -> str:
+    """The short commit a checkout has checked out, with "+ uncommitted changes" when its runtime differs."""
+    head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", tree, "status", "--porcelain", "--", "operator/src"], capture_output=True, text=True
+    )
+    commit = head.stdout.strip() or "?"
+    return f"{commit} + uncommitted changes" if dirty.stdout.strip() else commit
 
 
 def throughput_rounds(directory: str, url: str, seconds: float, rounds: int, baseline: str | None) -> None:
@@ -356,6 +381,202 @@ def latency_rounds(directory: str, url: str, seconds: float, rounds: int, baseli
             f"{lat.get('p99', float('nan')):.1f} | {cong['source']:,.0f} | {cong['bottleneck']:,.0f} | "
             f"{cong['latency_median_ms']:,.0f} | {cong['latency_max_ms']:,.0f} |"
         )
+
+
+#: the offered rates of the steady-latency section (events/s): a quiet topology, a moderate one, and more than
+#: this machine's keyed DAG reaches (it reports what it achieved)
+RATES = (400.0, 5000.0, 50000.0)
+#: the steady-latency section: written by `--only rates` and by a full run (spliced, other sections kept)
+RATES_HEADING = "## Steady latency at low and high rates"
+#: per run: the warm-up before the measured span, and the span (s)
+RATES_WARMUP_S = 3.0
+RATES_SECONDS = 5.0
+#: numbers the runs' topologies (`keyed_dag`)
+RATE_RUNS = itertools.count(1)
+
+
+def keyed_dag(rate: float, run: int) -> dict[str, Any]:
+    """src (synthetic at `rate`, 1,000 keys) -> count (keyed running count, 2 executors, fields grouping) ->
+    out (redis-stream sink), on 2 worker processes: a small keyed DAG whose every event reaches Redis. Named
+    after its `run`: a run of the same name would find the last one's checkpoint in Redis and start from
+    its source clock, seconds in arrears."""
+    return {
+        "apiVersion": "elastream.dev/v1alpha1",
+        "kind": "StreamTopology",
+        "metadata": {"name": f"rates-{int(rate)}-{run}"},
+        "spec": {
+            "nodes": 2,
+            "slotsPerNode": 2,
+            "vertices": [
+                {"name": "src", "source": {"type": "synthetic", "rate": rate, "keys": 1000}},
+                {"name": "count", "parallelism": 2, "stateful": True, "logic": {"builtin": "count", "key": "key"}},
+                {"name": "out", "sink": {"type": "redis-stream"}},
+            ],
+            "streams": [
+                # the synthetic source's values are numbers: both fall back to the event's key (its seq % keys)
+                {"from": "src", "to": "count", "grouping": "fields", "key": "key"},
+                {"from": "count", "to": "out"},
+            ],
+        },
+    }
+
+
+def steady_rate(
+    directory: str, url: str, rate: float, seconds: float, extra_env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """The keyed DAG at `rate` for `RATES_WARMUP_S` + `seconds`: over the entries the sink wrote in the measured
+    span, the achieved events/s and the end-to-end latency percentiles. Latency is the entry's Redis time less
+    the time its event was *due* at the source (`bench/latency.py`: a source that falls behind or waits to
+    emit shows), and, beside it, less the source's stamp (`ts`: the pipeline alone)."""
+    path = write(directory, keyed_dag(rate, next(RATE_RUNS)))
+    topology = load_manifest(path)
+    key = f"{topology.redis_prefix}sink:out"
+    # every tree's workers use the embedded Redis's own user: a baseline from before the topology users lost
+    # their scripting rights (2026-11-28) writes its sink's batches with a Lua script, which a topology user
+    # may no longer run; which user writes makes no difference to the latency
+    with LocalCluster(topology, path, url, extra_env=extra_env, topology_user=False) as cluster:
+        cluster.start(initial_schedule(topology))
+        time.sleep(RATES_WARMUP_S)
+        start = time.time()
+        time.sleep(seconds)
+        end = time.time()
+        first = cluster.client.xrange(key, min="-", max="+", count=2000)
+        entries = cluster.client.xrange(key, min=f"{int(start * 1000)}-0", max=f"{int(end * 1000)}-0")
+        cluster.client.delete(key)
+    if not entries or not first:
+        log(f"  {rate:,.0f} events/s offered: nothing reached the sink")
+        return {"rate": rate, "achieved": 0.0}
+    # the sources' clock from the first events (emitted on time: nothing was queued yet)
+    clock = due_clock(((int(f[b"id"]), float(f[b"ts"])) for _, f in first), rate)
+    due = [sample(entry_id, int(f[b"id"]), clock, rate)[1] for entry_id, f in entries]
+    stamped = [arrival_s(entry_id) - float(f[b"ts"]) for entry_id, f in entries]
+    result = {
+        "rate": rate,
+        "achieved": len(entries) / (end - start),
+        "p50": 1000.0 * (percentile(due, 50) or 0.0),
+        "p99": 1000.0 * (percentile(due, 99) or 0.0),
+        "max": 1000.0 * max(due),
+        "stamp_p50": 1000.0 * (percentile(stamped, 50) or 0.0),
+        "stamp_p99": 1000.0 * (percentile(stamped, 99) or 0.0),
+    }
+    log(
+        f"  {rate:>8,.0f}/s offered: {result['achieved']:>8,.0f}/s at the sink; latency p50 {result['p50']:.1f} ms, "
+        f"p99 {result['p99']:.1f} ms, max {result['max']:.1f} ms (from the stamp: p50 {result['stamp_p50']:.1f}, "
+        f"p99 {result['stamp_p99']:.1f})"
+    )
+    return result
+
+
+def rates_rounds(
+    directory: str, url: str, rounds: int, baseline: str | list[str] | None, seconds: float = RATES_SECONDS
+) -> list[dict[str, Any]]:
+    """The keyed DAG at every rate of `RATES`, `rounds` times; at each rate the trees (`baseline`'s workers,
+    then this one's) run one after the other, so both see the same machine load. One row per run."""
+    rows: list[dict[str, Any]] = []
+    found = trees(baseline)
+    for round_ in range(1, rounds + 1):
+        for rate in RATES:
+            for label, env in found:
+                log(f"round {round_}/{rounds}, {rate:,.0f} events/s, {label}")
+                rows.append({"tree": label, "round": round_, **steady_rate(directory, url, rate, seconds, env)})
+    return rows
+
+
+def rates_medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (tree, rate), in the order first seen: the median of each figure over its runs, and the runs'
+    p99s."""
+    grouped: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((row["tree"], row["rate"]), []).append(row)
+    medians = []
+    for (tree, rate), runs in grouped.items():
+        measured = [r for r in runs if "p99" in r]
+        median = {"tree": tree, "rate": rate, "runs": len(runs), "p99s": [r["p99"] for r in measured]}
+        median["achieved"] = statistics.median(r["achieved"] for r in runs)
+        for name in ("p50", "p99", "max", "stamp_p50", "stamp_p99"):
+            median[name] = statistics.median(r[name] for r in measured) if measured else float("nan")
+        medians.append(median)
+    return medians
+
+
+def rates_section(
+    rows: list[dict[str, Any]], commits: dict[str, str], command: str, took: float, notes: list[str] | None = None
+) -> list[str]:
+    """The steady-latency section of runtime.md: the medians per rate and tree, the trees' commits and how
+    it was run."""
+    medians = rates_medians(rows)
+    rounds = max((r["round"] for r in rows), default=0)
+    lines = [
+        RATES_HEADING,
+        "",
+        "src (synthetic, 1,000 keys) -> count (keyed running count, 2 executors, fields grouping) -> redis-stream",
+        f"sink, on 2 worker processes, offered 400, 5,000 and 50,000 events/s; each run warms up for "
+        f"{RATES_WARMUP_S:.0f} s and is",
+        f"measured over the next {RATES_SECONDS:.0f} s of sink entries. Latency is the entry's Redis time less"
+        " the time its event was due",
+        "at the source (`bench/latency.py`; a source that waits to emit or falls behind shows), nearest-rank"
+        " percentiles;",
+        "*from stamp* is the same less the source's stamp (the pipeline alone). Entry times count whole milliseconds.",
+        "A rate the machine cannot reach reports what reached the sink, and its latency from due grows with the",
+        "backlog over the run. At each rate the workers of each checkout run one after the other (same machine",
+        f"load); figures are medians over {rounds} round(s).",
+        "",
+        f"Run on {time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores shared with other work, by"
+        f" `{command}` ({took:.0f} s).",
+        "Workers: " + "; ".join(f"{label} = {commit}" for label, commit in commits.items()) + ".",
+        "",
+        "| offered (events/s) | workers | at the sink (events/s) | p50 (ms) | p99 (ms) | max (ms) | p99 per round"
+        " (ms) | from stamp p50 / p99 (ms) |",
+        "|---:|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for rate in RATES:
+        for m in (m for m in medians if m["rate"] == rate):
+            lines.append(
+                f"| {rate:,.0f} | {m['tree']} | {m['achieved']:,.0f} | {m['p50']:.1f} | {m['p99']:.1f} | "
+                f"{m['max']:.1f} | {', '.join(f'{v:.1f}' for v in m['p99s'])} | "
+                f"{m['stamp_p50']:.1f} / {m['stamp_p99']:.1f} |"
+            )
+    lines += ["", "![steady latency per rate](runtime-rates.png)"]
+    if notes:
+        lines += ["", *notes]
+    return lines
+
+
+def plot_rates(out: str, rows: list[dict[str, Any]]) -> None:
+    """runtime-rates.png: p50 and p99 per offered rate and tree (medians), log scales."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    medians = rates_medians(rows)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for index, tree in enumerate(dict.fromkeys(m["tree"] for m in medians)):
+        mine = [m for m in medians if m["tree"] == tree]
+        color = f"C{index}"
+        ax.plot([m["rate"] for m in mine], [m["p99"] for m in mine], "o-", color=color, label=f"{tree}: p99")
+        ax.plot([m["rate"] for m in mine], [m["p50"] for m in mine], "s--", color=color, label=f"{tree}: p50")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(list(RATES), [f"{r:,.0f}" for r in RATES])
+    ax.set_xlabel("offered rate (events/s)")
+    ax.set_ylabel("end-to-end latency from due (ms)")
+    ax.set_title("Steady latency, src -> keyed count -> redis-stream sink, 2 worker processes")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "runtime-rates.png"), dpi=120)
+    plt.close(fig)
+
+
+def write_rates(
+    out: str, rows: list[dict[str, Any]], baseline: str | list[str] | None, command: str, took: float
+) -> None:
+    """Splice the steady-latency section into runtime.md (other sections as they are) and draw its plot."""
+    commits = {label: commit_of(tree_of(env)) for label, env in trees(baseline)}
+    path = os.path.join(out, "runtime.md")
+    splice_section(path, RATES_HEADING, rates_section(rows, commits, command, took))
+    plot_rates(out, rows)
 
 
 #: the sampling profiler of `--only profile` (`pip install py-spy`): it reads the worker from outside, so the
@@ -771,14 +992,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
     parser.add_argument(
         "--only",
-        choices=("data-plane", "throughput", "latency", "profile"),
+        choices=("data-plane", "throughput", "latency", "profile", "rates"),
         default=None,
-        help="data-plane: run section 6 and splice it into runtime.md; the others print only (above)",
+        help="data-plane: run section 6 and splice it into runtime.md; rates: section 7, spliced likewise (with"
+        " --baseline beside the baseline's workers); the others print only (above)",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="--only throughput/latency: how many rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="--only throughput/latency/rates: how many rounds")
     parser.add_argument("--top", type=int, default=15, help="--only profile: how many entries")
     parser.add_argument(
-        "--baseline", metavar="DIR", default=None, help="--only throughput/latency/profile: alternate with DIR's"
+        "--baseline",
+        metavar="[LABEL=]DIR",
+        action="append",
+        default=None,
+        help="--only throughput/latency/profile/rates: alternate with DIR's workers (repeatable)",
     )
     args = parser.parse_args(argv)
     seconds = 4.0 if args.quick else 10.0
@@ -809,23 +1035,41 @@ def main(argv: list[str] | None = None) -> int:
         splice_section(path, DATA_PLANE_HEADING, data_plane_section(auth, time.monotonic() - started))
         log(f"updated the data-plane section of {path} in {time.monotonic() - started:.0f} s")
         return 0
+    if args.only == "rates":
+        try:
+            rows = rates_rounds(directory, redis.url, args.rounds, args.baseline)
+        finally:
+            redis.stop()
+            shutil.rmtree(directory, ignore_errors=True)
+        command = "python bench/runtime.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_rates(args.out, rows, args.baseline, command, time.monotonic() - started)
+        section = rates_section(rows, {}, command, time.monotonic() - started)
+        for line in section[next(i for i, line in enumerate(section) if line.startswith("| offered")) :]:
+            log(line)
+        log(f"updated the steady-latency section of {args.out}/runtime.md in {time.monotonic() - started:.0f} s")
+        return 0
     try:
-        log("[1/6] raw throughput, 1 and 2 worker processes")
+        log("[1/7] raw throughput, 1 and 2 worker processes")
         raw = raw_throughput(directory, redis.url, seconds)
-        log("[2/6] end-to-end latency")
+        log("[2/7] end-to-end latency")
         lat = latency(directory, redis.url, seconds, rate=5000.0)
-        log("[3/6] back-pressure: sink latency under congestion")
+        log("[3/7] back-pressure: sink latency under congestion")
         cong = congested(directory, redis.url, 3 * seconds)
-        log("[4/6] post-scale throughput: stela vs round-robin, measured vs predicted")
+        log("[4/7] post-scale throughput: stela vs round-robin, measured vs predicted")
         scale = post_scale(directory, redis.url, seconds)
-        log("[5/6] load-aware vs round-robin shuffle at full speed")
+        log("[5/7] load-aware vs round-robin shuffle at full speed")
         overhead = shuffle_overhead(directory, redis.url, seconds)
-        log("[6/6] data-plane authentication: CURVE off vs on at full speed")
+        log("[6/7] data-plane authentication: CURVE off vs on at full speed")
         auth = data_plane_cost(directory, redis.url, seconds)
+        log("[7/7] steady latency at 400, 5,000 and 50,000 events/s")
+        rates_started = time.monotonic()
+        rates = rates_rounds(directory, redis.url, 1, None)
+        rates_took = time.monotonic() - rates_started
     finally:
         redis.stop()
         shutil.rmtree(directory, ignore_errors=True)
     report(args.out, raw, lat, cong, scale, overhead, time.monotonic() - started, auth)
+    write_rates(args.out, rates, None, "python bench/runtime.py (section 7)", rates_took)
     log(f"wrote {args.out}/runtime.md and runtime.png in {time.monotonic() - started:.0f} s")
     return 0
 
