@@ -88,7 +88,7 @@ NODES = {"ccr-grid": 4, "ccr-traffic": 3}
 #: partial CCR (only the executors that move pause), compared once the driver has its `scope` field
 PARTIAL = "scope" in {f.name for f in dataclasses.fields(MigrationDriver)}
 #: the protocols compared, by their labels in the report; `ccr-partial` is CCR with `scope="moving"`
-PROTOCOLS = ("ccr", "ccr-partial", "dcr", "restart") if PARTIAL else ("ccr", "dcr", "restart")
+PROTOCOLS = ("ccr", "ccr-partial", "ccr-keygroups", "dcr", "restart") if PARTIAL else ("ccr", "dcr", "restart")
 #: the labels that are CCR (compared with DCR and restart, held to CCR's targets)
 CCR_LIKE = tuple(p for p in PROTOCOLS if p.startswith("ccr"))
 #: seconds between periodic checkpoints in every run (Flink's jobs commonly use seconds to minutes)
@@ -112,6 +112,8 @@ def driver_options(label: str) -> tuple[str, dict[str, Any]]:
     only the executors that move)."""
     if label == "ccr-partial":
         return "ccr", {"scope": "moving"}
+    if label == "ccr-keygroups":
+        return "ccr", {"scope": "keyGroups"}
     return label, {}
 
 
@@ -375,7 +377,9 @@ def ms(seconds: float | None) -> str:
 
 def label(protocol: str) -> str:
     """A protocol label as the report's prose names it."""
-    return {"ccr": "CCR", "ccr-partial": "CCR-partial", "dcr": "DCR"}.get(protocol, protocol)
+    return {"ccr": "CCR", "ccr-partial": "CCR-partial", "ccr-keygroups": "CCR-keygroups", "dcr": "DCR"}.get(
+        protocol, protocol
+    )
 
 
 def listing(words: list[str]) -> str:
@@ -439,6 +443,19 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
             f"![{dag}: p99 latency and sink throughput per {BUCKET_S * 1000:.0f} ms around the rescale request]"
             f"({felt_png(dag)})"
         )
+    lines += [
+        "",
+        "### Latency timelines (the Megaphone paper's style)",
+        "",
+        "Per DAG, one panel per protocol and direction: the p50, p99 and highest latency of each",
+        f"{BUCKET_S * 1000:.0f} ms bucket from 1 s before the request to 4 s after it (the first run of each),",
+        "against the steady p99 and twice it (the target). A migration that moves state a few key groups at a",
+        "time shows as a few buckets whose maximum rises while their p50 stays; a pause shows as every quantile",
+        "rising together.",
+        "",
+    ]
+    for dag in dict.fromkeys(r["dag"] for r in runs):
+        lines.append(f"![{dag}: latency quantiles per bucket around the rescale request]({timeline_png(dag)})")
     return lines
 
 
@@ -614,6 +631,7 @@ def report(
         handle.write("\n".join(lines) + "\n")
     plot(out, runs)
     plot_felt(out, runs)
+    plot_timelines(out, runs)
 
 
 def plot(out: str, runs: list[dict[str, Any]]) -> None:
@@ -639,11 +657,70 @@ def plot(out: str, runs: list[dict[str, Any]]) -> None:
 
 
 #: one colour per protocol label in every figure, whether `ccr-partial` runs or not
-COLOURS = {"ccr": "C0", "ccr-partial": "C2", "dcr": "C1", "restart": "C3"}
+COLOURS = {"ccr": "C0", "ccr-partial": "C2", "ccr-keygroups": "C4", "dcr": "C1", "restart": "C3"}
 
 
 def felt_png(dag: str) -> str:
     return f"migration-latency-{dag}.png"
+
+
+def timeline_png(dag: str) -> str:
+    return f"migration-timeline-{dag}.png"
+
+
+def plot_timelines(out: str, runs: list[dict[str, Any]]) -> None:
+    """One figure per DAG in the Megaphone paper's style: latency quantiles (p50, p99, max) per bucket over
+    time around the request, a panel per protocol (columns) and direction (rows), the first run of each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for dag in dict.fromkeys(r["dag"] for r in runs):
+        directions = [d for d in ("out", "in") if any(r["dag"] == dag and r["direction"] == d for r in runs)]
+        protocols = [p for p in PROTOCOLS if any(r["dag"] == dag and r["protocol"] == p for r in runs)]
+        fig, axes = plt.subplots(
+            len(directions),
+            len(protocols),
+            figsize=(3.2 * len(protocols), 2.8 * len(directions)),
+            sharex=True,
+            sharey=True,
+            squeeze=False,
+        )
+        for row, direction in zip(axes, directions, strict=True):
+            for ax, protocol in zip(row, protocols, strict=True):
+                mine = [
+                    r for r in runs if r["dag"] == dag and r["direction"] == direction and r["protocol"] == protocol
+                ]
+                if not mine:
+                    continue
+                run = mine[0]
+                shown = [b for b in run["buckets"] if -1.0 <= b.start_s < 4.0]
+                edges = [b.start_s for b in shown]
+                for name, pick, style in (
+                    ("max", lambda b: b.max_s, "-"),
+                    ("p99", lambda b: b.p99_s, "-"),
+                    ("p50", lambda b: b.p50_s, "-"),
+                ):
+                    values = [float("nan") if pick(b) is None else pick(b) * 1000 for b in shown]
+                    ax.step(edges, values, where="post", linestyle=style, linewidth=1.0, label=name)
+                steady = run["latency"].steady_p99_s
+                if steady is not None:
+                    ax.axhline(steady * 1000, color="grey", linestyle=":", linewidth=0.8)
+                    ax.axhline(2 * steady * 1000, color="red", linestyle=":", linewidth=0.8)
+                ax.axvline(0, color="grey", linewidth=0.8)
+                ax.set_yscale("log")
+                ax.grid(alpha=0.3)
+                ax.set_title(f"{label(protocol)}, scale-{direction}", fontsize=9)
+        for ax in axes[-1]:
+            ax.set_xlabel("s since the request")
+        for row in axes:
+            row[0].set_ylabel("latency (ms)")
+        axes[0][0].legend(fontsize=7, title="dotted: steady p99, 2x", title_fontsize=7)
+        fig.suptitle(f"{dag}: latency quantiles per {BUCKET_S * 1000:.0f} ms bucket", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, timeline_png(dag)), dpi=100)
+        plt.close(fig)
 
 
 def plot_felt(out: str, runs: list[dict[str, Any]]) -> None:
@@ -866,6 +943,9 @@ def cluster_report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--runs", type=int, default=1, help="repeat section 1 (the migrations) this many times")
+    parser.add_argument("--dags", help="comma-separated DAGs of section 1 (default: all five; --quick: two)")
+    parser.add_argument("--protocols", help=f"comma-separated labels of section 1 (default: {','.join(PROTOCOLS)})")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
     parser.add_argument(
         "--cluster", action="store_true", help="one Redis beside a 3-primary Redis Cluster: migration-cluster.md"
@@ -875,21 +955,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster:
         return cluster_main(args)
     dags = (
-        ["ccr-linear", "ccr-grid"]
+        args.dags.split(",")
+        if args.dags
+        else ["ccr-linear", "ccr-grid"]
         if args.quick
         else ["ccr-linear", "ccr-diamond", "ccr-star", "ccr-grid", "ccr-traffic"]
     )
+    protocols = args.protocols.split(",") if args.protocols else list(PROTOCOLS)
+    unknown = sorted(set(protocols) - set(PROTOCOLS))
+    if unknown:
+        parser.error(f"--protocols: unknown {', '.join(unknown)}; choose from {', '.join(PROTOCOLS)}")
     before_s, after_s = WARMUP_S + STEADY_S, AFTER_S + TAIL_S
     started = time.monotonic()
     directory = tempfile.mkdtemp(prefix="elastream-bench-")
     redis = EmbeddedRedis(directory)
     runs: list[dict[str, Any]] = []
     try:
-        log(f"[1/3] {len(dags)} DAGs x out/in x {', '.join(PROTOCOLS)}")
-        for name in dags:
-            for direction in ("out", "in"):
-                for protocol in PROTOCOLS:
-                    runs.append(one_run(directory, redis.url, name, direction, protocol, before_s, after_s))
+        log(f"[1/3] {len(dags)} DAGs x out/in x {', '.join(protocols)}, {args.runs} run(s)")
+        for round_number in range(args.runs):
+            if args.runs > 1:
+                log(f"  run {round_number + 1} of {args.runs}")
+            for name in dags:
+                for direction in ("out", "in"):
+                    for protocol in protocols:
+                        runs.append(one_run(directory, redis.url, name, direction, protocol, before_s, after_s))
         log("[2/3] restore time vs in-flight volume")
         inflight = inflight_rows(
             directory, redis.url, [100, 1_000, 10_000] if args.quick else [100, 1_000, 10_000, 100_000]

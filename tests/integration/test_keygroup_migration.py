@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from test_control_faults import Outage
 from test_migration import EVENTS, check_exactly_once, load
-from test_migration_faults import plan_for
+from test_migration_faults import ControllerCrash, plan_for
 from test_partial_migration import mixed_change
 
 from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
@@ -109,6 +109,32 @@ def test_a_worker_killed_in_the_middle_of_the_batches_rolls_back_exactly_once(tm
         assert "rolled back to checkpoint" in report.reason, report.reason
         assert cluster.current_schedule() == old
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
+        committing(topology, cluster)
+
+
+def test_a_key_group_migration_whose_controller_died_is_rolled_back_by_a_new_one(tmp_path, redis_url: str) -> None:
+    """The controller dies once some steps have flipped: the record stays in Redis; the next controller cannot
+    finish it (the state that moved lives only in the processes), so it rolls the topology back to the last
+    periodic checkpoint, exactly once."""
+    doc = exactly_once(with_audit(load("ccr-diamond"), EVENTS), checkpoint_s=0, nodes=3)
+    with running(write_manifest(str(tmp_path), doc), redis_url) as (cluster, topology):
+        old = cluster.current_schedule()
+        new = plan_for(topology, old, topology.nodes - 1)
+        time.sleep(1.5)
+
+        def crash(step: int) -> None:
+            if step >= 1:
+                raise ControllerCrash
+
+        dead = batched(topology, cluster, before_step=crash, identity="a-dead-controller", owner_ttl_s=3)
+        with pytest.raises(ControllerCrash):
+            dead.migrate(new)
+        successor = MigrationDriver(topology, cluster, cluster.client, "ccr", identity="a-new-controller")
+        wait_until(lambda: successor.unfinished() is not None, 30, "the dead controller's lease to run out")
+        report = successor.resume()
+        assert report is not None and report.outcome == "succeeded", report
+        assert report.protocol == "restart" and report.restored_from, report  # the rollback to the checkpoint
+        assert cluster.current_schedule() == old
         committing(topology, cluster)
 
 

@@ -11,8 +11,8 @@ Then:
    route the step's key groups to their recipients; each donor ships the state in band once it has every
    MARKER; each recipient acks its batch in Redis when installed. One controller round trip per step: it
    lengthens the migration, not any event's wait.
-3. A source that moves hands over: HANDOFF to the old instance (it pauses and saves its position), then INIT
-   and RESUME to the new one, which starts there.
+3. A source that moves hands over: HANDOFF to the old instance (it pauses and saves its position) and, in
+   the same round trip, INIT and RESUME to the new one, which starts there as soon as the position is saved.
 4. SWITCH (`Backend.apply` with scope `keyGroups`): the old instances, idle now, stop; kept executors get the
    new schedule's outputs; removed nodes exit.
 Failure before the first FLIP moves nothing: the staged schedule is discarded (the new instances stop) and
@@ -233,7 +233,9 @@ class BatchedRun:
         return message
 
     def hand_over_sources(self) -> None:
-        """The sources that move: the old instance pauses and saves its position, the new one starts there."""
+        """The sources that move: the old instance pauses and saves its position (HANDOFF); at the same time the
+        new one is told to start there once it is saved (INIT naming the old instances it waits for, then
+        RESUME), so no controller round trip lies between them. Returns once every new one has started."""
         driver, mid, sources = self.driver, self.migration_id, set(self.driver.topology.sources)
         leaving = sorted(e for e in self.parts.moving_old if split_executor_id(e)[0] in sources)
         arriving = sorted(e for e in self.parts.moving_new if split_executor_id(e)[0] in sources)
@@ -242,15 +244,19 @@ class BatchedRun:
         started = driver.clock.now()
         old_control = ControlChannel(driver.client, self.prefix, self.old)
         new_control = ControlChannel(driver.client, self.prefix, self.new)
-        handoff = {"type": ControlType.HANDOFF, "mid": mid}
-        driver.redis_step(lambda: old_control.send_each({e: handoff for e in leaving}), f"migration {mid} handoff")
-        self.wait_acks("handoff", set(leaving), driver.timeouts.commit_s)
 
-        def start_new() -> None:
-            new_control.send_each({e: {"type": ControlType.INIT, "mid": mid, "to": "new"} for e in arriving})
+        def init(executor: str) -> dict[str, Any]:
+            vertex = split_executor_id(executor)[0]
+            awaited = [e for e in leaving if split_executor_id(e)[0] == vertex]
+            return {"type": ControlType.INIT, "mid": mid, "to": "new", "await": awaited}
+
+        def hand_over() -> None:
+            old_control.send_each({e: {"type": ControlType.HANDOFF, "mid": mid} for e in leaving})
+            new_control.send_each({e: init(e) for e in arriving})
             new_control.send_each({e: {"type": ControlType.RESUME, "mid": mid, "to": "new"} for e in arriving})
 
-        driver.redis_step(start_new, f"migration {mid} resume")
+        driver.redis_step(hand_over, f"migration {mid} handoff")
+        self.wait_acks("initializing", set(arriving), driver.timeouts.commit_s)
         self.handoff_ms = (driver.clock.now() - started) * 1000.0
 
     def wait_acks(self, phase: str, expected: set[str], timeout_s: float) -> dict[str, dict[str, Any]]:

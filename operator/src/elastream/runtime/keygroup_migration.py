@@ -11,8 +11,9 @@ time, in band, and nothing pauses.
 - As a **recipient** (a new instance, started beside the old one) it processes at once what it owns already
   and holds, per key group, the events of the groups still to come; STATE installs a batch (the operator's
   `restore_state` merges it), the held events are processed in arrival order, and the batch is acked in Redis
-  for the controller (off the data's path: the events flow before the ack is written). Input from a stream
-  that is not keyed is held whole until every group it awaits is installed.
+  for the controller, on a thread of its own: the data never waits for Redis. Input from a stream
+  that is not keyed is held whole until every group it awaits is installed, by a stateful operator only: a
+  stateless one has no state for it to wait for, and such a stream orders nothing across its receivers.
 
 Nothing here is written to Redis on the data's path but the recipient's ack. What a failure needs is the last
 periodic checkpoint: a worker that dies during the migration rolls the topology back to it
@@ -35,6 +36,7 @@ from elastream.runtime.participant import Migration
 from elastream.runtime.routing import FlipOrder, Router, grouping_key
 from elastream.runtime.transport import Channel
 from elastream.store.codec import pack, unpack
+from elastream.store.retry import RetryCancelled
 
 log = logging.getLogger("elastream.worker")
 
@@ -49,6 +51,8 @@ class Batching:
     a donor ships on."""
 
     recipient: Recipient | None = None
+    #: whether input from streams that are not keyed waits for every awaited group (a stateful operator)
+    hold_unkeyed: bool = True
     #: (sender, events) of streams that are not keyed, held until every awaited group is installed
     unkeyed_held: list[tuple[str, list[Any]]] = field(default_factory=list)
     donor: Donor | None = None
@@ -64,6 +68,11 @@ class Batching:
         for channel in self.shipping.values():
             channel.close()
         self.shipping.clear()
+
+
+def is_stateful(operator: Any) -> bool:
+    """Whether `operator` keeps state that moves (a user operator says so by defining `snapshot_state`)."""
+    return callable(getattr(operator, "snapshot_state", None)) and getattr(operator, "stateful", True) is not False
 
 
 class BatchingExecutor(Protocol):
@@ -187,7 +196,19 @@ def on_state(thread: BatchingExecutor, message: Mapping[str, Any]) -> None:
         for sender, events in held:
             thread.process_batch(events, sender)
     mid, number = str(message.get("mid")), int(message.get("n", -1))
-    migration.ack_batch(mid, number)
+    # the ack goes on its own thread: with Redis away it waits for Redis, not the events behind this one
+    threading.Thread(
+        target=ack_quietly, args=(migration, mid, number), name=f"ack-{thread.executor}-{number}", daemon=True
+    ).start()
+
+
+def ack_quietly(migration: Migration, mid: str, number: int) -> None:
+    """Ack a batch, waiting out a Redis outage until the executor stops (then the controller times the step
+    out or the topology is being stopped anyway)."""
+    try:
+        migration.ack_batch(mid, number)
+    except RetryCancelled:
+        log.info("executor %s: stopped before batch %d of %s was acked", migration.executor, number, mid)
 
 
 def hold_or_pass(thread: BatchingExecutor, sender: str, events: Sequence[Any]) -> list[Any]:
@@ -198,6 +219,8 @@ def hold_or_pass(thread: BatchingExecutor, sender: str, events: Sequence[Any]) -
         return list(events)
     grouping, key_field = migration.inputs.get(split_executor_id(sender)[0], ("shuffle", None))
     if grouping != "fields":
+        if not thread.batching.hold_unkeyed:
+            return list(events)
         thread.batching.unkeyed_held.append((sender, list(events)))
         return []
     passed: list[Any] = []

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,6 +32,9 @@ from elastream.store.retry import retry_redis
 T = TypeVar("T")
 
 log = logging.getLogger("elastream.worker")
+
+#: how often a new source instance looks for its old instance's position during a hand-over
+POSITION_POLL_S = 0.002
 
 
 @dataclass
@@ -138,6 +142,21 @@ class Migration:
             lambda: self.store.load_pending(mid, self.vertex, key_groups, index, parallelism),
         )
         return [unpack(b) for b in pending]
+
+    def wait_positions(self, mid: str, executors: Collection[str], timeout_s: float = 30.0) -> bool:
+        """Wait until every one of `executors` has saved its position under `mid` (a key-group migration's
+        source hand-over: the new instance starts where the old one stopped, without a controller round trip
+        between them); False when stopped or after `timeout_s`."""
+        wanted = set(executors)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            saved = self._redis(f"read the source positions of {mid}", lambda: self.store.load_positions(mid))
+            if wanted <= set(saved):
+                return True
+            if time.monotonic() > deadline or (self.stop is not None and self.stop.wait(POSITION_POLL_S)):
+                return False
+            if self.stop is None:
+                time.sleep(POSITION_POLL_S)
 
     def merged_positions(self, mid: str) -> dict[Any, Any]:
         """Every old source executor's position of this vertex, merged (lanes are disjoint)."""

@@ -5,6 +5,7 @@ executor share and the executor of processing vertices and sinks."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,8 @@ from elastream.runtime.executor import CONTROLLER, FLUSH_S, ExecutorLoop
 from elastream.runtime.keygroup_migration import on_flip
 from elastream.runtime.partial_migration import on_sender_control, release_held
 from elastream.runtime.transport import MAX_BATCH
+
+log = logging.getLogger("elastream.worker")
 
 
 class SourceThread(ExecutorLoop):
@@ -132,6 +135,10 @@ class SourceThread(ExecutorLoop):
             self.router.send_control({"type": ControlType.BARRIER, "mid": mid})
             migration.ack(mid, "checkpointing", state_bytes=state_bytes)
         elif kind == ControlType.INIT:
+            awaited = message.get("await")
+            if migration.awaiting == mid and awaited and not migration.wait_positions(mid, awaited):
+                log.error("source %s: the positions of %s never came; not started", self.executor, awaited)
+                return  # stays paused and unacked: the controller's wait times out and the migration rolls back
             if migration.awaiting == mid:
                 restore_from = str(message.get("from") or mid)  # a recovery's checkpoint, or this migration
                 merged = migration.merged_positions(restore_from)
@@ -143,6 +150,8 @@ class SourceThread(ExecutorLoop):
                 migration.awaiting = None
             migration.ack(mid, "initializing")
         elif kind in (ControlType.RESUME, ControlType.ABORT):
+            if message.get("to") == "new" and migration.awaiting is not None:
+                return  # a hand-over whose INIT did not complete: never start from no position
             migration.participant.on_abort()
             release_held(self)
             self.paused.clear()

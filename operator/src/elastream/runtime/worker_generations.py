@@ -24,6 +24,7 @@ from elastream.core.ports import Clock
 from elastream.core.schedule import Schedule, key_group_ranges
 from elastream.core.topology import Topology, split_executor_id
 from elastream.runtime.executor import ExecutorLoop, ExecutorThread
+from elastream.runtime.keygroup_migration import is_stateful
 from elastream.runtime.operators.api import Context
 from elastream.runtime.operators.cpu import NodeCpu
 from elastream.runtime.operators.loading import make_operator
@@ -295,6 +296,7 @@ class Generations:
                     )
                     if not is_source:
                         thread.batching.recipient = Recipient(set(thread.context.key_groups))
+                        thread.batching.hold_unkeyed = is_stateful(thread.operator)
                     staged.threads.append(thread)
                 for thread in staged.threads:
                     thread.start()
