@@ -524,21 +524,27 @@ def report(
         + (
             " `ccr-partial` is CCR that pauses only the executors that move (`paused`: how many of the old"
             " schedule's executors did): its `pause` is how long those were held, every other executor and"
-            " source running on."
+            " source running on. `ccr-keygroups` moves key groups a few at a time in band"
+            " (`migrationScope: keyGroups`): its `capture/drain` is the OVERLAP (the new instances started beside"
+            " the old ones), `commit` the steps of batches, `rebalance` the moving sources' hand-over, `restore`"
+            " the switch; its `pause` is that hand-over (only a source that moves pauses), and `paused` counts"
+            " those sources."
             if PARTIAL
             else ""
         ),
         "",
+        "`to new (s)`: from the request until the migration returned, the new schedule running (prepare included).",
+        "",
         "| DAG | scale | protocol | prepare | capture/drain | commit | rebalance | restore | pause | paused "
-        "| catch-up (s) | stabilization (s) | captured | replayed | lost | duplicated |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| to new (s) | catch-up (s) | stabilization (s) | captured | replayed | lost | duplicated |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         catch_up, stable = recovery_times(r["timeline"]["output"], resumed_at=r["resumedS"])
         lines.append(
             f"| {r['dag']} | {r['direction']} | {r['protocol']} | {fmt(r['prepareMs'])} | {fmt(r['captureMs'])} | "
             f"{fmt(r['commitMs'])} | {fmt(r['rebalanceMs'])} | {fmt(r['restoreMs'])} | {fmt(r['pauseMs'])} | "
-            f"{r['paused']} | "
+            f"{r['paused']} | {r['resumedS']:.2f} | "
             f"{secs(catch_up)} | {secs(stable)} | "
             f"{r['captured']:,} | {r['replayed']:,} | {r['lost']:,} | {r['duplicated']:,} |"
         )
@@ -946,6 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="repeat section 1 (the migrations) this many times")
     parser.add_argument("--dags", help="comma-separated DAGs of section 1 (default: all five; --quick: two)")
     parser.add_argument("--protocols", help=f"comma-separated labels of section 1 (default: {','.join(PROTOCOLS)})")
+    parser.add_argument("--repeat", help="the labels the runs after the first take (default: every protocol)")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
     parser.add_argument(
         "--cluster", action="store_true", help="one Redis beside a 3-primary Redis Cluster: migration-cluster.md"
@@ -972,12 +979,13 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     try:
         log(f"[1/3] {len(dags)} DAGs x out/in x {', '.join(protocols)}, {args.runs} run(s)")
+        repeated = args.repeat.split(",") if args.repeat else protocols
         for round_number in range(args.runs):
             if args.runs > 1:
                 log(f"  run {round_number + 1} of {args.runs}")
             for name in dags:
                 for direction in ("out", "in"):
-                    for protocol in protocols:
+                    for protocol in protocols if round_number == 0 else [p for p in protocols if p in repeated]:
                         runs.append(one_run(directory, redis.url, name, direction, protocol, before_s, after_s))
         log("[2/3] restore time vs in-flight volume")
         inflight = inflight_rows(
