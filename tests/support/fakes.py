@@ -95,6 +95,8 @@ class FakeMigrator:
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: failed restores forgotten (`abandon_restore`)
     abandoned: int = 0
+    #: the `load` each migration was given (each vertex's state and input rate)
+    loads: list[Any] = field(default_factory=list)
 
     def report(self, outcome: str, **extra: object) -> MigrationReport:
         return MigrationReport(
@@ -112,7 +114,8 @@ class FakeMigrator:
             **extra,  # type: ignore[arg-type]
         )
 
-    def migrate(self, schedule: Schedule) -> MigrationReport:
+    def migrate(self, schedule: Schedule, load: Any = None) -> MigrationReport:
+        self.loads.append(load)
         if self.outcome == "raise":
             raise BackendError("node-2 not ready after 60 s")
         if self.outcome == "succeeded":
@@ -169,6 +172,8 @@ class FakeCheckpoints:
         self.taken: list[str] = []
         self.failure = ""
         self.discarded = 0
+        #: bytes of state per vertex the last checkpoint held (what a key-group migration sizes batches from)
+        self.state: dict[str, int] = {}
 
     def take(self) -> CheckpointResult:
         checkpoint_id = f"ckpt-{int(self.store.get('ckpt:count', '0')) + 1}"
@@ -186,6 +191,9 @@ class FakeCheckpoints:
     def discard_uncommitted(self) -> int:
         self.discarded += 1
         return 0
+
+    def state_by_vertex(self) -> dict[str, int]:
+        return dict(self.state)
 
 
 class SimulatedMetrics:

@@ -989,10 +989,10 @@ def test_suspend_asked_during_a_scaling_waits_for_it_to_finish() -> None:
     world = running(3)
     migrate = world.migrator.migrate
 
-    def migrate_while_the_user_suspends(schedule):
+    def migrate_while_the_user_suspends(schedule, load=None):
         world.patch_spec(suspend=True)  # the patch lands while the migration moves executors
         world.backend.log.append("migration done")
-        return migrate(schedule)
+        return migrate(schedule, load)
 
     world.migrator.migrate = migrate_while_the_user_suspends  # type: ignore[method-assign]
     world.patch_spec(nodes=4)

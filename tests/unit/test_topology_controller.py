@@ -119,6 +119,23 @@ def test_scale_out_then_in_plans_migrates_and_publishes_the_record() -> None:
     assert record.direction == "in" and len(backend.current_schedule().nodes) == 2
 
 
+def test_a_migration_is_given_each_vertexs_state_and_input_rate_for_its_batch_sizes() -> None:
+    """A key-group migration sizes its batches from each vertex's state (the last checkpoint's) and input rate
+    (the analysed window's): the controller hands both to the migrator."""
+    topology, backend, migrator, _, _, _, controller = setup()
+    checkpoints = FakeCheckpoints(backend)
+    checkpoints.state = {"parse": 4096}
+    controller.checkpoints = checkpoints
+    controller.start()
+    snapshot = SimulatedMetrics(topology, backend).snapshot(10)
+    assert controller.scale_to(3).outcome == "succeeded"
+    load = migrator.loads[-1]
+    parse = snapshot.vertices["parse"]
+    rate = parse.input_rate if parse.input_rate is not None else parse.processing_rate  # derived: what it takes
+    assert load["parse"] == (4096.0, pytest.approx(rate)) and rate > 0
+    assert load["z"][0] == 0.0 and load["z"][1] > 0  # no state of its own in the checkpoint, a rate all the same
+
+
 def test_an_impossible_request_is_rejected_with_the_fix_and_nothing_migrated() -> None:
     *_, migrator, events, status, _, controller = setup()
     controller.start()
@@ -422,7 +439,7 @@ def test_a_redis_error_during_a_scaling_fails_it_and_keeps_the_schedule() -> Non
     _, backend, migrator, _, status, _, controller = setup()
     controller.start()
 
-    def away(schedule: Schedule) -> MigrationReport:
+    def away(schedule: Schedule, load: object = None) -> MigrationReport:
         raise redis.ConnectionError("Connection reset by peer")
 
     migrator.migrate = away  # type: ignore[method-assign]

@@ -36,6 +36,7 @@ from elastream.core.keygroup_batches import (
     BatchActionKind,
     BatchBudget,
     BatchCoordinator,
+    Load,
     Step,
     batch_size,
     moves,
@@ -57,9 +58,6 @@ from elastream.store.control import ControlChannel
 from elastream.store.registry import Registry
 
 log = logging.getLogger("elastream.migration")
-
-#: vertex -> (bytes of state, events/s into it): what batch sizes are chosen from (`keygroup_batches.batch_size`)
-Load = Mapping[str, tuple[float, float]]
 
 
 class Driver(Protocol):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,6 +64,8 @@ class Checkpoints(Protocol):
 
     def discard_uncommitted(self) -> int: ...
 
+    def state_by_vertex(self) -> Mapping[str, int]: ...
+
 
 @dataclass
 class CheckpointDriver:
@@ -89,11 +91,18 @@ class CheckpointDriver:
         self._open: _OpenRound | None = None
         #: begin, poll and abandon_open one at a time (a suspend's `take` may run beside the checkpointer's thread)
         self._lock = threading.RLock()
+        #: bytes of state per vertex in the last checkpoint this driver completed
+        self.last_state_by_vertex: dict[str, int] = {}
 
     def latest(self) -> str | None:
         """The id of the latest completed checkpoint (None: none completed yet); raises `redis.RedisError`."""
         latest = self.store.latest_checkpoint()
         return str(latest["id"]) if latest else None
+
+    def state_by_vertex(self) -> Mapping[str, int]:
+        """Bytes of state per vertex in the last checkpoint this driver completed (empty before one): what a
+        key-group migration sizes its batches from."""
+        return dict(self.last_state_by_vertex)
 
     def discard_uncommitted(self) -> int:
         """Drop what the exactly-once sinks staged and no checkpoint committed (a start from the sources'
@@ -207,6 +216,11 @@ class CheckpointDriver:
             log.warning("%s; the round counts as failed", reason)
             return CheckpointResult(checkpoint_id, "failed", round_.duration_ms, round_.state_bytes, reason)
         log.debug("checkpoint %s completed in %.0f ms (replaced %s)", checkpoint_id, round_.duration_ms, done.replaced)
+        by_vertex: dict[str, int] = {}
+        for executor, size in round_.state_bytes_by_executor.items():
+            vertex = split_executor_id(executor)[0]
+            by_vertex[vertex] = by_vertex.get(vertex, 0) + size
+        self.last_state_by_vertex = by_vertex
         return CheckpointResult(
             checkpoint_id, "completed", round_.duration_ms, round_.state_bytes, completed_at=round_.completed_at
         )

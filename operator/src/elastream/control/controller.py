@@ -46,6 +46,7 @@ from elastream.control.monitor import LiveRates, SampleFollower
 from elastream.control.retrying import backoff_delay
 from elastream.control.scaling import PrintEvents, ScalingRecord, planned_message
 from elastream.core.autoscaling.decision import AutoscalerState, Recommendation
+from elastream.core.keygroup_batches import Load, vertex_loads
 from elastream.core.metrics import MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.outcomes import Direction, Outcome
@@ -573,6 +574,15 @@ class TopologyController:
             self.last_scaling.report.update({k: status.get(k) for k in CATCH_UP_FIELDS})
         self.status.publish("lastScaling", status)
 
+    def load(self, snapshot: MetricSnapshot) -> Load:
+        """Each vertex's state (the last checkpoint's) and input rate (the analysed window's): what a key-group
+        migration sizes its batches from."""
+        rates = {
+            v: m.input_rate if m.input_rate is not None else m.processing_rate for v, m in snapshot.vertices.items()
+        }
+        state = self.checkpoints.state_by_vertex() if self.checkpoints is not None else {}
+        return vertex_loads(state, rates)
+
     def _scale(
         self, nodes: int, parallelism: Mapping[str, int] | None, snapshot: MetricSnapshot | None
     ) -> ScalingRecord:
@@ -581,6 +591,8 @@ class TopologyController:
         scaling = self.topology.scaling
         record = ScalingRecord(Direction.NONE, current, nodes, scaling.strategy, scaling.migration, None, 0.0, started)
         try:
+            if snapshot is None:
+                snapshot = self.metrics.snapshot(self.topology.scaling.window)
             plan, before = self.plan(nodes, parallelism, snapshot)
         except redis.RedisError as exc:
             record.outcome, record.reason, record.finished_at = Outcome.FAILED, f"Redis: {exc}", self.clock.now()
@@ -600,7 +612,7 @@ class TopologyController:
             return record
         self.events.emit(EventReason.SCALING_PLANNED, planned_message(plan, before))
         try:
-            report = self.migrator.migrate(plan.new_schedule)
+            report = self.migrator.migrate(plan.new_schedule, self.load(snapshot))
         except redis.RedisError as exc:
             record.outcome, record.reason, record.finished_at = Outcome.FAILED, f"Redis: {exc}", self.clock.now()
             self.note_store(f"{type(exc).__name__}: {exc}")

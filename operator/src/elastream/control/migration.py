@@ -44,11 +44,11 @@ from typing import Any
 
 import redis
 
-from elastream.control.batched_migration import BatchedRun, Load, direction
+from elastream.control.batched_migration import BatchedRun, direction
 from elastream.control.checkpoint_driver import abandon_checkpoint
 from elastream.control.retrying import retry_within
 from elastream.core.checkpoint_protocol import replayed_events
-from elastream.core.keygroup_batches import BatchBudget
+from elastream.core.keygroup_batches import BatchBudget, Load
 from elastream.core.migration_protocol import (
     SENDER,
     Ack,
@@ -129,9 +129,8 @@ class MigrationDriver:
     #: CCR: pause every executor (`all`), only those that move (`moving`), or nothing but key groups in flight
     #: (`keyGroups`, `control.batched_migration`); see the module
     scope: MigrationScope = "all"
-    #: `keyGroups`: what a batch may cost, and each vertex's state and input rate its batch sizes follow
+    #: `keyGroups`: what a batch may cost
     batch_budget: BatchBudget = field(default_factory=BatchBudget)
-    load: Callable[[], Load] | None = None
     #: whether a completed migration (the latest checkpoint then) waits for its commit to be on disk
     durability: DurableCommits = field(default_factory=DurableCommits.from_env)
     #: the topology's own Redis user's connection, which a completion runs on (`CheckpointStore.commit_as`)
@@ -198,8 +197,10 @@ class MigrationDriver:
 
     # ------------------------------------------------------------------------------------------ entry points
 
-    def migrate(self, new: Schedule) -> MigrationReport:
-        """Move the running topology to `new` with the driver's protocol; returns the report."""
+    def migrate(self, new: Schedule, load: Load | None = None) -> MigrationReport:
+        """Move the running topology to `new` with the driver's protocol; returns the report. `load`: each
+        vertex's state and input rate, which a key-group migration sizes its batches from (none: the largest
+        batches the budget allows)."""
         old = self.backend.current_schedule()
         mid = uuid.uuid4().hex[:12]
         if self.before_claim is not None:
@@ -257,7 +258,7 @@ class MigrationDriver:
                 new,
                 migration_parts(self.topology, old, new, "moving"),
                 budget=self.batch_budget,
-                load=self.load() if self.load is not None else {},
+                load=load or {},
                 prepare_ms=prepare_ms,
             )
             return batched.go()

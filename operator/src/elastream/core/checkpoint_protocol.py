@@ -35,6 +35,8 @@ class CheckpointRound:
     phase: CheckpointPhase = CheckpointPhase.RUNNING
     acked: set[str] = field(default_factory=set)
     state_bytes: int = 0
+    #: what each executor reported: a key-group migration sizes its batches from it (`core.keygroup_batches`)
+    state_bytes_by_executor: dict[str, int] = field(default_factory=dict)
     failure: str | None = None
     completed_at: float | None = None
 
@@ -42,6 +44,7 @@ class CheckpointRound:
         if self.phase == CheckpointPhase.RUNNING and executor in self.executors and executor not in self.acked:
             self.acked.add(executor)
             self.state_bytes += state_bytes
+            self.state_bytes_by_executor[executor] = state_bytes
             if self.acked == set(self.executors):
                 self.phase = CheckpointPhase.COMPLETED
                 self.completed_at = now

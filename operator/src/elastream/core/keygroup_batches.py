@@ -121,6 +121,18 @@ class BatchBudget:
     stall_s: float = 10.0
 
 
+#: vertex -> (bytes of state, events/s into it): what batch sizes are chosen from (`batch_size`)
+Load = Mapping[str, tuple[float, float]]
+
+
+def vertex_loads(state_bytes: Mapping[str, int], input_rates: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """Each vertex's (state bytes, input events/s) from the last checkpoint's sizes and the analysed window's
+    rates (a vertex missing from one has 0 there)."""
+    return {
+        v: (float(state_bytes.get(v, 0)), float(input_rates.get(v, 0.0))) for v in set(state_bytes) | set(input_rates)
+    }
+
+
 def batch_size(state_bytes: float, events_per_s: float, key_groups: int, budget: BatchBudget) -> int:
     """Key groups per batch of a vertex with `state_bytes` of state and `events_per_s` of input over
     `key_groups` key groups (its max parallelism): as many as ship within the hold budget and hold at most

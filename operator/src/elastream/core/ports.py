@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from elastream.core.keygroup_batches import Load
 from elastream.core.metrics import MetricSample, MetricSnapshot
 from elastream.core.migration_protocol import MigrationReport
 from elastream.core.schedule import Schedule
@@ -57,8 +58,9 @@ class SampleFeed(Protocol):
 
 @runtime_checkable
 class Migrator(Protocol):
-    def migrate(self, schedule: Schedule) -> MigrationReport:
-        """Move the running topology to `schedule` with the topology's protocol."""
+    def migrate(self, schedule: Schedule, load: Load | None = None) -> MigrationReport:
+        """Move the running topology to `schedule` with the topology's protocol (`load`: each vertex's state
+        and input rate, for a key-group migration's batch sizes)."""
         ...
 
     def interrupted_target(self) -> Schedule | None:
