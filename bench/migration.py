@@ -129,13 +129,21 @@ def write(directory: str, doc: dict[str, Any]) -> str:
 
 
 def one_run(
-    directory: str, url: str, name: str, direction: str, protocol: str, before_s: float, after_s: float
+    directory: str,
+    url: str,
+    name: str,
+    direction: str,
+    protocol: str,
+    before_s: float,
+    after_s: float,
+    round_number: int = 0,
 ) -> dict[str, Any]:
     """One migration of `name` (scale-`direction`, `protocol` a label of PROTOCOLS): the sources emit for
-    `before_s` before the request and `after_s` after it at their rate, and run to the end."""
+    `before_s` before the request and `after_s` after it at their rate, and run to the end. Each run has a
+    topology name of its own (`round_number` too): a repeated one would read the sinks an earlier run wrote."""
     with open(os.path.join(REPO, "examples", f"{name}.yaml"), encoding="utf-8") as handle:
         doc = yaml.safe_load(handle)
-    doc["metadata"]["name"] = f"{name}-{direction}-{protocol}"
+    doc["metadata"]["name"] = f"{name}-{direction}-{protocol}" + (f"-{round_number}" if round_number else "")
     doc["spec"]["nodes"] = NODES.get(name, 2) + (1 if direction == "in" else 0)
     # the plan is Stela's for the example as written (congested); the run offers what both schedules sustain
     doc = with_audit(doc, 1)
@@ -986,7 +994,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in dags:
                 for direction in ("out", "in"):
                     for protocol in protocols if round_number == 0 else [p for p in protocols if p in repeated]:
-                        runs.append(one_run(directory, redis.url, name, direction, protocol, before_s, after_s))
+                        runs.append(
+                            one_run(directory, redis.url, name, direction, protocol, before_s, after_s, round_number)
+                        )
         log("[2/3] restore time vs in-flight volume")
         inflight = inflight_rows(
             directory, redis.url, [100, 1_000, 10_000] if args.quick else [100, 1_000, 10_000, 100_000]
