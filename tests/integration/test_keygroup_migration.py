@@ -17,7 +17,7 @@ import pytest
 from test_control_faults import Outage
 from test_migration import EVENTS, check_exactly_once, load
 from test_migration_faults import ControllerCrash, plan_for
-from test_partial_migration import mixed_change
+from test_partial_migration import DAGS, mixed_change, partial
 
 from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
@@ -28,13 +28,10 @@ from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-DAGS = ["ccr-linear", "ccr-diamond", "ccr-star", "ccr-grid", "ccr-traffic"]
-
 
 def batched(topology: Any, cluster: Any, **options: Any) -> MigrationDriver:
     """A CCR driver of scope `keyGroups`, after the periodic checkpoint that scope needs to fall back on."""
-    assert CheckpointDriver(topology, cluster, cluster.client).take().outcome == "completed"
-    return MigrationDriver(topology, cluster, cluster.client, "ccr", scope="keyGroups", **options)
+    return partial(topology, cluster, scope="keyGroups", **options)
 
 
 @pytest.mark.parametrize("direction", ["out", "in"])

@@ -19,6 +19,7 @@ from elastream.control.migration import MigrationDriver
 from elastream.core.migration_protocol import Action, ActionKind, MigrationCoordinator
 from elastream.core.migration_scope import migration_parts
 from elastream.core.schedule import Schedule
+from elastream.core.topology.limits import MigrationScope
 from support.faults import migrate_killing_a_worker_during_capture
 from support.harness import exactly_once, running, sink_events, with_audit, write_manifest
 from support.manifests import edge, manifest, sink, src, work
@@ -29,10 +30,11 @@ pytestmark = pytest.mark.integration
 DAGS = ["ccr-linear", "ccr-diamond", "ccr-star", "ccr-grid", "ccr-traffic"]
 
 
-def partial(topology: Any, cluster: Any, **options: Any) -> MigrationDriver:
-    """A CCR driver of scope `moving`, after the periodic checkpoint that scope needs to fall back on."""
+def partial(topology: Any, cluster: Any, scope: MigrationScope = "moving", **options: Any) -> MigrationDriver:
+    """A CCR driver of `scope` (`moving`, or `keyGroups`), after the periodic checkpoint either scope needs to
+    fall back on."""
     assert CheckpointDriver(topology, cluster, cluster.client).take().outcome == "completed"
-    return MigrationDriver(topology, cluster, cluster.client, "ccr", scope="moving", **options)
+    return MigrationDriver(topology, cluster, cluster.client, "ccr", scope=scope, **options)
 
 
 @pytest.mark.parametrize("direction", ["out", "in"])
