@@ -23,8 +23,10 @@ from elastream.runtime.operators.sinks import NullSink
 from elastream.runtime.participant import Migration
 from elastream.runtime.source_thread import SourceThread
 from elastream.runtime.transport import DataPlaneStats
-from elastream.runtime.worker_metrics import WorkerCollector
+from elastream.runtime.worker_metrics import WorkerCollector, source_positions
+from elastream.store.codec import unpack
 from support.manifests import edge, manifest, sink, src, work
+from support.waiting import wait_until
 
 EXECUTOR_LABELS = {"namespace", "topology", "node", "vertex", "executor"}
 #: latencies (s) away from any bucket bound, and the bound of the bucket each falls in
@@ -259,3 +261,44 @@ def test_a_batch_behind_the_source_clock_adds_no_negative_sum() -> None:
     assert counters.latency_sum_s == pytest.approx(-0.7)  # the interval's mean stays what it was
     counters.observe_sink_latencies(100.0, [])
     assert counters.latency_count == 2
+
+
+class PositionReaders:
+    """A source operator (done: it polls nothing) whose position says how often it was read, and by which
+    threads."""
+
+    def __init__(self) -> None:
+        self.readers: list[int] = []
+
+    def open(self, context: Context) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def exhausted(self) -> bool:
+        return True
+
+    def position(self) -> dict[str, int]:
+        self.readers.append(threading.get_ident())
+        return {"reads": len(self.readers)}
+
+
+def test_a_running_source_position_is_read_on_its_own_thread_and_a_stopped_one_last():
+    """The metrics thread publishes the sources' positions; while a source runs, only its own thread may read
+    its operator (`Synthetic.position` settles its lanes: read beside a poll, it made the poll emit a lane's
+    last events a second time or fail), so the worker gets the position the source's loop read for it."""
+    operator = PositionReaders()
+    source = thread("src#0", operator, "source")
+    assert isinstance(source, SourceThread)
+    source.start()
+    try:
+        published = wait_until(lambda: source_positions([source]), 5.0, "a position published")
+        assert set(published) == {"src#0"}
+        assert set(operator.readers) == {source.ident}  # never the metrics thread's
+    finally:
+        source.stop.set()
+        source.join(5.0)
+    last = source_positions([source])  # stopped: its operator's own, read here
+    assert unpack(last["src#0"]) == {"reads": len(operator.readers)}
+    assert operator.readers[-1] == threading.get_ident()

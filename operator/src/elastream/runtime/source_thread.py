@@ -33,6 +33,12 @@ class SourceThread(ExecutorLoop):
     #: ask it then)
     now = 0.0
     opened = False
+    #: the position this thread last read for the worker to publish (`reported_position`), and whether the
+    #: worker asks for a fresh one. The operator's position is read on this thread only: `Synthetic.position`
+    #: settles its lanes, and read beside a poll (the metrics thread did) it could make the poll emit a lane's
+    #: last events again, or fail it
+    published_position: Any = None
+    position_wanted = False
 
     def offered_at(self, now: float) -> tuple[int, int]:
         """`received` and `queue_len` for a metric sample taken at `now`. A source that can tell what it was
@@ -46,6 +52,25 @@ class SourceThread(ExecutorLoop):
         received = max(counters.received, counters.reported_received, int(offered(now)))
         counters.reported_received = received
         return received, int(backlog(now))
+
+    def reported_position(self) -> Any:
+        """The position for the worker to publish (`worker_metrics.source_positions`), from any thread: once
+        this thread has ended, the operator's own (its last); while it runs, the one it last read, and a fresh
+        one is asked for (its loop reads it next). None before the first, and while it waits for INIT."""
+        position = getattr(self.operator, "position", None)
+        if not callable(position) or self.migration.awaiting is not None:
+            return None
+        if not self.is_alive():
+            return position() if self.opened else None
+        self.position_wanted = True
+        return self.published_position
+
+    def _read_position(self) -> Any:
+        """The operator's position, on this thread, kept for `reported_position` too."""
+        position = getattr(self.operator, "position", None)
+        self.position_wanted = False
+        self.published_position = position() if callable(position) else None
+        return self.published_position
 
     def emit_new(self, event_id: int, key: Any, value: Any) -> None:
         self.counters.emitted += 1
@@ -68,6 +93,8 @@ class SourceThread(ExecutorLoop):
         while not self.stop.is_set():
             while not self.control.empty():
                 self.on_control(CONTROLLER, self.control.get_nowait())
+            if self.position_wanted and self.migration.awaiting is None:
+                self._read_position()
             if self.paused.is_set() or (exhausted is not None and exhausted()):
                 self.stop.wait(0.005)  # not a sleep: a stop is honoured at once
                 continue
@@ -111,7 +138,7 @@ class SourceThread(ExecutorLoop):
             # a key-group migration moves this source: it stops here, and its new instance starts where it did
             self.paused.set()
             self.router.flush()
-            position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
+            position = self._read_position()
             migration.checkpoint(mid, self.operator, position)
             migration.ack(mid, "handoff")
         elif kind == ControlType.PREPARE:
@@ -124,13 +151,13 @@ class SourceThread(ExecutorLoop):
         elif kind == ControlType.COMMIT:
             if not migration.participant.on_commit(mid, None):
                 return  # the migration was aborted (RESUME came first): nothing to commit
-            position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
+            position = self._read_position()
             migration.checkpoint(mid, self.operator, position)
             self.router.send_control({"type": ControlType.COMMIT, "mid": mid})
             migration.ack(mid, "committing")
         elif kind == ControlType.CHECKPOINT:
             # the position of everything emitted so far, then BARRIER behind it on every channel
-            position = self.operator.position() if callable(getattr(self.operator, "position", None)) else None
+            position = self._read_position()
             state_bytes = migration.checkpoint(mid, self.operator, position)
             self.router.send_control({"type": ControlType.BARRIER, "mid": mid})
             migration.ack(mid, "checkpointing", state_bytes=state_bytes)
@@ -148,6 +175,7 @@ class SourceThread(ExecutorLoop):
                     if restore_from != mid and callable(pace_replay):
                         pace_replay()  # a recovery replays since its checkpoint: at the profile's rate
                 migration.awaiting = None
+                self._read_position()  # what the worker publishes from now on
             migration.ack(mid, "initializing")
         elif kind in (ControlType.RESUME, ControlType.ABORT):
             if message.get("to") == "new" and migration.awaiting is not None:

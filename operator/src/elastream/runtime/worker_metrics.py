@@ -114,13 +114,14 @@ class MetricsReporting:
 
 
 def source_positions(threads: Iterable[ExecutorThread | SourceThread]) -> dict[str, bytes]:
-    """The read position of each running source of `threads` (`restart` counts what the sources will replay
-    from them); a source still waiting for INIT has none yet."""
+    """The read position of each source of `threads` (`restart` counts what the sources will replay from
+    them): a running one's as its own thread last read it (`SourceThread.reported_position`), a stopped one's
+    last; a source still waiting for INIT has none yet."""
     positions: dict[str, bytes] = {}
     for thread in threads:
-        position = getattr(thread.operator, "position", None)
-        if isinstance(thread, SourceThread) and thread.migration.awaiting is None and callable(position):
-            positions[thread.executor] = pack(position())
+        position = thread.reported_position() if isinstance(thread, SourceThread) else None
+        if position is not None:
+            positions[thread.executor] = pack(position)
     return positions
 
 

@@ -67,6 +67,9 @@ class BatchOperator(Operator, Protocol):
 
 
 class SourceOperator(Protocol):
+    """A source. Every method is called on the source's own executor thread (`position` also once it has
+    stopped, for its last position), never beside a `poll`: an operator needs no lock of its own."""
+
     def open(self, context: Context) -> None: ...
     def poll(self, now: float, emit_new: Callable[[int, Any, Any], None], budget: int) -> int:
         """Emit up to `budget` due events through `emit_new(id, key, value)`; return how many were due."""
