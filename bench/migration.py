@@ -444,7 +444,8 @@ def felt_section(runs: list[dict[str, Any]]) -> list[str]:
         "`Synthetic.pace_replay`), so its latency stays higher by the pause plus the checkpoint's age (up to",
         "2 s) for the rest of the run.",
         "Every run offers its sources at "
-        f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules (the",
+        f"{LOAD:.0%} of what the busiest vertex can take under the slower of its two schedules, and at most "
+        f"{NODE_LOAD:.0%} of the busiest node's emulated cores under either (the",
         "simulator's capacities; the examples as written are congested on purpose, and a congested run has no",
         "steady state: its latency grows with its queues); Stela plans from the example as written.",
         "",
@@ -533,7 +534,8 @@ def report(
         "",
         f"Produced by `make bench` (`python bench/migration.py`) in {took:.0f} s on a shared 2-core machine (other",
         "jobs ran beside it: single runs vary by tens of percent), one run per row. Each run migrates mid-stream",
-        f"(sources at {LOAD:.0%} of what the DAG's bottleneck takes under both schedules, finite: "
+        f"(sources at {LOAD:.0%} of what the DAG's bottleneck takes and at most {NODE_LOAD:.0%} of the busiest node's "
+        "cores under both schedules, finite: "
         f"{WARMUP_S + STEADY_S:g} s of events before the migration request,",
         f"{AFTER_S + TAIL_S:g} s after it) to the plan Stela makes, then runs to the end; lost and",
         "duplicated events are counted at the sinks against the exact multiset a correct run delivers. Phase",
