@@ -8,13 +8,11 @@ then sees every input exactly once in the copy and, per key, running counts exac
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 from test_kafka_pipeline import Writer, make_topics, pipeline, worker_tail
-from test_keygroup_migration import batched
+from test_keygroup_migration import KillAfterFirstStep, batched
 
 from elastream.control.checkpoint_driver import CheckpointDriver, Checkpointer
 from elastream.control.migration import MigrationDriver
@@ -105,22 +103,15 @@ def test_a_worker_killed_in_the_middle_of_kafka_key_group_batches_rolls_back_exa
         writer.start()
         time.sleep(2.0)  # mid-stream
         victim = old.node_of("copy#0")
-        killed: list[int] = []
-
-        def kill_after_first_step(step: int) -> None:
-            if step >= 1 and not killed:
-                pid = cluster.workers[victim].process.pid
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-
-        report = batched(topology, cluster, before_step=kill_after_first_step).migrate(new)
-        if not killed:
+        kill = KillAfterFirstStep(cluster, victim)
+        report = batched(topology, cluster, before_step=kill).migrate(new)
+        if not kill.killed:
             pytest.fail(f"the plan has one step only: nothing to kill in the middle of ({report})")
         assert report.outcome == "aborted", f"{report}\n{worker_tail(cluster)}"
         assert "rolled back to checkpoint" in report.reason, report.reason
         assert report.scope == "keyGroups"
         assert cluster.current_schedule() == old
-        assert cluster.workers[victim].process.pid != killed[0], "the dead worker was started again"
+        assert cluster.workers[victim].process.pid != kill.killed[0], "the dead worker was started again"
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None
         assert writer.is_alive(), "the kill must happen while the producer writes"
         checkpointer = Checkpointer(CheckpointDriver(topology, cluster, cluster.client), interval_s=1.0).start()

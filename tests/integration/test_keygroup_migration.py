@@ -34,6 +34,21 @@ def batched(topology: Any, cluster: Any, **options: Any) -> MigrationDriver:
     return partial(topology, cluster, scope="keyGroups", **options)
 
 
+class KillAfterFirstStep:
+    """A driver's `before_step` hook: SIGKILLs the worker of `node` once the first step has flipped (state has
+    moved between processes); `killed` holds the pid it killed."""
+
+    def __init__(self, cluster: Any, node: str) -> None:
+        self.cluster, self.node = cluster, node
+        self.killed: list[int] = []
+
+    def __call__(self, step: int) -> None:
+        if step >= 1 and not self.killed:
+            pid = self.cluster.workers[self.node].process.pid
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(pid)
+
+
 @pytest.mark.parametrize("direction", ["out", "in"])
 @pytest.mark.parametrize("name", DAGS)
 def test_key_groups_move_in_batches_exactly_once(name: str, direction: str, tmp_path, redis_url: str) -> None:
@@ -89,18 +104,10 @@ def test_a_worker_killed_in_the_middle_of_the_batches_rolls_back_exactly_once(tm
         old = cluster.current_schedule()
         new = plan_for(topology, old, topology.nodes - 1)  # a scale-in of ccr-diamond moves groups in 10 steps
         time.sleep(1.5)
-        victim = new.nodes[0]
-        killed: list[int] = []
-
-        def kill_after_first_step(step: int) -> None:
-            if step >= 1 and not killed:
-                pid = cluster.workers[victim].process.pid
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-
-        driver = batched(topology, cluster, before_step=kill_after_first_step)
+        kill = KillAfterFirstStep(cluster, new.nodes[0])
+        driver = batched(topology, cluster, before_step=kill)
         report = driver.migrate(new)
-        if not killed:
+        if not kill.killed:
             pytest.fail(f"the plan has one step only: nothing to kill in the middle of ({report})")
         assert report.outcome == "aborted", report
         assert "rolled back to checkpoint" in report.reason, report.reason
