@@ -244,7 +244,17 @@ class Cluster:
 
         self.api = k8s_client.CustomObjectsApi(k8s_config.new_client_from_config(config_file=self.cp.kubeconfig))
         self.kubectl("apply", "-f", os.path.join(REPO, "crds", "streamtopology.yaml"))
-        self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        # `kubectl wait` fails at once, not waits, while the new CRD has no status.conditions yet: ask again
+        deadline = time.monotonic() + 60.0
+        while True:
+            waited = self.kubectl(
+                "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=False
+            )
+            if waited.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the CRD was not Established within 60 s: {waited.stderr.strip()}")
+            time.sleep(0.2)
 
     def stop(self) -> None:
         if self.kubelet is not None:
