@@ -4,11 +4,13 @@ runs 1..n, on the CCR paper's five DAGs scaled out and in, on a change that move
 and shrinks another at once with exactly-once sinks that move; and through faults in the middle of the
 batches: a worker SIGKILLed (the topology rolls back to the last periodic checkpoint) and Redis unreachable
 for 5 s (the data plane goes on; the migration waits for Redis and completes), both exactly once with exact
-keyed counts."""
+keyed counts. Before the first FLIP, the senders' channels to the new instances are open and handshaken (WARM)."""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -49,6 +51,17 @@ class KillAfterFirstStep:
             self.killed.append(pid)
 
 
+def warmed(cluster: Any, migration_id: str) -> list[tuple[int, int]]:
+    """(channels opened, handshaken) of every node's WARM in `migration_id`, from the workers' logs (a node
+    the migration removed has exited, its log stays)."""
+    line = re.compile(rf"(\d+) channels to new instances opened ahead of migration {migration_id}, (\d+) handshaken")
+    found = []
+    for path in glob.glob(os.path.join(cluster.run_dir, "*.log")):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            found += [(int(opened), int(ready)) for opened, ready in line.findall(handle.read())]
+    return found
+
+
 @pytest.mark.parametrize("direction", ["out", "in"])
 @pytest.mark.parametrize("name", DAGS)
 def test_key_groups_move_in_batches_exactly_once(name: str, direction: str, tmp_path, redis_url: str) -> None:
@@ -65,6 +78,10 @@ def test_key_groups_move_in_batches_exactly_once(name: str, direction: str, tmp_
         parts = migration_parts(topology, old, new, "moving")
         moving_vertices = {e.split("#")[0] for e in parts.moving_old} - set(topology.sources)
         assert (report.batches or 0) >= len(moving_vertices)  # at least one batch per vertex whose groups moved
+        if report.batches:  # groups moved: their senders' channels were open and handshaken before any FLIP
+            warm = warmed(cluster, report.migration_id)
+            assert sum(opened for opened, _ in warm) > 0
+            assert all(opened == ready for opened, ready in warm), warm
         check_exactly_once(cluster, topology)
         assert cluster.client.get(f"{topology.redis_prefix}mig:current") is None  # cleaned up
 

@@ -19,7 +19,17 @@ from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.operators import Context
 from elastream.runtime.participant import Migration
 from elastream.runtime.security import PeerAuthenticator
-from elastream.runtime.transport import CONTROL, DATA, Channel, DataPlaneStats, Inbox, parse
+from elastream.runtime.transport import (
+    CONTROL,
+    DATA,
+    Channel,
+    DataPlaneStats,
+    Inbox,
+    WarmChannels,
+    await_handshakes,
+    parse,
+    wait_for_any_credit,
+)
 from elastream.worker_inputs.keys import DataPlaneConfigError, DataPlaneKeys, generate_keys, keys_from_env
 
 SEQ = (1).to_bytes(8, "little")
@@ -129,6 +139,61 @@ def refusals(inbox: Inbox, stats: DataPlaneStats, reason: str, timeout_s: float 
         return stats.snapshot()[1].get(reason, 0) > 0
 
     return receive_all(inbox, counted, timeout_s)
+
+
+def test_a_channel_opened_ahead_knows_its_curve_handshake_is_done_and_a_refused_one_is_not_waited_for_long(
+    secured,
+) -> None:
+    """WARM (a key-group migration) opens channels before the FLIP that sends on them and waits for their
+    handshakes, which go through the receiving worker's ZAP thread; a handshake that never completes (the
+    wrong topology's keys) ends the wait at its bound."""
+    context, keys, inbox, _ = secured
+    channel = Channel(context, "a#0", "b#0", inbox.endpoint, keys)
+    assert await_handshakes([channel], 10.0) == 1
+    assert channel.handshaken
+    stranger = Channel(context, "a#0", "b#0", inbox.endpoint, generate_keys())  # another topology's keys
+    started = time.monotonic()
+    assert await_handshakes([channel, stranger], 0.3) == 1
+    assert not stranger.handshaken
+    assert time.monotonic() - started < 5.0  # bounded (not a timing claim: 0.3 s asked, 5 s is a hang)
+    stranger.close(0)
+    channel.close(0)
+
+
+def test_a_lost_receiver_still_frees_a_channels_credit_beside_handshake_events(context) -> None:
+    """The channel's monitor reports handshakes too now: only a disconnection drops what was in flight."""
+    inbox = Inbox(context, "127.0.0.1")
+    stop = threading.Event()
+    channel = Channel(context, "a#0", "b#0", inbox.endpoint)
+    assert await_handshakes([channel], 10.0) == 1
+    channel.send_events([(1, "k", 1, 0.5)], stop)
+    assert channel.in_flight == 1  # the inbox never acks: it takes nothing for processing
+    wait_for_any_credit([channel], stop, 100)
+    assert channel.in_flight == 1  # the handshake event freed nothing
+    inbox.close()
+    deadline = time.monotonic() + 10.0
+    while channel.in_flight and time.monotonic() < deadline:
+        wait_for_any_credit([channel], stop, 100)
+    assert channel.in_flight == 0
+    channel.close(0)
+
+
+def test_warm_channels_go_to_the_sender_they_were_opened_for_once_and_the_rest_are_closed(context) -> None:
+    inbox = Inbox(context, "127.0.0.1")
+    warm = WarmChannels()
+    to_b = Channel(context, "a#0", "b#0", inbox.endpoint)
+    to_c = Channel(context, "a#0", "c#0", inbox.endpoint)
+    warm.put([to_b, to_c])
+    assert warm.take("a#1", "b#0", inbox.endpoint) is None  # another sender's: not this one's
+    assert warm.take("a#0", "b#0", inbox.endpoint) is to_b
+    assert warm.take("a#0", "b#0", inbox.endpoint) is None  # taken once
+    again = Channel(context, "a#0", "c#0", inbox.endpoint)
+    warm.put([again])  # a repeated WARM: the newer channel replaces (and closes) the older
+    assert to_c.socket.closed
+    assert warm.close() == 1
+    assert again.socket.closed and len(warm) == 0
+    to_b.close(0)
+    inbox.close()
 
 
 def test_curve_admits_the_topologys_peer_and_refuses_a_plain_socket(secured) -> None:

@@ -6,6 +6,8 @@ inboxes of the executors that move, `core.migration_scope` with scope `moving`) 
 Then:
 1. OVERLAP: every node of the new schedule starts its new executor instances beside the old ones; each
    awaits the key groups it will own. The nodes ack with the staged version, whose endpoints are read once.
+   WARM: the nodes of the steps' senders open their channels to the recipients and wait (bounded) for their
+   handshakes, so no FLIP opens a channel on the data's path.
 2. Steps, as `BatchCoordinator` opens them (downstream vertices first, a bounded number at once): FLIP to the
    senders of the step's vertex (the old schedule's executors of its parents), which send MARKER in band and
    route the step's key groups to their recipients; each donor ships the state in band once it has every
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 import redis
 
 from elastream.core.keygroup_batches import (
+    WARM_WAIT_S,
     BatchAction,
     BatchActionKind,
     BatchBudget,
@@ -118,7 +121,9 @@ class BatchedRun:
             endpoints: dict[str, str] = driver.redis_step(
                 lambda: Registry(driver.client, self.prefix).endpoints(version), f"migration {mid} endpoints"
             )
-            self.run_steps(endpoints)
+            steps = self.plan()
+            self.warm_channels(steps, endpoints)
+            self.run_steps(steps, endpoints)
             self.times.commit_done = driver.clock.now()
             self.hand_over_sources()
             self.times.rebalance_done = driver.clock.now()
@@ -152,9 +157,9 @@ class BatchedRun:
             raise BatchFailed(f"the nodes staged different schedule versions {sorted(versions)}")
         return versions.pop()
 
-    def run_steps(self, endpoints: Mapping[str, str]) -> None:
-        """FLIP the steps as the coordinator opens them, feeding it the recipients' acks, until all are in."""
-        driver, mid, topology = self.driver, self.migration_id, self.driver.topology
+    def plan(self) -> tuple[Step, ...]:
+        """The migration's steps: its key groups' moves in batches (`core.keygroup_batches`)."""
+        topology = self.driver.topology
         all_moves = moves(topology, self.old, self.new, self.parts.kept)
         sizes = {
             vertex: batch_size(
@@ -162,7 +167,36 @@ class BatchedRun:
             )
             for vertex in {m.vertex for m in all_moves}
         }
-        steps = plan_steps(plan_batches(all_moves, sizes), topology)
+        return plan_steps(plan_batches(all_moves, sizes), topology)
+
+    def warm_channels(self, steps: tuple[Step, ...], endpoints: Mapping[str, str]) -> None:
+        """WARM to the nodes of the steps' senders: each opens its senders' channels to the recipients now and
+        waits for their handshakes, so no FLIP opens one on the data's path (with CURVE, a handshake waits
+        for the receiving worker's ZAP thread: events sent behind a FLIP waited tens of ms for it). Waited
+        for at most `WARM_WAIT_S` and a second; a node that does not ack in time only makes its first frames
+        slower, so the migration goes on."""
+        driver, mid = self.driver, self.migration_id
+        wanted: list[list[str]] = []
+        for step in steps:
+            message = self.flip_message(step, endpoints)
+            receivers = [(str(r), str(e)) for r, e in message.get("channels") or []] or [
+                (str(b["recipient"]), str(b["endpoint"])) for b in message["batches"]
+            ]
+            wanted += [[s, r, e] for s in senders_of(driver.topology, self.old, step.vertex) for r, e in receivers]
+        nodes = {self.old.assignment[s] for s, _, _ in wanted}
+        if not nodes:
+            return
+        control = ControlChannel(driver.client, self.prefix, self.old)
+        warm = {"type": ControlType.WARM, "mid": mid, "channels": wanted}
+        driver.redis_step(lambda: control.send_nodes(sorted(nodes), warm), f"migration {mid} warm")
+        try:
+            self.wait_acks("warmed", nodes, WARM_WAIT_S + 1.0)
+        except BatchFailed as exc:
+            log.info("migration %s: %s; the steps start anyway", mid, exc)
+
+    def run_steps(self, steps: tuple[Step, ...], endpoints: Mapping[str, str]) -> None:
+        """FLIP the steps as the coordinator opens them, feeding it the recipients' acks, until all are in."""
+        driver, mid = self.driver, self.migration_id
         coordinator = self.coordinator = BatchCoordinator(steps, self.budget)
         control = ControlChannel(driver.client, self.prefix, self.old)
         actions = coordinator.start(driver.clock.now())

@@ -97,6 +97,11 @@ def moves(topology: Topology, old: Schedule, new: Schedule, kept: frozenset[str]
     return tuple(found)
 
 
+#: how long a node waits for the handshakes of the channels it opens ahead of a migration's FLIPs (WARM) before
+#: it acks anyway; the controller waits that and a second more for the acks, then flips either way
+WARM_WAIT_S = 1.0
+
+
 # ------------------------------------------------------------------------------------------- batch sizes
 
 

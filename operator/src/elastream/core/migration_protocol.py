@@ -65,6 +65,8 @@ class ControlType(enum.StrEnum):
     #: those groups follows (MARKER); a donor ships their state to the recipient, in band (STATE); a moving
     #: source pauses and saves its position (HANDOFF)
     OVERLAP = "overlap"
+    #: (keyGroups) a node opens its senders' channels to the new instances before the FLIPs that use them
+    WARM = "warm"
     FLIP = "flip"
     MARKER = "marker"
     STATE = "state"

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from elastream.runtime.security import PEER_USER_ID, secure_client, secure_server
 from elastream.worker_inputs.keys import DataPlaneKeys
@@ -77,6 +78,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+#: what a channel's monitor reports: a lost receiver, and a completed handshake (`await_handshakes`)
+_MONITORED = int(zmq.EVENT_DISCONNECTED) | int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
 
 def encode(kind: int, sender: str, payload: Any) -> bytes:
@@ -296,7 +299,9 @@ class Channel:
         self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         if keys is not None:
             secure_client(self.socket, keys)
-        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor = self.socket.get_monitor_socket(_MONITORED)
+        #: whether a connection to the receiver completed its handshake (CURVE's included) at least once
+        self.handshaken = False
         self.socket.connect(endpoint)
         #: events sent, and the highest cumulative count the receiver has acked
         self.sent = 0
@@ -387,9 +392,11 @@ class Channel:
     def _on_monitor_event(self) -> None:
         try:
             while True:
-                self.monitor.recv_multipart(zmq.NOBLOCK)
-                # the receiver went away: what was in flight to it is lost, do not wait for its credit
-                self.acked = self.sent
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self.handshaken = True
+                else:  # the receiver went away: what was in flight to it is lost, do not wait for its credit
+                    self.acked = self.sent
         except zmq.Again:
             pass
 
@@ -452,6 +459,64 @@ def wait_for_any_credit(channels: list[Channel], stop: threading.Event, timeout_
         if channel.socket in ready:
             channel._take_acks()
     return time.perf_counter() - start
+
+
+def await_handshakes(channels: Iterable[Channel], timeout_s: float) -> int:
+    """Wait up to `timeout_s` for every one of `channels` to have completed its handshake with its receiver;
+    returns how many did. With CURVE a handshake waits for the receiving worker's ZAP handler, a Python
+    thread: tens of ms on a busy worker, which frames sent on a new channel would wait out."""
+    waiting = [c for c in channels if not c.handshaken]
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            break
+        poller = zmq.Poller()
+        for channel in waiting:
+            poller.register(channel.monitor, zmq.POLLIN)
+        ready = dict(poller.poll(left_ms))
+        for channel in waiting:
+            if channel.monitor in ready:
+                channel._on_monitor_event()
+        waiting = [c for c in waiting if not c.handshaken]
+    return sum(1 for c in channels if c.handshaken)
+
+
+class WarmChannels:
+    """Channels opened ahead of their first frame (`Generations.warm`: a key-group migration's senders to the
+    new instances, before the FLIP that routes to them), by (sender, receiver, endpoint). The sender's thread
+    takes its own when it needs it; what nobody took is closed when the migration ends. Filled by the worker's
+    control thread, taken by executor threads: a socket changes threads here, behind the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[tuple[str, str, str], Channel] = {}
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def has(self, sender: str, receiver: str, endpoint: str) -> bool:
+        return (sender, receiver, endpoint) in self._channels
+
+    def put(self, channels: Iterable[Channel]) -> None:
+        with self._lock:
+            for channel in channels:
+                replaced = self._channels.pop((channel.sender, channel.receiver, channel.endpoint), None)
+                if replaced is not None:
+                    replaced.close(0)
+                self._channels[(channel.sender, channel.receiver, channel.endpoint)] = channel
+
+    def take(self, sender: str, receiver: str, endpoint: str) -> Channel | None:
+        with self._lock:
+            return self._channels.pop((sender, receiver, endpoint), None)
+
+    def close(self) -> int:
+        """Close what nobody took; returns how many."""
+        with self._lock:
+            left, self._channels = list(self._channels.values()), {}
+        for channel in left:
+            channel.close(0)
+        return len(left)
 
 
 def learned_windows(channels: Iterable[Channel]) -> dict[tuple[str, str], int]:

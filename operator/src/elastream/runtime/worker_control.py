@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import redis
@@ -32,6 +32,8 @@ class ScheduleSwitch(Protocol):
     ) -> None: ...
 
     def overlap(self, migration_id: str) -> None: ...
+
+    def warm(self, migration_id: str, wanted: Iterable[tuple[str, str, str]]) -> None: ...
 
 
 class ControlMessages:
@@ -125,6 +127,9 @@ class ControlMessages:
             self.schedules.switch(version, message.get("mid") or None, partial, overlapped=scope == "keyGroups")
         elif kind == ControlType.OVERLAP:
             self.schedules.overlap(str(message.get("mid")))
+        elif kind == ControlType.WARM:
+            wanted = [(str(s), str(r), str(e)) for s, r, e in message.get("channels") or []]
+            self.schedules.warm(str(message.get("mid")), wanted)
         elif kind == ControlType.STOP:
             self.backend_stops()  # before anything else: a SIGTERM may come between any two lines
             self.stop.set()

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import zmq
 
-from elastream.core.keygroup_batches import Recipient
+from elastream.core.keygroup_batches import WARM_WAIT_S, Recipient
 from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.core.migration_scope import migration_parts
 from elastream.core.ports import Clock
@@ -31,7 +31,15 @@ from elastream.runtime.operators.loading import make_operator
 from elastream.runtime.participant import Migration
 from elastream.runtime.routing import OpenChannel, Router, build_outputs
 from elastream.runtime.source_thread import SourceThread
-from elastream.runtime.transport import INITIAL_WINDOW, Channel, DataPlaneStats, Inbox, learned_windows
+from elastream.runtime.transport import (
+    INITIAL_WINDOW,
+    Channel,
+    DataPlaneStats,
+    Inbox,
+    WarmChannels,
+    await_handshakes,
+    learned_windows,
+)
 from elastream.runtime.worker_metrics import source_positions
 from elastream.runtime.worker_state import Generation, RedisStores, RedisWaits, WorkerOptions
 from elastream.store.metric_stream import metric_stream_maxlen
@@ -81,6 +89,9 @@ class Generations:
         #: the generation running now, and the one staged ahead of a migration (inboxes bound, idle)
         self.current: Generation | None = None
         self.staged: Generation | None = None
+        #: this node's senders' channels to a key-group migration's new instances, opened ahead of its FLIPs
+        self.warm_channels = WarmChannels()
+        self.warm_for: str | None = None
         self._switching = threading.Lock()
 
     @property
@@ -217,6 +228,9 @@ class Generations:
 
     def _opener(self, generation: Generation) -> OpenChannel:
         def open_channel(sender: str, receiver: str, endpoint: str) -> Channel:
+            warmed = self.warm_channels.take(sender, receiver, endpoint)
+            if warmed is not None:  # opened ahead (WARM): its handshake is done
+                return warmed
             window = generation.windows.get((sender, split_executor_id(receiver)[0]), INITIAL_WINDOW)
             return Channel(self.sockets, sender, receiver, endpoint, self.options.data_plane, window)
 
@@ -309,6 +323,30 @@ class Generations:
                 )
         store, info = self.stores.store, {"version": staged.version}
         self.waits.redis_call("ack OVERLAP", lambda: store.ack(migration_id, "overlap", self.node, info))
+
+    def warm(self, migration_id: str, wanted: Iterable[tuple[str, str, str]]) -> None:
+        """WARM (a migration of scope `keyGroups`): open the channels of this node's running senders to the new
+        instances they will send to, (sender, receiver, endpoint) of `wanted`, before the FLIPs that route
+        there, and wait at most `WARM_WAIT_S` for their handshakes. Acked either way: a channel whose handshake
+        is late only delays its first frames, as it did when FLIP opened it."""
+        if self.warm_for != migration_id:  # what an earlier migration opened and never used (it was aborted)
+            self.warm_channels.close()
+            self.warm_for = migration_id
+        current, opened = self.current, []
+        if current is not None:
+            running, open_channel = current.by_executor(), self._opener(current)
+            opened = [open_channel(s, r, e) for s, r, e in wanted if s in running]  # a repeated WARM: the same
+        ready = await_handshakes(opened, WARM_WAIT_S)
+        self.warm_channels.put(opened)
+        log.info(
+            "node %s: %d channels to new instances opened ahead of migration %s, %d handshaken",
+            self.node,
+            len(opened),
+            migration_id,
+            ready,
+        )
+        store, info = self.stores.store, {"opened": len(opened), "handshaken": ready}
+        self.waits.redis_call("ack WARM", lambda: store.ack(migration_id, "warmed", self.node, info))
 
     def overlapping(self) -> Mapping[str, ExecutorThread | SourceThread]:
         """The new instances an OVERLAP started, by id (the controller's messages marked for them go there)."""
@@ -415,6 +453,7 @@ class Generations:
         """Drop the staged generation; the new instances an OVERLAP started stop (what they received is rolled
         back with the rest of the topology: a key-group migration that does not finish ends in a rollback)."""
         staged, self.staged = self.staged, None
+        self.warm_channels.close()  # the migration they were opened for ends without its new instances
         if staged is not None:
             if staged.threads:
                 staged.halt()
@@ -433,6 +472,12 @@ class Generations:
         on, untouched but for their outputs and upstream (REROUTE); only the others stop and start.
         `overlapped` (a migration of scope `keyGroups`): the new instances run already (OVERLAP) and own every
         key group; the old instances they replace, idle now, stop, and the kept ones join the new generation."""
+        try:
+            self._switch(version, migration_id, partial, overlapped)
+        finally:  # the migration's FLIPs are over: what no sender took (one that failed midway) is not needed
+            self.warm_channels.close()
+
+    def _switch(self, version: int, migration_id: str | None, partial: bool, overlapped: bool) -> None:
         registry = self.stores.registry
         found = self.waits.redis_call("read the new schedule", lambda: registry.schedule_version(version))
         if found is None:
@@ -554,6 +599,7 @@ class Generations:
         effort), close every socket of it and discard the staged one."""
         with self._switching:
             current, self.current = self.current, None
+            self.warm_channels.close()
             if current is not None:
                 current.halt()
                 join(current.threads, 5.0, self.clock)
