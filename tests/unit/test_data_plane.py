@@ -13,12 +13,13 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from zmq.utils import z85
 
 from elastream.core.migration_protocol import ControlType, ExecutorParticipant
 from elastream.runtime.executor import ExecutorThread
 from elastream.runtime.operators import Context
 from elastream.runtime.participant import Migration
-from elastream.runtime.security import PeerAuthenticator
+from elastream.runtime.security import PEER_USER_ID, PeerAuthenticator
 from elastream.runtime.transport import (
     CONTROL,
     DATA,
@@ -194,6 +195,36 @@ def test_warm_channels_go_to_the_sender_they_were_opened_for_once_and_the_rest_a
     assert again.socket.closed and len(warm) == 0
     to_b.close(0)
     inbox.close()
+
+
+def test_the_zap_handler_admits_only_a_curve_client_that_presents_the_topologys_key(context) -> None:
+    """Its answer is a function of the request alone (RFC 27 frames), so it is read without starting it."""
+    keys = generate_keys()
+    handler = PeerAuthenticator(context, keys)
+    ours, theirs = z85.decode(keys.client_public), z85.decode(generate_keys().client_public)
+    assert handler.reply([b"1.0", b"r1", b"", b"127.0.0.1", b"", b"CURVE", ours]) == [
+        b"1.0",
+        b"r1",
+        b"200",
+        b"OK",
+        PEER_USER_ID.encode(),
+        b"",
+    ]
+    refused = [
+        [b"1.0", b"r2", b"", b"127.0.0.1", b"", b"CURVE", theirs],  # another topology's client key
+        [b"1.0", b"r3", b"", b"127.0.0.1", b"", b"PLAIN", b"user", b"password"],
+        [b"1.0", b"r4", b"", b"127.0.0.1", b"", b"NULL"],
+        [b"2.0", b"r5", b"", b"127.0.0.1", b"", b"CURVE", ours],  # a version it does not speak
+        [b"1.0", b"r6", b"", b"127.0.0.1", b"", b"CURVE", ours[:31]],
+        [b"1.0", b"r7"],
+        [],
+    ]
+    for request in refused:
+        reply = handler.reply(request)
+        assert reply[2] == b"400" and reply[4] == b"", request  # no user id: an inbox drops its frames
+        assert reply[1] == (request[1] if len(request) > 1 else b"")
+    assert handler.refused == 1  # only a well-formed CURVE request with a wrong key counts as a refused key
+    handler.stop()  # never started: nothing to stop, and no error
 
 
 def test_curve_admits_the_topologys_peer_and_refuses_a_plain_socket(secured) -> None:
