@@ -495,9 +495,6 @@ class WarmChannels:
     def __len__(self) -> int:
         return len(self._channels)
 
-    def has(self, sender: str, receiver: str, endpoint: str) -> bool:
-        return (sender, receiver, endpoint) in self._channels
-
     def put(self, channels: Iterable[Channel]) -> None:
         with self._lock:
             for channel in channels:
