@@ -335,7 +335,8 @@ class Generations:
         current, opened = self.current, []
         if current is not None:
             running, open_channel = current.by_executor(), self._opener(current)
-            opened = [open_channel(s, r, e) for s, r, e in wanted if s in running]  # a repeated WARM: the same
+            # the opener takes a channel already in the pool first: a repeated WARM opens nothing twice
+            opened = [open_channel(s, r, e) for s, r, e in wanted if s in running]
         ready = await_handshakes(opened, WARM_WAIT_S)
         self.warm_channels.put(opened)
         log.info(
