@@ -73,6 +73,8 @@ SCALE_WITHIN_S = 30.0
 #: no pass holds a pool thread, nor waits for one, longer than this (a pass that looks once at a round takes
 #: milliseconds; before 7d2a23f a silent pass held its thread for the round's 30 s)
 PASS_BOUND_S = 5.0
+#: how long the count of parked passes is read after the scale-out, for the most parked at once
+PARKED_SAMPLE_S = 5.0
 
 
 def shown(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -555,12 +557,18 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
             await asyncio.sleep(OPEN_BEFORE_REQUEST_S)
 
             requested, target, done_at = await scale_out_healthy(api, bodies[HEALTHY], memos[HEALTHY], detail)
+            # Each waiting start leaves its parked wait for a moment every time it reads its pods, so one reading
+            # of the count can miss one (a fresh CI run read 7 of 8): the most parked at once over a few seconds.
+            parked_most, sampled_until = 0, time.monotonic() + PARKED_SAMPLE_S
+            while parked_most < len(waiting_names) and time.monotonic() < sampled_until:
+                parked_most = max(parked_most, slots.parked_now)
+                await asyncio.sleep(0.01)
             return {
                 "requested": requested,
                 "done_at": done_at,
                 "target": target,
                 "pending": pending,
-                "parked_at_scale": slots.parked_now,
+                "parked_at_scale": parked_most,
                 "threads_at_scale": pool.threads,
                 "still_waiting": [n for n, b in wiring.unready.items() if not b.gone.is_set() and b.running_nodes()],
                 "at_scale": detail(),
@@ -591,7 +599,7 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
         f"{run['target'] - 1} -> {run['target']} requested beside {len(waiting_names)} starts waiting for their "
         "pods, shown "
         + (f"{done_at - requested:.2f} s after the request" if done_at is not None else "never")
-        + f"; {run['parked_at_scale']} passes parked at the scale-out; the healthy topology's longest wait for a "
+        + f"; at most {run['parked_at_scale']} passes parked at once after the scale-out; the healthy topology's longest wait for a "
         f"thread {queued:.2f} s; at most {slots.running_most} passes held a slot\nat the scale-out:\n{run['at_scale']}"
     )
     print(summary)
