@@ -64,6 +64,49 @@ def test_a_new_controller_finishes_a_migration_whose_controller_died_after_commi
         check_exactly_once(cluster, topology)
 
 
+def test_checkpoints_and_acks_lost_at_commit_are_saved_again_on_a_resent_commit(tmp_path, redis_url: str) -> None:
+    """A Redis primary that fails before its replica has its last writes loses writes it acknowledged
+    (replication is asynchronous): here the source's and t5's saves at COMMIT and their acks vanish as the
+    controller would have read the acks. COMMIT is resent to both after `commit_resend_s`; each saves the same
+    checkpoint again and acks again, so the migration completes exactly once instead of aborting at 60 s."""
+    path = write_manifest(str(tmp_path), with_audit(load("ccr-diamond"), EVENTS))
+    lost = {"source#0", "t5#0"}  # t5 has one executor: its captured events are all of pending:t5:*
+    with running(path, redis_url) as (cluster, topology):
+        new = plan_for(topology, cluster.current_schedule(), topology.nodes + 1)
+        time.sleep(1.5)
+        driver = MigrationDriver(topology, cluster, cluster.client, "ccr")
+        store, client = driver.store, cluster.client
+        read_acks = store.acks
+        dropped: dict[str, int] = {}
+
+        def acks_losing_the_first_of_the_lost(mid: str, phase: str) -> dict[str, dict[str, Any]]:
+            acks = read_acks(mid, phase)
+            if phase != "committing":
+                return acks
+            m = store._m(mid)
+            for executor in sorted(lost & acks.keys() - dropped.keys()):
+                # everything its save and its ack wrote: gone, as with the primary that had them
+                keys = [f"{m}:acks:committing", f"{m}:saved:{executor}"]
+                if executor == "source#0":
+                    dropped[executor] = int(client.hdel(f"{m}:position", executor))
+                else:
+                    captured = list(client.scan_iter(match=f"{m}:pending:t5:*"))
+                    dropped[executor] = int(client.delete(*captured)) if captured else 0
+                client.hdel(keys[0], executor)
+                assert client.delete(keys[1]) == 1  # the save's token: the executor saved once
+                del acks[executor]
+            return acks
+
+        store.acks = acks_losing_the_first_of_the_lost  # type: ignore[method-assign]
+        report = driver.migrate(new)
+        assert report.outcome == "succeeded", report.reason
+        assert dropped.keys() == lost and dropped["source#0"] == 1, dropped
+        assert dropped["t5#0"] >= 1, "t5 captured nothing to lose: the test shows nothing of its pending list"
+        assert report.phases_ms["commitMs"] >= 5000.0  # acked only after the resend, 5 s into COMMIT
+        assert cluster.current_schedule() == new
+        check_exactly_once(cluster, topology)
+
+
 class NodeNeverUp(LocalCluster):
     """A backend whose node `never` starts a process that never registers (a pod stuck in Pending)."""
 

@@ -21,13 +21,18 @@ class Store:
 
     def __init__(self) -> None:
         self.saved: list[tuple[str, Any]] = []
+        self.tokens: list[str | None] = []
         self.acks: list[tuple[str, str]] = []
 
     def save(self, mid: str, checkpoint: Any, token: str | None = None) -> None:
         self.saved.append((mid, checkpoint))
+        self.tokens.append(token)
 
     def ack(self, mid: str, phase: str, executor: str, info: Any = None) -> None:
         self.acks.append((mid, phase))
+
+    def load_pending(self, mid: str, vertex: str, key_groups: Any, index: int, parallelism: int) -> list[Any]:
+        return []  # what INIT replays: nothing was captured in these tests' INITs
 
 
 class Router:
@@ -129,3 +134,48 @@ def test_a_late_barrier_of_an_abandoned_round_is_ignored() -> None:
     assert operator.seen == [1]
     thread.handle(barrier("source#1", "ckpt-8"))
     assert operator.seen == [1, 2] and [mid for mid, _ in store.saved] == ["ckpt-8"]
+
+
+def commit(sender: str, mid: str) -> list[Any]:
+    return [CONTROL, sender, {"type": ControlType.COMMIT, "mid": mid}]
+
+
+def resent_commit(mid: str) -> list[Any]:
+    return [CONTROL, "controller", {"type": ControlType.COMMIT, "mid": mid, "resend": True}]
+
+
+def test_a_resent_commit_saves_the_same_checkpoint_again_under_its_token_and_acks_again() -> None:
+    # a Redis failover can lose an acknowledged write: the controller resends COMMIT to an executor whose
+    # ack it has not seen; the save is repeated with the first save's token (applied only if it was lost)
+    thread, _, store = executor()
+    router = thread.router
+    thread.handle(control(ControlType.PREPARE, "m1"))
+    thread.handle(data("source#0", 1, 2))
+    thread.handle(resent_commit("m1"))  # before COMMIT came in-band: nothing to do yet
+    assert not store.saved and ("m1", "committing") not in store.acks
+    thread.handle(commit("source#0", "m1"))
+    thread.handle(commit("source#1", "m1"))
+    assert [mid for mid, _ in store.saved] == ["m1"] and store.acks.count(("m1", "committing")) == 1
+    assert [c["type"] for c in router.controls] == [ControlType.COMMIT]
+    thread.handle(resent_commit("m1"))
+    assert [mid for mid, _ in store.saved] == ["m1", "m1"] and store.saved[1][1] is store.saved[0][1]
+    assert store.tokens[1] == store.tokens[0] is not None
+    assert store.acks.count(("m1", "committing")) == 2
+    assert [c["type"] for c in router.controls] == [ControlType.COMMIT]  # not forwarded again
+    # a COMMIT again in-band (a sender's, resent) is a duplicate: neither saved nor forwarded
+    thread.handle(commit("source#1", "m1"))
+    assert len(store.saved) == 2 and len(router.controls) == 1
+
+
+def test_a_resent_commit_of_another_migration_or_after_init_saves_nothing() -> None:
+    thread, _, store = executor()
+    thread.handle(control(ControlType.PREPARE, "m1"))
+    thread.handle(commit("source#0", "m1"))
+    thread.handle(commit("source#1", "m1"))
+    thread.handle(resent_commit("m0"))  # an older migration's
+    assert len(store.saved) == 1
+    thread.migration.awaiting = "m1"  # as the worker sets it for the new schedule's INIT
+    thread.handle(control(ControlType.INIT, "m1"))
+    assert thread.migration.last_save is None  # dropped once the migration is over here
+    thread.handle(resent_commit("m1"))
+    assert len(store.saved) == 1 and store.acks.count(("m1", "committing")) == 1

@@ -78,6 +78,28 @@ def test_init_is_resent_every_second_to_those_missing() -> None:
     assert set(resend[0].executors) == NEW - {"a#0"}
 
 
+def test_commit_is_resent_every_commit_resend_s_to_those_missing() -> None:
+    # an ack lost with a failed Redis primary would otherwise hold the migration until commit_s aborts it
+    c = MigrationCoordinator("m1", "ccr", OLD, NEW, Timeouts(commit_resend_s=5.0))
+    c.start(0.0)
+    assert kinds(ack_all(c, OLD, Phase.PREPARING, 1.0)) == [ActionKind.START_COMMIT]
+    c.on_ack(Ack("m1", Phase.COMMITTING, "s#0"), 1.1)
+    assert c.on_tick(5.9) == []
+    resend = c.on_tick(6.0)
+    assert kinds(resend) == [ActionKind.RESEND_COMMIT] and resend[0].executors == ("a#0", "a#1")
+    assert c.on_tick(10.9) == [] and kinds(c.on_tick(11.0)) == [ActionKind.RESEND_COMMIT]
+    c.on_ack(Ack("m1", Phase.COMMITTING, "a#0"), 11.5)
+    assert kinds(c.on_ack(Ack("m1", Phase.COMMITTING, "a#1"), 11.6)) == [ActionKind.APPLY_SCHEDULE]
+
+
+def test_a_participant_ignores_commit_once_committed() -> None:
+    p = ExecutorParticipant("a#0", frozenset({"s#0"}))
+    p.on_prepare("m1")
+    assert not p.committed("m1")
+    assert p.on_commit("m1", "s#0") and p.committed("m1") and not p.committed("m2")
+    assert not p.on_commit("m1", "s#0")  # a duplicate (a sender's COMMIT, resent)
+
+
 def test_timeout_before_commit_aborts_with_reason() -> None:
     c = MigrationCoordinator("m1", "ccr", OLD, NEW, Timeouts(prepare_s=5.0))
     c.start(0.0)

@@ -61,6 +61,7 @@ from elastream.core.migration_protocol import (
     Phase,
     PhaseTimes,
     Timeouts,
+    first_few,
 )
 from elastream.core.migration_scope import MigrationParts, migration_parts
 from elastream.core.outcomes import Outcome
@@ -519,6 +520,9 @@ class _Run:
         elif kind == ActionKind.START_COMMIT:
             driver.store.update_record(mid, {"phase": Phase.COMMITTING.value})
             self.control.send_each(self.commit_messages())
+        elif kind == ActionKind.RESEND_COMMIT:
+            log.info("migration %s: COMMIT again to %s (no ack yet)", mid, first_few(action.executors))
+            self.control.send_each(self.commit_resends(action.executors))
         elif kind == ActionKind.APPLY_SCHEDULE:
             return self.apply()
         elif kind == ActionKind.BROADCAST_INIT:
@@ -568,6 +572,14 @@ class _Run:
         for sender in self.parts.senders:
             messages[sender] = {**commit, "role": SENDER}
         return messages
+
+    def commit_resends(self, executors: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """COMMIT again for `executors`, which have not acked it: each gets what `commit_messages` gave it (a
+        sender its role), marked `resend`, and one that got nothing (it commits on COMMIT in-band) the plain
+        COMMIT: it saves again and acks again if it has committed, and waits for its upstream otherwise."""
+        first = self.commit_messages()
+        plain: dict[str, Any] = {"type": ControlType.COMMIT, "mid": self.coordinator.migration_id}
+        return {e: {**first.get(e, plain), "resend": True} for e in executors}
 
     def init_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"type": ControlType.INIT, "mid": self.coordinator.migration_id}

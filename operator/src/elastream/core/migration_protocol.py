@@ -11,7 +11,9 @@ CCR, as DESIGN.md and section 3.2 of the CCR paper fix it:
 1. record written, sources paused;  2. PREPARE broadcast, queued behind each executor's input: from then
 on the executor captures every input into its pending list, acks;  3. when all acked, sources send COMMIT
 in-band on every output channel; an executor that has COMMIT from every upstream executor persists state
-(per key group), pending list and source position, forwards COMMIT, acks;  4. the backend applies the new
+(per key group), pending list and source position, forwards COMMIT, acks (COMMIT is resent every
+`commit_resend_s` to those that have not acked: one that has committed saves again under the same token and
+acks again, for a Redis failover may lose an acknowledged write);  4. the backend applies the new
 schedule;  5. INIT broadcast, resent every `init_resend_s` until acked; each executor loads the key groups
 it now owns and the pending events routed to it, replays them, acks (a duplicate INIT is re-acked, not
 re-applied);  6. sources resume, record closed. Failure before step 4 aborts (executors replay their own
@@ -94,6 +96,9 @@ class ActionKind(enum.Enum):
     PAUSE_SOURCES = "pause_sources"
     BROADCAST_PREPARE = "broadcast_prepare"
     START_COMMIT = "start_commit"  # sources emit COMMIT in-band on all their output channels
+    #: COMMIT again to the executors whose ack has not come: one that committed saves again (written only if
+    #: its first save was lost) and acks again; a source that never got COMMIT commits now
+    RESEND_COMMIT = "resend_commit"
     APPLY_SCHEDULE = "apply_schedule"
     BROADCAST_INIT = "broadcast_init"
     RESUME_SOURCES = "resume_sources"
@@ -147,6 +152,10 @@ class Timeouts:
     rebalance_s: float = 120.0
     init_s: float = 120.0
     init_resend_s: float = 1.0
+    #: COMMIT is sent again this often to the executors that have not acked it. An acknowledged Redis write can
+    #: be lost when a primary fails before its replica has it (replication is asynchronous): the ack, and the
+    #: checkpoint before it, would never come otherwise, and the migration would abort at `commit_s`.
+    commit_resend_s: float = 5.0
     #: after COMMIT a timed-out phase is retried this many times, then the migration stalls
     #: (`MigrationStalled`): its state stays in Redis and the controller resumes it later, with backoff
     retries_after_commit: int = 2
@@ -178,6 +187,7 @@ class MigrationCoordinator:
     times: PhaseTimes = field(default_factory=PhaseTimes)
     phase_started: float = 0.0
     last_init_sent: float = 0.0
+    last_commit_sent: float = 0.0
     captured: int = 0
     replayed: int = 0
     failure: str | None = None
@@ -220,6 +230,7 @@ class MigrationCoordinator:
         if self.phase == Phase.PREPARING:
             self.times.prepare_done = now
             self.phase = Phase.COMMITTING
+            self.last_commit_sent = now
             return [Action(ActionKind.START_COMMIT)]
         if self.phase == Phase.COMMITTING:
             self.times.commit_done = now
@@ -243,7 +254,7 @@ class MigrationCoordinator:
         return [Action(ActionKind.BROADCAST_INIT, tuple(sorted(self.new_executors)))]
 
     def on_tick(self, now: float) -> list[Action]:
-        """Resend INIT to the executors that have not acked; time phases out. A phase that waits for nobody
+        """Resend COMMIT and INIT to the executors that have not acked; time phases out. A phase that waits for nobody
         (a partial migration in which nothing moves) is over at once."""
         if self.phase in (Phase.DONE, Phase.ABORTED):
             return []
@@ -260,6 +271,9 @@ class MigrationCoordinator:
             waiting = f" waiting for {first_few(missing)}" if missing else ""
             reason = f"{self.phase.value} timed out after {limit:g} s{waiting}"
             return self.on_failure(reason, now)
+        if self.phase == Phase.COMMITTING and now - self.last_commit_sent >= self.timeouts.commit_resend_s:
+            self.last_commit_sent = now
+            return [Action(ActionKind.RESEND_COMMIT, tuple(sorted(self.old_executors - self.acked)), "resend")]
         if self.phase == Phase.INITIALIZING and now - self.last_init_sent >= self.timeouts.init_resend_s:
             self.last_init_sent = now
             pending = tuple(sorted(self.new_executors - self.acked))
@@ -341,14 +355,18 @@ class ExecutorParticipant:
         arrive after the controller's ABORT overtook it (ABORT comes through the control list, COMMIT behind
         the data), and taking it would checkpoint the executor and capture its input forever, waiting for an
         INIT that never comes."""
-        if migration_id != self.migration_id:
-            return False
+        if migration_id != self.migration_id or self.mode == Mode.CHECKPOINTED:
+            return False  # ... and a COMMIT again once committed is a duplicate (a sender's, resent)
         if from_upstream is not None:
             self.commits_seen.add(from_upstream)
         if self.commits_seen >= self.upstream:
             self.mode = Mode.CHECKPOINTED
             return True
         return False
+
+    def committed(self, migration_id: str) -> bool:
+        """Whether this executor has persisted its state for `migration_id` and waits for INIT or ABORT."""
+        return self.mode == Mode.CHECKPOINTED and self.migration_id == migration_id
 
     def on_init(self, migration_id: str) -> bool:
         """INIT dequeued. True: load state and pending events, replay, ack. False: a duplicate, ack only."""

@@ -387,6 +387,8 @@ class ExecutorThread(ExecutorLoop):
                     self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
                 migration.ack(mid, "preparing")
         elif kind == ControlType.COMMIT:
+            if message.get("resend") and migration.recommit(mid):
+                return  # committed before: saved again (only if lost) and acked again
             if participant.on_commit(mid, sender):
                 state_bytes = migration.checkpoint(mid, self.operator)
                 self.router.send_control({"type": ControlType.COMMIT, "mid": mid})

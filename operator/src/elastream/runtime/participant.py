@@ -59,6 +59,9 @@ class Migration:
     #: consistent cut of the topology, so an exactly-once sink hands its uncommitted output over instead of
     #: staging it under the migration (the new instance commits it with the next periodic checkpoint)
     hand_over: bool = False
+    #: the checkpoint saved at a migration's COMMIT: (its id, the save's token, what was saved, its state's
+    #: size), for a resent COMMIT (`recommit`); dropped once the migration is over here (INIT or ABORT)
+    last_save: tuple[str, str, ExecutorCheckpoint, int] | None = None
 
     @property
     def vertex(self) -> str:
@@ -113,7 +116,23 @@ class Migration:
         )
         token = uuid.uuid4().hex  # the same on every retry: the save is applied once
         self._redis(f"save checkpoint {mid}", lambda: self.store.save(mid, checkpoint, token=token))
-        return sum(len(b) for b in state.values())
+        state_bytes = sum(len(b) for b in state.values())
+        if self.participant.committed(mid):  # a migration's COMMIT, not a periodic checkpoint: kept for a resend
+            self.last_save = (mid, token, checkpoint, state_bytes)
+        return state_bytes
+
+    def recommit(self, mid: str) -> bool:
+        """A resent COMMIT: the controller has not seen this executor's ack of `mid`. If this executor has
+        committed `mid`, save the same checkpoint again under the same token (so it is written only if the
+        first save was lost, as a Redis failover can lose an acknowledged write) and ack again; True then.
+        False when it has not committed: the COMMIT is handled as any other."""
+        saved = self.last_save
+        if saved is None or saved[0] != mid or not self.participant.committed(mid):
+            return False
+        _, token, checkpoint, state_bytes = saved
+        self._redis(f"save checkpoint {mid} again", lambda: self.store.save(mid, checkpoint, token=token))
+        self.ack(mid, "committing", captured=self.captured, state_bytes=state_bytes)
+        return True
 
     def abort(self, mid: str, operator: Any) -> list[Any]:
         """`mid` was abandoned: an exactly-once sink takes back what it staged; returns the captured events
@@ -126,12 +145,13 @@ class Migration:
     def take_pending(self) -> list[Any]:
         """The captured events in arrival order per bucket (after an ABORT they are replayed locally)."""
         events = [e for bucket in self.pending.values() for e in bucket]
-        self.pending = {}
+        self.pending, self.last_save = {}, None
         self.captured = 0
         return events
 
     def restore(self, mid: str, operator: Any, key_groups: range, index: int, parallelism: int) -> list[Any]:
         """Load the state of the key groups this executor owns now; return the captured events routed to it."""
+        self.last_save = None
         restore = getattr(operator, "restore_state", None)
         if callable(restore):
             blobs = self._redis(f"load the state of {mid}", lambda: self.store.load_state(mid, self.vertex, key_groups))

@@ -149,6 +149,8 @@ class SourceThread(ExecutorLoop):
                 self.router.send_control({"type": ControlType.PREPARE, "mid": mid, "protocol": "dcr"})
             migration.ack(mid, "preparing")
         elif kind == ControlType.COMMIT:
+            if message.get("resend") and migration.recommit(mid):
+                return  # committed before: saved again (only if lost) and acked again
             if not migration.participant.on_commit(mid, None):
                 return  # the migration was aborted (RESUME came first): nothing to commit
             position = self._read_position()
