@@ -69,6 +69,7 @@ from elastream.core.topology import Topology
 from elastream.crd import load_manifest
 from elastream.store.metric_stream import MetricStream
 from elastream.store.registry import client_for
+from host_cpu import HostCpu
 from latency import (
     AFTER_S,
     BUCKET_S,
@@ -91,6 +92,9 @@ PARTIAL = "scope" in {f.name for f in dataclasses.fields(MigrationDriver)}
 PROTOCOLS = ("ccr", "ccr-partial", "ccr-keygroups", "dcr", "restart") if PARTIAL else ("ccr", "dcr", "restart")
 #: the labels that are CCR (compared with DCR and restart, held to CCR's targets)
 CCR_LIKE = tuple(p for p in PROTOCOLS if p.startswith("ccr"))
+#: a run in which nothing is requested at the request's time: the same windows, read for the noise floor of
+#: the goals on this machine (`bench/migration_noise.py`)
+NO_RESCALE = "none"
 #: seconds between periodic checkpoints in every run (Flink's jobs commonly use seconds to minutes)
 CHECKPOINT_S = 2.0
 #: a run's sources emit for WARMUP_S + STEADY_S before the rescale request and AFTER_S + TAIL_S after it
@@ -141,7 +145,8 @@ def one_run(
     after_s: float,
     round_number: int = 0,
 ) -> dict[str, Any]:
-    """One migration of `name` (scale-`direction`, `protocol` a label of PROTOCOLS): the sources emit for
+    """One migration of `name` (scale-`direction`, `protocol` a label of PROTOCOLS, or `NO_RESCALE`: the old
+    schedule runs on through the request's time, for the noise floor of the same windows): the sources emit for
     `before_s` before the request and `after_s` after it at their rate, and run to the end. Each run has a
     topology name of its own (`round_number` too): a repeated one would read the sinks an earlier run wrote."""
     with open(os.path.join(REPO, "examples", f"{name}.yaml"), encoding="utf-8") as handle:
@@ -162,17 +167,20 @@ def one_run(
         source.update(rate=round(source["rate"] * share, 1), limit=events)
     path = write(directory, doc)
     topology = load_manifest(path)
-    with LocalCluster(topology, path, url, interval_s=0.5) as cluster:
+    with LocalCluster(topology, path, url, interval_s=0.5) as cluster, HostCpu() as cpu:
         cluster.start(old)
         new = new.new_schedule
         checkpoints = CheckpointDriver(topology, cluster, cluster.client)
         checkpointer = Checkpointer(checkpoints, CHECKPOINT_S).start()
         time.sleep(before_s)
         checkpointer.stop()
-        kind, options = driver_options(protocol)
-        driver = MigrationDriver(topology, cluster, cluster.client, kind, **options)
         migration_at = time.time()  # the rescale request: latencies and throughputs are relative to it
-        report = driver.migrate(new).to_status()
+        if protocol == NO_RESCALE:
+            report: dict[str, Any] = {"outcome": NO_RESCALE}
+        else:
+            kind, options = driver_options(protocol)
+            driver = MigrationDriver(topology, cluster, cluster.client, kind, **options)
+            report = driver.migrate(new).to_status()
         returned_at = time.time()  # the pause is over: catch-up and stabilization are searched from here
         # periodic checkpoints go on after the migration as before it, so the 10 s after the request see the
         # same barriers as the steady window they are compared with
@@ -211,6 +219,12 @@ def one_run(
         "buckets": buckets(samples, migration_at),
         # the last sink entry, relative to the request: before AFTER_S, the sinks ran dry inside the window
         "lastEntryS": max((t for t, _ in samples), default=migration_at) - migration_at,
+        # the host's busy share of all cores in the steady window and in the window after the request (does
+        # the new schedule cost the machine more?), and the share a hypervisor stole in each
+        "cpuBefore": cpu.busy_between(migration_at - STEADY_S, migration_at),
+        "cpuAfter": cpu.busy_between(migration_at, migration_at + AFTER_S),
+        "stealBefore": cpu.steal_between(migration_at - STEADY_S, migration_at),
+        "stealAfter": cpu.steal_between(migration_at, migration_at + AFTER_S),
     }
     total = sum(row[k] or 0 for k in ("captureMs", "commitMs", "rebalanceMs", "restoreMs"))
     felt = row["latency"]
@@ -219,7 +233,9 @@ def one_run(
         f"{row['pauseMs'] or 0:6.0f} ms, restore {row['restoreMs'] or 0:6.0f} ms, "
         f"captured {row['captured']:6d}, lost {lost:5d}, duplicated {duplicated:5d}; "
         f"p99 {ms(felt.steady_p99_s)} -> {ms(felt.during_p99_s)} ms, max {ms(felt.max_s)} ms, "
-        f"worst 100 ms {fmt2(felt.throughput_ratio)} of {fmt(felt.steady_throughput)} events/s"
+        f"worst 100 ms {fmt2(felt.throughput_ratio)} of {fmt(felt.steady_throughput)} events/s; host CPU "
+        f"{fmt2(row['cpuBefore'])} -> {fmt2(row['cpuAfter'])} (steal {fmt2(row['stealBefore'])} -> "
+        f"{fmt2(row['stealAfter'])})"
     )
     if row["lastEntryS"] < AFTER_S:
         log(f"  warning: the sinks' last entry came {row['lastEntryS']:.1f} s after the request, inside the window")
