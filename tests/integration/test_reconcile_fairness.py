@@ -599,8 +599,9 @@ def test_eight_starts_waiting_for_pods_leave_the_healthy_one_its_scale_out(redis
         f"{run['target'] - 1} -> {run['target']} requested beside {len(waiting_names)} starts waiting for their "
         "pods, shown "
         + (f"{done_at - requested:.2f} s after the request" if done_at is not None else "never")
-        + f"; at most {run['parked_at_scale']} passes parked at once after the scale-out; the healthy topology's longest wait for a "
-        f"thread {queued:.2f} s; at most {slots.running_most} passes held a slot\nat the scale-out:\n{run['at_scale']}"
+        + f"; at most {run['parked_at_scale']} passes parked at once after the scale-out; the healthy topology's "
+        f"longest wait for a thread {queued:.2f} s; at most {slots.running_most} passes held a slot\n"
+        f"at the scale-out:\n{run['at_scale']}"
     )
     print(summary)
 
