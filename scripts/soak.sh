@@ -28,7 +28,7 @@ for run in $(seq 1 "$runs"); do
     if [ "${#paths[@]}" -gt 0 ] && [ "${paths[0]#-}" = "${paths[0]}" ]; then  # paths given: one pytest
         if "$python" -m pytest "${paths[@]}" >"$log" 2>&1; then status=green; else status=red; fi
         summary=$(grep -E '^=+ .*(passed|failed|error).* in ' "$log" | tail -1 || true)
-    else  # the two lanes of `make test`, each lane's logs beside this run's
+    else  # the lanes of `make test`, each lane's logs beside this run's
         if LANES_DIR="$dir/run-$run" PYTHON="$python" bash scripts/test-lanes.sh "${paths[@]}" >"$log" 2>&1; then
             status=green
         else
