@@ -63,25 +63,21 @@ class HostCpu:
             if self._stop.wait(self.interval_s):
                 return
 
-    def _window(self, start: float, end: float) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    def _share(self, start: float, end: float, field: int) -> float | None:
+        """The growth of a `read_jiffies` field (1 busy, 2 steal) over the total's between the last sample at or
+        before `start` and the first at or after `end`."""
         if len(self.times) < 2:
             return None
-        i = max(bisect.bisect_right(self.times, start) - 1, 0)  # the last sample at or before the start
-        j = min(bisect.bisect_left(self.times, end), len(self.times) - 1)  # the first at or after the end
+        i = max(bisect.bisect_right(self.times, start) - 1, 0)
+        j = min(bisect.bisect_left(self.times, end), len(self.times) - 1)
         if j <= i:
             return None
-        return self.samples[i], self.samples[j]
+        first, last = self.samples[i], self.samples[j]
+        total = last[0] - first[0]
+        return (last[field] - first[field]) / total if total > 0 else None
 
     def busy_between(self, start: float, end: float) -> float | None:
-        window = self._window(start, end)
-        if window is None:
-            return None
-        (total0, busy0, _), (total1, busy1, _) = window
-        return (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+        return self._share(start, end, 1)
 
     def steal_between(self, start: float, end: float) -> float | None:
-        window = self._window(start, end)
-        if window is None:
-            return None
-        (total0, _, steal0), (total1, _, steal1) = window
-        return (steal1 - steal0) / (total1 - total0) if total1 > total0 else None
+        return self._share(start, end, 2)

@@ -3,26 +3,11 @@ hand and from samples set by hand (no thread, no clock)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from types import ModuleType
-
 import pytest
 
-from support.paths import REPO
+from support.bench_modules import load_bench
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_host_cpu", os.path.join(REPO, "bench", "host_cpu.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-host_cpu = _load()
+host_cpu = load_bench("host_cpu.py")
 
 
 def test_read_jiffies_sums_the_busy_fields_and_not_idle_or_iowait(tmp_path) -> None:

@@ -4,28 +4,14 @@ with, and the scale-out schedule its CCR runs migrate to."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from elastream.core.schedule import Schedule
-from support.paths import REPO
+from support.bench_modules import load_bench
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_kafka", os.path.join(REPO, "bench", "kafka.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_bench("kafka.py")
 
 
 def throughput(kind: str, delivery: str, per_s: float, n: int = 100_000) -> dict[str, Any]:

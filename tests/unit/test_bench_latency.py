@@ -4,26 +4,11 @@ targets."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from types import ModuleType
-
 import pytest
 
-from support.paths import REPO
+from support.bench_modules import load_bench
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_latency", os.path.join(REPO, "bench", "latency.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-latency = _load()
+latency = load_bench("latency.py")
 
 AT = 1_700_000_000.0  # the rescale request (s since the epoch)
 

@@ -6,11 +6,7 @@ status patches merged and counted), the timed pool, and the report's arithmetic 
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,20 +19,10 @@ from elastream.control.backends.worker_objects import (
     worker_pod,
 )
 from elastream.control.resource_api import topology_from_resource
-from support.paths import REPO
+from support.bench_modules import load_bench
 
-
-def _load(name: str, file: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "bench", file))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("bench_operator_scale", "operator_scale.py")
-workers = _load("bench_operator_scale_workers", "operator_scale_workers.py")
+bench = load_bench("operator_scale.py")
+workers = load_bench("operator_scale_workers.py")
 
 PREFIX = "elastream:{bench/t0000}:"
 
