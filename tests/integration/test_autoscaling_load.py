@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 
@@ -96,9 +95,7 @@ def test_a_constant_load_makes_at_most_one_change(tmp_path, redis_url: str) -> N
             time.sleep(1.0)
     finally:
         for run, _, _ in runs.values():
-            run.send_signal(signal.SIGINT)  # both stop together, as `stop_run` stops one
-        for run, _, _ in runs.values():
-            run.wait(90)
+            stop_run(run, 90)
     for policy, (_, log_path, _) in runs.items():
         check_steady(policy, read_log(log_path), evaluations[policy], changes[policy])
 
